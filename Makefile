@@ -1,0 +1,78 @@
+# jetway build, test and demo commands. `make test` is what CI runs.
+
+GO       ?= go
+BIN      := $(CURDIR)/bin
+KUBE_VERSION := v1.36.3
+KUBE_LDFLAGS := -s -w \
+	-X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 \
+	-X k8s.io/component-base/version.gitMinor=36 \
+	-X k8s.io/component-base/version.gitTreeState=clean
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager
+TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(BIN)/kwok-data
+
+# Clusters started by tests keep their files here, so that after the tests
+# integration/leftovers.sh can prove no process of theirs is still running.
+export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
+export JETWAY_BIN_DIR     := $(BIN)
+
+.PHONY: all build tools test vet demo clean-tools
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X github.com/jetway-ci/jetway/internal/buildinfo.Version=$(VERSION)" -o $(BIN)/gateway ./cmd/gateway
+
+vet:
+	$(GO) vet ./...
+
+# test runs every unit and integration test with the race detector, building
+# the cluster tools first if they are missing, then fails if any control-plane
+# process of the run is left behind.
+test: tools vet
+	rm -rf "$$JETWAY_CLUSTER_DIR"
+	status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
+	bash integration/leftovers.sh || status=1; \
+	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status
+
+# demo starts two local clusters, writes their target kubeconfigs to
+# .demo/targets and runs the gateway on 127.0.0.1:8080 until Ctrl-C.
+demo: build tools
+	$(GO) build -o $(BIN)/jetway-demo ./integration/cmd/jetway-demo
+	$(BIN)/jetway-demo --gateway $(BIN)/gateway --dir .demo --listen 127.0.0.1:8080
+
+# tools builds the pinned control-plane binaries the integration clusters run.
+# Each is rebuilt only when missing or when its pinning go.mod changes.
+tools: $(TOOLS)
+
+$(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
+	cd tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
+		k8s.io/kubernetes/cmd/kube-apiserver \
+		k8s.io/kubernetes/cmd/kube-scheduler \
+		k8s.io/kubernetes/cmd/kube-controller-manager
+	touch $(KUBE_BINS)
+
+$(BIN)/etcd: tools/etcd/go.mod tools/etcd/go.sum
+	cd tools/etcd && $(GO) build -trimpath -ldflags "-s -w" -o $@ go.etcd.io/etcd/server/v3
+
+$(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
+	cd tools/kwok && $(GO) build -trimpath -ldflags "-s -w" -o $@ sigs.k8s.io/kwok/cmd/kwok
+
+# kwok-data holds the pinned kwok's own stage and CRD manifests, which the
+# integration clusters load: node and pod lifecycles as kwok ships them.
+$(BIN)/kwok-data: $(BIN)/kwok
+	rm -rf $@ && mkdir -p $@
+	src=$$(cd tools/kwok && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kwok) && \
+	cp $$src/kustomize/stage/node/fast/node-initialize.yaml \
+	   $$src/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+	   $$src/kustomize/stage/pod/fast/pod-ready.yaml \
+	   $$src/kustomize/stage/pod/fast/pod-complete.yaml \
+	   $$src/kustomize/stage/pod/fast/pod-delete.yaml \
+	   $$src/kustomize/crd/bases/kwok.x-k8s.io_portforwards.yaml \
+	   $$src/kustomize/crd/bases/kwok.x-k8s.io_clusterportforwards.yaml $@/ && \
+	chmod u+w $@/*
+
+clean-tools:
+	rm -f $(TOOLS)

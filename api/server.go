@@ -1,0 +1,139 @@
+// Package api serves jetway over HTTP: the Concourse worker API that fly
+// reads, jetway's own API, Prometheus metrics and the health probes.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Listen is the TCP address to serve on; ignored when Listener is set.
+	Listen string
+	// Listener, if set, is served instead of listening on Listen (tests).
+	Listener net.Listener
+	// ConcourseVersion and WorkerVersion are reported by /api/v1/info.
+	ConcourseVersion string
+	WorkerVersion    string
+	// Gatherer backs /metrics.
+	Gatherer prometheus.Gatherer
+	// ShutdownTimeout bounds draining in-flight requests once ctx ends.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// Server is the gateway's HTTP server.
+type Server struct {
+	opts    Options
+	handler http.Handler
+	ready   atomic.Bool
+	addr    atomic.Pointer[net.Addr]
+}
+
+// New builds a Server; Start runs it.
+func New(opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/v1/info", s.info)
+	s.handler = mux
+	return s
+}
+
+// Handler returns the server's routes, for in-process tests.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Addr returns the address the server listens on, or nil before Start has
+// bound it.
+func (s *Server) Addr() net.Addr {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
+
+// Start serves until ctx ends, then drains in-flight requests for at most
+// ShutdownTimeout. It returns nil after a clean shutdown.
+func (s *Server) Start(ctx context.Context) error {
+	ln := s.opts.Listener
+	if ln == nil {
+		var err error
+		var lc net.ListenConfig
+		if ln, err = lc.Listen(ctx, "tcp", s.opts.Listen); err != nil {
+			return fmt.Errorf("listen %s: %w", s.opts.Listen, err)
+		}
+	}
+	addr := ln.Addr()
+	s.addr.Store(&addr)
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.ready.Store(true)
+	s.opts.Logger.Info("serving http", "addr", addr.String())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	s.ready.Store(false)
+	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("shut down http server: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// infoResponse is Concourse's /api/v1/info body (atc.Info), the keys fly reads.
+type infoResponse struct {
+	Version       string `json:"version"`
+	WorkerVersion string `json:"worker_version"`
+}
+
+func (s *Server) info(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, infoResponse{Version: s.opts.ConcourseVersion, WorkerVersion: s.opts.WorkerVersion})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,68 @@
+// Command gateway runs jetway: `gateway run` serves the Concourse worker API
+// over the targets it owns; `gateway version` prints what was built.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetway-ci/jetway/config"
+)
+
+// exitUsage is the status for bad flags or configuration: nothing started.
+const exitUsage = 2
+
+func main() {
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func execute(args []string, stdout, stderr io.Writer) int {
+	root := &cobra.Command{
+		Use:           "gateway",
+		Short:         "jetway runs Concourse steps as pods on many Kubernetes clusters",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.Args = cobra.ArbitraryArgs
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError{fmt.Errorf("unknown command %q; see gateway --help", args[0])}
+		}
+		return cmd.Help()
+	}
+	root.AddCommand(runCommand(stderr), versionCommand())
+
+	err := root.Execute()
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, config.ErrInvalid), errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "gateway: %v\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "gateway: %v\n", err)
+		return 1
+	}
+}
+
+// usageError marks a bad command line, reported with exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// noArgs is cobra.NoArgs reported as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.NoArgs(cmd, args); err != nil {
+		return usageError{err}
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var gatewayBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "gateway-test-")
+	if err != nil {
+		panic(err)
+	}
+	gatewayBin = filepath.Join(dir, "gateway")
+	out, err := exec.Command("go", "build", "-o", gatewayBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build gateway: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestBadConfigExitsTwo(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want []string
+	}{
+		{name: "listen", args: []string{"run", "--listen", "nonsense"}, want: []string{`listen: "nonsense" is not a host:port address`}},
+		{name: "every bad key", args: []string{"run", "--listen", "nonsense", "--log-level", "loud"},
+			env: []string{"JETWAY_SHUTDOWN_TIMEOUT=soon"}, want: []string{"listen:", "log-level:", "shutdown-timeout:"}},
+		{name: "unknown flag", args: []string{"run", "--lisen", ":80"}, want: []string{"unknown flag: --lisen"}},
+		{name: "stray argument", args: []string{"run", "extra"}, want: []string{`unknown command "extra"`}},
+		{name: "unknown command", args: []string{"rnu"}, want: []string{`unknown command "rnu"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(gatewayBin, tt.args...)
+			cmd.Env = append(os.Environ(), tt.env...)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "output: %s", out)
+			assert.Equal(t, 2, exit.ExitCode(), "output: %s", out)
+			for _, w := range tt.want {
+				assert.Contains(t, string(out), w)
+			}
+			assert.NotContains(t, string(out), "serving http", "nothing may start")
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := exec.Command(gatewayBin, "version").CombinedOutput()
+	require.NoError(t, err)
+	assert.Regexp(t, `^gateway \S+ \(worker API 2\.5, go1\.\d+`, string(out))
+}
+
+// gateway is a running `gateway run` and its JSON log lines.
+type gateway struct {
+	cmd   *exec.Cmd
+	base  string
+	lines chan map[string]any
+	done  chan error
+}
+
+func startGateway(t *testing.T, args ...string) *gateway {
+	t.Helper()
+	cmd := exec.Command(gatewayBin, append([]string{"run", "--listen", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	g := &gateway{cmd: cmd, lines: make(chan map[string]any, 100), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+				line = map[string]any{"msg": "NOT JSON: " + sc.Text()}
+			}
+			g.lines <- line
+		}
+		close(g.lines)
+		g.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-g.done })
+	line := g.waitLog(t, "serving http")
+	g.base = "http://" + line["addr"].(string)
+	return g
+}
+
+func (g *gateway) waitLog(t *testing.T, msg string) map[string]any {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case line, ok := <-g.lines:
+			require.True(t, ok, "gateway exited before logging %q", msg)
+			require.NotContains(t, line["msg"], "NOT JSON")
+			if line["msg"] == msg {
+				return line
+			}
+		case <-timeout:
+			t.Fatalf("gateway did not log %q", msg)
+		}
+	}
+}
+
+func (g *gateway) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	for range g.lines { // drain so the reader can finish
+	}
+	select {
+	case err := <-g.done:
+		g.done <- err
+		return err
+	case <-time.After(within):
+		t.Fatalf("gateway still running after %s", within)
+		return nil
+	}
+}
+
+func TestRunServesAndStopsOnSignal(t *testing.T) {
+	g := startGateway(t, "--concourse-version", "7.14.2")
+
+	resp, err := http.Get(g.base + "/api/v1/info")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.JSONEq(t, `{"version":"7.14.2","worker_version":"2.5"}`, string(body))
+
+	resp, err = http.Get(g.base + "/metrics")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(body), "go_goroutines")
+	assert.Contains(t, string(body), "process_resident_memory_bytes")
+	http.DefaultClient.CloseIdleConnections()
+
+	require.NoError(t, g.cmd.Process.Signal(syscall.SIGTERM))
+	g.waitLog(t, "gateway stopped")
+	require.NoError(t, g.wait(t, 10*time.Second), "a graceful stop exits 0")
+}
+
+func TestSIGINTStopsToo(t *testing.T) {
+	g := startGateway(t)
+	require.NoError(t, g.cmd.Process.Signal(syscall.SIGINT))
+	require.NoError(t, g.wait(t, 10*time.Second))
+}
+
+// A second signal must not wait for the graceful shutdown: an operator
+// pressing Ctrl-C twice wants the process gone.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	g := startGateway(t, "--shutdown-timeout", "1m")
+	// A request whose headers never finish keeps Shutdown waiting.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(g.base, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte("GET /healthz HTTP/1.1\r\n"))
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // let the server read the bytes
+
+	require.NoError(t, g.cmd.Process.Signal(syscall.SIGTERM))
+	g.waitLog(t, "shutting down")
+	start := time.Now()
+	require.NoError(t, g.cmd.Process.Signal(syscall.SIGTERM))
+	err = g.wait(t, 5*time.Second)
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Less(t, time.Since(start), 3*time.Second)
+}
+
+func TestRunAllBoundsShutdown(t *testing.T) {
+	stuck := componentFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		select {} // ignores its deadline
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	err := runAll(ctx, 100*time.Millisecond, stuck)
+	require.ErrorContains(t, err, "components still running")
+	assert.Less(t, time.Since(start), 3*time.Second)
+}
+
+func TestRunAllStopsOthersWhenOneFails(t *testing.T) {
+	failing := componentFunc(func(context.Context) error { return fmt.Errorf("boom") })
+	waiting := componentFunc(func(ctx context.Context) error { <-ctx.Done(); return nil })
+	err := runAll(context.Background(), time.Second, failing, waiting)
+	require.EqualError(t, err, "boom")
+}
+
+type componentFunc func(context.Context) error
+
+func (f componentFunc) Start(ctx context.Context) error { return f(ctx) }

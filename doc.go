@@ -1,0 +1,28 @@
+// Package jetway is the web-side gateway of a Concourse-style CI that runs
+// steps as pods on many Kubernetes clusters. This file is a map; the code
+// lives in the packages below, listed in the order data flows through them.
+//
+// # Organization
+//
+//   - cmd/gateway: the thin main. Parses configuration, builds the
+//     components and runs them until SIGTERM (`gateway run`, `gateway
+//     version`).
+//   - config: flags, JETWAY_* environment variables and an optional YAML
+//     file become one validated Config; viper stays inside.
+//   - targets: the kubeconfig directory becomes a live, permission-checked
+//     set of targets (Concourse workers).
+//   - selection: pure placement of steps on targets by team, tags and
+//     strategy; imports no Kubernetes client.
+//   - portforward: dials a pod's port through the API server, no local
+//     listener.
+//   - mesh: authenticated yamux sessions between the gateways of one
+//     installation.
+//   - api: HTTP. The Concourse worker API fly reads, jetway's own API,
+//     /metrics and the probes.
+//   - internal/...: small, narrowly named helpers (buildinfo).
+//   - integration: tests against real local clusters; integration/cluster
+//     starts them (etcd, kube-apiserver, kube-scheduler,
+//     kube-controller-manager built from source, kwok for kubelets).
+//   - tools: pinned versions of those control-plane binaries, built into
+//     bin/ by `make tools`.
+package jetway

@@ -1,0 +1,493 @@
+// Package cluster starts real, local Kubernetes control planes for tests and
+// the demo: etcd, kube-apiserver, kube-scheduler and kube-controller-manager
+// built from source at pinned versions (`make tools`), with the kwok
+// controller standing in for kubelets. Every component listens on loopback
+// only, RBAC is on, pods reach Running on fake nodes, and port-forward goes
+// through the API server to a local address (kwok's PortForward objects).
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Environment variables that steer the harness.
+const (
+	// EnvBinDir names the folder holding the binaries `make tools` builds.
+	EnvBinDir = "JETWAY_BIN_DIR"
+	// EnvWorkDir names the folder clusters keep their state in; the Makefile
+	// points it at a per-run folder so it can prove nothing is left running.
+	EnvWorkDir = "JETWAY_CLUSTER_DIR"
+	// EnvKeep, when set to 1, keeps each cluster's folder (logs, certs,
+	// etcd data) after Stop, for debugging.
+	EnvKeep = "JETWAY_KEEP_CLUSTERS"
+)
+
+// Options configure one cluster.
+type Options struct {
+	// Name identifies the cluster in logs and node names; default "cluster".
+	Name string
+	// BinDir holds the binaries; default $JETWAY_BIN_DIR, else bin/ at the
+	// root of this module.
+	BinDir string
+	// Nodes is the number of fake nodes; default 1.
+	Nodes int
+}
+
+// Cluster is a running local control plane. Stop it when done.
+type Cluster struct {
+	// Name is Options.Name.
+	Name string
+	// Server is the API server's URL, https://127.0.0.1:<port>.
+	Server string
+	// CAData is the PEM CA bundle that verifies Server.
+	CAData []byte
+	// Client and Dynamic act as cluster admin.
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+
+	dir   string
+	admin *rest.Config
+
+	etcd, apiserver, scheduler, controllerManager, kwok *process
+
+	stopOnce sync.Once
+}
+
+// Start brings up a cluster and returns once its API server is ready, its
+// fake nodes are Ready and pods can be created. On error nothing is left
+// running.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Name == "" {
+		opts.Name = "cluster"
+	}
+	if opts.Nodes <= 0 {
+		opts.Nodes = 1
+	}
+	bin, err := binDir(opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	root := os.Getenv(EnvWorkDir)
+	if root != "" {
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp(root, "jetway-"+opts.Name+"-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Name: opts.Name, dir: dir}
+	if err := c.configure(bin); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("configure cluster %s: %w", opts.Name, err)
+	}
+	if err := c.boot(ctx, opts.Nodes); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("start cluster %s: %w", opts.Name, err)
+	}
+	return c, nil
+}
+
+// configure writes certificates and kubeconfigs and lays out every process.
+func (c *Cluster) configure(bin string) error {
+	p, err := newPKI(c.dir)
+	if err != nil {
+		return err
+	}
+	if _, _, err := p.issue("apiserver", "kube-apiserver", nil, true); err != nil {
+		return err
+	}
+	adminCert, adminKey, err := p.issue("admin", "jetway-test-admin", []string{"system:masters"}, false)
+	if err != nil {
+		return err
+	}
+	if _, _, err := p.issue("kwok", "kwok-controller", []string{"system:masters"}, true); err != nil {
+		return err
+	}
+	if err := p.serviceAccountKey(); err != nil {
+		return err
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return err
+	}
+	etcdClient, etcdPeer, apiPort, schedPort, kcmPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+
+	c.Server = "https://127.0.0.1:" + strconv.Itoa(apiPort)
+	c.CAData = p.caPEM
+	c.admin = &rest.Config{
+		Host:            c.Server,
+		TLSClientConfig: rest.TLSClientConfig{CAData: p.caPEM, CertData: adminCert, KeyData: adminKey},
+		QPS:             200,
+		Burst:           400,
+	}
+	if c.Client, err = kubernetes.NewForConfig(c.admin); err != nil {
+		return err
+	}
+	if c.Dynamic, err = dynamic.NewForConfig(c.admin); err != nil {
+		return err
+	}
+	adminKubeconfig := filepath.Join(c.dir, "admin.kubeconfig")
+	if err := c.writeAdminKubeconfig(adminKubeconfig, p); err != nil {
+		return err
+	}
+	kwokConfig, err := writeKwokConfig(bin, c.dir)
+	if err != nil {
+		return err
+	}
+
+	newProc := func(name string, args ...string) *process {
+		return &process{name: c.Name + "/" + name, path: filepath.Join(bin, name), args: args,
+			logPath: filepath.Join(c.dir, name+".log")}
+	}
+	loop := func(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+	c.etcd = newProc("etcd",
+		"--name=etcd",
+		"--data-dir="+filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls=http://"+loop(etcdClient),
+		"--advertise-client-urls=http://"+loop(etcdClient),
+		"--listen-peer-urls=http://"+loop(etcdPeer),
+		"--initial-advertise-peer-urls=http://"+loop(etcdPeer),
+		"--initial-cluster=etcd=http://"+loop(etcdPeer),
+		"--listen-metrics-urls=",
+		"--unsafe-no-fsync=true", // throwaway data; fsync only slows tests
+		"--log-level=warn",
+	)
+	c.apiserver = newProc("kube-apiserver",
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(apiPort),
+		"--etcd-servers=http://"+loop(etcdClient),
+		"--tls-cert-file="+p.path("apiserver.crt"),
+		"--tls-private-key-file="+p.path("apiserver.key"),
+		"--client-ca-file="+p.path("ca.crt"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+p.path("sa.pub"),
+		"--service-account-signing-key-file="+p.path("sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=Node,RBAC",
+		"--allow-privileged=true",
+		// The API server reaches kwok's kubelet endpoint on the node's
+		// InternalIP (loopback) and verifies it against the cluster CA.
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-certificate-authority="+p.path("ca.crt"),
+		"--kubelet-client-certificate="+p.path("admin.crt"),
+		"--kubelet-client-key="+p.path("admin.key"),
+		// A loopback advertise address cannot back the kubernetes Service.
+		"--endpoint-reconciler-type=none",
+		// Front-proxy settings fill the extension-apiserver-authentication
+		// ConfigMap that the scheduler and controller manager authenticate with.
+		"--requestheader-client-ca-file="+p.path("ca.crt"),
+		"--requestheader-allowed-names=front-proxy",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file="+p.path("admin.crt"),
+		"--proxy-client-key-file="+p.path("admin.key"),
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+	)
+	c.scheduler = newProc("kube-scheduler",
+		"--kubeconfig="+adminKubeconfig,
+		"--authentication-kubeconfig="+adminKubeconfig,
+		"--authorization-kubeconfig="+adminKubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(schedPort),
+		"--leader-elect=false",
+	)
+	c.controllerManager = newProc("kube-controller-manager",
+		"--kubeconfig="+adminKubeconfig,
+		"--authentication-kubeconfig="+adminKubeconfig,
+		"--authorization-kubeconfig="+adminKubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(kcmPort),
+		"--leader-elect=false",
+		// node-lifecycle lifts the not-ready taint new nodes get at admission.
+		"--controllers=serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"+
+			"garbage-collector-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller",
+		"--root-ca-file="+p.path("ca.crt"),
+		"--service-account-private-key-file="+p.path("sa.key"),
+		"--use-service-account-credentials=false",
+	)
+	c.kwok = newProc("kwok",
+		"--kubeconfig="+adminKubeconfig,
+		"--config="+kwokConfig,
+		"--manage-all-nodes=true",
+		"--node-ip=127.0.0.1",
+		"--node-name=kwok-"+c.Name,
+		"--node-port="+strconv.Itoa(kwokPort),
+		"--server-address="+loop(kwokPort),
+		"--tls-cert-file="+p.path("kwok.crt"),
+		"--tls-private-key-file="+p.path("kwok.key"),
+		"--node-lease-duration-seconds=40",
+		"--enable-crds="+portForwardKind+","+clusterPortForwardKind,
+	)
+	return nil
+}
+
+func (c *Cluster) boot(ctx context.Context, nodes int) error {
+	if err := c.etcd.start(); err != nil {
+		return err
+	}
+	etcdURL := argValue(c.etcd.args, "--listen-client-urls")
+	if err := waitHTTP(ctx, c.etcd, etcdURL+"/health", nil); err != nil {
+		return err
+	}
+	if err := c.StartAPIServer(ctx); err != nil {
+		return err
+	}
+	if err := c.installKwokCRDs(ctx, filepath.Dir(c.kwok.path)); err != nil {
+		return err
+	}
+	for _, p := range []*process{c.scheduler, c.controllerManager, c.kwok} {
+		if err := p.start(); err != nil {
+			return err
+		}
+	}
+	insecure := &tls.Config{InsecureSkipVerify: true} // self-signed serving certs of the components
+	for _, p := range []*process{c.scheduler, c.controllerManager} {
+		url := "https://" + argValue(p.args, "--bind-address") + ":" + argValue(p.args, "--secure-port") + "/healthz"
+		if err := waitHTTP(ctx, p, url, insecure); err != nil {
+			return err
+		}
+	}
+	if err := c.createNodes(ctx, nodes); err != nil {
+		return err
+	}
+	// Pods need the namespace's default service account, which the
+	// controller manager creates.
+	return poll(ctx, c.controllerManager, "default service account", func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, ignoreNotFound(err)
+	})
+}
+
+// StartAPIServer (re)starts the API server on its port and waits for
+// /readyz. With StopAPIServer it simulates an outage of the cluster.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	if err := c.apiserver.start(); err != nil {
+		return err
+	}
+	return poll(ctx, c.apiserver, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
+		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+}
+
+// StopAPIServer stops the API server; everything else keeps running.
+func (c *Cluster) StopAPIServer() { c.apiserver.stop(10 * time.Second) }
+
+// AdminConfig returns a copy of the cluster-admin client configuration.
+func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }
+
+// Stop ends every process and removes the cluster's files. It is
+// idempotent.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		for _, p := range []*process{c.kwok, c.controllerManager, c.scheduler, c.apiserver, c.etcd} {
+			if p != nil {
+				p.stop(5 * time.Second)
+			}
+		}
+		if os.Getenv(EnvKeep) != "1" {
+			_ = os.RemoveAll(c.dir)
+		}
+	})
+}
+
+// Logs returns the last lines of every component's log, for a failing test.
+func (c *Cluster) Logs(lines int) string {
+	var b strings.Builder
+	for _, p := range []*process{c.etcd, c.apiserver, c.scheduler, c.controllerManager, c.kwok} {
+		if p != nil {
+			fmt.Fprintf(&b, "--- %s\n%s\n", p.name, indent(p.logTail(lines)))
+		}
+	}
+	return b.String()
+}
+
+func (c *Cluster) createNodes(ctx context.Context, n int) error {
+	for i := range n {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name:        fmt.Sprintf("kwok-%s-%d", c.Name, i),
+			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
+			Labels: map[string]string{
+				"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+				"kubernetes.io/hostname": fmt.Sprintf("kwok-%s-%d", c.Name, i),
+			},
+		}}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create node %s: %w", node.Name, err)
+		}
+	}
+	return poll(ctx, c.kwok, "nodes Ready", func(ctx context.Context) (bool, error) {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		return ready == n, nil
+	})
+}
+
+func (c *Cluster) writeAdminKubeconfig(path string, p *pki) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: p.path("ca.crt")}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path("admin.crt"), ClientKey: p.path("admin.key")}
+	cfg.Contexts["admin"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "admin"}
+	cfg.CurrentContext = "admin"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// poll calls check every 100ms until it reports done, ctx ends, or proc
+// exits. A check error is remembered and reported if the wait fails.
+func poll(ctx context.Context, proc *process, what string, check func(context.Context) (bool, error)) error {
+	var last error
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := check(cctx)
+		cancel()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if proc != nil && proc.exited() {
+			return fmt.Errorf("wait for %s: %w", what, proc.exitedErr())
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s: %w (last error: %v)", what, ctx.Err(), last)
+		case <-tick.C:
+		}
+	}
+}
+
+func waitHTTP(ctx context.Context, proc *process, url string, tlsConfig *tls.Config) error {
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}, Timeout: 2 * time.Second}
+	defer client.CloseIdleConnections()
+	return poll(ctx, proc, proc.name+" "+url, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
+
+// freePorts reserves n distinct loopback ports. They are released before
+// the components bind them; the kernel does not hand them out again soon.
+func freePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	ports := make([]int, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	}
+	return ports, nil
+}
+
+func argValue(args []string, flag string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// binDir finds the folder with the pinned binaries and checks they exist.
+func binDir(dir string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(EnvBinDir)
+	}
+	if dir == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, "bin")
+	}
+	var missing []string
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", kwokDataDir} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return "", fmt.Errorf("%w: %s not in %s (run `make tools`)", ErrNoTools, strings.Join(missing, ", "), dir)
+	}
+	return dir, nil
+}
+
+// ErrNoTools means the control-plane binaries have not been built.
+var ErrNoTools = errors.New("cluster tools missing")
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module github.com/jetway-ci/jetway\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("%w: no jetway go.mod above the working directory; set %s", ErrNoTools, EnvBinDir)
+		}
+		dir = parent
+	}
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,40 @@
+// Package integration proves jetway's Kubernetes claims against real local
+// clusters (see integration/cluster). Run via `make test`, which builds the
+// control-plane binaries first.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
+)
+
+// clusters are shared by every test of the package: starting a control
+// plane costs seconds, and tests work in namespaces of their own.
+var clusters []*cluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), cluster.StartupTimeout)
+	defer cancel()
+	var err error
+	clusters, err = cluster.StartN(ctx, 2, "it")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer cluster.StopAll(clusters)
+	code := m.Run()
+	if code != 0 {
+		for _, c := range clusters {
+			fmt.Fprintf(os.Stderr, "logs of cluster %s:\n%s\n", c.Name, c.Logs(30))
+		}
+	}
+	return code
+}
