@@ -28,6 +28,13 @@ type Options struct {
 	WorkerVersion    string
 	// Gatherer backs /metrics.
 	Gatherer prometheus.Gatherer
+	// Targets backs the worker and target endpoints.
+	Targets Targets
+	// Tokens are the accepted bearer tokens; NoAuth serves without any.
+	Tokens []Token
+	NoAuth bool
+	// Ready, if set, must report true for /readyz to answer 200.
+	Ready func() bool
 	// ShutdownTimeout bounds draining in-flight requests once ctx ends.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -52,6 +59,11 @@ func New(opts Options) *Server {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /api/v1/info", s.info)
+	if opts.Targets != nil {
+		mux.HandleFunc("GET /api/v1/workers", s.authenticate(s.listWorkers))
+		mux.HandleFunc("GET /api/v1/targets", s.authenticate(s.listTargets))
+		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.getTarget))
+	}
 	s.handler = mux
 	return s
 }
@@ -115,7 +127,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	if !s.ready.Load() {
+	if !s.ready.Load() || (s.opts.Ready != nil && !s.opts.Ready()) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -24,6 +25,22 @@ type Config struct {
 	ConcourseVersion string        `mapstructure:"concourse-version" help:"Concourse version reported by /api/v1/info; match your fly's major.minor"`
 	ShutdownTimeout  time.Duration `mapstructure:"shutdown-timeout" help:"bound on a graceful shutdown after SIGTERM or SIGINT"`
 	LogLevel         string        `mapstructure:"log-level" help:"log level: debug, info, warn or error"`
+
+	TargetsDir    string        `mapstructure:"targets-dir" help:"directory with one kubeconfig (file or folder) per target, usually a Secret mount"`
+	TargetsResync time.Duration `mapstructure:"targets-resync" help:"re-read the targets directory this often even without file events"`
+
+	HealthInterval    time.Duration `mapstructure:"health-interval" help:"time between health checks of one target (jittered by 10%)"`
+	HealthTimeout     time.Duration `mapstructure:"health-timeout" help:"bound on one health check (readiness probe and permission reviews)"`
+	HealthConcurrency int           `mapstructure:"health-concurrency" help:"health checks in flight at once, across all targets"`
+	StallAfter        int           `mapstructure:"stall-after" help:"consecutive failed checks before a running target stalls"`
+
+	AllowExecPlugins   bool `mapstructure:"allow-exec-plugins" help:"accept kubeconfigs whose user runs an exec credential plugin"`
+	AllowAuthProviders bool `mapstructure:"allow-auth-providers" help:"accept kubeconfigs whose user has an auth-provider"`
+	AllowInsecureTLS   bool `mapstructure:"allow-insecure-tls" help:"accept kubeconfigs that set insecure-skip-tls-verify"`
+	AllowExternalFiles bool `mapstructure:"allow-external-files" help:"accept kubeconfigs referencing files outside the targets directory"`
+
+	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
+	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
 
 // WorkerVersion is the Concourse worker API version jetway implements; fly
@@ -37,6 +54,14 @@ func Default() Config {
 		ConcourseVersion: "8.2.5",
 		ShutdownTimeout:  15 * time.Second,
 		LogLevel:         "info",
+
+		TargetsDir:    "/etc/jetway/targets",
+		TargetsResync: 30 * time.Second,
+
+		HealthInterval:    10 * time.Second,
+		HealthTimeout:     5 * time.Second,
+		HealthConcurrency: 64,
+		StallAfter:        3,
 	}
 }
 
@@ -84,6 +109,31 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		add("log-level", "%v", err)
+	}
+	if info, err := os.Stat(c.TargetsDir); err != nil {
+		add("targets-dir", "%v", err)
+	} else if !info.IsDir() {
+		add("targets-dir", "%s is not a directory", c.TargetsDir)
+	}
+	for key, d := range map[string]time.Duration{"targets-resync": c.TargetsResync, "health-interval": c.HealthInterval} {
+		if d < 100*time.Millisecond {
+			add(key, "must be at least 100ms, got %s", d)
+		}
+	}
+	if c.HealthTimeout <= 0 || c.HealthTimeout > c.HealthInterval {
+		add("health-timeout", "must be positive and at most health-interval (%s), got %s", c.HealthInterval, c.HealthTimeout)
+	}
+	if c.HealthConcurrency < 1 {
+		add("health-concurrency", "must be at least 1, got %d", c.HealthConcurrency)
+	}
+	if c.StallAfter < 1 {
+		add("stall-after", "must be at least 1, got %d", c.StallAfter)
+	}
+	switch {
+	case c.AuthTokensFile == "" && !c.NoAuth:
+		add("auth-tokens-file", "required: name a tokens file, or pass --no-auth to serve without authentication")
+	case c.AuthTokensFile != "" && c.NoAuth:
+		add("no-auth", "contradicts auth-tokens-file; give one of them")
 	}
 	if len(probs) == 0 {
 		return nil

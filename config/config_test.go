@@ -24,8 +24,15 @@ func load(t *testing.T, args []string, env map[string]string, file string) (Conf
 	}
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	RegisterFlags(fs)
-	require.NoError(t, fs.Parse(args))
+	require.NoError(t, fs.Parse(append([]string{"--targets-dir", t.TempDir(), "--no-auth"}, args...)))
 	return Load(fs)
+}
+
+func valid(t *testing.T) Config {
+	c := Default()
+	c.TargetsDir = t.TempDir()
+	c.NoAuth = true
+	return c
 }
 
 func TestLoadPrecedence(t *testing.T) {
@@ -93,12 +100,49 @@ func TestValidateListen(t *testing.T) {
 		":8080": true, "127.0.0.1:0": true, "[::1]:80": true, "localhost:8080": true,
 		"nonsense": false, "127.0.0.1": false, ":http": false, ":70000": false, "bad host!:80": false,
 	} {
-		c := Default()
+		c := valid(t)
 		c.Listen = addr
 		if ok {
 			assert.NoError(t, c.Validate(), addr)
 		} else {
 			assert.ErrorContains(t, c.Validate(), "listen: ", addr)
 		}
+	}
+}
+
+func TestValidateTargetsAndAuth(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{name: "valid", mutate: func(*Config) {}},
+		{name: "missing dir", mutate: func(c *Config) { c.TargetsDir = "/nonexistent/targets" },
+			want: []string{"targets-dir: stat /nonexistent/targets: no such file or directory"}},
+		{name: "dir is a file", mutate: func(c *Config) { c.TargetsDir = file }, want: []string{"is not a directory"}},
+		{name: "no auth choice", mutate: func(c *Config) { c.NoAuth = false },
+			want: []string{"auth-tokens-file: required", "--no-auth"}},
+		{name: "both auth choices", mutate: func(c *Config) { c.AuthTokensFile = file }, want: []string{"no-auth: contradicts"}},
+		{name: "health", mutate: func(c *Config) {
+			c.HealthInterval, c.HealthTimeout, c.HealthConcurrency, c.StallAfter = time.Millisecond, time.Second, 0, 0
+		}, want: []string{"health-interval: must be at least 100ms", "health-timeout: must be positive and at most",
+			"health-concurrency: must be at least 1", "stall-after: must be at least 1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid(t)
+			tt.mutate(&c)
+			err := c.Validate()
+			if len(tt.want) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
 	}
 }

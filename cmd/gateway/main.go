@@ -38,7 +38,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCommand(stderr), versionCommand())
+	root.AddCommand(runCommand(stderr), workersCommand(), checkCommand(), versionCommand())
 
 	err := root.Execute()
 	switch {

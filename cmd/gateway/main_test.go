@@ -45,7 +45,8 @@ func TestBadConfigExitsTwo(t *testing.T) {
 		env  []string
 		want []string
 	}{
-		{name: "listen", args: []string{"run", "--listen", "nonsense"}, want: []string{`listen: "nonsense" is not a host:port address`}},
+		{name: "listen", args: []string{"run", "--listen", "nonsense", "--no-auth"}, want: []string{`listen: "nonsense" is not a host:port address`}},
+		{name: "no auth choice", args: []string{"run"}, want: []string{"auth-tokens-file: required", "--no-auth"}},
 		{name: "every bad key", args: []string{"run", "--listen", "nonsense", "--log-level", "loud"},
 			env: []string{"JETWAY_SHUTDOWN_TIMEOUT=soon"}, want: []string{"listen:", "log-level:", "shutdown-timeout:"}},
 		{name: "unknown flag", args: []string{"run", "--lisen", ":80"}, want: []string{"unknown flag: --lisen"}},
@@ -80,11 +81,14 @@ type gateway struct {
 	base  string
 	lines chan map[string]any
 	done  chan error
+	// sawWarning: the --no-auth warning was logged before serving.
+	sawWarning bool
 }
 
 func startGateway(t *testing.T, args ...string) *gateway {
 	t.Helper()
-	cmd := exec.Command(gatewayBin, append([]string{"run", "--listen", "127.0.0.1:0"}, args...)...)
+	base := []string{"run", "--listen", "127.0.0.1:0", "--targets-dir", t.TempDir(), "--no-auth"}
+	cmd := exec.Command(gatewayBin, append(base, args...)...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -115,6 +119,9 @@ func (g *gateway) waitLog(t *testing.T, msg string) map[string]any {
 		case line, ok := <-g.lines:
 			require.True(t, ok, "gateway exited before logging %q", msg)
 			require.NotContains(t, line["msg"], "NOT JSON")
+			if line["level"] == "WARN" && strings.Contains(line["msg"].(string), "without authentication") {
+				g.sawWarning = true
+			}
 			if line["msg"] == msg {
 				return line
 			}
@@ -158,6 +165,7 @@ func TestRunServesAndStopsOnSignal(t *testing.T) {
 
 	require.NoError(t, g.cmd.Process.Signal(syscall.SIGTERM))
 	g.waitLog(t, "gateway stopped")
+	assert.True(t, g.sawWarning, "--no-auth is logged as a warning")
 	require.NoError(t, g.wait(t, 10*time.Second), "a graceful stop exits 0")
 }
 

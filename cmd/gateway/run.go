@@ -19,6 +19,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 func runCommand(stderr io.Writer) *cobra.Command {
@@ -51,20 +52,58 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	var tokens []api.Token
+	if cfg.AuthTokensFile != "" {
+		var err error
+		if tokens, err = api.LoadTokens(cfg.AuthTokensFile); err != nil {
+			return &config.Error{Problems: []config.Problem{{Key: "auth-tokens-file", Message: err.Error()}}}
+		}
+	}
+	if cfg.NoAuth {
+		logger.Warn("serving the API without authentication (--no-auth): whoever reaches it can see and act on every target")
+	}
+
+	registry := targets.NewRegistry(targets.RegistryOptions{
+		Interval:    cfg.HealthInterval,
+		Timeout:     cfg.HealthTimeout,
+		Concurrency: cfg.HealthConcurrency,
+		StallAfter:  cfg.StallAfter,
+		Logger:      logger.With("component", "targets"),
+		Metrics:     targets.NewMetrics(reg),
+	})
+	source := targets.NewSource(targets.SourceOptions{
+		Dir:    cfg.TargetsDir,
+		Policy: policy(cfg),
+		Resync: cfg.TargetsResync,
+		Logger: logger.With("component", "targets-source"),
+	}, registry.Apply)
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
 		WorkerVersion:    config.WorkerVersion,
 		Gatherer:         reg,
+		Targets:          registry,
+		Tokens:           tokens,
+		NoAuth:           cfg.NoAuth,
+		Ready:            registry.Loaded,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
 		Logger:           logger.With("component", "api"),
 	})
-	logger.Info("starting gateway", "version", buildinfo.String(), "listen", cfg.Listen)
-	err := runAll(ctx, cfg.ShutdownTimeout, server)
+	logger.Info("starting gateway", "version", buildinfo.String(), "listen", cfg.Listen, "targets_dir", cfg.TargetsDir)
+	err := runAll(ctx, cfg.ShutdownTimeout, registry, source, server)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}
 	return err
+}
+
+func policy(cfg config.Config) targets.Policy {
+	return targets.Policy{
+		AllowExecPlugins:   cfg.AllowExecPlugins,
+		AllowAuthProviders: cfg.AllowAuthProviders,
+		AllowInsecureTLS:   cfg.AllowInsecureTLS,
+		AllowExternalFiles: cfg.AllowExternalFiles,
+	}
 }
 
 // component is anything with a blocking Start, stopped by ending its ctx.

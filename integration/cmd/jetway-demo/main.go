@@ -15,9 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 func main() {
@@ -54,7 +53,7 @@ func run() error {
 		return err
 	}
 	for _, c := range clusters {
-		t, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "ci", Rules: demoRules})
+		t, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "ci", Rules: targets.RBACRules(targets.Required)})
 		if err != nil {
 			return err
 		}
@@ -65,7 +64,8 @@ func run() error {
 		log.Info("cluster ready", "cluster", c.Name, "server", c.Server, "target", path)
 	}
 
-	cmd := exec.CommandContext(ctx, *gateway, "run", "--listen", *listen)
+	cmd := exec.CommandContext(ctx, *gateway, "run", "--listen", *listen, "--targets-dir", targetsDir,
+		"--no-auth", "--health-interval", "5s")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 20 * time.Second
@@ -77,11 +77,4 @@ func run() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	return nil
-}
-
-// demoRules grant what jetway needs in a target namespace.
-var demoRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
-	{APIGroups: []string{""}, Resources: []string{"pods/portforward"}, Verbs: []string{"create", "get"}},
-	{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
 }

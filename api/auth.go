@@ -1,0 +1,130 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Token is one bearer token the API accepts. An admin sees and acts on
+// every target; a team token sees global targets and its team's, and acts
+// only on its team's.
+type Token struct {
+	Name  string `json:"name"`
+	Token string `json:"token"`
+	Admin bool   `json:"admin,omitempty"`
+	Team  string `json:"team,omitempty"`
+}
+
+// identity is who a request is from; its token value is not kept.
+type identity struct {
+	name  string
+	admin bool
+	team  string
+}
+
+// sees reports whether the identity may see a target of team (""=global).
+func (id identity) sees(team string) bool { return id.admin || team == "" || team == id.team }
+
+// owns reports whether the identity may act on a target of team.
+func (id identity) owns(team string) bool { return id.admin || (team != "" && team == id.team) }
+
+// LoadTokens reads and validates a tokens file:
+//
+//	tokens:
+//	- {name: ops, token: ..., admin: true}
+//	- {name: main-ci, token: ..., team: main}
+//
+// Errors name the entry, never the token value.
+func LoadTokens(path string) ([]Token, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var file struct {
+		Tokens []Token `json:"tokens"`
+	}
+	if err := yaml.UnmarshalStrict(b, &file); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(file.Tokens) == 0 {
+		return nil, fmt.Errorf("%s: no tokens", path)
+	}
+	var errs []error
+	names, values := map[string]bool{}, map[string]bool{}
+	for i, t := range file.Tokens {
+		where := fmt.Sprintf("tokens[%d] (%q)", i, t.Name)
+		switch {
+		case t.Name == "":
+			errs = append(errs, fmt.Errorf("tokens[%d]: name is required", i))
+		case names[t.Name]:
+			errs = append(errs, fmt.Errorf("%s: name is repeated", where))
+		}
+		switch {
+		case len(t.Token) < 16:
+			errs = append(errs, fmt.Errorf("%s: token must have at least 16 characters", where))
+		case values[t.Token]:
+			errs = append(errs, fmt.Errorf("%s: token is the same as another entry's", where))
+		}
+		if t.Admin == (t.Team != "") {
+			errs = append(errs, fmt.Errorf("%s: give exactly one of admin: true or team", where))
+		}
+		names[t.Name], values[t.Token] = true, true
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return file.Tokens, nil
+}
+
+type identityKey struct{}
+
+// authenticate resolves the bearer token to an identity, or answers 401.
+// With no tokens configured (--no-auth) every request is an admin.
+func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := s.identify(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="jetway"`)
+			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "not authorized: give a valid bearer token"})
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
+	}
+}
+
+func (s *Server) identify(r *http.Request) (identity, bool) {
+	if s.opts.NoAuth {
+		return identity{name: "anonymous", admin: true}, true
+	}
+	given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || given == "" {
+		return identity{}, false
+	}
+	var found *Token
+	for i := range s.opts.Tokens {
+		// Compare with every token, so timing tells nothing about which.
+		if subtle.ConstantTimeCompare([]byte(given), []byte(s.opts.Tokens[i].Token)) == 1 {
+			found = &s.opts.Tokens[i]
+		}
+	}
+	if found == nil {
+		return identity{}, false
+	}
+	return identity{name: found.Name, admin: found.Admin, team: found.Team}, true
+}
+
+func requestIdentity(r *http.Request) identity {
+	id, _ := r.Context().Value(identityKey{}).(identity)
+	return id
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}

@@ -1,0 +1,159 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// Targets is what the API reads of the targets registry.
+type Targets interface {
+	Snapshot() []targets.Status
+	Get(name string) (targets.Status, error)
+}
+
+// Worker is Concourse's worker JSON (atc.Worker), what `fly workers`
+// reads. Keys fly does not know are ignored by it.
+type Worker struct {
+	Addr             string         `json:"addr"`
+	BaggageclaimURL  string         `json:"baggageclaim_url"`
+	ActiveContainers int            `json:"active_containers"`
+	ActiveVolumes    int            `json:"active_volumes"`
+	ActiveTasks      int            `json:"active_tasks"`
+	ResourceTypes    []ResourceType `json:"resource_types"`
+	Platform         string         `json:"platform"`
+	Tags             []string       `json:"tags"`
+	Team             string         `json:"team"`
+	Name             string         `json:"name"`
+	Version          string         `json:"version"`
+	StartTime        int64          `json:"start_time"`
+	Ephemeral        bool           `json:"ephemeral"`
+	State            string         `json:"state"`
+}
+
+// ResourceType is atc.WorkerResourceType; jetway workers advertise none.
+type ResourceType struct {
+	Type                 string `json:"type"`
+	Image                string `json:"image"`
+	Version              string `json:"version"`
+	Privileged           bool   `json:"privileged"`
+	UniqueVersionHistory bool   `json:"unique_version_history"`
+}
+
+// Target is jetway's detailed view of one target.
+type Target struct {
+	Name               string     `json:"name"`
+	Team               string     `json:"team"`
+	Tags               []string   `json:"tags"`
+	Platform           string     `json:"platform"`
+	Namespace          string     `json:"namespace"`
+	Server             string     `json:"server"`
+	State              string     `json:"state"`
+	Error              string     `json:"error,omitempty"`
+	MissingPermissions []string   `json:"missing_permissions"`
+	LatencyMS          float64    `json:"latency_ms"`
+	ServerVersion      string     `json:"server_version"`
+	LastCheck          *time.Time `json:"last_check"`
+	StartTime          time.Time  `json:"start_time"`
+}
+
+func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
+	id := requestIdentity(r)
+	out := []Worker{}
+	for _, st := range s.opts.Targets.Snapshot() {
+		if id.sees(st.Meta.Team) {
+			out = append(out, worker(st))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listTargets(w http.ResponseWriter, r *http.Request) {
+	id := requestIdentity(r)
+	out := []Target{}
+	for _, st := range s.opts.Targets.Snapshot() {
+		if id.sees(st.Meta.Team) {
+			out = append(out, target(st))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getTarget(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	st, err := s.opts.Targets.Get(name)
+	if errors.Is(err, targets.ErrNotFound) || (err == nil && !requestIdentity(r).sees(st.Meta.Team)) {
+		writeJSON(w, http.StatusNotFound, errorBody{Error: "unknown target " + name})
+		return
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, target(st))
+}
+
+func worker(st targets.Status) Worker {
+	var start int64
+	if !st.StartTime.IsZero() {
+		start = st.StartTime.Unix()
+	}
+	return Worker{
+		Addr:          workerAddr(st),
+		ResourceTypes: []ResourceType{},
+		Platform:      st.Meta.Platform,
+		Tags:          nonNil(st.Meta.Tags),
+		Team:          st.Meta.Team,
+		Name:          st.Name,
+		Version:       config.WorkerVersion,
+		StartTime:     start,
+		State:         string(st.State),
+	}
+}
+
+// workerAddr is a stable address naming the target's API server and
+// namespace, k8s://host:port/namespace; fly requires it non-empty.
+func workerAddr(st targets.Status) string {
+	host := "invalid"
+	if u, err := url.Parse(st.Server); err == nil && u.Host != "" {
+		host = u.Host
+	}
+	ns := st.Meta.Namespace
+	if ns == "" {
+		ns = "-"
+	}
+	return "k8s://" + host + "/" + ns
+}
+
+func target(st targets.Status) Target {
+	t := Target{
+		Name:               st.Name,
+		Team:               st.Meta.Team,
+		Tags:               nonNil(st.Meta.Tags),
+		Platform:           st.Meta.Platform,
+		Namespace:          st.Meta.Namespace,
+		Server:             st.Server,
+		State:              string(st.State),
+		Error:              st.Error,
+		MissingPermissions: nonNil(st.MissingPermissions),
+		LatencyMS:          float64(st.Latency.Microseconds()) / 1000,
+		ServerVersion:      st.ServerVersion,
+		StartTime:          st.StartTime.UTC(),
+	}
+	if !st.LastCheck.IsZero() {
+		at := st.LastCheck.UTC()
+		t.LastCheck = &at
+	}
+	return t
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/api"
+)
+
+func TestBadTokensFileExitsTwo(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.yaml")
+	require.NoError(t, os.WriteFile(tokens, []byte("tokens:\n- {name: ops, token: tiny-secret, admin: true}\n"), 0o600))
+	out, err := exec.Command(gatewayBin, "run", "--targets-dir", dir, "--auth-tokens-file", tokens, "--listen", "127.0.0.1:0").CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 2, exit.ExitCode())
+	assert.Contains(t, string(out), "auth-tokens-file:")
+	assert.Contains(t, string(out), "token must have at least 16 characters")
+	assert.NotContains(t, string(out), "tiny-secret")
+}
+
+
+func TestPrintWorkers(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	var b bytes.Buffer
+	printWorkers(&b, []api.Worker{
+		{Name: "a", Platform: "linux", State: "running", Version: "2.5", StartTime: now.Add(-90 * time.Minute).Unix()},
+		{Name: "b", Platform: "linux", State: "stalled", Version: "2.5", Team: "main", Tags: []string{"gpu", "big"}},
+	}, now)
+	assert.Equal(t, `name  containers  platform  tags  team  state    version  age
+a     0           linux     none  none  running  2.5      1h30m
+
+the following workers have not checked in recently:
+
+name  containers  platform  tags      team  state    version  age
+b     0           linux     gpu, big  main  stalled  2.5      n/a
+`, b.String())
+}
+
+func TestCheckReportsEveryEntry(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "broken.kubeconfig"), []byte("clusters: [\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "exec"), []byte(`apiVersion: v1
+kind: Config
+current-context: x
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: get-token}}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+`), 0o600))
+	out, err := exec.Command(gatewayBin, "check", dir).CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Regexp(t, `broken\s+-\s+-\s+UNUSABLE\s+invalid target: kubeconfig does not parse`, string(out))
+	assert.Regexp(t, `exec\s+-\s+-\s+UNUSABLE\s+refused by credential policy: user "u" uses exec plugin "get-token" \(allow with --allow-exec-plugins\)`, string(out))
+	assert.Contains(t, string(out), "2 of 2 targets unusable")
+}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetway-ci/jetway/api"
+)
+
+// apiFlags are how CLI commands reach a running gateway.
+type apiFlags struct {
+	url, token string
+}
+
+func (f *apiFlags) register(cmd *cobra.Command) {
+	url := os.Getenv("JETWAY_URL")
+	if url == "" {
+		url = "http://127.0.0.1:8080"
+	}
+	cmd.Flags().StringVar(&f.url, "url", url, "gateway URL (env JETWAY_URL)")
+	cmd.Flags().StringVar(&f.token, "token", os.Getenv("JETWAY_TOKEN"), "API bearer token (env JETWAY_TOKEN)")
+}
+
+// get fetches path from the gateway into v.
+func (f *apiFlags) get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(f.url, "/")+path, nil)
+	if err != nil {
+		return err
+	}
+	if f.token != "" {
+		req.Header.Set("Authorization", "Bearer "+f.token)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return json.Unmarshal(body, v)
+}
+
+func workersCommand() *cobra.Command {
+	var (
+		flags  apiFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "workers",
+		Short: "List targets as `fly workers` does",
+		Args:  noArgs,
+	}
+	flags.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the worker JSON")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		var workers []api.Worker
+		if err := flags.get(cmd.Context(), "/api/v1/workers", &workers); err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		if asJSON {
+			enc := json.NewEncoder(out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(workers)
+		}
+		printWorkers(out, workers, time.Now())
+		return nil
+	}
+	return cmd
+}
+
+// printWorkers prints fly's table: running workers, then the stalled ones
+// apart, as fly does.
+func printWorkers(out io.Writer, workers []api.Worker, now time.Time) {
+	var live, stalled []api.Worker
+	for _, w := range workers {
+		if w.State == "stalled" {
+			stalled = append(stalled, w)
+		} else {
+			live = append(live, w)
+		}
+	}
+	table(out, live, now)
+	if len(stalled) > 0 {
+		fmt.Fprintf(out, "\nthe following workers have not checked in recently:\n\n")
+		table(out, stalled, now)
+	}
+}
+
+func table(out io.Writer, workers []api.Worker, now time.Time) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "name\tcontainers\tplatform\ttags\tteam\tstate\tversion\tage")
+	for _, wk := range workers {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", wk.Name, wk.ActiveContainers, wk.Platform,
+			none(strings.Join(wk.Tags, ", ")), none(wk.Team), wk.State, wk.Version, age(wk.StartTime, now))
+	}
+	w.Flush()
+}
+
+func none(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// age renders how long ago a unix time was, as fly does: 3d, 5h, 12m, 40s.
+func age(start int64, now time.Time) string {
+	if start == 0 {
+		return "n/a"
+	}
+	d := now.Sub(time.Unix(start, 0))
+	switch {
+	case d >= 24*time.Hour:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	case d >= time.Minute:
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%ds", int(d.Seconds()))
+}

@@ -1,0 +1,13 @@
+package targets
+
+import "errors"
+
+// Sentinel errors, checked with errors.Is.
+var (
+	// ErrInvalidEntry: a directory entry is not a usable target definition.
+	ErrInvalidEntry = errors.New("invalid target")
+	// ErrRefused: the kubeconfig uses a feature the operator has not allowed.
+	ErrRefused = errors.New("refused by credential policy")
+	// ErrNotFound: no target has that name.
+	ErrNotFound = errors.New("no such target")
+)

@@ -1,0 +1,198 @@
+package targets
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/version"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/rest"
+)
+
+// Health is the outcome of one check of a target.
+type Health struct {
+	At            time.Time
+	Latency       time.Duration // of the readiness probe
+	Duration      time.Duration // of the whole check
+	ServerVersion string
+	// Missing lists required permissions the target does not grant.
+	Missing []Permission
+	// Err says why the target could not be checked (nil when it could).
+	Err error
+	// Reason classifies a failure for metrics: one of the Reason* values.
+	Reason string
+}
+
+// OK reports whether the target answered and granted every permission.
+func (h Health) OK() bool { return h.Err == nil && len(h.Missing) == 0 }
+
+// Failure reasons, the label values of the failed-checks metric.
+const (
+	ReasonInvalid      = "invalid_config"
+	ReasonUnreachable  = "unreachable"
+	ReasonTimeout      = "timeout"
+	ReasonUnauthorized = "unauthorized"
+	ReasonNotReady     = "not_ready"
+	ReasonPermissions  = "missing_permissions"
+	ReasonError        = "error"
+)
+
+// client is what a health check needs of one target. Clients of targets on
+// one cluster share client-go's cached transport (same TLS config), so 1,000
+// targets on 3 clusters hold 3 connection pools, not 1,000.
+type client struct {
+	rest  rest.Interface
+	authz authorizationv1client.AuthorizationV1Interface
+	ns    string
+}
+
+func newClient(cfg *Config) (*client, error) {
+	rc := rest.CopyConfig(cfg.REST)
+	rc.QPS, rc.Burst = 50, 100
+	rc.UserAgent = "jetway"
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	authz, err := authorizationv1client.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	return &client{rest: authz.RESTClient(), authz: authz, ns: cfg.Meta.Namespace}, nil
+}
+
+// checker runs health checks.
+type checker struct {
+	timeout  time.Duration
+	required []Permission
+	now      func() time.Time
+}
+
+// check probes readiness, reads the server version when it is not known,
+// and reviews every required permission.
+func (c *checker) check(ctx context.Context, cl *client, knownVersion string) (h Health) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	h = Health{At: c.now(), ServerVersion: knownVersion}
+	start := time.Now()
+	defer func() { h.Duration = time.Since(start) }()
+	if err := ready(ctx, cl.rest); err != nil {
+		h.Err, h.Reason = classify(ctx, err)
+		return h
+	}
+	h.Latency = time.Since(start)
+	if h.ServerVersion == "" {
+		if v, err := serverVersion(ctx, cl.rest); err == nil {
+			h.ServerVersion = v
+		}
+	}
+	missing, err := c.review(ctx, cl)
+	if err != nil {
+		h.Err, h.Reason = classify(ctx, err)
+		h.Err = fmt.Errorf("review permissions: %w", h.Err)
+		return h
+	}
+	h.Missing = missing
+	if len(missing) > 0 {
+		h.Reason = ReasonPermissions
+	}
+	return h
+}
+
+// review asks the API server which required permissions are missing.
+// One SelfSubjectRulesReview answers for all of them in one request; each
+// permission it does not show as granted (or all, when the server says its
+// list is incomplete) is asked again with a SelfSubjectAccessReview, whose
+// answer decides: only "allowed" counts, "no opinion" is denied.
+func (c *checker) review(ctx context.Context, cl *client) ([]Permission, error) {
+	rules, err := cl.authz.SelfSubjectRulesReviews().Create(ctx, &authorizationv1.SelfSubjectRulesReview{
+		Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: cl.ns},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var missing []Permission
+	for _, p := range c.required {
+		if !rules.Status.Incomplete && p.grantedBy(rules.Status.ResourceRules) {
+			continue
+		}
+		review, err := cl.authz.SelfSubjectAccessReviews().Create(ctx, p.accessReview(cl.ns), metav1.CreateOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if !review.Status.Allowed || review.Status.Denied {
+			missing = append(missing, p)
+		}
+	}
+	return missing, nil
+}
+
+// ready probes /readyz, falling back to /healthz on servers without it.
+func ready(ctx context.Context, rc rest.Interface) error {
+	var code int
+	body, err := rc.Get().AbsPath("/readyz").Do(ctx).StatusCode(&code).Raw()
+	if code == http.StatusNotFound {
+		body, err = rc.Get().AbsPath("/healthz").Do(ctx).StatusCode(&code).Raw()
+	}
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("%w: status %d: %.200s", errNotReady, code, body)
+	}
+	return nil
+}
+
+var errNotReady = errors.New("API server not ready")
+
+func serverVersion(ctx context.Context, rc rest.Interface) (string, error) {
+	body, err := rc.Get().AbsPath("/version").Do(ctx).Raw()
+	if err != nil {
+		return "", err
+	}
+	var info version.Info
+	if err := json.Unmarshal(body, &info); err != nil {
+		return "", err
+	}
+	return info.GitVersion, nil
+}
+
+// classify names a failure for operators and metrics.
+func classify(ctx context.Context, err error) (error, string) {
+	var netErr net.Error
+	switch {
+	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
+		return fmt.Errorf("API server did not answer in time: %w", err), ReasonTimeout
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("credentials rejected (401): %w", err), ReasonUnauthorized
+	case errors.Is(err, errNotReady), apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err):
+		return err, ReasonNotReady
+	case errors.As(err, &netErr):
+		return fmt.Errorf("API server unreachable: %w", err), ReasonUnreachable
+	case apierrors.IsForbidden(err):
+		return err, ReasonPermissions
+	}
+	return err, ReasonError
+}
+
+// Check checks one target once, with the same probe and reviews as the
+// registry: what `gateway check` runs before a Secret is mounted.
+func Check(ctx context.Context, cfg *Config, timeout time.Duration) Health {
+	cl, err := newClient(cfg)
+	if err != nil {
+		return Health{At: time.Now(), Err: err, Reason: ReasonInvalid}
+	}
+	c := checker{timeout: timeout, required: Required, now: time.Now}
+	return c.check(ctx, cl, "")
+}
+
+// Describe says in one line what is wrong with a check, or "" when nothing.
+func (h Health) Describe() string { return describe(h) }

@@ -1,0 +1,358 @@
+package targets
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// State is a target's Concourse worker state.
+type State string
+
+// The states targets have so far; only running targets take new work.
+const (
+	StateRunning State = "running"
+	StateStalled State = "stalled"
+)
+
+// Status is an immutable view of one target, what the API serves.
+type Status struct {
+	Name      string
+	Meta      Metadata
+	Server    string
+	State     State
+	StartTime time.Time
+	// Error says why the target is not (or may soon not be) usable.
+	Error              string
+	MissingPermissions []string
+	Latency            time.Duration
+	ServerVersion      string
+	LastCheck          time.Time
+}
+
+// RegistryOptions configure a Registry.
+type RegistryOptions struct {
+	// Interval between checks of one target, jittered by ±10%.
+	Interval time.Duration
+	// Timeout bounds one check.
+	Timeout time.Duration
+	// Concurrency bounds checks in flight across all targets.
+	Concurrency int
+	// StallAfter is how many consecutive failed checks stall a running target.
+	StallAfter int
+	// Required permissions; default Required.
+	Required []Permission
+	Logger   *slog.Logger
+	Metrics  *Metrics
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Registry holds the targets, checks each on its own schedule, and hands
+// out snapshots. Source feeds it through Apply.
+type Registry struct {
+	opts    RegistryOptions
+	checker checker
+	sem     chan struct{}
+
+	ctx    context.Context // parent of every health loop
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.RWMutex
+	records map[string]*record
+	loaded  bool // Apply has run once
+	stopped bool
+}
+
+// record is the registry's mutable state for one target.
+type record struct {
+	name      string
+	cfg       *Config // last good configuration; nil if never valid
+	entryErr  error   // what is wrong with the current directory entry
+	startTime time.Time
+	health    Health
+	checked   bool
+	failures  int  // consecutive failed checks
+	healthy   bool // anti-flap verdict: false until a check succeeds
+	stop      context.CancelFunc
+}
+
+// NewRegistry builds an empty registry; Start runs it.
+func NewRegistry(opts RegistryOptions) *Registry {
+	if opts.Required == nil {
+		opts.Required = Required
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Registry{
+		opts:    opts,
+		checker: checker{timeout: opts.Timeout, required: opts.Required, now: opts.Now},
+		sem:     make(chan struct{}, opts.Concurrency),
+		ctx:     ctx,
+		cancel:  cancel,
+		records: make(map[string]*record),
+	}
+	if opts.Metrics != nil {
+		opts.Metrics.observeStates(r)
+	}
+	return r
+}
+
+// Start blocks until ctx ends, then stops every health loop and waits for
+// them.
+func (r *Registry) Start(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+	case <-r.ctx.Done():
+	}
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+	return nil
+}
+
+// Result is what the source read for one target name.
+type Result struct {
+	Config *Config
+	Err    error
+}
+
+// Apply makes the registry match the directory: new names are added and
+// checked at once, removed names are forgotten, changed configurations
+// replace the old ones (state is kept), and an entry that turned invalid
+// keeps its last good configuration but stalls with the error.
+func (r *Registry) Apply(results map[string]Result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.loaded = true
+	for name, rec := range r.records {
+		if _, ok := results[name]; !ok {
+			r.opts.Logger.Info("target removed", "target", name)
+			r.stopLoop(rec)
+			delete(r.records, name)
+		}
+	}
+	for name, res := range results {
+		rec, ok := r.records[name]
+		if !ok {
+			rec = &record{name: name, startTime: r.opts.Now()}
+			r.records[name] = rec
+			r.opts.Logger.Info("target added", "target", name)
+		}
+		if res.Err != nil {
+			if rec.entryErr == nil || rec.entryErr.Error() != res.Err.Error() {
+				r.opts.Logger.Warn("target entry invalid", "target", name, "error", res.Err.Error(),
+					"keeping_last_good", rec.cfg != nil)
+				r.opts.Metrics.failed(ReasonInvalid)
+			}
+			rec.entryErr = res.Err
+			continue
+		}
+		rec.entryErr = nil
+		if rec.cfg != nil && rec.cfg.hash == res.Config.hash {
+			continue
+		}
+		if rec.cfg != nil {
+			r.opts.Logger.Info("target configuration changed", "target", name)
+			r.stopLoop(rec)
+		}
+		rec.cfg = res.Config
+		r.startLoop(rec, res.Config)
+	}
+}
+
+// startLoop runs rec's health checks until stopLoop. Called with r.mu held.
+func (r *Registry) startLoop(rec *record, cfg *Config) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	rec.stop = cancel
+	r.wg.Go(func() { r.healthLoop(ctx, rec.name, cfg) })
+}
+
+// stopLoop ends rec's health loop without waiting: its last result is
+// discarded because observe checks the configuration it was made with.
+func (r *Registry) stopLoop(rec *record) {
+	if rec.stop != nil {
+		rec.stop()
+		rec.stop = nil
+	}
+}
+
+func (r *Registry) healthLoop(ctx context.Context, name string, cfg *Config) {
+	cl, err := newClient(cfg)
+	if err != nil {
+		r.observe(name, cfg, Health{At: r.opts.Now(), Err: err, Reason: ReasonInvalid})
+		return
+	}
+	timer := time.NewTimer(0) // first check at once
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case r.sem <- struct{}{}:
+		}
+		h := r.checker.check(ctx, cl, r.knownVersion(name))
+		<-r.sem
+		if ctx.Err() != nil {
+			return
+		}
+		r.observe(name, cfg, h)
+		timer.Reset(jitter(r.opts.Interval))
+	}
+}
+
+// jitter spreads checks by ±10% so targets added together drift apart.
+func jitter(d time.Duration) time.Duration {
+	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
+}
+
+func (r *Registry) knownVersion(name string) string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if rec, ok := r.records[name]; ok && rec.health.Err == nil {
+		return rec.health.ServerVersion
+	}
+	return ""
+}
+
+// observe records a check result made with cfg, unless the target has
+// since been removed or reconfigured.
+func (r *Registry) observe(name string, cfg *Config, h Health) {
+	r.opts.Metrics.checked(h)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.records[name]
+	if !ok || rec.cfg != cfg {
+		return
+	}
+	wasHealthy := rec.healthy
+	rec.record(h, r.opts.StallAfter)
+	switch {
+	case wasHealthy && !rec.healthy:
+		r.opts.Logger.Warn("target stalled", "target", name, "reason", h.Reason, "error", describe(h))
+	case !wasHealthy && rec.healthy:
+		r.opts.Logger.Info("target running", "target", name, "server_version", h.ServerVersion)
+	}
+}
+
+// record applies one check to the anti-flap state: one success makes the
+// target healthy, stallAfter consecutive failures make it unhealthy.
+func (rec *record) record(h Health, stallAfter int) {
+	rec.health, rec.checked = h, true
+	if h.OK() {
+		rec.failures, rec.healthy = 0, true
+		return
+	}
+	rec.failures++
+	if rec.failures >= stallAfter {
+		rec.healthy = false
+	}
+}
+
+func (rec *record) status() Status {
+	s := Status{
+		Name:          rec.name,
+		State:         StateStalled,
+		StartTime:     rec.startTime,
+		Latency:       rec.health.Latency,
+		ServerVersion: rec.health.ServerVersion,
+		LastCheck:     rec.health.At,
+	}
+	if rec.cfg != nil {
+		s.Meta, s.Server = rec.cfg.Meta, rec.cfg.Server
+	}
+	if len(rec.health.Missing) > 0 {
+		s.MissingPermissions = missingNames(rec.health.Missing)
+	}
+	switch {
+	case rec.entryErr != nil:
+		s.Error = rec.entryErr.Error()
+	case !rec.checked:
+		s.Error = "not checked yet"
+	default:
+		s.Error = describe(rec.health)
+		if rec.healthy {
+			s.State = StateRunning
+		}
+	}
+	return s
+}
+
+func describe(h Health) string {
+	switch {
+	case h.Err != nil:
+		return h.Err.Error()
+	case len(h.Missing) > 0:
+		return "missing permissions: " + strings.Join(missingNames(h.Missing), ", ")
+	}
+	return ""
+}
+
+// Loaded reports whether the targets directory has been read once.
+func (r *Registry) Loaded() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.loaded
+}
+
+// Snapshot returns every target's status, sorted by name.
+func (r *Registry) Snapshot() []Status {
+	r.mu.RLock()
+	out := make([]Status, 0, len(r.records))
+	for _, rec := range r.records {
+		out = append(out, rec.status())
+	}
+	r.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Get returns one target's status, or ErrNotFound.
+func (r *Registry) Get(name string) (Status, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	rec, ok := r.records[name]
+	if !ok {
+		return Status{}, ErrNotFound
+	}
+	return rec.status(), nil
+}
+
+// Config returns the last good configuration of a target, for components
+// that act on it.
+func (r *Registry) Config(name string) (*Config, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	rec, ok := r.records[name]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	if rec.cfg == nil {
+		return nil, errors.Join(ErrInvalidEntry, rec.entryErr)
+	}
+	return rec.cfg, nil
+}
