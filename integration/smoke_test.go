@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -238,3 +239,7 @@ func TestAPIServerOutage(t *testing.T) {
 	pod := runPod(ctx, t, client, "outage", "after-restart")
 	assert.Equal(t, corev1.PodRunning, pod.Status.Phase)
 }
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

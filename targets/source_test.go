@@ -136,7 +136,7 @@ func TestSourceSeesSecretSwapQuickly(t *testing.T) {
 	start := time.Now()
 	m.swap(t, map[string]string{
 		"a.kubeconfig": kubeconfig("", "    token: rotated-token\n", ""), // rotated
-		"c.kubeconfig": kubeconfig("", "", ""),                          // added; b removed
+		"c.kubeconfig": kubeconfig("", "", ""),                           // added; b removed
 	})
 	require.Eventually(t, func() bool {
 		r := got.get()

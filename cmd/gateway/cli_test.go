@@ -27,7 +27,6 @@ func TestBadTokensFileExitsTwo(t *testing.T) {
 	assert.NotContains(t, string(out), "tiny-secret")
 }
 
-
 func TestPrintWorkers(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	var b bytes.Buffer

@@ -295,8 +295,10 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	})
 }
 
-// StopAPIServer stops the API server; everything else keeps running.
-func (c *Cluster) StopAPIServer() { c.apiserver.stop(10 * time.Second) }
+// StopAPIServer kills the API server at once, as a crash or a network cut
+// would take it away (a graceful stop drains watches for over 10 s);
+// everything else keeps running.
+func (c *Cluster) StopAPIServer() { c.apiserver.stop(0) }
 
 // AdminConfig returns a copy of the cluster-admin client configuration.
 func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }
@@ -305,9 +307,11 @@ func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }
 // idempotent.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		// The cluster is thrown away: no component needs a graceful stop,
+		// and the API server's takes over 10 s.
 		for _, p := range []*process{c.kwok, c.controllerManager, c.scheduler, c.apiserver, c.etcd} {
 			if p != nil {
-				p.stop(5 * time.Second)
+				p.stop(0)
 			}
 		}
 		if os.Getenv(EnvKeep) != "1" {

@@ -69,8 +69,9 @@ func (p *process) exited() bool {
 	}
 }
 
-// stop sends SIGTERM, then SIGKILL after grace, and waits for the process
-// to be gone. Stopping a stopped process is a no-op.
+// stop sends SIGTERM, then SIGKILL after grace (at once when grace is 0),
+// and waits for the process to be gone. Stopping a stopped process is a
+// no-op.
 func (p *process) stop(grace time.Duration) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
@@ -79,11 +80,13 @@ func (p *process) stop(grace time.Duration) {
 	if cmd == nil {
 		return
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
+	if grace > 0 {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+		}
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	<-done

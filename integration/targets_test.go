@@ -1,0 +1,338 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// gateway is the targets part of `gateway run`, in process: source,
+// registry and API over a targets directory.
+type gateway struct {
+	dir      string
+	base     string
+	logs     *syncBuffer
+	registry *targets.Registry
+	reg      *prometheus.Registry
+}
+
+func startTargetsGateway(t *testing.T, dir string) *gateway {
+	t.Helper()
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	reg := prometheus.NewRegistry()
+	registry := targets.NewRegistry(targets.RegistryOptions{
+		Interval: 300 * time.Millisecond, Timeout: 2 * time.Second, Concurrency: 8, StallAfter: 3,
+		Logger: logger, Metrics: targets.NewMetrics(reg),
+	})
+	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, NoAuth: true,
+		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, c := range []interface{ Start(context.Context) error }{registry, source, server} {
+		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
+	}
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if t.Failed() {
+			t.Logf("gateway logs:\n%s", logs.String())
+		}
+	})
+	return &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg}
+}
+
+func (g *gateway) get(t *testing.T, path string, v any) string {
+	t.Helper()
+	resp, err := http.Get(g.base + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	if v != nil {
+		require.NoError(t, json.Unmarshal(b, v))
+	}
+	return string(b)
+}
+
+// targetsByName fetches /api/v1/targets.
+func (g *gateway) targetsByName(t *testing.T) map[string]api.Target {
+	var list []api.Target
+	g.get(t, "/api/v1/targets", &list)
+	out := map[string]api.Target{}
+	for _, tg := range list {
+		out[tg.Name] = tg
+	}
+	return out
+}
+
+// waitTarget waits until the named target satisfies cond.
+func (g *gateway) waitTarget(t *testing.T, name string, within time.Duration, cond func(api.Target) bool) api.Target {
+	t.Helper()
+	var last api.Target
+	eventually(t, within, func() error {
+		tg, ok := g.targetsByName(t)[name]
+		last = tg
+		if !ok {
+			return errorf("target %s not listed", name)
+		}
+		if !cond(tg) {
+			return errorf("target %s: state %s, error %q, missing %v", name, tg.State, tg.Error, tg.MissingPermissions)
+		}
+		return nil
+	})
+	return last
+}
+
+func running(tg api.Target) bool { return tg.State == "running" }
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+}
+
+// TestTargetsOnRealClusters covers the targets directory end to end: health,
+// permissions as the real RBAC answers them, bad entries beside good ones,
+// and credentials never leaking.
+func TestTargetsOnRealClusters(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c0, c1 := clusters[0], clusters[1]
+	healthy, err := c0.CreateTarget(ctx, cluster.TargetOptions{Namespace: "tg-healthy", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	// Everything but creating port-forwards: GET (WebSocket) is granted,
+	// POST (SPDY) is not.
+	var partial []targets.Permission
+	for _, p := range targets.Required {
+		if p.String() != "create pods/portforward" {
+			partial = append(partial, p)
+		}
+	}
+	noForward, err := c1.CreateTarget(ctx, cluster.TargetOptions{Namespace: "tg-noforward", Rules: targets.RBACRules(partial)})
+	require.NoError(t, err)
+	other, err := c1.CreateTarget(ctx, cluster.TargetOptions{Namespace: "tg-other", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "healthy.kubeconfig"), healthy.Kubeconfig)
+	writeFile(t, filepath.Join(dir, "noforward", "kubeconfig"), noForward.Kubeconfig)
+	writeFile(t, filepath.Join(dir, "noforward", "target.yaml"), []byte("team: main\ntags: [gpu]\n"))
+	writeFile(t, filepath.Join(dir, "other"), other.Kubeconfig)
+	writeFile(t, filepath.Join(dir, "malformed.kubeconfig"), []byte("apiVersion: v1\nclusters: [ {name: x\n"))
+	noContext, err := c0.Kubeconfig("tg-healthy", healthy.Token)
+	require.NoError(t, err)
+	writeFile(t, filepath.Join(dir, "nocontext.kubeconfig"), bytes.Replace(noContext, []byte("current-context: "+c0.Name), []byte("current-context: gone"), 1))
+	writeFile(t, filepath.Join(dir, "exec.kubeconfig"), bytes.Replace(healthy.Kubeconfig,
+		[]byte("    token: "+healthy.Token), []byte("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: fetch-token\n"), 1))
+	unreachable := bytes.Replace(healthy.Kubeconfig, []byte(c0.Server), []byte("https://127.0.0.1:1"), 1)
+	writeFile(t, filepath.Join(dir, "unreachable.kubeconfig"), unreachable)
+
+	g := startTargetsGateway(t, dir)
+
+	g.waitTarget(t, "healthy", 20*time.Second, running)
+	g.waitTarget(t, "other", 20*time.Second, running)
+	nf := g.waitTarget(t, "noforward", 20*time.Second, func(tg api.Target) bool { return tg.LastCheck != nil })
+	assert.Equal(t, "stalled", nf.State)
+	assert.Equal(t, []string{"create pods/portforward"}, nf.MissingPermissions, "exactly the missing permission")
+	assert.Equal(t, "missing permissions: create pods/portforward", nf.Error)
+	assert.Equal(t, "main", nf.Team)
+
+	want := map[string]string{
+		"malformed":   "kubeconfig does not parse",
+		"nocontext":   `current-context "gone" does not exist`,
+		"exec":        `exec plugin "fetch-token" (allow with --allow-exec-plugins)`,
+		"unreachable": "API server unreachable",
+	}
+	for name, msg := range want {
+		tg := g.waitTarget(t, name, 20*time.Second, func(tg api.Target) bool { return strings.Contains(tg.Error, msg) })
+		assert.Equal(t, "stalled", tg.State, name)
+	}
+
+	byName := g.targetsByName(t)
+	var workers []api.Worker
+	g.get(t, "/api/v1/workers", &workers)
+	assert.Len(t, workers, len(byName), "every entry is in both lists")
+	assert.Len(t, byName, 7)
+	h := byName["healthy"]
+	assert.Equal(t, "v1.36.3", h.ServerVersion)
+	assert.Greater(t, h.LatencyMS, 0.0)
+	assert.Equal(t, c0.Server, h.Server)
+	assert.Equal(t, "tg-healthy", h.Namespace)
+
+	metrics := scrape(t, g.reg)
+	assert.Contains(t, metrics, `jetway_targets{state="running"} 2`)
+	assert.Contains(t, metrics, `jetway_targets{state="stalled"} 5`)
+	assert.Regexp(t, `jetway_target_check_failures_total\{reason="missing_permissions"\} [1-9]`, metrics)
+	assert.Regexp(t, `jetway_target_check_failures_total\{reason="unreachable"\} [1-9]`, metrics)
+
+	// Credentials never reach logs, errors, metrics or API output.
+	out := g.logs.String() + metrics + g.get(t, "/api/v1/targets", nil) + g.get(t, "/api/v1/workers", nil)
+	for _, secret := range []string{healthy.Token, noForward.Token, other.Token} {
+		assert.NotContains(t, out, secret)
+	}
+}
+
+// TestTargetsFollowSecretSwaps rewrites the directory as the kubelet
+// updates a Secret mount: targets are added, removed and their tokens
+// rotated without a restart, within 2 seconds of the swap.
+func TestTargetsFollowSecretSwaps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	a, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "swap-a", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	b, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "swap-b", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	revoked, err := c.Kubeconfig("swap-a", "not-a-valid-token")
+	require.NoError(t, err)
+
+	dir := t.TempDir()
+	gen := 0
+	swap := func(files map[string][]byte) {
+		gen++
+		ts := filepath.Join(dir, "..2026_11_22_"+strings.Repeat("0", gen))
+		for name, content := range files {
+			writeFile(t, filepath.Join(ts, name), content)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		require.NoError(t, os.Symlink(filepath.Base(ts), tmp))
+		require.NoError(t, os.Rename(tmp, filepath.Join(dir, "..data")))
+		des, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, de := range des {
+			if _, keep := files[de.Name()]; !keep && !strings.HasPrefix(de.Name(), ".") {
+				require.NoError(t, os.Remove(filepath.Join(dir, de.Name())))
+			}
+		}
+		for name := range files {
+			if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+				require.NoError(t, os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)))
+			}
+		}
+	}
+
+	swap(map[string][]byte{"a.kubeconfig": revoked})
+	g := startTargetsGateway(t, dir)
+	tg := g.waitTarget(t, "a", 10*time.Second, func(tg api.Target) bool { return strings.Contains(tg.Error, "credentials rejected (401)") })
+	assert.Equal(t, "stalled", tg.State)
+
+	start := time.Now()
+	swap(map[string][]byte{"a.kubeconfig": a.Kubeconfig, "b.kubeconfig": b.Kubeconfig})
+	g.waitTarget(t, "b", 2*time.Second, func(api.Target) bool { return true })
+	t.Logf("added target listed %s after the swap", time.Since(start))
+	g.waitTarget(t, "a", 5*time.Second, running) // rotated token works
+	g.waitTarget(t, "b", 5*time.Second, running)
+
+	start = time.Now()
+	swap(map[string][]byte{"b.kubeconfig": b.Kubeconfig})
+	eventually(t, 2*time.Second, func() error {
+		if _, ok := g.targetsByName(t)["a"]; ok {
+			return errorf("a still listed")
+		}
+		return nil
+	})
+	t.Logf("removed target gone %s after the swap", time.Since(start))
+	assert.Equal(t, "running", g.targetsByName(t)["b"].State, "unchanged target undisturbed")
+}
+
+// TestTargetStallsDuringOutage stops a cluster's API server: its target
+// stalls after the configured number of failed checks, the other cluster's
+// target keeps running, and the restarted server brings it back.
+func TestTargetStallsDuringOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	down, up := clusters[1], clusters[0]
+	td, err := down.CreateTarget(ctx, cluster.TargetOptions{Namespace: "outage-t", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	tu, err := up.CreateTarget(ctx, cluster.TargetOptions{Namespace: "outage-u", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "down.kubeconfig"), td.Kubeconfig)
+	writeFile(t, filepath.Join(dir, "up.kubeconfig"), tu.Kubeconfig)
+	g := startTargetsGateway(t, dir)
+	g.waitTarget(t, "down", 10*time.Second, running)
+	g.waitTarget(t, "up", 10*time.Second, running)
+
+	stopped := time.Now()
+	down.StopAPIServer()
+	t.Logf("API server took %s to stop", time.Since(stopped))
+	// 3 failed checks at ~300ms intervals (+10% jitter, a refused connection
+	// fails fast): stalled within about a second; allow for a loaded machine.
+	tg := g.waitTarget(t, "down", 5*time.Second, func(tg api.Target) bool { return tg.State == "stalled" })
+	t.Logf("stalled %s after the API server stopped", time.Since(stopped))
+	assert.Contains(t, tg.Error, "API server unreachable")
+	// Three failures need at least two intervals between them (270ms each
+	// at the low end of the jitter): one bad check must not stall it.
+	assert.GreaterOrEqual(t, time.Since(stopped), 540*time.Millisecond)
+	assert.Equal(t, "running", g.targetsByName(t)["up"].State)
+
+	require.NoError(t, down.StartAPIServer(ctx))
+	g.waitTarget(t, "down", 10*time.Second, running)
+}
+
+func scrape(t *testing.T, g prometheus.Gatherer) string {
+	t.Helper()
+	rr := &bytes.Buffer{}
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += l.GetName() + `="` + l.GetValue() + `"`
+			}
+			if labels != "" {
+				labels = "{" + labels + "}"
+			}
+			switch {
+			case m.GetGauge() != nil:
+				rr.WriteString(mf.GetName() + labels + " " + ftoa(m.GetGauge().GetValue()) + "\n")
+			case m.GetCounter() != nil:
+				rr.WriteString(mf.GetName() + labels + " " + ftoa(m.GetCounter().GetValue()) + "\n")
+			}
+		}
+	}
+	return rr.String()
+}
