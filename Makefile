@@ -76,3 +76,10 @@ $(BIN)/kwok-data: $(BIN)/kwok
 
 clean-tools:
 	rm -f $(TOOLS)
+
+# bench-targets: a real gateway over 1,000 targets on 3 local clusters at a
+# 10 s health interval for 2 minutes (BENCH_TARGETS / BENCH_DURATION shrink it).
+.PHONY: bench-targets
+bench-targets: tools
+	$(GO) test -run '^$$' -bench '^BenchmarkTargets$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkCheckPaths$$' -benchtime 300x -timeout 10m -v ./integration/bench/

@@ -336,3 +336,59 @@ func scrape(t *testing.T, g prometheus.Gatherer) string {
 	}
 	return rr.String()
 }
+
+// TestSlowTargetDelaysNoOther points a target at a server that accepts
+// connections and never answers: its checks time out while a healthy
+// target on the same gateway keeps being checked on schedule.
+func TestSlowTargetDelaysNoOther(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := clusters[0]
+	ok, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "slow-ok", Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	blackhole, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			conn, err := blackhole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		blackhole.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "ok.kubeconfig"), ok.Kubeconfig)
+	writeFile(t, filepath.Join(dir, "slow.kubeconfig"),
+		bytes.Replace(ok.Kubeconfig, []byte(c.Server), []byte("https://"+blackhole.Addr().String()), 1))
+	g := startTargetsGateway(t, dir)
+	g.waitTarget(t, "ok", 10*time.Second, running)
+
+	checks := map[time.Time]bool{}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if tg := g.targetsByName(t)["ok"]; tg.LastCheck != nil {
+			checks[*tg.LastCheck] = true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// 300 ms interval: about 10 checks in 3 s while the slow target's
+	// check hangs for its 2 s timeout.
+	assert.GreaterOrEqual(t, len(checks), 6, "healthy target checked on schedule")
+	slow := g.waitTarget(t, "slow", 10*time.Second, func(tg api.Target) bool { return tg.Error != "" && tg.Error != "not checked yet" })
+	assert.Contains(t, slow.Error, "did not answer in time")
+	assert.Equal(t, "stalled", slow.State)
+}

@@ -1,3 +1,9 @@
+// Package targets turns a directory of kubeconfigs into a live,
+// permission-checked set of targets (Concourse workers): Source reads and
+// watches the directory and validates each entry (credential policy,
+// metadata); Registry keeps one record per target, checks each on its own
+// jittered schedule (readiness, then permission reviews) and hands out
+// immutable Status snapshots with Concourse states.
 package targets
 
 import (
