@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,4 +62,34 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 	assert.Regexp(t, `broken\s+-\s+-\s+UNUSABLE\s+invalid target: kubeconfig does not parse`, string(out))
 	assert.Regexp(t, `exec\s+-\s+-\s+UNUSABLE\s+refused by credential policy: user "u" uses exec plugin "get-token" \(allow with --allow-exec-plugins\)`, string(out))
 	assert.Contains(t, string(out), "2 of 2 targets unusable")
+}
+
+func TestWorkersAgainstRunningGateway(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.yaml")
+	require.NoError(t, os.WriteFile(tokens, []byte("tokens:\n- {name: ops, token: ops-token-0123456789, admin: true}\n"), 0o600))
+	targetsDir := filepath.Join(dir, "targets")
+	require.NoError(t, os.Mkdir(targetsDir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(targetsDir, "broken"), []byte("not: [a kubeconfig"), 0o600))
+	cmd := exec.Command(gatewayBin, "run", "--listen", "127.0.0.1:0", "--targets-dir", targetsDir, "--auth-tokens-file", tokens)
+	g := attach(t, cmd)
+
+	out, err := exec.Command(gatewayBin, "workers", "--url", g.base, "--token", "ops-token-0123456789").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "the following workers have not checked in recently:")
+	// An entry that never parsed has no platform to report.
+	assert.Regexp(t, `broken\s+0\s+none\s+none\s+stalled\s+2\.5`, string(out))
+
+	env := exec.Command(gatewayBin, "workers", "--json")
+	env.Env = append(os.Environ(), "JETWAY_URL="+g.base, "JETWAY_TOKEN=ops-token-0123456789")
+	out, err = env.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var ws []api.Worker
+	require.NoError(t, json.Unmarshal(out, &ws))
+	require.Len(t, ws, 1)
+	assert.Equal(t, "broken", ws[0].Name)
+
+	out, err = exec.Command(gatewayBin, "workers", "--url", g.base, "--token", "wrong-token-0123456789").CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "401 Unauthorized")
 }

@@ -88,7 +88,12 @@ type gateway struct {
 func startGateway(t *testing.T, args ...string) *gateway {
 	t.Helper()
 	base := []string{"run", "--listen", "127.0.0.1:0", "--targets-dir", t.TempDir(), "--no-auth"}
-	cmd := exec.Command(gatewayBin, append(base, args...)...)
+	return attach(t, exec.Command(gatewayBin, append(base, args...)...))
+}
+
+// attach starts cmd, a `gateway run`, and returns once it serves.
+func attach(t *testing.T, cmd *exec.Cmd) *gateway {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
