@@ -62,25 +62,23 @@ type Target struct {
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	id := requestIdentity(r)
-	out := []Worker{}
-	for _, st := range s.opts.Targets.Snapshot() {
-		if id.sees(st.Meta.Team) {
-			out = append(out, worker(st))
-		}
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, visible(r, s.opts.Targets, worker))
 }
 
 func (s *Server) listTargets(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, visible(r, s.opts.Targets, target))
+}
+
+// visible renders, with view, the targets the request's identity may see.
+func visible[T any](r *http.Request, ts Targets, view func(targets.Status) T) []T {
 	id := requestIdentity(r)
-	out := []Target{}
-	for _, st := range s.opts.Targets.Snapshot() {
+	out := []T{}
+	for _, st := range ts.Snapshot() {
 		if id.sees(st.Meta.Team) {
-			out = append(out, target(st))
+			out = append(out, view(st))
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 func (s *Server) getTarget(w http.ResponseWriter, r *http.Request) {
