@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -136,19 +135,17 @@ func (c *checker) review(ctx context.Context, cl *client) ([]Permission, error) 
 }
 
 // ready probes /readyz, falling back to /healthz on servers without it.
+// A not-ready server answers 500 with the failing checks, which client-go
+// returns as an internal error.
 func ready(ctx context.Context, rc rest.Interface) error {
-	var code int
-	body, err := rc.Get().AbsPath("/readyz").Do(ctx).StatusCode(&code).Raw()
-	if code == http.StatusNotFound {
-		body, err = rc.Get().AbsPath("/healthz").Do(ctx).StatusCode(&code).Raw()
+	_, err := rc.Get().AbsPath("/readyz").Do(ctx).Raw()
+	if apierrors.IsNotFound(err) {
+		_, err = rc.Get().AbsPath("/healthz").Do(ctx).Raw()
 	}
-	if err != nil {
-		return err
+	if apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) {
+		return fmt.Errorf("%w: %v", errNotReady, err)
 	}
-	if code != http.StatusOK {
-		return fmt.Errorf("%w: status %d: %.200s", errNotReady, code, body)
-	}
-	return nil
+	return err
 }
 
 var errNotReady = errors.New("API server not ready")
