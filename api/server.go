@@ -30,6 +30,8 @@ type Options struct {
 	Gatherer prometheus.Gatherer
 	// Targets backs the worker and target endpoints.
 	Targets Targets
+	// Lifecycle backs land, retire, prune and sync.
+	Lifecycle Lifecycle
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token
 	NoAuth bool
@@ -63,6 +65,12 @@ func New(opts Options) *Server {
 		mux.HandleFunc("GET /api/v1/workers", s.authenticate(s.listWorkers))
 		mux.HandleFunc("GET /api/v1/targets", s.authenticate(s.listTargets))
 		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.getTarget))
+	}
+	if opts.Targets != nil && opts.Lifecycle != nil {
+		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.workerAction(opts.Lifecycle.Land)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.workerAction(opts.Lifecycle.Retire)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.workerAction(s.prune)))
+		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.syncTarget))
 	}
 	s.handler = mux
 	return s

@@ -59,6 +59,9 @@ type Target struct {
 	ServerVersion      string     `json:"server_version"`
 	LastCheck          *time.Time `json:"last_check"`
 	StartTime          time.Time  `json:"start_time"`
+	// Holding names the unfinished step pods a landing or retiring target
+	// waits for.
+	Holding []string `json:"holding,omitempty"`
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -89,7 +92,7 @@ func (s *Server) getTarget(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
+		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, target(st))
@@ -141,6 +144,7 @@ func target(st targets.Status) Target {
 		LatencyMS:          float64(st.Latency.Microseconds()) / 1000,
 		ServerVersion:      st.ServerVersion,
 		StartTime:          st.StartTime.UTC(),
+		Holding:            st.Holding,
 	}
 	if !st.LastCheck.IsZero() {
 		at := st.LastCheck.UTC()

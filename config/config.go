@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Config is everything `gateway run` needs. Each field's mapstructure tag is
@@ -39,6 +41,10 @@ type Config struct {
 	AllowInsecureTLS   bool `mapstructure:"allow-insecure-tls" help:"accept kubeconfigs that set insecure-skip-tls-verify"`
 	AllowExternalFiles bool `mapstructure:"allow-external-files" help:"accept kubeconfigs referencing files outside the targets directory"`
 
+	Installation string        `mapstructure:"installation" help:"name of this jetway installation; labels everything it creates, so installations sharing a namespace never touch each other's objects"`
+	LandTimeout  time.Duration `mapstructure:"land-timeout" help:"after this long landing, the API and logs name the step pods still holding a target"`
+	GCGrace      time.Duration `mapstructure:"gc-grace" help:"finished step pods are deleted this long after they end, even without a sync"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -62,6 +68,10 @@ func Default() Config {
 		HealthTimeout:     5 * time.Second,
 		HealthConcurrency: 64,
 		StallAfter:        3,
+
+		Installation: "jetway",
+		LandTimeout:  30 * time.Minute,
+		GCGrace:      10 * time.Minute,
 	}
 }
 
@@ -128,6 +138,15 @@ func (c Config) Validate() error {
 	}
 	if c.StallAfter < 1 {
 		add("stall-after", "must be at least 1, got %d", c.StallAfter)
+	}
+	if msgs := validation.IsDNS1123Label(c.Installation); len(msgs) > 0 {
+		add("installation", "%q is not a DNS-1123 label: %s", c.Installation, strings.Join(msgs, "; "))
+	}
+	if c.LandTimeout <= 0 {
+		add("land-timeout", "must be positive, got %s", c.LandTimeout)
+	}
+	if c.GCGrace < 0 {
+		add("gc-grace", "must not be negative, got %s", c.GCGrace)
 	}
 	switch {
 	case c.AuthTokensFile == "" && !c.NoAuth:

@@ -10,4 +10,6 @@ var (
 	ErrRefused = errors.New("refused by credential policy")
 	// ErrNotFound: no target has that name.
 	ErrNotFound = errors.New("no such target")
+	// ErrRunning: the operation needs a target that is not running.
+	ErrRunning = errors.New("cannot prune running worker")
 )

@@ -252,3 +252,7 @@ func (m Metadata) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Hash identifies the content of the target's entry (kubeconfig, metadata,
+// referenced files): equal hashes, same target definition.
+func (c *Config) Hash() string { return c.hash }

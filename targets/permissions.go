@@ -41,6 +41,18 @@ var Required = []Permission{
 	// WebSocket; the API server authorizes each as that verb.
 	{Resource: "pods", Subresource: "portforward", Verb: "create"},
 	{Resource: "pods", Subresource: "portforward", Verb: "get"},
+	// Lifecycle: the record of land/retire is a ConfigMap, and a Lease
+	// picks the one replica that acts on the target.
+	{Resource: "configmaps", Verb: "get"},
+	{Resource: "configmaps", Verb: "list"},
+	{Resource: "configmaps", Verb: "create"},
+	{Resource: "configmaps", Verb: "update"},
+	{Resource: "configmaps", Verb: "delete"},
+	{Group: "coordination.k8s.io", Resource: "leases", Verb: "get"},
+	{Group: "coordination.k8s.io", Resource: "leases", Verb: "list"},
+	{Group: "coordination.k8s.io", Resource: "leases", Verb: "create"},
+	{Group: "coordination.k8s.io", Resource: "leases", Verb: "update"},
+	{Group: "coordination.k8s.io", Resource: "leases", Verb: "delete"},
 }
 
 // RBACRules returns the Role rules that grant perms: what an operator binds

@@ -9,6 +9,7 @@ package targets
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -20,11 +21,39 @@ import (
 // State is a target's Concourse worker state.
 type State string
 
-// The states targets have so far; only running targets take new work.
+// Concourse's worker states; only running targets take new work.
 const (
-	StateRunning State = "running"
-	StateStalled State = "stalled"
+	StateRunning  State = "running"
+	StateStalled  State = "stalled"
+	StateLanding  State = "landing"
+	StateLanded   State = "landed"
+	StateRetiring State = "retiring"
+	// StateRetired is jetway's record of a finished retire: the target is
+	// forgotten (listed nowhere) while its kubeconfig is unchanged.
+	StateRetired State = "retired"
 )
+
+// Lifecycle is an operator's decision about a target (land, retire), as
+// recorded in the target cluster. The zero value means none: the target's
+// health decides between running and stalled.
+type Lifecycle struct {
+	State State
+	Since time.Time
+	// ConfigHash is, for a retired target, the hash of the configuration
+	// that was retired.
+	ConfigHash string
+	// Holding names the unfinished step pods a landing or retiring target
+	// waits for.
+	Holding []string
+	// Overdue is set once landing has taken longer than the land timeout.
+	Overdue bool
+}
+
+// Reconciler acts on a target after each health check: the lifecycle
+// controller reads and advances the target's recorded lifecycle.
+type Reconciler interface {
+	Reconcile(ctx context.Context, cfg *Config, h Health)
+}
 
 // Status is an immutable view of one target, what the API serves.
 type Status struct {
@@ -39,6 +68,9 @@ type Status struct {
 	Latency            time.Duration
 	ServerVersion      string
 	LastCheck          time.Time
+	// Holding names the unfinished step pods a landing or retiring target
+	// waits for.
+	Holding []string
 }
 
 // RegistryOptions configure a Registry.
@@ -62,9 +94,10 @@ type RegistryOptions struct {
 // Registry holds the targets, checks each on its own schedule, and hands
 // out snapshots. Source feeds it through Apply.
 type Registry struct {
-	opts    RegistryOptions
-	checker checker
-	sem     chan struct{}
+	opts       RegistryOptions
+	checker    checker
+	sem        chan struct{}
+	reconciler Reconciler
 
 	ctx    context.Context // parent of every health loop
 	cancel context.CancelFunc
@@ -86,6 +119,8 @@ type record struct {
 	checked   bool
 	failures  int  // consecutive failed checks
 	healthy   bool // anti-flap verdict: false until a check succeeds
+	life      Lifecycle
+	pruned    bool // hidden until a check succeeds
 	stop      context.CancelFunc
 }
 
@@ -117,6 +152,10 @@ func NewRegistry(opts RegistryOptions) *Registry {
 	}
 	return r
 }
+
+// SetReconciler makes rc run after every health check of a target. Call it
+// before Start.
+func (r *Registry) SetReconciler(rc Reconciler) { r.reconciler = rc }
 
 // Start blocks until ctx ends, then stops every health loop and waits for
 // them.
@@ -227,6 +266,9 @@ func (r *Registry) healthLoop(ctx context.Context, name string, cfg *Config) {
 			return
 		}
 		r.observe(name, cfg, h)
+		if r.reconciler != nil {
+			r.reconciler.Reconcile(ctx, cfg, h)
+		}
 		timer.Reset(jitter(r.opts.Interval))
 	}
 }
@@ -257,6 +299,10 @@ func (r *Registry) observe(name string, cfg *Config, h Health) {
 	}
 	wasHealthy := rec.healthy
 	rec.record(h, r.opts.StallAfter)
+	if h.OK() && rec.pruned {
+		rec.pruned = false
+		r.opts.Logger.Info("pruned target is back", "target", name)
+	}
 	switch {
 	case wasHealthy && !rec.healthy:
 		r.opts.Logger.Warn("target stalled", "target", name, "reason", h.Reason, "error", describe(h))
@@ -305,7 +351,30 @@ func (rec *record) status() Status {
 			s.State = StateRunning
 		}
 	}
+	// An operator's decision outlasts health: only running targets stall.
+	switch rec.life.State {
+	case StateLanding, StateLanded, StateRetiring:
+		s.State = rec.life.State
+		s.Holding = rec.life.Holding
+		if rec.life.Overdue && len(rec.life.Holding) > 0 {
+			s.Error = joinErr(s.Error, fmt.Sprintf("still %s since %s: waiting for step pods %s",
+				rec.life.State, rec.life.Since.UTC().Format(time.RFC3339), strings.Join(rec.life.Holding, ", ")))
+		}
+	}
 	return s
+}
+
+func joinErr(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// hidden reports whether the target is forgotten: pruned, or retired with
+// the configuration it still has.
+func (rec *record) hidden() bool {
+	return rec.pruned || (rec.life.State == StateRetired && rec.cfg != nil && rec.life.ConfigHash == rec.cfg.hash)
 }
 
 func describe(h Health) string {
@@ -330,7 +399,9 @@ func (r *Registry) Snapshot() []Status {
 	r.mu.RLock()
 	out := make([]Status, 0, len(r.records))
 	for _, rec := range r.records {
-		out = append(out, rec.status())
+		if !rec.hidden() {
+			out = append(out, rec.status())
+		}
 	}
 	r.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
@@ -342,10 +413,42 @@ func (r *Registry) Get(name string) (Status, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	rec, ok := r.records[name]
-	if !ok {
+	if !ok || rec.hidden() {
 		return Status{}, ErrNotFound
 	}
 	return rec.status(), nil
+}
+
+// SetLifecycle records what the lifecycle controller read for a target,
+// made with cfg; results for a replaced configuration are dropped.
+func (r *Registry) SetLifecycle(name string, cfg *Config, life Lifecycle) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.records[name]
+	if !ok || rec.cfg != cfg {
+		return
+	}
+	if rec.life.State != life.State {
+		r.opts.Logger.Info("target lifecycle", "target", name, "state", string(life.State), "was", string(rec.life.State))
+	}
+	rec.life = life
+}
+
+// Prune forgets a target that is not running until a check of it next
+// succeeds. It returns ErrNotFound or ErrRunning.
+func (r *Registry) Prune(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.records[name]
+	if !ok || rec.hidden() {
+		return ErrNotFound
+	}
+	if rec.status().State == StateRunning {
+		return ErrRunning
+	}
+	rec.pruned = true
+	r.opts.Logger.Info("target pruned", "target", name)
+	return nil
 }
 
 // Config returns the last good configuration of a target, for components

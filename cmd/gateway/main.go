@@ -38,7 +38,11 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCommand(stderr), workersCommand(), checkCommand(), versionCommand())
+	root.AddCommand(runCommand(stderr), workersCommand(), checkCommand(),
+		lifecycleCommand("land", "landed", "Land a worker: it takes no new work and becomes landed once its step pods finish"),
+		lifecycleCommand("retire", "retiring", "Retire a worker: land it, delete everything jetway created on it, forget it"),
+		lifecycleCommand("prune", "pruned", "Forget a worker that is not running until its health next succeeds"),
+		versionCommand())
 
 	err := root.Execute()
 	switch {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -71,6 +73,16 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:      logger.With("component", "targets"),
 		Metrics:     targets.NewMetrics(reg),
 	})
+	controller := lifecycle.New(lifecycle.Options{
+		Installation: cfg.Installation,
+		Identity:     identity(),
+		Registry:     registry,
+		LandTimeout:  cfg.LandTimeout,
+		GCGrace:      cfg.GCGrace,
+		Logger:       logger.With("component", "lifecycle"),
+		Metrics:      lifecycle.NewMetrics(reg),
+	})
+	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{
 		Dir:    cfg.TargetsDir,
 		Policy: policy(cfg),
@@ -83,6 +95,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		WorkerVersion:    config.WorkerVersion,
 		Gatherer:         reg,
 		Targets:          registry,
+		Lifecycle:        controller,
 		Tokens:           tokens,
 		NoAuth:           cfg.NoAuth,
 		Ready:            registry.Loaded,
@@ -95,6 +108,16 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		logger.Info("gateway stopped")
 	}
 	return err
+}
+
+// identity names this replica in the Leases that pick who acts on a
+// target: host name (the pod name in Kubernetes) and a random suffix, so a
+// restarted replica never mistakes its predecessor's lease for its own.
+func identity() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%x", host, b)
 }
 
 func policy(cfg config.Config) targets.Policy {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -32,7 +33,12 @@ func (f *apiFlags) register(cmd *cobra.Command) {
 
 // get fetches path from the gateway into v.
 func (f *apiFlags) get(ctx context.Context, path string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(f.url, "/")+path, nil)
+	return f.do(ctx, http.MethodGet, path, v)
+}
+
+// do sends a bodiless request and decodes a 200 answer into v (if set).
+func (f *apiFlags) do(ctx context.Context, method, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(f.url, "/")+path, nil)
 	if err != nil {
 		return err
 	}
@@ -49,9 +55,36 @@ func (f *apiFlags) get(ctx context.Context, path string, v any) error {
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if v == nil {
+		return nil
 	}
 	return json.Unmarshal(body, v)
+}
+
+// lifecycleCommand is `gateway land|retire|prune NAME`.
+func lifecycleCommand(verb, done, short string) *cobra.Command {
+	var flags apiFlags
+	cmd := &cobra.Command{
+		Use:   verb + " NAME",
+		Short: short,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("%s takes exactly one argument, the worker name", verb)}
+			}
+			return nil
+		},
+	}
+	flags.register(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := flags.do(cmd.Context(), http.MethodPut, "/api/v1/workers/"+url.PathEscape(args[0])+"/"+verb, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s '%s'\n", done, args[0])
+		return nil
+	}
+	return cmd
 }
 
 func workersCommand() *cobra.Command {

@@ -1,0 +1,93 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// Lease timing. A replica that dies while acting loses the lease after
+// leaseDuration; acquiring gives up after acquireTimeout, meaning another
+// replica is acting.
+const (
+	leaseDuration  = 15 * time.Second
+	renewDeadline  = 10 * time.Second
+	retryPeriod    = 2 * time.Second
+	acquireTimeout = 2*retryPeriod + time.Second
+)
+
+// ErrBusy means another gateway replica holds the target's lease.
+var ErrBusy = errors.New("another gateway replica is acting on this target; retry")
+
+// action runs while holding the target's lease. It returns whether the
+// lease itself should be deleted afterwards (the target was retired).
+type action func(ctx context.Context) (deleteLease bool, err error)
+
+// withLease runs fn while this replica holds the target's Lease (client-go
+// leader election on a Lease carrying the ownership labels), so replicas
+// never act on one target at once. It returns ErrBusy when another replica
+// keeps the lease for acquireTimeout.
+func (c *Controller) withLease(ctx context.Context, k *kube, fn action) error {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: k.name, Namespace: k.ns},
+		Client:     k.leases,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: c.opts.Identity},
+		Labels:     k.labels,
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		deleteLease bool
+		fnErr       error
+		started     = make(chan struct{})
+		done        = make(chan struct{})
+	)
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   leaseDuration,
+		RenewDeadline:   renewDeadline,
+		RetryPeriod:     retryPeriod,
+		ReleaseOnCancel: true,
+		Name:            k.cfg.Name,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				close(started)
+				defer close(done)
+				deleteLease, fnErr = fn(lctx)
+				cancel()
+			},
+			OnStoppedLeading: func() {},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	acquire := time.AfterFunc(acquireTimeout, func() {
+		if !elector.IsLeader() {
+			cancel()
+		}
+	})
+	elector.Run(runCtx) // returns once released
+	acquire.Stop()
+	select {
+	case <-started:
+		<-done
+	default:
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return ErrBusy
+	}
+	if fnErr == nil && deleteLease {
+		err := k.leases.Leases(k.ns).Delete(context.WithoutCancel(ctx), k.name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return fnErr
+}
