@@ -11,6 +11,8 @@
 //     file become one validated Config; viper stays inside.
 //   - targets: the kubeconfig directory becomes a live, permission-checked
 //     set of targets (Concourse workers).
+//   - lifecycle: land, retire, prune and garbage collection, recorded in
+//     the target cluster so restarts and replicas agree.
 //   - selection: pure placement of steps on targets by team, tags and
 //     strategy; imports no Kubernetes client.
 //   - portforward: dials a pod's port through the API server, no local
@@ -19,7 +21,7 @@
 //     installation.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API,
 //     /metrics and the probes.
-//   - internal/...: small, narrowly named helpers (buildinfo).
+//   - internal/...: small, narrowly named helpers (buildinfo, ownership).
 //   - integration: tests against real local clusters; integration/cluster
 //     starts them (etcd, kube-apiserver, kube-scheduler,
 //     kube-controller-manager built from source, kwok for kubelets).

@@ -128,6 +128,13 @@ func runPod(ctx context.Context, t *testing.T, client kubernetes.Interface, ns, 
 	}
 	_, err := client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
+	return waitRunning(ctx, t, client, ns, name)
+}
+
+// waitRunning waits for a pod to be scheduled and reach Running.
+func waitRunning(ctx context.Context, t *testing.T, client kubernetes.Interface, ns, name string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
 	eventually(t, 60*time.Second, func() error {
 		got, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {

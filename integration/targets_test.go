@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -42,29 +43,67 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// gateway is the targets part of `gateway run`, in process: source,
-// registry and API over a targets directory.
+// gateway is `gateway run` in process: source, registry, lifecycle
+// controller and API over a targets directory.
 type gateway struct {
 	dir      string
 	base     string
 	logs     *syncBuffer
 	registry *targets.Registry
 	reg      *prometheus.Registry
+	stop     func()
 }
 
+// gatewayOptions vary the in-process gateway; zero values are test defaults.
+type gatewayOptions struct {
+	identity     string
+	installation string
+	landTimeout  time.Duration
+	gcGrace      time.Duration
+	tokens       []api.Token
+}
+
+// Test tokens of gateways started with tokens.
+var (
+	adminToken = api.Token{Name: "ops", Token: "admin-token-0123456789", Admin: true}
+	mainToken  = api.Token{Name: "main-ci", Token: "main-token-0123456789", Team: "main"}
+)
+
 func startTargetsGateway(t *testing.T, dir string) *gateway {
+	return startGateway(t, dir, gatewayOptions{})
+}
+
+func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	t.Helper()
+	if o.identity == "" {
+		o.identity = "replica-a"
+	}
+	if o.installation == "" {
+		o.installation = "jetway"
+	}
+	if o.landTimeout == 0 {
+		o.landTimeout = time.Hour
+	}
+	if o.gcGrace == 0 {
+		o.gcGrace = time.Hour
+	}
 	logs := &syncBuffer{}
-	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", o.identity)
 	reg := prometheus.NewRegistry()
 	registry := targets.NewRegistry(targets.RegistryOptions{
 		Interval: 300 * time.Millisecond, Timeout: 2 * time.Second, Concurrency: 8, StallAfter: 3,
 		Logger: logger, Metrics: targets.NewMetrics(reg),
 	})
+	controller := lifecycle.New(lifecycle.Options{
+		Installation: o.installation, Identity: o.identity, Registry: registry,
+		LandTimeout: o.landTimeout, GCGrace: o.gcGrace, Logger: logger, Metrics: lifecycle.NewMetrics(reg),
+	})
+	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, NoAuth: true,
+	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller,
+		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,14 +111,15 @@ func startTargetsGateway(t *testing.T, dir string) *gateway {
 	for _, c := range []interface{ Start(context.Context) error }{registry, source, server} {
 		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
 	}
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
+		stop()
 		if t.Failed() {
-			t.Logf("gateway logs:\n%s", logs.String())
+			t.Logf("gateway %s logs:\n%s", o.identity, logs.String())
 		}
 	})
-	return &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg}
+	return &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg, stop: stop}
 }
 
 func (g *gateway) get(t *testing.T, path string, v any) string {

@@ -93,3 +93,43 @@ func TestApplyKeepsLastGoodAndForgetsRemoved(t *testing.T) {
 	_, err = r.Get("b")
 	assert.ErrorIs(t, err, ErrNotFound)
 }
+
+func TestLifecycleStatesAndPrune(t *testing.T) {
+	r := NewRegistry(RegistryOptions{Interval: time.Hour, Timeout: time.Millisecond, StallAfter: 1, Concurrency: 1})
+	cfg := &Config{Name: "a", hash: "h1"}
+	r.records["a"] = &record{name: "a", cfg: cfg, checked: true, healthy: true}
+
+	s, err := r.Get("a")
+	require.NoError(t, err)
+	assert.Equal(t, StateRunning, s.State)
+	assert.ErrorIs(t, r.Prune("a"), ErrRunning, "a running target cannot be pruned")
+
+	for _, st := range []State{StateLanding, StateLanded, StateRetiring} {
+		r.SetLifecycle("a", cfg, Lifecycle{State: st, Holding: []string{"p"}})
+		s, _ := r.Get("a")
+		assert.Equal(t, st, s.State)
+	}
+	r.records["a"].healthy = false
+	s, _ = r.Get("a")
+	assert.Equal(t, StateRetiring, s.State, "only running targets stall")
+
+	r.SetLifecycle("a", &Config{Name: "a"}, Lifecycle{State: StateLanded})
+	s, _ = r.Get("a")
+	assert.Equal(t, StateRetiring, s.State, "results for a replaced config are dropped")
+
+	r.SetLifecycle("a", cfg, Lifecycle{State: StateRetired, ConfigHash: "h1"})
+	_, err = r.Get("a")
+	assert.ErrorIs(t, err, ErrNotFound, "retired with this config: forgotten")
+	assert.Empty(t, r.Snapshot())
+	r.SetLifecycle("a", cfg, Lifecycle{State: StateRetired, ConfigHash: "older"})
+	_, err = r.Get("a")
+	assert.NoError(t, err, "retired with another config: back as new")
+
+	r.SetLifecycle("a", cfg, Lifecycle{})
+	require.NoError(t, r.Prune("a"))
+	_, err = r.Get("a")
+	assert.ErrorIs(t, err, ErrNotFound)
+	r.observe("a", cfg, Health{})
+	_, err = r.Get("a")
+	assert.NoError(t, err, "back once a check succeeds")
+}

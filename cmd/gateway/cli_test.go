@@ -92,4 +92,21 @@ func TestWorkersAgainstRunningGateway(t *testing.T) {
 	out, err = exec.Command(gatewayBin, "workers", "--url", g.base, "--token", "wrong-token-0123456789").CombinedOutput()
 	require.Error(t, err)
 	assert.Contains(t, string(out), "401 Unauthorized")
+
+	out, err = exec.Command(gatewayBin, "land", "nope", "--url", g.base, "--token", "ops-token-0123456789").CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "PUT /api/v1/workers/nope/land: 404 Not Found")
+
+	// A stalled (here: invalid) worker can be pruned; it is then forgotten.
+	out, err = exec.Command(gatewayBin, "prune", "broken", "--url", g.base, "--token", "ops-token-0123456789").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, "pruned 'broken'\n", string(out))
+	out, err = exec.Command(gatewayBin, "workers", "--json", "--url", g.base, "--token", "ops-token-0123456789").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.JSONEq(t, "[]", string(out))
+
+	out, err = exec.Command(gatewayBin, "land").CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 2, exit.ExitCode(), "%s", out)
 }
