@@ -95,7 +95,7 @@ func writeError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "unknown worker"})
 	case errors.Is(err, targets.ErrRunning):
 		writeJSON(w, http.StatusBadRequest, pruneRunningBody{Stderr: "cannot prune running worker"})
-	case errors.Is(err, lifecycle.ErrBusy):
+	case errors.Is(err, lifecycle.ErrBusy), errors.Is(err, lifecycle.ErrNotOurs):
 		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
 	case errors.Is(err, lifecycle.ErrUnreachable), errors.Is(err, targets.ErrInvalidEntry):
 		writeJSON(w, http.StatusBadGateway, errorBody{Error: err.Error()})

@@ -366,3 +366,29 @@ func TestPruneUnreachableAndSync(t *testing.T) {
 	require.NoError(t, c.StartAPIServer(ctx))
 	g.waitTarget(t, "prune", 15*time.Second, running)
 }
+
+// TestForeignRecordIsLeftAlone puts an unlabelled ConfigMap where jetway
+// keeps a target's record: land refuses, the target says why, and the
+// ConfigMap is unchanged.
+func TestForeignRecordIsLeftAlone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := clusters[0]
+	_, dir := lifecycleTarget(ctx, t, c, "foreign")
+	foreign := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "jetway-jetway-foreign", Namespace: "foreign"},
+		Data: map[string]string{"state": "someone else's"}}
+	_, err := c.Client.CoreV1().ConfigMaps("foreign").Create(ctx, foreign, metav1.CreateOptions{})
+	require.NoError(t, err)
+	g := startGateway(t, dir, gatewayOptions{})
+	tg := g.waitTarget(t, "foreign", 10*time.Second, func(tg api.Target) bool { return strings.Contains(tg.Error, "lifecycle:") })
+	assert.Contains(t, tg.Error, "configmap foreign/jetway-jetway-foreign exists without this installation's ownership labels")
+
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/workers/foreign/land", "")
+	assert.Equal(t, http.StatusConflict, code)
+	assert.Contains(t, body, "ownership labels")
+	assert.NotContains(t, body, "cannot reach")
+	got, err := c.Client.CoreV1().ConfigMaps("foreign").Get(ctx, foreign.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, foreign.Data, got.Data)
+	assert.Empty(t, got.Labels)
+}

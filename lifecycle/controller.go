@@ -95,6 +95,7 @@ func (c *Controller) Reconcile(ctx context.Context, cfg *targets.Config, h targe
 	}
 	log := c.opts.Logger.With("target", cfg.Name)
 	if err := c.reconcile(ctx, cfg, log); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
+		c.opts.Registry.SetLifecycleError(cfg.Name, cfg, err)
 		log.Warn("lifecycle reconcile failed", "error", err.Error())
 	}
 }

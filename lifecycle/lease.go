@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -33,6 +34,15 @@ type action func(ctx context.Context) (deleteLease bool, err error)
 // never act on one target at once. It returns ErrBusy when another replica
 // keeps the lease for acquireTimeout.
 func (c *Controller) withLease(ctx context.Context, k *kube, fn action) error {
+	existing, err := k.leases.Leases(k.ns).Get(ctx, k.name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		if err := k.mine("lease", existing.ObjectMeta); err != nil {
+			return err
+		}
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("lease of %s: %w", k.cfg.Name, err)
+	}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: k.name, Namespace: k.ns},
 		Client:     k.leases,

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -43,6 +44,9 @@ func (c *Controller) decide(ctx context.Context, name string, mutate func(target
 		}
 		return mutate(cur)
 	})
+	if errors.Is(err, ErrNotOurs) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}

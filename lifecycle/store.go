@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -65,10 +66,27 @@ func (k *kube) read(ctx context.Context) (targets.Lifecycle, error) {
 	if apierrors.IsNotFound(err) {
 		return targets.Lifecycle{}, nil
 	}
+	if err == nil {
+		err = k.mine("configmap", cm.ObjectMeta)
+	}
 	if err != nil {
 		return targets.Lifecycle{}, fmt.Errorf("read lifecycle of %s: %w", k.cfg.Name, err)
 	}
 	return decode(cm), nil
+}
+
+// ErrNotOurs means an object with the name jetway uses exists but lacks
+// jetway's ownership labels: jetway never modifies or deletes it.
+var ErrNotOurs = errors.New("exists without this installation's ownership labels; jetway leaves it alone")
+
+// mine checks that an object found by name carries our ownership labels.
+func (k *kube) mine(kind string, meta metav1.ObjectMeta) error {
+	for key, v := range k.labels {
+		if meta.Labels[key] != v {
+			return fmt.Errorf("%s %s/%s %w", kind, k.ns, meta.Name, ErrNotOurs)
+		}
+	}
+	return nil
 }
 
 func decode(cm *corev1.ConfigMap) targets.Lifecycle {
@@ -86,6 +104,8 @@ func (k *kube) update(ctx context.Context, mutate func(targets.Lifecycle) (targe
 		cm, err := cms.Get(ctx, k.name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			cm, err = nil, nil
+		} else if err == nil {
+			err = k.mine("configmap", cm.ObjectMeta)
 		}
 		if err != nil {
 			return err
@@ -126,9 +146,21 @@ func (k *kube) update(ctx context.Context, mutate func(targets.Lifecycle) (targe
 	return result, nil
 }
 
-// forget deletes the record, bringing the target back as new.
+// forget deletes the record, bringing the target back as new. The read
+// before it checked the record is ours; the precondition keeps it so.
 func (k *kube) forget(ctx context.Context) error {
-	err := k.core.ConfigMaps(k.ns).Delete(ctx, k.name, metav1.DeleteOptions{})
+	cm, err := k.core.ConfigMaps(k.ns).Get(ctx, k.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err == nil {
+		err = k.mine("configmap", cm.ObjectMeta)
+	}
+	if err != nil {
+		return fmt.Errorf("forget lifecycle of %s: %w", k.cfg.Name, err)
+	}
+	err = k.core.ConfigMaps(k.ns).Delete(ctx, k.name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("forget lifecycle of %s: %w", k.cfg.Name, err)
 	}

@@ -47,6 +47,8 @@ type Lifecycle struct {
 	Holding []string
 	// Overdue is set once landing has taken longer than the land timeout.
 	Overdue bool
+	// Problem says why the lifecycle could not be read or advanced.
+	Problem string
 }
 
 // Reconciler acts on a target after each health check: the lifecycle
@@ -351,6 +353,9 @@ func (rec *record) status() Status {
 			s.State = StateRunning
 		}
 	}
+	if rec.life.Problem != "" {
+		s.Error = joinErr(s.Error, "lifecycle: "+rec.life.Problem)
+	}
 	// An operator's decision outlasts health: only running targets stall.
 	switch rec.life.State {
 	case StateLanding, StateLanded, StateRetiring:
@@ -432,6 +437,16 @@ func (r *Registry) SetLifecycle(name string, cfg *Config, life Lifecycle) {
 		r.opts.Logger.Info("target lifecycle", "target", name, "state", string(life.State), "was", string(rec.life.State))
 	}
 	rec.life = life
+}
+
+// SetLifecycleError records why the lifecycle of a target (with cfg) could
+// not be read or advanced; the next successful SetLifecycle clears it.
+func (r *Registry) SetLifecycleError(name string, cfg *Config, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rec, ok := r.records[name]; ok && rec.cfg == cfg {
+		rec.life.Problem = err.Error()
+	}
 }
 
 // Prune forgets a target that is not running until a check of it next
