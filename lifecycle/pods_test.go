@@ -1,0 +1,63 @@
+package lifecycle
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func pod(name string, phase corev1.PodPhase, finished time.Time, deleting bool) corev1.Pod {
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(finished.Add(-time.Hour))},
+		Status: corev1.PodStatus{Phase: phase}}
+	if !finished.IsZero() && (phase == corev1.PodSucceeded || phase == corev1.PodFailed) {
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(finished)}}}}
+	}
+	if deleting {
+		now := metav1.Now()
+		p.DeletionTimestamp = &now
+	}
+	return p
+}
+
+func TestUnfinishedAndStale(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	pods := []corev1.Pod{
+		pod("running", corev1.PodRunning, now, false),
+		pod("pending", corev1.PodPending, now, false),
+		pod("done-long-ago", corev1.PodSucceeded, now.Add(-time.Hour), false),
+		pod("failed-long-ago", corev1.PodFailed, now.Add(-time.Hour), false),
+		pod("done-just-now", corev1.PodSucceeded, now.Add(-time.Second), false),
+		pod("done-deleting", corev1.PodSucceeded, now.Add(-time.Hour), true),
+	}
+	assert.Equal(t, []string{"done-deleting", "pending", "running"}, unfinished(pods),
+		"a pod being deleted still holds its target")
+	c := New(Options{GCGrace: 10 * time.Minute, Now: func() time.Time { return now }})
+	assert.Equal(t, []string{"done-long-ago", "failed-long-ago"}, c.stale(pods))
+}
+
+func TestFinishedAtFallsBack(t *testing.T) {
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(created)}}
+	assert.Equal(t, created, finishedAt(&p), "no statuses: creation time")
+	ready := created.Add(time.Minute)
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, LastTransitionTime: metav1.NewTime(ready)}}
+	assert.Equal(t, ready, finishedAt(&p), "readiness change")
+	end := created.Add(2 * time.Minute)
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{
+		{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(end)}}},
+		{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(end.Add(-time.Second))}}},
+	}
+	assert.Equal(t, end, finishedAt(&p), "last container to end")
+}
+
+func TestDecode(t *testing.T) {
+	life := decode(&corev1.ConfigMap{Data: map[string]string{
+		keyState: "retired", keySince: "2026-11-22T12:00:00Z", keyConfigHash: "abc"}})
+	assert.Equal(t, "retired", string(life.State))
+	assert.Equal(t, "abc", life.ConfigHash)
+	assert.Equal(t, 2026, life.Since.Year())
+}
