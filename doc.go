@@ -16,7 +16,8 @@
 //   - selection: pure placement of steps on targets by team, tags and
 //     strategy; imports no Kubernetes client.
 //   - portforward: dials a pod's port through the API server, no local
-//     listener.
+//     listener: one supervised upgraded connection per pod (WebSocket, SPDY
+//     fallback) shared by its streams, and an http.RoundTripper over it.
 //   - mesh: authenticated yamux sessions between the gateways of one
 //     installation.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API,

@@ -51,6 +51,9 @@ type Options struct {
 	BinDir string
 	// Nodes is the number of fake nodes; default 1.
 	Nodes int
+	// APIServerFeatureGates is passed to kube-apiserver's --feature-gates,
+	// e.g. "PortForwardWebsockets=false" for a server that only speaks SPDY.
+	APIServerFeatureGates string
 }
 
 // Cluster is a running local control plane. Stop it when done.
@@ -98,7 +101,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{Name: opts.Name, dir: dir}
-	if err := c.configure(bin); err != nil {
+	if err := c.configure(bin, opts); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("configure cluster %s: %w", opts.Name, err)
 	}
@@ -110,7 +113,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 // configure writes certificates and kubeconfigs and lays out every process.
-func (c *Cluster) configure(bin string) error {
+func (c *Cluster) configure(bin string, opts Options) error {
 	p, err := newPKI(c.dir)
 	if err != nil {
 		return err
@@ -208,6 +211,9 @@ func (c *Cluster) configure(bin string) error {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 	)
+	if opts.APIServerFeatureGates != "" {
+		c.apiserver.args = append(c.apiserver.args, "--feature-gates="+opts.APIServerFeatureGates)
+	}
 	c.scheduler = newProc("kube-scheduler",
 		"--kubeconfig="+adminKubeconfig,
 		"--authentication-kubeconfig="+adminKubeconfig,

@@ -1,0 +1,306 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// startEcho serves lines back, prefixed, to every connection. Its cleanup
+// closes the connections it accepted: kwok keeps its side of a forwarded
+// connection open after the stream ends.
+func startEcho(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() {
+				defer conn.Close()
+				sc := bufio.NewScanner(conn)
+				for sc.Scan() {
+					fmt.Fprintf(conn, "echo %s\n", sc.Text())
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// forwardTarget prepares namespace ns on c with a running pod whose port
+// 7788 reaches a local echo server, and returns the target's client config.
+func forwardTarget(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) *rest.Config {
+	t.Helper()
+	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: ns, Rules: targets.RBACRules(targets.Required)})
+	require.NoError(t, err)
+	cfg := restConfig(t, tg.Kubeconfig)
+	waitRunning(ctx, t, c.Client, ns, createPod(ctx, t, c, ns, "vol"))
+	require.NoError(t, c.ForwardPodPort(ctx, ns, "vol", 7788, "127.0.0.1", startEcho(t)))
+	return cfg
+}
+
+func createPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) string {
+	t.Helper()
+	stepPod(ctx, t, c, ns, ns, "jetway", name)
+	return name
+}
+
+// startDialer runs a Dialer whose targets resolve to cfgs by name.
+func startDialer(t *testing.T, opts portforward.Options, cfgs map[string]*rest.Config) (*portforward.Dialer, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	opts.Metrics = portforward.NewMetrics(reg)
+	opts.Resolve = func(target string) (*rest.Config, error) {
+		if cfg, ok := cfgs[target]; ok {
+			return cfg, nil
+		}
+		return nil, targets.ErrNotFound
+	}
+	d := portforward.New(opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Start(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return d, reg
+}
+
+func echoOnce(t *testing.T, conn net.Conn, msg string) {
+	t.Helper()
+	_, err := fmt.Fprintf(conn, "%s\n", msg)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "echo "+msg+"\n", line)
+}
+
+// TestDialerSharesOneConnectionPerPod dials a pod many times at once over
+// both transports: every stream works and all share one upgraded
+// connection.
+func TestDialerSharesOneConnectionPerPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := forwardTarget(ctx, t, clusters[0], "pf-share")
+	for _, mode := range []struct {
+		name      string
+		spdyOnly  bool
+		transport string
+	}{{"websocket", false, portforward.TransportWebSocket}, {"spdy", true, portforward.TransportSPDY}} {
+		t.Run(mode.name, func(t *testing.T) {
+			d, reg := startDialer(t, portforward.Options{SPDYOnly: mode.spdyOnly}, map[string]*rest.Config{"a": cfg})
+			var first *portforward.Conn
+			eventually(t, 20*time.Second, func() error { // kwok picks up the PortForward object
+				c, err := d.Dial(ctx, "a", "pf-share", "vol", 7788)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				fmt.Fprintf(c, "hello\n")
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					return err
+				}
+				if line != "echo hello\n" {
+					return fmt.Errorf("got %q", line)
+				}
+				first = c
+				return nil
+			})
+			assert.Equal(t, mode.transport, first.Transport())
+			var wg sync.WaitGroup
+			for i := range 20 {
+				wg.Go(func() {
+					c, err := d.Dial(ctx, "a", "pf-share", "vol", 7788)
+					if !assert.NoError(t, err) {
+						return
+					}
+					defer c.Close()
+					echoOnce(t, c, fmt.Sprintf("stream-%d", i))
+				})
+			}
+			wg.Wait()
+			m := scrape(t, reg)
+			assert.Contains(t, m, "jetway_portforward_connections 1\n")
+			assert.Contains(t, m, `jetway_portforward_dials_total{result="ok"transport="`+mode.transport+`"} 1`)
+			assert.Regexp(t, `jetway_portforward_bytes_total\{direction="read"\} [1-9]`, m)
+		})
+	}
+}
+
+// TestDialerFallsBackToSPDY uses an API server with WebSocket port-forward
+// turned off: the WebSocket upgrade is refused and the dialer falls back.
+func TestDialerFallsBackToSPDY(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Name: "spdy-only", APIServerFeatureGates: "PortForwardWebsockets=false"})
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	cfg := forwardTarget(ctx, t, c, "pf-fallback")
+	d, reg := startDialer(t, portforward.Options{}, map[string]*rest.Config{"old": cfg})
+	var conn *portforward.Conn
+	eventually(t, 20*time.Second, func() error {
+		conn, err = d.Dial(ctx, "old", "pf-fallback", "vol", 7788)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(conn, "hi\n")
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil || line != "echo hi\n" {
+			conn.Close()
+			return fmt.Errorf("%q %v", line, err)
+		}
+		return nil
+	})
+	defer conn.Close()
+	assert.Equal(t, portforward.TransportSPDY, conn.Transport())
+	assert.Contains(t, scrape(t, reg), `jetway_portforward_dials_total{result="ok"transport="spdy"} 1`)
+}
+
+// TestDialerErrors: a missing pod fails fast and says so; a port nothing
+// listens on reports the kubelet's error instead of a clean end.
+func TestDialerErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := forwardTarget(ctx, t, clusters[1], "pf-errors")
+	d, _ := startDialer(t, portforward.Options{}, map[string]*rest.Config{"a": cfg})
+
+	start := time.Now()
+	_, err := d.Dial(ctx, "a", "pf-errors", "no-such-pod", 7788)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `pods "no-such-pod" not found`)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	_, err = d.Dial(ctx, "nope", "pf-errors", "vol", 7788)
+	assert.ErrorIs(t, err, targets.ErrNotFound)
+
+	conn, err := d.Dial(ctx, "a", "pf-errors", "vol", 9999)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.ReadAll(conn)
+	require.Error(t, err, "no clean EOF for a port with nothing behind it")
+	assert.Contains(t, err.Error(), "9999")
+}
+
+// TestDialerAfterAPIServerRestart kills the API server under an open
+// stream: the stream fails (not a clean end), and once the server is back
+// the next Dial opens a new connection.
+func TestDialerAfterAPIServerRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[1]
+	cfg := forwardTarget(ctx, t, c, "pf-restart")
+	d, reg := startDialer(t, portforward.Options{}, map[string]*rest.Config{"a": cfg})
+	var conn *portforward.Conn
+	eventually(t, 20*time.Second, func() (err error) {
+		conn, err = d.Dial(ctx, "a", "pf-restart", "vol", 7788)
+		if err == nil {
+			_, err = fmt.Fprintf(conn, "ping\n")
+			if err == nil {
+				_, err = bufio.NewReader(conn).ReadString('\n')
+			}
+			if err != nil {
+				conn.Close()
+			}
+		}
+		return err
+	})
+	c.StopAPIServer()
+	_, err := io.ReadAll(conn)
+	require.Error(t, err, "a stream cut by the API server must not end cleanly")
+	conn.Close()
+	eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(scrape(t, reg), "jetway_portforward_connections 0\n") {
+			return errors.New("dead connection still counted")
+		}
+		return nil
+	})
+
+	require.NoError(t, c.StartAPIServer(ctx))
+	eventually(t, 20*time.Second, func() error {
+		conn, err := d.Dial(ctx, "a", "pf-restart", "vol", 7788)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "again\n")
+		_, err = bufio.NewReader(conn).ReadString('\n')
+		return err
+	})
+}
+
+// TestDialerClosesIdleConnections and serves HTTP through RoundTripper.
+func TestDialerIdleAndRoundTripper(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := clusters[0]
+	cfg := forwardTarget(ctx, t, c, "pf-http")
+	web := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "volume server saw %s %s", r.Method, r.URL.Path)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go web.Serve(ln)
+	t.Cleanup(func() { web.Close() })
+	waitRunning(ctx, t, c.Client, "pf-http", createPod(ctx, t, c, "pf-http", "web"))
+	require.NoError(t, c.ForwardPodPort(ctx, "pf-http", "web", 7788, "127.0.0.1", ln.Addr().(*net.TCPAddr).Port))
+
+	d, reg := startDialer(t, portforward.Options{IdleTimeout: 400 * time.Millisecond}, map[string]*rest.Config{"a": cfg})
+	rt := d.RoundTripper()
+	defer rt.CloseIdleConnections()
+	client := &http.Client{Transport: rt}
+	eventually(t, 20*time.Second, func() error {
+		resp, err := client.Get("http://" + portforward.Host("a", "pf-http", "web", 7788) + "/volumes/v1")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if string(body) != "volume server saw GET /volumes/v1" {
+			return fmt.Errorf("body %q", body)
+		}
+		return nil
+	})
+	rt.CloseIdleConnections() // ends the streams; the pod connection idles
+	eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(scrape(t, reg), "jetway_portforward_connections 0\n") {
+			return errors.New("idle connection not closed")
+		}
+		return nil
+	})
+}
