@@ -1,0 +1,342 @@
+// Package volumeserver is a small server speaking the subset of
+// Concourse's baggageclaim volume API that jetway uses: create a volume,
+// stream a tar of it out and into it (raw, gzip or zstd), and push a
+// stream straight to another server (stream-p2p-out). The local clusters
+// put one behind each step pod's port 7788.
+package volumeserver
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+// Encodings, as in Accept-Encoding / Content-Encoding.
+const (
+	Raw  = "raw"
+	Gzip = "gzip"
+	Zstd = "zstd"
+)
+
+// Server serves volumes kept as folders under a root folder.
+type Server struct {
+	root string
+	srv  *http.Server
+	ln   net.Listener
+	// Client is used by stream-p2p-out; tests point its dialer at loopback.
+	Client *http.Client
+}
+
+// Start serves on a new loopback port, storing volumes under root.
+func Start(root string) (*Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{root: root, ln: ln, Client: &http.Client{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /volumes", s.create)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
+	s.srv = &http.Server{Handler: mux}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+// Port is the loopback port the server listens on.
+func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
+
+// Kill drops the listener and every open connection mid-request, as a
+// killed process would.
+func (s *Server) Kill() error { return s.srv.Close() }
+
+// Path returns the folder holding a volume's files.
+func (s *Server) Path(handle string) string { return filepath.Join(s.root, "volumes", handle) }
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func fail(w http.ResponseWriter, code int, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: fmt.Sprintf(format, args...)})
+}
+
+func validHandle(h string) bool {
+	return h != "" && !strings.ContainsAny(h, "/\\") && h != "." && h != ".."
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Handle string `json:"handle"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !validHandle(req.Handle) {
+		fail(w, http.StatusBadRequest, "body must be {\"handle\": \"...\"}")
+		return
+	}
+	if err := os.MkdirAll(s.Path(req.Handle), 0o755); err != nil {
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(map[string]string{"handle": req.Handle, "path": s.Path(req.Handle)})
+}
+
+// volume resolves a request's volume and path inside it, or answers 404.
+func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
+	handle := r.PathValue("handle")
+	base := s.Path(handle)
+	if !validHandle(handle) {
+		fail(w, http.StatusNotFound, "volume %q not found", handle)
+		return "", false
+	}
+	if _, err := os.Stat(base); err != nil {
+		fail(w, http.StatusNotFound, "volume %q not found", handle)
+		return "", false
+	}
+	sub := filepath.Join(base, filepath.FromSlash(r.URL.Query().Get("path")))
+	if rel, err := filepath.Rel(base, sub); err != nil || strings.HasPrefix(rel, "..") {
+		fail(w, http.StatusBadRequest, "path %q leaves the volume", r.URL.Query().Get("path"))
+		return "", false
+	}
+	return sub, true
+}
+
+// streamIn extracts a tar into the volume path. It extracts into a
+// temporary folder and moves it in place only once the whole stream
+// arrived, so a truncated stream never lands.
+func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
+	dst, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	body, err := decoder(r.Header.Get("Content-Encoding"), r.Body)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	defer body.Close()
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".stream-in-")
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	defer os.RemoveAll(tmp)
+	if err := untar(body, tmp); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	// The tar ended; the encoded stream and the request body must end
+	// there too, completely: a cut connection fails here, not silently.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
+	src, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	if _, err := os.Stat(src); err != nil {
+		fail(w, http.StatusNotFound, "path %q not found in volume", r.URL.Query().Get("path"))
+		return
+	}
+	enc := r.Header.Get("Accept-Encoding")
+	out, err := encoder(enc, w)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	w.Header().Set("Content-Encoding", encodingName(enc))
+	w.WriteHeader(http.StatusOK)
+	if err := writeTar(out, src); err != nil {
+		panic(http.ErrAbortHandler) // cut the response: no clean end
+	}
+	if err := out.Close(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// streamP2POut pushes the volume path straight to another server's
+// stream-in URL.
+func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
+	src, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	target := r.URL.Query().Get("streamInURL")
+	enc := encodingName(r.URL.Query().Get("encoding"))
+	pr, pw := io.Pipe()
+	go func() {
+		out, err := encoder(enc, pw)
+		if err == nil {
+			err = writeTar(out, src)
+		}
+		if err == nil {
+			err = out.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pr)
+	if err != nil {
+		pr.CloseWithError(err)
+		fail(w, http.StatusBadRequest, "streamInURL: %v", err)
+		return
+	}
+	req.Header.Set("Content-Encoding", enc)
+	resp, err := s.Client.Do(req)
+	if err != nil {
+		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		fail(w, http.StatusBadGateway, "stream to %s: %s: %s", target, resp.Status, strings.TrimSpace(string(b)))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func encodingName(enc string) string {
+	if enc == "" {
+		return Raw
+	}
+	return enc
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
+	switch encodingName(enc) {
+	case Raw:
+		return nopWriteCloser{w}, nil
+	case Gzip:
+		return gzip.NewWriterLevel(w, gzip.DefaultCompression)
+	case Zstd:
+		return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	}
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+}
+
+func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
+	switch encodingName(enc) {
+	case Raw:
+		return io.NopCloser(r), nil
+	case Gzip:
+		return gzip.NewReader(r)
+	case Zstd:
+		d, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, err
+		}
+		return d.IOReadCloser(), nil
+	}
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+}
+
+func writeTar(w io.Writer, root string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(info, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// untar extracts r into dir. A tar cut at an entry boundary ends like a
+// whole one, so truncation is caught by the encoding and HTTP framing
+// around it (see streamIn), never by the tar alone.
+func untar(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(dir, filepath.FromSlash(hdr.Name))
+		if rel, err := filepath.Rel(dir, path); err != nil || strings.HasPrefix(rel, "..") {
+			return fmt.Errorf("tar entry %q leaves the volume", hdr.Name)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode)&0o777)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package volumeserver
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func start(t *testing.T) (*Server, string) {
+	t.Helper()
+	s, err := Start(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Kill() })
+	return s, fmt.Sprintf("http://127.0.0.1:%d", s.Port())
+}
+
+func do(t *testing.T, method, url string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+func volume(t *testing.T, base, handle string) {
+	resp, body := do(t, http.MethodPost, base+"/volumes", nil, strings.NewReader(`{"handle":"`+handle+`"}`))
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+}
+
+func TestStreamOutIntoStreamIn(t *testing.T) {
+	src, srcURL := start(t)
+	dst, dstURL := start(t)
+	volume(t, srcURL, "a")
+	require.NoError(t, os.MkdirAll(filepath.Join(src.Path("a"), "out", "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "out", "sub", "f.txt"), []byte("artifact"), 0o644))
+	for _, enc := range []string{Raw, Gzip, Zstd} {
+		t.Run(enc, func(t *testing.T) {
+			volume(t, dstURL, "b-"+enc)
+			resp, tarball := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out?path=out", map[string]string{"Accept-Encoding": enc}, nil)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, enc, resp.Header.Get("Content-Encoding"))
+			resp, body := do(t, http.MethodPut, dstURL+"/volumes/b-"+enc+"/stream-in?path=in", map[string]string{"Content-Encoding": enc}, bytes.NewReader(tarball))
+			require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+			got, err := os.ReadFile(filepath.Join(dst.Path("b-"+enc), "in", "sub", "f.txt"))
+			require.NoError(t, err)
+			assert.Equal(t, "artifact", string(got))
+		})
+	}
+}
+
+func TestErrors(t *testing.T) {
+	_, base := start(t)
+	volume(t, base, "v")
+	for _, tc := range []struct {
+		method, path string
+		hdr          map[string]string
+		code         int
+		msg          string
+	}{
+		{http.MethodPut, "/volumes/nope/stream-out", nil, 404, `volume \"nope\" not found`},
+		{http.MethodPut, "/volumes/nope/stream-in", nil, 404, `volume \"nope\" not found`},
+		{http.MethodPut, "/volumes/v/stream-out?path=missing", nil, 404, `path \"missing\" not found`},
+		{http.MethodPut, "/volumes/v/stream-in", map[string]string{"Content-Encoding": "br"}, 400, `unsupported encoding \"br\"`},
+		{http.MethodPut, "/volumes/v/stream-in", map[string]string{"Content-Encoding": "gzip"}, 400, "stream-in"},
+		{http.MethodPut, "/volumes/v/stream-out?path=../..", nil, 400, "leaves the volume"},
+	} {
+		resp, body := do(t, tc.method, base+tc.path, tc.hdr, strings.NewReader("not a tar"))
+		assert.Equal(t, tc.code, resp.StatusCode, tc.path)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		assert.Contains(t, string(body), tc.msg, tc.path)
+	}
+}
+
+// TestTruncatedStreamInNeverLands cuts a chunked upload mid-way: the
+// volume keeps what it had.
+func TestTruncatedStreamInNeverLands(t *testing.T) {
+	src, base := start(t)
+	volume(t, base, "v")
+	require.NoError(t, os.WriteFile(filepath.Join(src.Path("v"), "old"), []byte("old"), 0o644))
+	resp, tarball := do(t, http.MethodPut, base+"/volumes/v/stream-out", nil, nil)
+	require.Equal(t, 200, resp.StatusCode)
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	half := tarball[:len(tarball)/2]
+	fmt.Fprintf(conn, "PUT /volumes/v/stream-in?path=new HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", len(half))
+	conn.Write(half)
+	conn.Write([]byte("\r\n"))
+	time.Sleep(100 * time.Millisecond)
+	conn.Close() // no terminating chunk: the upload was cut
+	time.Sleep(200 * time.Millisecond)
+	_, err = os.Stat(filepath.Join(src.Path("v"), "new"))
+	assert.True(t, os.IsNotExist(err), "a cut stream-in must not land")
+	leftovers, _ := filepath.Glob(filepath.Join(src.Path("v"), ".stream-in-*"))
+	assert.Empty(t, leftovers)
+}
+
+func TestStreamP2POut(t *testing.T) {
+	src, srcURL := start(t)
+	dst, dstURL := start(t)
+	volume(t, srcURL, "a")
+	volume(t, dstURL, "b")
+	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "f"), []byte("p2p"), 0o644))
+	resp, body := do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?encoding=zstd&streamInURL="+
+		dstURL+"/volumes/b/stream-in%3Fpath%3Dx", nil, nil)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	got, err := os.ReadFile(filepath.Join(dst.Path("b"), "x", "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "p2p", string(got))
+}
