@@ -32,6 +32,8 @@ type Options struct {
 	Targets Targets
 	// Lifecycle backs land, retire, prune and sync.
 	Lifecycle Lifecycle
+	// Streams backs POST /api/v1/streams.
+	Streams Streamer
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token
 	NoAuth bool
@@ -71,6 +73,9 @@ func New(opts Options) *Server {
 		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.workerAction(opts.Lifecycle.Retire)))
 		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.workerAction(s.prune)))
 		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.syncTarget))
+	}
+	if opts.Targets != nil && opts.Streams != nil {
+		mux.HandleFunc("POST /api/v1/streams", s.authenticate(s.createStream))
 	}
 	s.handler = mux
 	return s

@@ -18,10 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/lifecycle"
+	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -100,15 +103,31 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	})
 	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
+	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger,
+		Resolve: func(target string) (*rest.Config, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return nil, err
+			}
+			return cfg.REST, nil
+		}})
+	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second, Namespace: func(target string) (string, error) {
+		cfg, err := registry.Config(target)
+		if err != nil {
+			return "", err
+		}
+		return cfg.Meta.Namespace, nil
+	}})
+	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller,
+	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, c := range []interface{ Start(context.Context) error }{registry, source, server} {
+	for _, c := range []interface{ Start(context.Context) error }{registry, source, dialer, server} {
 		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
 	}
 	var once sync.Once

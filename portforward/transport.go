@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Host names a pod for the RoundTripper: <pod>.<namespace>.<target>.
@@ -31,8 +30,10 @@ func parseHost(host string) (target, namespace, pod string, err error) {
 
 // RoundTripper returns an HTTP transport whose connections are
 // port-forward streams: a request to http://<Host(...)>/path reaches the
-// pod's port. Idle connections are kept per pod port for reuse; large
-// buffers keep throughput high for artifact streams.
+// pod's port. Each request gets a fresh stream on the pod's shared
+// connection (cheap: no TLS, one round trip), so a request never rides a
+// stream whose pod side died since; large buffers keep artifact streams
+// fast.
 func (d *Dialer) RoundTripper() *http.Transport {
 	return &http.Transport{
 		DialContext: func(ctx context.Context, _, address string) (net.Conn, error) {
@@ -50,11 +51,10 @@ func (d *Dialer) RoundTripper() *http.Transport {
 			}
 			return d.Dial(ctx, target, namespace, pod, port)
 		},
-		Proxy:               nil,
-		DisableCompression:  true, // artifact encodings are chosen by the caller
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     30 * time.Second,
-		ReadBufferSize:      256 << 10,
-		WriteBufferSize:     256 << 10,
+		Proxy:              nil,
+		DisableCompression: true, // artifact encodings are chosen by the caller
+		DisableKeepAlives:  true,
+		ReadBufferSize:     256 << 10,
+		WriteBufferSize:    256 << 10,
 	}
 }

@@ -15,12 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/lifecycle"
+	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -89,6 +92,29 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Resync: cfg.TargetsResync,
 		Logger: logger.With("component", "targets-source"),
 	}, registry.Apply)
+	dialer := portforward.New(portforward.Options{
+		Resolve: func(target string) (*rest.Config, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return nil, err
+			}
+			return cfg.REST, nil
+		},
+		Metrics: portforward.NewMetrics(reg),
+		Logger:  logger.With("component", "portforward"),
+	})
+	streamer := streams.New(streams.Options{
+		Dialer: dialer,
+		Namespace: func(target string) (string, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return "", err
+			}
+			return cfg.Meta.Namespace, nil
+		},
+		Logger: logger.With("component", "streams"),
+	})
+	defer streamer.Close()
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -96,6 +122,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Gatherer:         reg,
 		Targets:          registry,
 		Lifecycle:        controller,
+		Streams:          streamer,
 		Tokens:           tokens,
 		NoAuth:           cfg.NoAuth,
 		Ready:            registry.Loaded,
@@ -103,7 +130,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:           logger.With("component", "api"),
 	})
 	logger.Info("starting gateway", "version", buildinfo.String(), "listen", cfg.Listen, "targets_dir", cfg.TargetsDir)
-	err := runAll(ctx, cfg.ShutdownTimeout, registry, source, server)
+	err := runAll(ctx, cfg.ShutdownTimeout, registry, source, dialer, server)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -35,6 +36,9 @@ type Server struct {
 	ln   net.Listener
 	// Client is used by stream-p2p-out; tests point its dialer at loopback.
 	Client *http.Client
+	// Rate, if set, limits stream-out to about this many bytes per second,
+	// so tests can fail a stream while it runs.
+	Rate int64
 }
 
 // Start serves on a new loopback port, storing volumes under root.
@@ -170,7 +174,11 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	enc := r.Header.Get("Accept-Encoding")
-	out, err := encoder(enc, w)
+	var sink io.Writer = w
+	if s.Rate > 0 {
+		sink = &throttled{w: w, rate: s.Rate, start: time.Now()}
+	}
+	out, err := encoder(enc, sink)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
@@ -339,4 +347,32 @@ func untar(r io.Reader, dir string) error {
 			}
 		}
 	}
+}
+
+// throttled writes at about rate bytes per second.
+type throttled struct {
+	w     io.Writer
+	rate  int64
+	n     int64
+	start time.Time
+}
+
+func (t *throttled) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		chunk := p[:min(len(p), 64<<10)]
+		n, err := t.w.Write(chunk)
+		t.n += int64(n)
+		if err != nil {
+			return n, err
+		}
+		if f, ok := t.w.(http.Flusher); ok {
+			f.Flush()
+		}
+		if ahead := time.Duration(t.n*int64(time.Second)/t.rate) - time.Since(t.start); ahead > 0 {
+			time.Sleep(ahead)
+		}
+		p = p[len(chunk):]
+	}
+	return total, nil
 }

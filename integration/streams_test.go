@@ -1,0 +1,235 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/integration/volumeserver"
+	"github.com/jetway-ci/jetway/streams"
+)
+
+// volumePod runs a step pod whose port 7788 reaches a fresh volume server.
+func volumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) *volumeserver.Server {
+	t.Helper()
+	vs, err := volumeserver.Start(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { vs.Kill() })
+	stepPod(ctx, t, c, ns, ns, "jetway", pod)
+	require.NoError(t, c.ForwardPodPort(ctx, ns, pod, streams.VolumePort, "127.0.0.1", vs.Port()))
+	return vs
+}
+
+// fill creates volume handle on vs with one file of size random bytes.
+func fill(t *testing.T, vs *volumeserver.Server, handle string, size int) []byte {
+	t.Helper()
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	require.NoError(t, os.MkdirAll(filepath.Join(vs.Path(handle), "out"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(vs.Path(handle), "out", "artifact.bin"), data, 0o644))
+	return data
+}
+
+// directSHA streams a volume path out of vs directly (no port-forward) and
+// hashes it: what the relay must report.
+func directSHA(t *testing.T, vs *volumeserver.Server, handle, enc string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d/volumes/%s/stream-out?path=out", vs.Port(), handle), nil)
+	req.Header.Set("Accept-Encoding", enc)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, resp.Body)
+	require.NoError(t, err)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func postStream(t *testing.T, g *gateway, req streams.Request) (int, streams.Result, map[string]string) {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	resp, err := http.Post(g.base+"/api/v1/streams", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var res streams.Result
+	var errBody map[string]string
+	if resp.StatusCode == http.StatusOK {
+		require.NoError(t, json.Unmarshal(raw, &res))
+	} else {
+		require.NoError(t, json.Unmarshal(raw, &errBody), "%s", raw)
+	}
+	return resp.StatusCode, res, errBody
+}
+
+// streamGround is two targets on two clusters, each with a volume pod.
+type streamGround struct {
+	g        *gateway
+	src, dst *volumeserver.Server
+}
+
+func newStreamGround(ctx context.Context, t *testing.T, name string) streamGround {
+	t.Helper()
+	_, dir := lifecycleTarget(ctx, t, clusters[0], name+"-a")
+	b, _ := lifecycleTarget(ctx, t, clusters[1], name+"-c")
+	writeFile(t, filepath.Join(dir, name+"-c.kubeconfig"), b.Kubeconfig)
+	src := volumePod(ctx, t, clusters[0], name+"-a", "src")
+	dst := volumePod(ctx, t, clusters[1], name+"-c", "dst")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, name+"-a", 10*time.Second, running)
+	g.waitTarget(t, name+"-c", 10*time.Second, running)
+	return streamGround{g: g, src: src, dst: dst}
+}
+
+func (sg streamGround) request(name, srcHandle, dstHandle, enc string) streams.Request {
+	return streams.Request{
+		From:     streams.Endpoint{Target: name + "-a", Pod: "src", Handle: srcHandle, Path: "out"},
+		To:       streams.Endpoint{Target: name + "-c", Pod: "dst", Handle: dstHandle, Path: "in"},
+		Encoding: enc,
+	}
+}
+
+// TestStreamsAcrossClusters runs 50 concurrent streams from a pod on one
+// cluster into a pod on another, each verified by SHA-256 and content, and
+// one per encoding.
+func TestStreamsAcrossClusters(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sg := newStreamGround(ctx, t, "st")
+	data := fill(t, sg.src, "artifact", 256<<10)
+	want := directSHA(t, sg.src, "artifact", "raw")
+	// kwok picks up the PortForward objects shortly after they are made.
+	eventually(t, 20*time.Second, func() error {
+		os.MkdirAll(sg.dst.Path("warmup"), 0o755)
+		if code, _, body := postStream(t, sg.g, sg.request("st", "artifact", "warmup", "raw")); code != http.StatusOK {
+			return fmt.Errorf("%d %v", code, body)
+		}
+		return nil
+	})
+
+	var wg sync.WaitGroup
+	for i := range 50 {
+		handle := fmt.Sprintf("in-%d", i)
+		require.NoError(t, os.MkdirAll(sg.dst.Path(handle), 0o755))
+		wg.Go(func() {
+			code, res, body := postStream(t, sg.g, sg.request("st", "artifact", handle, "raw"))
+			if !assert.Equal(t, http.StatusOK, code, "%v", body) {
+				return
+			}
+			assert.Equal(t, want, res.SHA256)
+			got, err := os.ReadFile(filepath.Join(sg.dst.Path(handle), "in", "artifact.bin"))
+			if assert.NoError(t, err) {
+				assert.True(t, bytes.Equal(data, got), "content of %s", handle)
+			}
+		})
+	}
+	wg.Wait()
+
+	for _, enc := range []string{"gzip", "zstd"} {
+		require.NoError(t, os.MkdirAll(sg.dst.Path(enc), 0o755))
+		code, res, body := postStream(t, sg.g, sg.request("st", "artifact", enc, enc))
+		require.Equal(t, http.StatusOK, code, "%v", body)
+		assert.Greater(t, res.Bytes, int64(0))
+		got, err := os.ReadFile(filepath.Join(sg.dst.Path(enc), "in", "artifact.bin"))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(data, got), enc)
+	}
+	assert.Contains(t, scrape(t, sg.g.reg), "jetway_portforward_connections 2\n", "one connection per pod")
+}
+
+// TestStreamFailures: a source killed mid-stream, an API server restarted
+// mid-stream and a deleted pod each fail the stream with an error naming
+// the side, and the destination never gets partial content.
+func TestStreamFailures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sg := newStreamGround(ctx, t, "sf")
+	fill(t, sg.src, "big", 8<<20)
+	eventually(t, 20*time.Second, func() error {
+		os.MkdirAll(sg.dst.Path("warmup"), 0o755)
+		if code, _, body := postStream(t, sg.g, sg.request("sf", "big", "warmup", "zstd")); code != http.StatusOK {
+			return fmt.Errorf("%d %v", code, body)
+		}
+		return nil
+	})
+	sg.src.Rate = 4 << 20 // 8 MiB at 4 MiB/s: two seconds to break it in
+
+	t.Run("source killed", func(t *testing.T) {
+		require.NoError(t, os.MkdirAll(sg.dst.Path("killed"), 0o755))
+		time.AfterFunc(500*time.Millisecond, func() { sg.src.Kill() })
+		code, _, body := postStream(t, sg.g, sg.request("sf", "big", "killed", "raw"))
+		assert.Equal(t, http.StatusBadGateway, code)
+		assert.Equal(t, "source", body["side"], "%v", body)
+		_, err := os.Stat(filepath.Join(sg.dst.Path("killed"), "in"))
+		assert.True(t, os.IsNotExist(err), "no partial content lands")
+	})
+
+	// A new source server behind the same pod.
+	src2, err := volumeserver.Start(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { src2.Kill() })
+	fill(t, src2, "big", 8<<20)
+	require.NoError(t, clusters[0].ForwardPodPort(ctx, "sf-a", "src", streams.VolumePort, "127.0.0.1", src2.Port()))
+	eventually(t, 20*time.Second, func() error {
+		os.MkdirAll(sg.dst.Path("warmup2"), 0o755)
+		if code, _, body := postStream(t, sg.g, sg.request("sf", "big", "warmup2", "zstd")); code != http.StatusOK {
+			return fmt.Errorf("%d %v", code, body)
+		}
+		return nil
+	})
+	src2.Rate = 4 << 20
+
+	t.Run("API server restarted", func(t *testing.T) {
+		require.NoError(t, os.MkdirAll(sg.dst.Path("restart"), 0o755))
+		time.AfterFunc(500*time.Millisecond, clusters[0].StopAPIServer)
+		code, _, body := postStream(t, sg.g, sg.request("sf", "big", "restart", "raw"))
+		assert.Equal(t, http.StatusBadGateway, code)
+		assert.Equal(t, "source", body["side"], "%v", body)
+		_, err := os.Stat(filepath.Join(sg.dst.Path("restart"), "in"))
+		assert.True(t, os.IsNotExist(err), "no partial content lands")
+		require.NoError(t, clusters[0].StartAPIServer(ctx))
+		src2.Rate = 0
+		eventually(t, 30*time.Second, func() error {
+			if code, _, body := postStream(t, sg.g, sg.request("sf", "big", "restart", "zstd")); code != http.StatusOK {
+				return fmt.Errorf("next stream: %d %v", code, body)
+			}
+			return nil
+		})
+	})
+
+	t.Run("deleted pod", func(t *testing.T) {
+		// The pod's processes die with it; kwok only simulates the pod.
+		require.NoError(t, clusters[1].Client.CoreV1().Pods("sf-c").Delete(ctx, "dst", metav1.DeleteOptions{}))
+		sg.dst.Kill()
+		eventually(t, 10*time.Second, func() error {
+			_, err := clusters[1].Client.CoreV1().Pods("sf-c").Get(ctx, "dst", metav1.GetOptions{})
+			if err == nil {
+				return fmt.Errorf("pod still there")
+			}
+			return nil
+		})
+		start := time.Now()
+		code, _, body := postStream(t, sg.g, sg.request("sf", "big", "gone", "raw"))
+		assert.Equal(t, http.StatusBadGateway, code)
+		assert.Equal(t, "destination", body["side"], "%v", body)
+		assert.Contains(t, body["error"], "sf-c/dst port 7788")
+		assert.Less(t, time.Since(start), 2*time.Second, "fails fast, not by stall timeout")
+		t.Logf("deleted pod: %s after %s", body["error"], time.Since(start))
+	})
+}
