@@ -77,7 +77,7 @@ type Options struct {
 	// volume server, or a port-forward that stays open after the process
 	// behind it died); default 2m.
 	StallTimeout time.Duration
-	Logger     *slog.Logger
+	Logger       *slog.Logger
 }
 
 // Streamer carries streams.
