@@ -54,6 +54,10 @@ $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 		k8s.io/kubernetes/cmd/kube-controller-manager
 	touch $(KUBE_BINS)
 
+# kubectl is only for the streams benchmark's reference path.
+$(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
+	cd tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
+
 $(BIN)/etcd: tools/etcd/go.mod tools/etcd/go.sum
 	cd tools/etcd && $(GO) build -trimpath -ldflags "-s -w" -o $@ go.etcd.io/etcd/server/v3
 
@@ -83,3 +87,11 @@ clean-tools:
 bench-targets: tools
 	$(GO) test -run '^$$' -bench '^BenchmarkTargets$$' -benchtime 1x -timeout 30m -v ./integration/bench/
 	$(GO) test -run '^$$' -bench '^BenchmarkCheckPaths$$' -benchtime 300x -timeout 10m -v ./integration/bench/
+
+# bench-streams: one artifact (1 GiB; BENCH_STREAM_MIB shrinks it) from a pod
+# on cluster A into a pod on cluster B: the client-go floor, jetway's relay
+# and kubectl + curl, in one run. Needs curl.
+.PHONY: bench-streams
+bench-streams: tools $(BIN)/kubectl
+	@command -v curl >/dev/null || { echo "bench-streams needs curl (apt-get install curl)"; exit 1; }
+	$(GO) test -run '^$$' -bench '^BenchmarkStreams$$' -benchtime 1x -timeout 30m -v ./integration/bench/
