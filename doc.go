@@ -18,6 +18,8 @@
 //   - portforward: dials a pod's port through the API server, no local
 //     listener: one supervised upgraded connection per pod (WebSocket, SPDY
 //     fallback) shared by its streams, and an http.RoundTripper over it.
+//   - streams: copies volumes between step pods (stream-out piped into
+//     stream-in) through portforward, on any clusters.
 //   - mesh: authenticated yamux sessions between the gateways of one
 //     installation.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API,

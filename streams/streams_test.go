@@ -1,0 +1,83 @@
+package streams
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValidate(t *testing.T) {
+	ok := Request{From: Endpoint{Target: "a", Pod: "p", Handle: "h"}, To: Endpoint{Target: "b", Pod: "q", Handle: "i"}}
+	require.NoError(t, ok.validate())
+	ok.Encoding = "zstd"
+	require.NoError(t, ok.validate())
+
+	bad := Request{From: Endpoint{Target: "a"}, Encoding: "br"}
+	err := bad.validate()
+	require.ErrorIs(t, err, ErrInvalid)
+	for _, want := range []string{"from.pod is required", "from.handle is required", "to.target is required",
+		`encoding "br" is not one of raw, gzip, zstd`} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+// stuckReader returns some data, then blocks until closed.
+type stuckReader struct {
+	data    []byte
+	release chan struct{}
+}
+
+func (r *stuckReader) Read(p []byte) (int, error) {
+	if len(r.data) > 0 {
+		n := copy(p, r.data)
+		r.data = r.data[n:]
+		return n, nil
+	}
+	<-r.release
+	return 0, errors.New("released")
+}
+
+func TestRelayHashesAndCounts(t *testing.T) {
+	data := bytes.Repeat([]byte("artifact"), 100_000)
+	var out bytes.Buffer
+	h := sha256.New()
+	wd := newWatchdog(time.Minute, func() {})
+	n, err := relay(&out, bytes.NewReader(data), h, make([]byte, 4096), wd)
+	assert.Equal(t, phaseNone, wd.stop())
+	require.NoError(t, err)
+	assert.Equal(t, int64(len(data)), n)
+	sum := sha256.Sum256(data)
+	assert.Equal(t, sum[:], h.Sum(nil))
+	assert.Equal(t, data, out.Bytes())
+}
+
+func TestWatchdogBlamesTheSideItWaitsOn(t *testing.T) {
+	t.Run("source stalls", func(t *testing.T) {
+		src := &stuckReader{data: []byte("some"), release: make(chan struct{})}
+		ctx, cancel := context.WithCancel(context.Background())
+		wd := newWatchdog(80*time.Millisecond, cancel)
+		go func() { <-ctx.Done(); close(src.release) }()
+		_, err := relay(io.Discard, src, sha256.New(), make([]byte, 16), wd)
+		require.Error(t, err)
+		assert.Equal(t, phaseReading, wd.stop())
+	})
+	t.Run("destination stalls", func(t *testing.T) {
+		pr, pw := io.Pipe() // nobody reads pr: writes block
+		ctx, cancel := context.WithCancel(context.Background())
+		wd := newWatchdog(80*time.Millisecond, cancel)
+		go func() { <-ctx.Done(); pr.CloseWithError(errors.New("cancelled")) }()
+		_, err := relay(pw, bytes.NewReader([]byte("data")), sha256.New(), make([]byte, 16), wd)
+		assert.ErrorIs(t, err, errDestinationDone)
+		assert.Equal(t, phaseWriting, wd.stop())
+	})
+}
