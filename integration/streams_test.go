@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -232,4 +233,61 @@ func TestStreamFailures(t *testing.T) {
 		assert.Less(t, time.Since(start), 2*time.Second, "fails fast, not by stall timeout")
 		t.Logf("deleted pod: %s after %s", body["error"], time.Since(start))
 	})
+}
+
+// TestSameTargetStreamsGoDirect streams between two pods of one target:
+// the source pushes straight to the destination (stream-p2p-out), and when
+// it cannot, jetway relays instead.
+func TestSameTargetStreamsGoDirect(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	_, dir := lifecycleTarget(ctx, t, c, "p2p")
+	src := volumePod(ctx, t, c, "p2p", "src")
+	dst := volumePod(ctx, t, c, "p2p", "dst")
+	pod, err := c.Client.CoreV1().Pods("p2p").Get(ctx, "dst", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, pod.Status.PodIP)
+	// The test's pod network: the source reaches the destination pod's IP
+	// at its volume server on loopback, and nothing else.
+	routes := map[string]string{net.JoinHostPort(pod.Status.PodIP, "7788"): fmt.Sprintf("127.0.0.1:%d", dst.Port())}
+	src.Client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+		local, ok := routes[addr]
+		if !ok {
+			return nil, fmt.Errorf("no route to %s in the test's pod network", addr)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", local)
+	}}}
+	data := fill(t, src, "art", 1<<20)
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, "p2p", 10*time.Second, running)
+	req := streams.Request{From: streams.Endpoint{Target: "p2p", Pod: "src", Handle: "art", Path: "out"},
+		To: streams.Endpoint{Target: "p2p", Pod: "dst", Handle: "direct", Path: "in"}, Encoding: "zstd"}
+	require.NoError(t, os.MkdirAll(dst.Path("direct"), 0o755))
+	var res streams.Result
+	eventually(t, 20*time.Second, func() error {
+		code, r, body := postStream(t, g, req)
+		if code != http.StatusOK {
+			return fmt.Errorf("%d %v", code, body)
+		}
+		res = r
+		return nil
+	})
+	assert.Equal(t, streams.ModeP2P, res.Mode)
+	got, err := os.ReadFile(filepath.Join(dst.Path("direct"), "in", "artifact.bin"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, got))
+
+	delete(routes, net.JoinHostPort(pod.Status.PodIP, "7788")) // the pods cannot see each other now
+	req.To.Handle = "relayed"
+	require.NoError(t, os.MkdirAll(dst.Path("relayed"), 0o755))
+	code, res, body := postStream(t, g, req)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	assert.Equal(t, streams.ModeRelay, res.Mode, "falls back to relaying")
+	assert.NotEmpty(t, res.SHA256)
+	got, err = os.ReadFile(filepath.Join(dst.Path("relayed"), "in", "artifact.bin"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, got))
+	assert.Contains(t, g.logs.String(), "direct stream failed; relaying")
 }

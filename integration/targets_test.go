@@ -111,13 +111,21 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			}
 			return cfg.REST, nil
 		}})
-	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second, Namespace: func(target string) (string, error) {
-		cfg, err := registry.Config(target)
-		if err != nil {
-			return "", err
-		}
-		return cfg.Meta.Namespace, nil
-	}})
+	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
+		Namespace: func(target string) (string, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return "", err
+			}
+			return cfg.Meta.Namespace, nil
+		},
+		PodIP: func(ctx context.Context, target, pod string) (string, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return "", err
+			}
+			return cfg.PodIP(ctx, pod)
+		}})
 	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

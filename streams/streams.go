@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,13 +48,21 @@ type Request struct {
 	Encoding string   `json:"encoding"`
 }
 
-// Result is what a finished stream carried: the encoded bytes and their
-// SHA-256, as the destination received them.
+// Result is what a finished stream carried. A relayed stream reports the
+// encoded bytes and their SHA-256 as the destination received them; a
+// direct (p2p) one never passes through jetway, so it reports neither.
 type Result struct {
-	Bytes   int64   `json:"bytes"`
-	SHA256  string  `json:"sha256"`
+	Mode    string  `json:"mode"` // "relay" or "p2p"
+	Bytes   int64   `json:"bytes,omitempty"`
+	SHA256  string  `json:"sha256,omitempty"`
 	Seconds float64 `json:"seconds"`
 }
+
+// Stream modes.
+const (
+	ModeRelay = "relay"
+	ModeP2P   = "p2p"
+)
 
 // Error says which side of a stream failed.
 type Error struct {
@@ -71,6 +81,9 @@ type Options struct {
 	Dialer *portforward.Dialer
 	// Namespace returns a target's namespace.
 	Namespace func(target string) (string, error)
+	// PodIP returns a pod's IP; with it, streams within one target ask the
+	// source to push straight to the destination (stream-p2p-out).
+	PodIP func(ctx context.Context, target, pod string) (string, error)
 	// BufferSize is the copy buffer of one stream; default 1 MiB.
 	BufferSize int
 	// StallTimeout aborts a stream when no bytes move for this long (a hung
@@ -156,6 +169,17 @@ func (s *Streamer) Stream(ctx context.Context, req Request) (Result, error) {
 		req.Encoding = "raw"
 	}
 	start := time.Now()
+	if req.From.Target == req.To.Target && s.opts.PodIP != nil {
+		err := s.p2p(ctx, req)
+		if err == nil {
+			return Result{Mode: ModeP2P, Seconds: time.Since(start).Seconds()}, nil
+		}
+		if ctx.Err() != nil {
+			return Result{}, &Error{Side: "source", Err: err}
+		}
+		s.opts.Logger.Warn("direct stream failed; relaying", "target", req.From.Target,
+			"from", req.From.Pod, "to", req.To.Pod, "error", err.Error())
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -199,7 +223,36 @@ func (s *Streamer) Stream(ctx context.Context, req Request) (Result, error) {
 	case dstErr != nil:
 		return Result{}, &Error{Side: "destination", Err: dstErr}
 	}
-	return Result{Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil)), Seconds: time.Since(start).Seconds()}, nil
+	return Result{Mode: ModeRelay, Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil)), Seconds: time.Since(start).Seconds()}, nil
+}
+
+// p2p asks the source pod to push the volume straight to the destination
+// pod's stream-in (pods of one target reach each other).
+func (s *Streamer) p2p(ctx context.Context, req Request) error {
+	ip, err := s.opts.PodIP(ctx, req.To.Target, req.To.Pod)
+	if err != nil {
+		return err
+	}
+	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
+		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
+	u, err := s.volumeURL(req.From, "stream-p2p-out")
+	if err != nil {
+		return err
+	}
+	u += "&" + url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}.Encode()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
+	}
+	return nil
 }
 
 // relay copies src into dst through buf, hashing what passes and telling

@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,8 +13,10 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -256,3 +259,20 @@ func (m Metadata) validate() error {
 // Hash identifies the content of the target's entry (kubeconfig, metadata,
 // referenced files): equal hashes, same target definition.
 func (c *Config) Hash() string { return c.hash }
+
+// PodIP reads a pod's IP in the target's namespace. The client shares
+// client-go's cached transport for the target's cluster.
+func (c *Config) PodIP(ctx context.Context, pod string) (string, error) {
+	core, err := corev1client.NewForConfig(c.REST)
+	if err != nil {
+		return "", err
+	}
+	p, err := core.Pods(c.Meta.Namespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if p.Status.PodIP == "" {
+		return "", fmt.Errorf("pod %s/%s has no IP yet", c.Meta.Namespace, pod)
+	}
+	return p.Status.PodIP, nil
+}

@@ -112,6 +112,13 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 			}
 			return cfg.Meta.Namespace, nil
 		},
+		PodIP: func(ctx context.Context, target, pod string) (string, error) {
+			cfg, err := registry.Config(target)
+			if err != nil {
+				return "", err
+			}
+			return cfg.PodIP(ctx, pod)
+		},
 		Logger: logger.With("component", "streams"),
 	})
 	defer streamer.Close()
