@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
+	"time"
 
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
@@ -12,8 +14,16 @@ import (
 
 // Streamer is what the API asks of the streams package.
 type Streamer interface {
-	Stream(ctx context.Context, req streams.Request) (streams.Result, error)
+	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error)
 }
+
+// NDJSON is the media type of a stream's progress answer: with
+// Accept: application/x-ndjson, POST /api/v1/streams answers 200 at once,
+// then one {"bytes", "seconds"} line every progressEvery, then a last line
+// {"result": {...}} or {"error": "...", "side": "..."}.
+const NDJSON = "application/x-ndjson"
+
+const progressEvery = 500 * time.Millisecond
 
 // createStream copies a volume between step pods and answers with the
 // bytes carried and their SHA-256, or an error naming the side that failed.
@@ -33,7 +43,11 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := s.opts.Streams.Stream(r.Context(), req)
+	if strings.Contains(r.Header.Get("Accept"), NDJSON) {
+		s.streamWithProgress(w, r, req)
+		return
+	}
+	res, err := s.opts.Streams.Stream(r.Context(), req, nil)
 	var serr *streams.Error
 	switch {
 	case err == nil:
@@ -44,7 +58,7 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
 	case errors.As(err, &serr):
 		s.opts.Logger.Warn("stream failed", "side", serr.Side, "error", err.Error())
-		writeJSON(w, http.StatusBadGateway, streamError{Error: err.Error(), Side: serr.Side})
+		writeJSON(w, http.StatusBadGateway, streamError{Error: serr.Err.Error(), Side: serr.Side})
 	default:
 		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
 	}
@@ -53,4 +67,56 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 type streamError struct {
 	Error string `json:"error"`
 	Side  string `json:"side"`
+}
+
+// ProgressLine is one line of an NDJSON stream answer.
+type ProgressLine struct {
+	Bytes   int64           `json:"bytes,omitempty"`
+	Seconds float64         `json:"seconds,omitempty"`
+	Result  *streams.Result `json:"result,omitempty"`
+	Error   string          `json:"error,omitempty"`
+	Side    string          `json:"side,omitempty"`
+}
+
+func (s *Server) streamWithProgress(w http.ResponseWriter, r *http.Request, req streams.Request) {
+	w.Header().Set("Content-Type", NDJSON)
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	flush := func(line ProgressLine) {
+		_ = enc.Encode(line)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	var progress streams.Progress
+	start := time.Now()
+	done := make(chan struct{})
+	var (
+		res streams.Result
+		err error
+	)
+	go func() {
+		defer close(done)
+		res, err = s.opts.Streams.Stream(r.Context(), req, &progress)
+	}()
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	for running := true; running; {
+		select {
+		case <-tick.C:
+			flush(ProgressLine{Bytes: progress.Load(), Seconds: time.Since(start).Seconds()})
+		case <-done:
+			running = false
+		}
+	}
+	var serr *streams.Error
+	switch {
+	case err == nil:
+		flush(ProgressLine{Result: &res})
+	case errors.As(err, &serr):
+		s.opts.Logger.Warn("stream failed", "side", serr.Side, "error", err.Error())
+		flush(ProgressLine{Error: serr.Err.Error(), Side: serr.Side})
+	default:
+		flush(ProgressLine{Error: err.Error()})
+	}
 }

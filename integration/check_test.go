@@ -2,8 +2,11 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,11 +30,8 @@ func TestCheckCommand(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "good.kubeconfig"), good.Kubeconfig)
 
-	bin := filepath.Join(t.TempDir(), "gateway")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/jetway-ci/jetway/cmd/gateway").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-
-	out, err = exec.CommandContext(ctx, bin, "check", dir).CombinedOutput()
+	bin := gatewayBinary(t)
+	out, err := exec.CommandContext(ctx, bin, "check", dir).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Regexp(t, `good\s+check-good\s+`+c.Server+`\s+ok\s+-`, string(out))
 
@@ -43,4 +43,29 @@ func TestCheckCommand(t *testing.T) {
 	assert.Regexp(t, `weak\s+check-weak\s+\S+\s+UNUSABLE\s+missing permissions: get pods/log, create pods/portforward, get pods/portforward, get configmaps, `, string(out))
 	assert.Contains(t, string(out), "1 of 2 targets unusable")
 	assert.NotContains(t, string(out), good.Token)
+}
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// gatewayBinary builds the gateway once per test run, for CLI tests.
+func gatewayBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "jetway-gateway-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "gateway")
+		out, err := exec.Command("go", "build", "-o", builtBin, "github.com/jetway-ci/jetway/cmd/gateway").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("%v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return builtBin
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -31,6 +32,9 @@ func runMain(m *testing.M) int {
 	}
 	defer cluster.StopAll(clusters)
 	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(filepath.Dir(builtBin))
+	}
 	if code != 0 {
 		for _, c := range clusters {
 			fmt.Fprintf(os.Stderr, "logs of cluster %s:\n%s\n", c.Name, c.Logs(30))

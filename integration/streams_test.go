@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -152,6 +153,17 @@ func TestStreamsAcrossClusters(t *testing.T) {
 		assert.True(t, bytes.Equal(data, got), enc)
 	}
 	assert.Contains(t, scrape(t, sg.g.reg), "jetway_portforward_connections 2\n", "one connection per pod")
+
+	// The CLI, as an operator runs it.
+	require.NoError(t, os.MkdirAll(sg.dst.Path("cli"), 0o755))
+	out, err := exec.CommandContext(ctx, gatewayBinary(t), "stream", "--url", sg.g.base,
+		"--from", "st-a/src/artifact:out", "--to", "st-c/dst/cli:in", "--encoding", "raw", "--size", "256Ki").Output()
+	require.NoError(t, err, "%s", out)
+	assert.Regexp(t, `^streamed 25\d\.\d KiB in \d+\.\ds \(.+/s\), sha256 `+want+"\n$", string(out))
+	out, err = exec.CommandContext(ctx, gatewayBinary(t), "stream", "--url", sg.g.base,
+		"--from", "st-a/src/missing:out", "--to", "st-c/dst/cli:in").CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), `stream failed on the source side: stream-out src/missing: 404 Not Found: volume "missing" not found`)
 }
 
 // TestStreamFailures: a source killed mid-stream, an API server restarted

@@ -159,9 +159,14 @@ func (s *Streamer) volumeURL(e Endpoint, op string) (string, error) {
 	return u.String(), nil
 }
 
+// Progress counts the bytes a relayed stream has carried so far; callers
+// read it while Stream runs.
+type Progress struct{ atomic.Int64 }
+
 // Stream copies req.From into req.To and returns what was carried.
-// Cancelling ctx cancels both sides.
-func (s *Streamer) Stream(ctx context.Context, req Request) (Result, error) {
+// Cancelling ctx cancels both sides. progress, if set, counts relayed
+// bytes as they pass.
+func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) (Result, error) {
 	if err := req.validate(); err != nil {
 		return Result{}, err
 	}
@@ -201,7 +206,7 @@ func (s *Streamer) Stream(ctx context.Context, req Request) (Result, error) {
 		defer close(copied)
 		buf := s.bufs.Get().(*[]byte)
 		defer s.bufs.Put(buf)
-		n, srcErr = relay(pw, src, hash, *buf, wd)
+		n, srcErr = relay(pw, src, hash, *buf, wd, progress)
 		if errors.Is(srcErr, errDestinationDone) {
 			srcErr = nil // the destination answered first; its error decides
 		}
@@ -257,7 +262,7 @@ func (s *Streamer) p2p(ctx context.Context, req Request) error {
 
 // relay copies src into dst through buf, hashing what passes and telling
 // the watchdog which side it waits on.
-func relay(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdog) (int64, error) {
+func relay(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdog, progress *Progress) (int64, error) {
 	var n int64
 	for {
 		wd.enter(phaseReading)
@@ -267,6 +272,9 @@ func relay(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdo
 			wd.enter(phaseWriting)
 			nw, werr := dst.Write(buf[:nr])
 			n += int64(nw)
+			if progress != nil {
+				progress.Add(int64(nw))
+			}
 			if werr != nil {
 				// The pipe only fails once the destination's request ended:
 				// its error is the one to report.

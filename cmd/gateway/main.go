@@ -42,6 +42,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		lifecycleCommand("land", "landed", "Land a worker: it takes no new work and becomes landed once its step pods finish"),
 		lifecycleCommand("retire", "retiring", "Retire a worker: land it, delete everything jetway created on it, forget it"),
 		lifecycleCommand("prune", "pruned", "Forget a worker that is not running until its health next succeeds"),
+		streamCommand(),
 		versionCommand())
 
 	err := root.Execute()

@@ -188,7 +188,7 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.Fatal(err)
 	}
-	_, err = s.Stream(ctx, req)
+	_, err = s.Stream(ctx, req, nil)
 	pprof.StopCPUProfile()
 	f.Close()
 	if err != nil {
