@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -224,6 +225,26 @@ func TestStreamFailures(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("client cancels", func(t *testing.T) {
+		src2.Rate = 4 << 20
+		defer func() { src2.Rate = 0 }()
+		require.NoError(t, os.MkdirAll(sg.dst.Path("cancelled"), 0o755))
+		body, _ := json.Marshal(sg.request("sf", "big", "cancelled", "raw"))
+		cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer ccancel()
+		hreq, _ := http.NewRequestWithContext(cctx, http.MethodPost, sg.g.base+"/api/v1/streams", bytes.NewReader(body))
+		_, err := http.DefaultClient.Do(hreq)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		eventually(t, 5*time.Second, func() error {
+			if !strings.Contains(sg.g.logs.String(), "context canceled") {
+				return fmt.Errorf("gateway did not abort the stream")
+			}
+			return nil
+		})
+		_, err = os.Stat(filepath.Join(sg.dst.Path("cancelled"), "in"))
+		assert.True(t, os.IsNotExist(err), "a cancelled stream lands nothing")
 	})
 
 	t.Run("deleted pod", func(t *testing.T) {
