@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -103,29 +102,9 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	})
 	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
-	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger,
-		Resolve: func(target string) (*rest.Config, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return nil, err
-			}
-			return cfg.REST, nil
-		}})
+	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger, Resolve: registry.REST})
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
-		Namespace: func(target string) (string, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return "", err
-			}
-			return cfg.Meta.Namespace, nil
-		},
-		PodIP: func(ctx context.Context, target, pod string) (string, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return "", err
-			}
-			return cfg.PodIP(ctx, pod)
-		}})
+		Namespace: registry.Namespace, PodIP: registry.PodIP})
 	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/client-go/rest"
 )
 
 // State is a target's Concourse worker state.
@@ -479,4 +481,32 @@ func (r *Registry) Config(name string) (*Config, error) {
 		return nil, errors.Join(ErrInvalidEntry, rec.entryErr)
 	}
 	return rec.cfg, nil
+}
+
+// REST returns the client configuration of a target, for the port-forward
+// dialer.
+func (r *Registry) REST(name string) (*rest.Config, error) {
+	cfg, err := r.Config(name)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.REST, nil
+}
+
+// Namespace returns a target's namespace.
+func (r *Registry) Namespace(name string) (string, error) {
+	cfg, err := r.Config(name)
+	if err != nil {
+		return "", err
+	}
+	return cfg.Meta.Namespace, nil
+}
+
+// PodIP returns the IP of a pod of a target.
+func (r *Registry) PodIP(ctx context.Context, name, pod string) (string, error) {
+	cfg, err := r.Config(name)
+	if err != nil {
+		return "", err
+	}
+	return cfg.PodIP(ctx, pod)
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/jetway-ci/jetway/api"
@@ -93,33 +92,15 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger: logger.With("component", "targets-source"),
 	}, registry.Apply)
 	dialer := portforward.New(portforward.Options{
-		Resolve: func(target string) (*rest.Config, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return nil, err
-			}
-			return cfg.REST, nil
-		},
+		Resolve: registry.REST,
 		Metrics: portforward.NewMetrics(reg),
 		Logger:  logger.With("component", "portforward"),
 	})
 	streamer := streams.New(streams.Options{
-		Dialer: dialer,
-		Namespace: func(target string) (string, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return "", err
-			}
-			return cfg.Meta.Namespace, nil
-		},
-		PodIP: func(ctx context.Context, target, pod string) (string, error) {
-			cfg, err := registry.Config(target)
-			if err != nil {
-				return "", err
-			}
-			return cfg.PodIP(ctx, pod)
-		},
-		Logger: logger.With("component", "streams"),
+		Dialer:    dialer,
+		Namespace: registry.Namespace,
+		PodIP:     registry.PodIP,
+		Logger:    logger.With("component", "streams"),
 	})
 	defer streamer.Close()
 	server := api.New(api.Options{
