@@ -51,6 +51,14 @@ func (c *Cluster) CreateTarget(ctx context.Context, opts TargetOptions) (*Target
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace %s: %w", ns, err)
 	}
+	// Pods are refused until the controller manager has created the new
+	// namespace's default service account.
+	if err := poll(ctx, c.controllerManager, "service account "+ns+"/default", func(ctx context.Context) (bool, error) {
+		_, err := core.ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, ignoreNotFound(err)
+	}); err != nil {
+		return nil, err
+	}
 	meta := metav1.ObjectMeta{Name: sa, Namespace: ns}
 	if _, err := core.ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: meta}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create service account %s/%s: %w", ns, sa, err)
