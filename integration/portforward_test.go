@@ -23,43 +23,14 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// startEcho serves lines back, prefixed, to every connection. Its cleanup
-// closes the connections it accepted: kwok keeps its side of a forwarded
-// connection open after the stream ends.
+// startEcho serves lines back, prefixed, to every connection.
 func startEcho(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	wg.Go(func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
-			wg.Go(func() {
-				defer conn.Close()
-				sc := bufio.NewScanner(conn)
-				for sc.Scan() {
-					fmt.Fprintf(conn, "echo %s\n", sc.Text())
-				}
-			})
+	ln := serveTCP(t, func(conn net.Conn) {
+		defer conn.Close()
+		sc := bufio.NewScanner(conn)
+		for sc.Scan() {
+			fmt.Fprintf(conn, "echo %s\n", sc.Text())
 		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
 	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,24 +92,49 @@ func TestGroundIsReal(t *testing.T) {
 	})
 }
 
-// startGreeter serves one line naming its address to every connection.
-func startGreeter(t *testing.T) net.Listener {
+// serveTCP runs handle for every connection to a new loopback listener.
+// Cleanup closes the listener and every accepted connection (kwok keeps
+// its side of a forwarded connection open after the stream ends) and
+// waits for the handlers.
+func serveTCP(t *testing.T, handle func(net.Conn)) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() {
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			fmt.Fprintf(conn, "hello from %s\n", ln.Addr())
-			conn.Close()
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() { handle(conn) })
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	return ln
+}
+
+// startGreeter serves one line naming its address to every connection.
+func startGreeter(t *testing.T) net.Listener {
+	return serveTCP(t, func(conn net.Conn) {
+		fmt.Fprintf(conn, "hello from %s\n", conn.LocalAddr())
+		conn.Close()
+	})
 }
 
 func restConfig(t *testing.T, kubeconfig []byte) *rest.Config {

@@ -392,29 +392,7 @@ func TestSlowTargetDelaysNoOther(t *testing.T) {
 	c := clusters[0]
 	ok, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "slow-ok", Rules: targets.RBACRules(targets.Required)})
 	require.NoError(t, err)
-	blackhole, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var held []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			conn, err := blackhole.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, conn)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		blackhole.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	})
+	blackhole := serveTCP(t, func(net.Conn) {}) // accepts, never answers
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ok.kubeconfig"), ok.Kubeconfig)
