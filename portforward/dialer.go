@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"path"
 	"strconv"
 	"sync"
 	"time"
@@ -20,9 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/portforward"
-	"k8s.io/client-go/transport/spdy"
-	streamhttp "k8s.io/streaming/pkg/httpstream"
 )
 
 // Transport names, the label values of the dial metrics.
@@ -40,10 +35,19 @@ type Options struct {
 	// IdleTimeout closes a pod connection without streams for this long;
 	// default 90s.
 	IdleTimeout time.Duration
+	// DialTimeout bounds one connection upgrade: connecting, TLS, and the
+	// API server's answer (which waits on the kubelet). Healthy upgrades
+	// take milliseconds; the default, 30s, rides out a loaded API server
+	// while freeing the pod for a new attempt long before anyone gives up
+	// on a hung one. client-go sets no bound at all; gorilla/websocket's
+	// own default handshake timeout is 45s.
+	DialTimeout time.Duration
 	// SPDYOnly skips WebSocket (tests, or servers known to need SPDY).
 	SPDYOnly bool
-	Metrics  *Metrics
-	Logger   *slog.Logger
+	// Now is the clock for idle accounting; default time.Now.
+	Now     func() time.Time
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // Dialer dials pods' ports through their API servers. Start runs its
@@ -51,11 +55,16 @@ type Options struct {
 // for idleness while Start runs.
 type Dialer struct {
 	opts Options
+	life context.Context // ends when Start returns; bounds every upgrade
+	end  context.CancelFunc
 
 	mu     sync.Mutex
 	conns  map[podKey]*podConn
 	closed bool
 	wg     sync.WaitGroup
+
+	upgradeFn      func(ctx context.Context, key podKey) (httpstream.Connection, string, error)
+	hookIdlePicked func() // tests: runs between closeIdle's choice and its closing
 }
 
 type podKey struct{ target, namespace, pod string }
@@ -72,6 +81,7 @@ type podConn struct {
 
 	mu       sync.Mutex
 	active   int
+	closing  bool // closeIdle chose it: no new streams
 	lastUsed time.Time
 	nextID   int
 }
@@ -84,14 +94,23 @@ func New(opts Options) *Dialer {
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 90 * time.Second
 	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 30 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Dialer{opts: opts, conns: map[podKey]*podConn{}}
+	d := &Dialer{opts: opts, conns: map[podKey]*podConn{}}
+	d.life, d.end = context.WithCancel(context.Background())
+	d.upgradeFn = d.upgrade
+	return d
 }
 
-// Start closes idle connections until ctx ends, then closes every
-// connection and waits for their supervisors.
+// Start closes idle connections until ctx ends, then cancels upgrades in
+// flight, closes every connection and waits for their supervisors.
 func (d *Dialer) Start(ctx context.Context) error {
 	tick := time.NewTicker(d.opts.IdleTimeout / 4)
 	defer tick.Stop()
@@ -106,53 +125,122 @@ func (d *Dialer) Start(ctx context.Context) error {
 	}
 }
 
+// close stops new dials and ends d.life: each supervisor then cancels its
+// upgrade or closes its connection. It waits for them.
 func (d *Dialer) close() {
 	d.mu.Lock()
 	d.closed = true
-	conns := make([]*podConn, 0, len(d.conns))
-	for _, pc := range d.conns {
-		conns = append(conns, pc)
-	}
 	d.mu.Unlock()
-	for _, pc := range conns {
-		<-pc.ready
-		if pc.conn != nil {
-			_ = pc.conn.Close()
-		}
-	}
+	d.end()
 	d.wg.Wait()
 }
 
+// closeIdle closes connections idle past IdleTimeout. A chosen connection
+// is marked closing and forgotten under the locks, so no Dial gets a
+// stream on it from then on: the next Dial to its pod dials afresh.
 func (d *Dialer) closeIdle() {
-	now := time.Now()
+	now := d.opts.Now()
 	d.mu.Lock()
 	var idle []*podConn
-	for _, pc := range d.conns {
-		select {
-		case <-pc.ready:
-		default:
-			continue
-		}
-		pc.mu.Lock()
-		if pc.conn != nil && pc.active == 0 && now.Sub(pc.lastUsed) > d.opts.IdleTimeout {
+	for key, pc := range d.conns {
+		if pc.closeIfIdle(now, d.opts.IdleTimeout) {
+			delete(d.conns, key)
 			idle = append(idle, pc)
 		}
-		pc.mu.Unlock()
 	}
 	d.mu.Unlock()
+	if d.hookIdlePicked != nil && len(idle) > 0 {
+		d.hookIdlePicked()
+	}
 	for _, pc := range idle {
 		d.opts.Logger.Debug("closing idle port-forward connection", "pod", pc.key.String())
-		_ = pc.conn.Close() // its supervisor forgets it
+		_ = pc.conn.Close() // its supervisor records the close
 	}
 }
 
-// connection returns the pod's live connection, dialing it if needed;
-// concurrent callers share one dial.
-func (d *Dialer) connection(ctx context.Context, key podKey) (*podConn, error) {
+// closeIfIdle marks pc closing if it is dialed and has had no streams for
+// longer than timeout.
+func (pc *podConn) closeIfIdle(now time.Time, timeout time.Duration) bool {
+	select {
+	case <-pc.ready:
+	default:
+		return false
+	}
+	if pc.conn == nil {
+		return false
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.active > 0 || now.Sub(pc.lastUsed) <= timeout {
+		return false
+	}
+	pc.closing = true
+	return true
+}
+
+// acquire counts a new stream on pc and returns its request ID, unless pc
+// is closing.
+func (pc *podConn) acquire() (string, bool) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.closing {
+		return "", false
+	}
+	pc.active++
+	pc.nextID++
+	return strconv.Itoa(pc.nextID), true
+}
+
+func (pc *podConn) release(now time.Time) {
+	pc.mu.Lock()
+	pc.active--
+	pc.lastUsed = now
+	pc.mu.Unlock()
+}
+
+// dead reports whether pc's connection has closed.
+func (pc *podConn) dead() bool {
+	select {
+	case <-pc.conn.CloseChan():
+		return true
+	default:
+		return false
+	}
+}
+
+// connection returns the pod's live connection with a stream acquired on
+// it, dialing it if needed; concurrent callers share one dial. ctx bounds
+// the caller's wait, not the dial, which outlives this call.
+func (d *Dialer) connection(ctx context.Context, key podKey) (*podConn, string, error) {
+	for {
+		pc, err := d.podConn(key)
+		if err != nil {
+			return nil, "", err
+		}
+		select {
+		case <-pc.ready:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, "", fmt.Errorf("dial %s: timed out waiting for the port-forward upgrade: %w", key, ctx.Err())
+			}
+			return nil, "", fmt.Errorf("dial %s: %w", key, ctx.Err())
+		}
+		if pc.err != nil {
+			return nil, "", pc.err
+		}
+		if id, ok := pc.acquire(); ok {
+			return pc, id, nil
+		}
+		// closeIdle took it after it was ready, and forgot it: dial anew.
+	}
+}
+
+// podConn returns the pod's connection, starting its dial if there is none.
+func (d *Dialer) podConn(key podKey) (*podConn, error) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.closed {
-		d.mu.Unlock()
-		return nil, ErrClosed
+		return nil, fmt.Errorf("dial %s: %w", key, ErrClosed)
 	}
 	pc, ok := d.conns[key]
 	if !ok {
@@ -160,40 +248,53 @@ func (d *Dialer) connection(ctx context.Context, key podKey) (*podConn, error) {
 		d.conns[key] = pc
 		d.wg.Go(func() { d.dial(pc) })
 	}
-	d.mu.Unlock()
-	select {
-	case <-pc.ready:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("dial %s: %w", key, ctx.Err())
-	}
-	if pc.err != nil {
-		return nil, pc.err
-	}
 	return pc, nil
 }
 
 // dial upgrades a connection for pc, then supervises it: when it closes,
 // for whatever reason, it is forgotten so the next Dial opens a new one.
-// It is not tied to the ctx of the Dial that caused it: the connection
-// outlives that call.
+// The upgrade is bounded by DialTimeout and the Dialer's life, not by the
+// ctx of the Dial that caused it: the connection outlives that call.
 func (d *Dialer) dial(pc *podConn) {
-	start := time.Now()
-	conn, transport, err := d.upgrade(pc.key)
-	d.opts.Metrics.dialed(transport, err, time.Since(start))
+	start := d.opts.Now()
+	ctx, cancel := context.WithTimeout(d.life, d.opts.DialTimeout)
+	conn, transport, err := d.upgradeFn(ctx, pc.key)
+	switch {
+	case err == nil:
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || deadlinePassed(ctx):
+		err = fmt.Errorf("dial %s: port-forward upgrade timed out after %s: %w", pc.key, d.opts.DialTimeout, context.DeadlineExceeded)
+	case d.life.Err() != nil:
+		err = fmt.Errorf("dial %s: %w", pc.key, ErrClosed)
+	default:
+		err = fmt.Errorf("dial %s: %w", pc.key, err)
+	}
+	cancel()
+	d.opts.Metrics.dialed(transport, err, d.opts.Now().Sub(start))
 	if err != nil {
-		pc.err = fmt.Errorf("dial %s: %w", pc.key, err)
+		pc.err = err
 		d.forget(pc)
 		close(pc.ready)
 		return
 	}
-	pc.conn, pc.transport, pc.lastUsed = conn, transport, time.Now()
+	pc.conn, pc.transport, pc.lastUsed = conn, transport, d.opts.Now()
 	close(pc.ready)
 	d.opts.Metrics.opened()
 	d.opts.Logger.Debug("port-forward connection open", "pod", pc.key.String(), "transport", transport)
-	<-conn.CloseChan()
+	select {
+	case <-conn.CloseChan():
+	case <-d.life.Done():
+		_ = conn.Close()
+	}
 	d.forget(pc)
 	d.opts.Metrics.closed()
 	d.opts.Logger.Debug("port-forward connection closed", "pod", pc.key.String())
+}
+
+// deadlinePassed reports whether ctx's deadline has passed; a connection
+// deadline gorilla/websocket derives from it can fire before ctx's timer.
+func deadlinePassed(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && !time.Now().Before(deadline)
 }
 
 func (d *Dialer) forget(pc *podConn) {
@@ -204,88 +305,36 @@ func (d *Dialer) forget(pc *podConn) {
 	d.mu.Unlock()
 }
 
-// upgrade opens the pod's port-forward connection: WebSocket first, then
-// SPDY when the server refuses the WebSocket upgrade.
-func (d *Dialer) upgrade(key podKey) (httpstream.Connection, string, error) {
-	cfg, err := d.opts.Resolve(key.target)
-	if err != nil {
-		return nil, "", err
-	}
-	u, err := url.Parse(cfg.Host)
-	if err != nil {
-		return nil, "", fmt.Errorf("API server URL: %w", err)
-	}
-	u.Path = path.Join("/", u.Path, "api/v1/namespaces", key.namespace, "pods", key.pod, "portforward")
-	rt, upgrader, err := spdy.RoundTripperFor(cfg)
-	if err != nil {
-		return nil, "", err
-	}
-	spdyDialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
-	if d.opts.SPDYOnly {
-		conn, _, err := spdyDialer.Dial(portforward.PortForwardProtocolV1Name)
-		return conn, TransportSPDY, err
-	}
-	wsDialer, err := portforward.NewSPDYOverWebsocketDialer(u, cfg)
-	if err != nil {
-		return nil, "", err
-	}
-	conn, _, err := wsDialer.Dial(portforward.PortForwardProtocolV1Name)
-	if err == nil || !shouldFallback(err) {
-		return conn, TransportWebSocket, err
-	}
-	d.opts.Logger.Info("API server refused the WebSocket port-forward; using SPDY", "pod", key.String(), "error", err.Error())
-	conn, _, err = spdyDialer.Dial(portforward.PortForwardProtocolV1Name)
-	return conn, TransportSPDY, err
-}
-
-// shouldFallback reports whether a WebSocket dial failed for want of
-// WebSocket support. client-go's WebSocket transport returns
-// k8s.io/streaming's UpgradeFailureError, which apimachinery's
-// IsUpgradeFailure (what older code checks) does not match: check both.
-func shouldFallback(err error) bool {
-	return streamhttp.IsUpgradeFailure(err) || httpstream.IsUpgradeFailure(err) ||
-		streamhttp.IsHTTPSProxyError(err) || httpstream.IsHTTPSProxyError(err)
-}
-
 // Dial connects to port of the pod namespace/pod on target, through the
 // target's API server. The connection is a stream on the pod's shared
-// upgraded connection; closing it leaves the others alone.
+// upgraded connection; closing it leaves the others alone, and so does a
+// stream that fails to open.
 func (d *Dialer) Dial(ctx context.Context, target, namespace, pod string, port int) (*Conn, error) {
 	key := podKey{target: target, namespace: namespace, pod: pod}
 	for attempt := 0; ; attempt++ {
-		pc, err := d.connection(ctx, key)
+		pc, id, err := d.connection(ctx, key)
 		if err != nil {
 			d.opts.Metrics.stream(err)
 			return nil, err
 		}
-		c, err := d.open(pc, port)
+		c, err := d.open(pc, id, port)
 		if err == nil {
 			d.opts.Metrics.stream(nil)
 			return c, nil
 		}
-		// The shared connection died under us: drop it and dial once more.
-		_ = pc.conn.Close()
-		d.forget(pc)
-		if attempt > 0 {
+		err = fmt.Errorf("dial %s:%d: %w", key, port, err)
+		if attempt > 0 || !pc.dead() {
 			d.opts.Metrics.stream(err)
-			return nil, fmt.Errorf("dial %s:%d: %w", key, port, err)
+			return nil, err
 		}
+		// The shared connection died under us: forget it and dial once more.
+		d.forget(pc)
 	}
 }
 
-// open creates the error and data streams of one forwarded connection.
-func (d *Dialer) open(pc *podConn, port int) (*Conn, error) {
-	pc.mu.Lock()
-	pc.nextID++
-	id := strconv.Itoa(pc.nextID)
-	pc.active++
-	pc.mu.Unlock()
-	release := func() {
-		pc.mu.Lock()
-		pc.active--
-		pc.lastUsed = time.Now()
-		pc.mu.Unlock()
-	}
+// open creates the error and data streams of forwarded connection id.
+func (d *Dialer) open(pc *podConn, id string, port int) (*Conn, error) {
+	release := func() { pc.release(d.opts.Now()) }
 	h := http.Header{}
 	h.Set(corev1.StreamType, corev1.StreamTypeError)
 	h.Set(corev1.PortHeader, strconv.Itoa(port))
@@ -299,6 +348,7 @@ func (d *Dialer) open(pc *podConn, port int) (*Conn, error) {
 	h.Set(corev1.StreamType, corev1.StreamTypeData)
 	data, err := pc.conn.CreateStream(h)
 	if err != nil {
+		_ = errStream.Reset()
 		pc.conn.RemoveStreams(errStream)
 		release()
 		return nil, fmt.Errorf("create data stream: %w", err)

@@ -1,6 +1,8 @@
 package portforward
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_portforward_dials_total",
-			Help: "Port-forward connection upgrades, by transport and result.",
+			Help: "Port-forward connection upgrades, by transport and result (ok, timeout, cancelled, error).",
 		}, []string{"transport", "result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetway_portforward_dial_seconds",
@@ -38,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_portforward_streams_total",
-			Help: "Forwarded connections opened, by result.",
+			Help: "Forwarded connections opened, by result (ok, timeout, cancelled, error).",
 		}, []string{"result"}),
 		bytesIn:  bytes.WithLabelValues("read"),
 		bytesOut: bytes.WithLabelValues("written"),
@@ -47,11 +49,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// result is the result label: ok, timeout (the upgrade's DialTimeout or
+// the caller's deadline passed), cancelled (the caller gave up or the
+// Dialer stopped) or error.
 func result(err error) string {
-	if err != nil {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
+		return "cancelled"
+	default:
 		return "error"
 	}
-	return "ok"
 }
 
 func (m *Metrics) dialed(transport string, err error, took time.Duration) {
