@@ -23,14 +23,17 @@ type Conn struct {
 	errs    httpstream.Stream
 	metrics *Metrics
 
-	remoteErr chan error // the error stream's verdict, once
+	remoteErr chan error    // the error stream's verdict, once
+	readerEnd chan struct{} // closed when the error stream's reader ends
 	closeOnce sync.Once
 	release   func()
 }
 
 func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metrics, release func()) *Conn {
-	c := &Conn{pc: pc, port: port, data: data, errs: errStream, metrics: m, remoteErr: make(chan error, 1), release: release}
-	go func() {
+	c := &Conn{pc: pc, port: port, data: data, errs: errStream, metrics: m,
+		remoteErr: make(chan error, 1), readerEnd: make(chan struct{}), release: release}
+	go func() { // ends when the kubelet closes the error stream, or Close resets it
+		defer close(c.readerEnd)
 		msg, err := io.ReadAll(errStream)
 		switch {
 		case len(msg) > 0:
@@ -43,6 +46,13 @@ func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metric
 	}()
 	return c
 }
+
+// verdictGrace is how long Read, at the end of the data stream, waits for
+// the kubelet's verdict on the error stream. The two streams are
+// independent, so an error the kubelet wrote as it closed the data stream
+// can arrive just after its end; a clean end sends no verdict until the
+// error stream closes, so the wait is bounded and short.
+const verdictGrace = 100 * time.Millisecond
 
 // ErrConnectionLost means the pod's port-forward connection died while a
 // stream was open (API server restart, network cut): data may be missing.
@@ -58,21 +68,29 @@ func (c *Conn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	if errors.Is(err, io.EOF) {
-		select {
-		case rerr := <-c.remoteErr:
-			c.remoteErr <- rerr
-			if rerr != nil {
-				return n, rerr
-			}
-		case <-time.After(100 * time.Millisecond):
+		if rerr := c.verdict(); rerr != nil {
+			return n, rerr
 		}
-		select {
-		case <-c.pc.conn.CloseChan():
+		if c.pc.dead() {
 			return n, fmt.Errorf("pod %s port %d: %w", c.pc.key, c.port, ErrConnectionLost)
-		default:
 		}
 	}
 	return n, err
+}
+
+// verdict waits up to verdictGrace for the error stream's verdict; it
+// stops waiting early when the shared connection dies.
+func (c *Conn) verdict() error {
+	grace := time.NewTimer(verdictGrace)
+	defer grace.Stop()
+	select {
+	case rerr := <-c.remoteErr:
+		c.remoteErr <- rerr
+		return rerr
+	case <-c.pc.conn.CloseChan():
+	case <-grace.C:
+	}
+	return nil
 }
 
 // Write writes to the pod.
@@ -80,10 +98,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 	n, err := c.data.Write(p)
 	c.metrics.wrote(n)
 	if err != nil {
-		select {
-		case <-c.pc.conn.CloseChan():
+		if c.pc.dead() {
 			err = fmt.Errorf("pod %s port %d: %w: %w", c.pc.key, c.port, ErrConnectionLost, err)
-		default:
 		}
 	}
 	return n, err
@@ -92,12 +108,13 @@ func (c *Conn) Write(p []byte) (int, error) {
 // CloseWrite tells the pod no more data comes, keeping the read side open.
 func (c *Conn) CloseWrite() error { return c.data.Close() }
 
-// Close ends the stream (both directions); the pod's shared connection
-// stays for other streams.
+// Close ends the stream (both directions) and waits for its error-stream
+// reader; the pod's shared connection stays for other streams.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		_ = c.data.Reset()
 		_ = c.errs.Reset()
+		<-c.readerEnd
 		c.pc.conn.RemoveStreams(c.data, c.errs)
 		c.release()
 	})
