@@ -171,13 +171,16 @@ func TestDialerErrors(t *testing.T) {
 	cfg := forwardTarget(ctx, t, clusters[1], "pf-errors")
 	d, _ := startDialer(t, portforward.Options{}, map[string]*rest.Config{"a": cfg})
 
-	start := time.Now()
-	_, err := d.Dial(ctx, "a", "pf-errors", "no-such-pod", 7788)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), `pods "no-such-pod" not found`)
-	assert.Less(t, time.Since(start), 5*time.Second)
+	spdy, _ := startDialer(t, portforward.Options{SPDYOnly: true}, map[string]*rest.Config{"a": cfg})
+	for _, d := range []*portforward.Dialer{d, spdy} {
+		start := time.Now()
+		_, err := d.Dial(ctx, "a", "pf-errors", "no-such-pod", 7788)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `pods "no-such-pod" not found`)
+		assert.Less(t, time.Since(start), 5*time.Second)
+	}
 
-	_, err = d.Dial(ctx, "nope", "pf-errors", "vol", 7788)
+	_, err := d.Dial(ctx, "nope", "pf-errors", "vol", 7788)
 	assert.ErrorIs(t, err, targets.ErrNotFound)
 
 	conn, err := d.Dial(ctx, "a", "pf-errors", "vol", 9999)
@@ -235,7 +238,27 @@ func TestDialerAfterAPIServerRestart(t *testing.T) {
 	})
 }
 
-// TestDialerClosesIdleConnections and serves HTTP through RoundTripper.
+// manualClock is a clock that moves only when told.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestDialerIdleAndRoundTripper serves HTTP through RoundTripper, then
+// idles the pod's connection on a manual clock: it closes once the clock
+// passes IdleTimeout, not before, whatever the wall clock does.
 func TestDialerIdleAndRoundTripper(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -251,7 +274,10 @@ func TestDialerIdleAndRoundTripper(t *testing.T) {
 	waitRunning(ctx, t, c.Client, "pf-http", createPod(ctx, t, c, "pf-http", "web"))
 	require.NoError(t, c.ForwardPodPort(ctx, "pf-http", "web", 7788, "127.0.0.1", ln.Addr().(*net.TCPAddr).Port))
 
-	d, reg := startDialer(t, portforward.Options{IdleTimeout: 400 * time.Millisecond}, map[string]*rest.Config{"a": cfg})
+	clock := &manualClock{now: time.Unix(1_000_000, 0)}
+	// A short IdleTimeout makes the supervisor check often (every
+	// IdleTimeout/4 of wall time); idleness itself is on the manual clock.
+	d, reg := startDialer(t, portforward.Options{IdleTimeout: 200 * time.Millisecond, Now: clock.Now}, map[string]*rest.Config{"a": cfg})
 	rt := d.RoundTripper()
 	defer rt.CloseIdleConnections()
 	client := &http.Client{Transport: rt}
@@ -268,7 +294,9 @@ func TestDialerIdleAndRoundTripper(t *testing.T) {
 		return nil
 	})
 	rt.CloseIdleConnections() // ends the streams; the pod connection idles
-	eventually(t, 5*time.Second, func() error {
+	assert.Contains(t, scrape(t, reg), "jetway_portforward_connections 1\n")
+	clock.Advance(time.Second)
+	eventually(t, 5*time.Second, func() error { // the supervisor's next check closes it
 		if !strings.Contains(scrape(t, reg), "jetway_portforward_connections 0\n") {
 			return errors.New("idle connection not closed")
 		}
