@@ -358,3 +358,12 @@ func ignoreNotFound(err error) error {
 	}
 	return err
 }
+
+// Forget drops the clients and notes kept for a target that left the
+// targets directory.
+func (c *Controller) Forget(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.clients, name)
+	delete(c.overdue, name)
+}

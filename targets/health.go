@@ -22,6 +22,8 @@ type Health struct {
 	Latency       time.Duration // of the readiness probe
 	Duration      time.Duration // of the whole check
 	ServerVersion string
+	// VersionAt is when ServerVersion was read from the server.
+	VersionAt time.Time
 	// Missing lists required permissions the target does not grant.
 	Missing []Permission
 	// Err says why the target could not be checked (nil when it could).
@@ -70,16 +72,13 @@ func newClient(cfg *Config) (*client, error) {
 
 // checker runs health checks.
 type checker struct {
-	timeout  time.Duration
 	required []Permission
 	now      func() time.Time
 }
 
 // check probes readiness, reads the server version when it is not known,
-// and reviews every required permission.
+// and reviews every required permission. The caller bounds it with ctx.
 func (c *checker) check(ctx context.Context, cl *client, knownVersion string) (h Health) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
 	h = Health{At: c.now(), ServerVersion: knownVersion}
 	start := time.Now()
 	defer func() { h.Duration = time.Since(start) }()
@@ -187,7 +186,9 @@ func Check(ctx context.Context, cfg *Config, timeout time.Duration) Health {
 	if err != nil {
 		return Health{At: time.Now(), Err: err, Reason: ReasonInvalid}
 	}
-	c := checker{timeout: timeout, required: Required, now: time.Now}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c := checker{required: Required, now: time.Now}
 	return c.check(ctx, cl, "")
 }
 

@@ -57,6 +57,9 @@ type Lifecycle struct {
 // controller reads and advances the target's recorded lifecycle.
 type Reconciler interface {
 	Reconcile(ctx context.Context, cfg *Config, h Health)
+	// Forget drops what the reconciler keeps for a target that left the
+	// directory.
+	Forget(name string)
 }
 
 // Status is an immutable view of one target, what the API serves.
@@ -93,25 +96,30 @@ type RegistryOptions struct {
 	Metrics  *Metrics
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// VersionRefresh re-reads the server version of a healthy target this
+	// often, so a cluster upgrade shows; default 10m.
+	VersionRefresh time.Duration
 }
 
 // Registry holds the targets, checks each on its own schedule, and hands
 // out snapshots. Source feeds it through Apply.
 type Registry struct {
 	opts       RegistryOptions
-	checker    checker
+	probe      probe
 	sem        chan struct{}
 	reconciler Reconciler
-
-	ctx    context.Context // parent of every health loop
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg         sync.WaitGroup
 
 	mu      sync.RWMutex
+	ctx     context.Context // Start's, parent of every health loop; nil before Start
 	records map[string]*record
 	loaded  bool // Apply has run once
 	stopped bool
 }
+
+// probe checks one target once; known is the server version to keep, ""
+// to read it again. The registry bounds it with the check timeout.
+type probe func(ctx context.Context, cl *client, known string) Health
 
 // record is the registry's mutable state for one target.
 type record struct {
@@ -142,13 +150,14 @@ func NewRegistry(opts RegistryOptions) *Registry {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 1
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	if opts.VersionRefresh <= 0 {
+		opts.VersionRefresh = 10 * time.Minute
+	}
+	c := checker{required: opts.Required, now: opts.Now}
 	r := &Registry{
 		opts:    opts,
-		checker: checker{timeout: opts.Timeout, required: opts.Required, now: opts.Now},
+		probe:   c.check,
 		sem:     make(chan struct{}, opts.Concurrency),
-		ctx:     ctx,
-		cancel:  cancel,
 		records: make(map[string]*record),
 	}
 	if opts.Metrics != nil {
@@ -161,18 +170,26 @@ func NewRegistry(opts RegistryOptions) *Registry {
 // before Start.
 func (r *Registry) SetReconciler(rc Reconciler) { r.reconciler = rc }
 
-// Start blocks until ctx ends, then stops every health loop and waits for
-// them.
+// Start runs a health loop per target, for the targets applied before it
+// and after, until ctx ends; then it stops them and waits for them.
 func (r *Registry) Start(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-	case <-r.ctx.Done():
+	r.mu.Lock()
+	if r.stopped || r.ctx != nil {
+		r.mu.Unlock()
+		return errors.New("registry: Start called twice")
 	}
+	r.ctx = ctx
+	for _, rec := range r.records {
+		if rec.cfg != nil {
+			r.startLoop(rec, rec.cfg)
+		}
+	}
+	r.mu.Unlock()
+	<-ctx.Done()
 	r.mu.Lock()
 	r.stopped = true
 	r.mu.Unlock()
-	r.cancel()
-	r.wg.Wait()
+	r.wg.Wait() // every loop's context is a child of ctx
 	return nil
 }
 
@@ -198,6 +215,9 @@ func (r *Registry) Apply(results map[string]Result) {
 			r.opts.Logger.Info("target removed", "target", name)
 			r.stopLoop(rec)
 			delete(r.records, name)
+			if r.reconciler != nil {
+				r.reconciler.Forget(name)
+			}
 		}
 	}
 	for name, res := range results {
@@ -229,8 +249,12 @@ func (r *Registry) Apply(results map[string]Result) {
 	}
 }
 
-// startLoop runs rec's health checks until stopLoop. Called with r.mu held.
+// startLoop runs rec's health checks until stopLoop; before Start, Start
+// runs it. Called with r.mu held.
 func (r *Registry) startLoop(rec *record, cfg *Config) {
+	if r.ctx == nil {
+		return
+	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	rec.stop = cancel
 	r.wg.Go(func() { r.healthLoop(ctx, rec.name, cfg) })
@@ -264,7 +288,7 @@ func (r *Registry) healthLoop(ctx context.Context, name string, cfg *Config) {
 			return
 		case r.sem <- struct{}{}:
 		}
-		h := r.checker.check(ctx, cl, r.knownVersion(name))
+		h := r.check(ctx, cl, name)
 		<-r.sem
 		if ctx.Err() != nil {
 			return
@@ -282,13 +306,33 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
 }
 
-func (r *Registry) knownVersion(name string) string {
+// check runs one bounded check, keeping the known server version unless it
+// is older than VersionRefresh.
+func (r *Registry) check(ctx context.Context, cl *client, name string) Health {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	known, at := r.knownVersion(name)
+	if r.opts.Now().Sub(at) >= r.opts.VersionRefresh {
+		known = ""
+	}
+	h := r.probe(ctx, cl, known)
+	switch {
+	case h.ServerVersion == "":
+	case known == "":
+		h.VersionAt = h.At
+	default:
+		h.VersionAt = at
+	}
+	return h
+}
+
+func (r *Registry) knownVersion(name string) (string, time.Time) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if rec, ok := r.records[name]; ok && rec.health.Err == nil {
-		return rec.health.ServerVersion
+		return rec.health.ServerVersion, rec.health.VersionAt
 	}
-	return ""
+	return "", time.Time{}
 }
 
 // observe records a check result made with cfg, unless the target has

@@ -32,6 +32,8 @@ type SourceOptions struct {
 	// Debounce gathers a burst of file events into one re-read.
 	Debounce time.Duration
 	Logger   *slog.Logger
+	// NewWatcher makes the file watcher; default fsnotify.NewWatcher.
+	NewWatcher func() (*fsnotify.Watcher, error)
 }
 
 // Source watches the targets directory and feeds what it reads to a sink
@@ -55,17 +57,25 @@ func NewSource(opts SourceOptions, sink func(map[string]Result)) *Source {
 	if opts.Debounce <= 0 {
 		opts.Debounce = 100 * time.Millisecond
 	}
+	if opts.NewWatcher == nil {
+		opts.NewWatcher = fsnotify.NewWatcher
+	}
 	return &Source{opts: opts, sink: sink, cache: make(map[string]cachedResult)}
 }
 
-// Start reads the directory, then watches it until ctx ends. A directory
-// that cannot be watched is still re-read every Resync.
+// Start reads the directory, then watches it until ctx ends. When no
+// watcher can be had (the inotify limit reached, say) or a folder cannot be
+// watched, the directory is still re-read every Resync.
 func (s *Source) Start(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
+	w, err := s.opts.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", s.opts.Dir, err)
+		s.opts.Logger.Warn("cannot watch the targets directory; re-reading it every resync",
+			"resync", s.opts.Resync.String(), "error", err.Error())
+		w = nil
+	} else {
+		defer w.Close()
 	}
-	defer w.Close()
+	events, errs := watcherChans(w)
 	watched := map[string]bool{}
 	s.sync(w, watched)
 
@@ -77,13 +87,13 @@ func (s *Source) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-w.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return nil
 			}
 			s.opts.Logger.Debug("targets directory event", "path", ev.Name, "op", ev.Op.String())
 			debounce.Reset(s.opts.Debounce)
-		case err, ok := <-w.Errors:
+		case err, ok := <-errs:
 			if !ok {
 				return nil
 			}
@@ -96,6 +106,14 @@ func (s *Source) Start(ctx context.Context) error {
 	}
 }
 
+// watcherChans returns w's channels, or nil ones (never ready) without w.
+func watcherChans(w *fsnotify.Watcher) (chan fsnotify.Event, chan error) {
+	if w == nil {
+		return nil, nil
+	}
+	return w.Events, w.Errors
+}
+
 // sync reads the directory, hands the result to the sink, and keeps a watch
 // on the directory and each target folder in it.
 func (s *Source) sync(w *fsnotify.Watcher, watched map[string]bool) {
@@ -105,6 +123,9 @@ func (s *Source) sync(w *fsnotify.Watcher, watched map[string]bool) {
 		return
 	}
 	s.sink(results)
+	if w == nil {
+		return
+	}
 	dirs = append(dirs, s.opts.Dir)
 	want := map[string]bool{}
 	for _, d := range dirs {
