@@ -14,21 +14,31 @@ import (
 type Lifecycle interface {
 	Land(ctx context.Context, name string) error
 	Retire(ctx context.Context, name string) error
-	Prune(name string) error
+	// Prune returns how far the prune reaches (lifecycle.PrunedEverywhere
+	// or lifecycle.PrunedHere).
+	Prune(ctx context.Context, name string) (string, error)
+	Resume(ctx context.Context, name string) error
 	Sync(ctx context.Context, name string, handles []string) ([]string, error)
 }
+
+// PruneScopeHeader tells how far a prune reached: "installation" (recorded
+// in the target cluster: every replica, across restarts, until the
+// kubeconfig changes or the target is resumed) or "replica" (the cluster
+// did not answer: this replica only, until the target answers again).
+// fly ignores it; `gateway prune` prints it.
+const PruneScopeHeader = "Jetway-Prune-Scope"
 
 // pruneRunningBody is Concourse's answer to pruning a running worker.
 type pruneRunningBody struct {
 	Stderr string `json:"stderr"`
 }
 
-// owned resolves the request's target and checks the caller may act on
-// it: 404 for an unknown target, 403 for a global or another team's
+// owned resolves the request's target with find and checks the caller may
+// act on it: 404 for an unknown target, 403 for a global or another team's
 // target under a team token. It reports whether to go on.
-func (s *Server) owned(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (s *Server) owned(w http.ResponseWriter, r *http.Request, find func(string) (targets.Status, error)) (string, bool) {
 	name := r.PathValue("name")
-	st, err := s.opts.Targets.Get(name)
+	st, err := find(name)
 	if err != nil {
 		writeError(w, err)
 		return "", false
@@ -40,9 +50,10 @@ func (s *Server) owned(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return name, true
 }
 
-func (s *Server) workerAction(act func(ctx context.Context, name string) error) http.HandlerFunc {
+// workerAction runs act on the request's target, found with find.
+func (s *Server) workerAction(find func(string) (targets.Status, error), act func(ctx context.Context, name string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name, ok := s.owned(w, r)
+		name, ok := s.owned(w, r, find)
 		if !ok {
 			return
 		}
@@ -56,7 +67,17 @@ func (s *Server) workerAction(act func(ctx context.Context, name string) error) 
 	}
 }
 
-func (s *Server) prune(ctx context.Context, name string) error { return s.opts.Lifecycle.Prune(name) }
+// prune answers 200 with an empty body, as Concourse does, and says in
+// PruneScopeHeader how far the prune reached.
+func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
+	s.workerAction(s.opts.Targets.Get, func(ctx context.Context, name string) error {
+		scope, err := s.opts.Lifecycle.Prune(ctx, name)
+		if err == nil {
+			w.Header().Set(PruneScopeHeader, scope)
+		}
+		return err
+	})(w, r)
+}
 
 type syncRequest struct {
 	Handles []string `json:"handles"`
@@ -69,7 +90,7 @@ type syncResponse struct {
 // syncTarget is Concourse's handle sync: the CI names the step pods it
 // still wants; jetway deletes its other pods on the target.
 func (s *Server) syncTarget(w http.ResponseWriter, r *http.Request) {
-	name, ok := s.owned(w, r)
+	name, ok := s.owned(w, r, s.opts.Targets.Get)
 	if !ok {
 		return
 	}
@@ -97,7 +118,7 @@ func writeError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusBadRequest, pruneRunningBody{Stderr: "cannot prune running worker"})
 	case errors.Is(err, lifecycle.ErrBusy), errors.Is(err, lifecycle.ErrNotOurs):
 		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
-	case errors.Is(err, lifecycle.ErrUnreachable), errors.Is(err, targets.ErrInvalidEntry):
+	case errors.Is(err, lifecycle.ErrUnreachable), errors.Is(err, lifecycle.ErrDenied), errors.Is(err, targets.ErrInvalidEntry):
 		writeJSON(w, http.StatusBadGateway, errorBody{Error: err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -31,8 +32,13 @@ func (f *fakeLifecycle) Retire(_ context.Context, name string) error {
 	return f.err
 }
 
-func (f *fakeLifecycle) Prune(name string) error {
+func (f *fakeLifecycle) Prune(_ context.Context, name string) (string, error) {
 	f.calls = append(f.calls, "prune "+name)
+	return lifecycle.PrunedEverywhere, f.err
+}
+
+func (f *fakeLifecycle) Resume(_ context.Context, name string) error {
+	f.calls = append(f.calls, "resume "+name)
 	return f.err
 }
 
@@ -72,6 +78,13 @@ func TestWorkerActionsStatusCodes(t *testing.T) {
 		{name: "cluster unreachable", path: "/api/v1/workers/global/land", token: admin,
 			err: fmt.Errorf("%w: dial tcp: refused", lifecycle.ErrUnreachable), code: 502, called: true},
 		{name: "gone meanwhile", path: "/api/v1/workers/global/retire", token: admin, err: targets.ErrNotFound, code: 404, called: true},
+		{name: "cluster refuses our credentials", path: "/api/v1/workers/global/land", token: admin,
+			err: fmt.Errorf("%w: configmaps is forbidden", lifecycle.ErrDenied), code: 502, called: true},
+		{name: "resume a pruned target", path: "/api/v1/targets/pruned-main/resume", token: team, code: 200, called: true},
+		{name: "resume a running target", path: "/api/v1/targets/main-gpu/resume", token: team, code: 200, called: true},
+		{name: "resume another team's", path: "/api/v1/targets/other/resume", token: team, code: 403},
+		{name: "resume unknown", path: "/api/v1/targets/nope/resume", token: admin, code: 404},
+		{name: "a pruned target is not landed", path: "/api/v1/workers/pruned-main/land", token: admin, code: 404},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,8 +100,21 @@ func TestWorkerActionsStatusCodes(t *testing.T) {
 				assert.Empty(t, rec.Body.String(), "Concourse answers 200 with an empty body")
 			}
 			assert.Equal(t, tt.called, len(lc.calls) == 1, "%v", lc.calls)
+			if errors.Is(tt.err, lifecycle.ErrDenied) {
+				assert.NotContains(t, rec.Body.String(), "cannot reach", "a refusal is not an outage")
+				assert.Contains(t, rec.Body.String(), "not allowed")
+			}
 		})
 	}
+}
+
+func TestPruneSaysHowFarItReached(t *testing.T) {
+	lc := &fakeLifecycle{}
+	h := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet, Lifecycle: lc, NoAuth: true}).Handler()
+	rec := put(h, "/api/v1/workers/main-gpu/prune", "", "")
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Empty(t, rec.Body.String())
+	assert.Equal(t, "installation", rec.Header().Get(PruneScopeHeader))
 }
 
 func TestSyncRequest(t *testing.T) {

@@ -69,9 +69,10 @@ func New(opts Options) *Server {
 		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.getTarget))
 	}
 	if opts.Targets != nil && opts.Lifecycle != nil {
-		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.workerAction(opts.Lifecycle.Land)))
-		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.workerAction(opts.Lifecycle.Retire)))
-		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.workerAction(s.prune)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.workerAction(opts.Targets.Get, opts.Lifecycle.Land)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.workerAction(opts.Targets.Get, opts.Lifecycle.Retire)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.prune))
+		mux.HandleFunc("PUT /api/v1/targets/{name}/resume", s.authenticate(s.workerAction(opts.Targets.Find, opts.Lifecycle.Resume)))
 		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.syncTarget))
 	}
 	if opts.Targets != nil && opts.Streams != nil {

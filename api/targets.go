@@ -14,6 +14,8 @@ import (
 type Targets interface {
 	Snapshot() []targets.Status
 	Get(name string) (targets.Status, error)
+	// Find is Get that also finds pruned targets, which resume acts on.
+	Find(name string) (targets.Status, error)
 }
 
 // Worker is Concourse's worker JSON (atc.Worker), what `fly workers`

@@ -29,7 +29,17 @@ func (f fakeTargets) Get(name string) (targets.Status, error) {
 	return targets.Status{}, targets.ErrNotFound
 }
 
+// Find also finds prunedTarget, as the registry finds pruned targets.
+func (f fakeTargets) Find(name string) (targets.Status, error) {
+	if name == prunedTarget.Name {
+		return prunedTarget, nil
+	}
+	return f.Get(name)
+}
+
 var (
+	prunedTarget = targets.Status{Name: "pruned-main", State: targets.StateLanded,
+		Meta: targets.Metadata{Team: "main", Platform: "linux", Namespace: "p"}}
 	started = time.Unix(1_700_000_000, 0)
 	fleet   = fakeTargets{
 		{Name: "global", Server: "https://10.1.2.3:6443", State: targets.StateRunning, StartTime: started,

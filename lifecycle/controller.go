@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -120,6 +121,16 @@ func (c *Controller) reconcile(ctx context.Context, cfg *targets.Config, log *sl
 		c.opts.Registry.SetLifecycle(cfg.Name, cfg, life)
 		return nil
 	}
+	if life.PrunedHash != "" && life.PrunedHash != cfg.Hash() {
+		log.Info("pruned target has a new kubeconfig; it comes back")
+		if life, err = k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+			stale := cur.PrunedHash != "" && cur.PrunedHash != cfg.Hash()
+			cur.PrunedHash = ""
+			return cur, stale
+		}); err != nil {
+			return err
+		}
+	}
 	pods, err := k.ownedPods(ctx)
 	if err != nil {
 		return err
@@ -152,7 +163,8 @@ func (c *Controller) reconcile(ctx context.Context, cfg *targets.Config, log *sl
 	}
 	if stale := c.stale(pods); len(stale) > 0 {
 		return c.withLease(ctx, k, func(ctx context.Context) (bool, error) {
-			return false, c.deletePods(ctx, k, stale, "gc", log)
+			_, err := c.deletePods(ctx, k, stale, "gc", log)
+			return false, err
 		})
 	}
 	return nil
@@ -184,7 +196,8 @@ func (c *Controller) land(k *kube) action {
 		var landed bool
 		_, err = k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
 			landed = cur.State == targets.StateLanding
-			return targets.Lifecycle{State: targets.StateLanded, Since: c.opts.Now()}, landed
+			cur.State, cur.Since = targets.StateLanded, c.opts.Now() // a prune stays
+			return cur, landed
 		})
 		if landed && err == nil {
 			c.opts.Metrics.acted("landed")
@@ -215,7 +228,7 @@ func (c *Controller) retire(k *kube, log *slog.Logger) action {
 		if len(unfinished(pods)) > 0 {
 			return false, nil
 		}
-		if err := c.deletePods(ctx, k, names(pods), "retire", log); err != nil {
+		if _, err := c.deletePods(ctx, k, pods, "retire", log); err != nil {
 			return false, err
 		}
 		if err := c.deleteOwned(ctx, k); err != nil {
@@ -244,7 +257,7 @@ func (c *Controller) deleteOwned(ctx context.Context, k *kube) error {
 	}
 	for _, cm := range cms.Items {
 		if cm.Name != k.name {
-			if err := ignoreNotFound(k.core.ConfigMaps(k.ns).Delete(ctx, cm.Name, metav1.DeleteOptions{})); err != nil {
+			if err := k.core.ConfigMaps(k.ns).Delete(ctx, cm.Name, uidPrecondition(cm.UID)); !gone(err) && err != nil {
 				return err
 			}
 		}
@@ -255,7 +268,7 @@ func (c *Controller) deleteOwned(ctx context.Context, k *kube) error {
 	}
 	for _, l := range leases.Items {
 		if l.Name != k.name {
-			if err := ignoreNotFound(k.leases.Leases(k.ns).Delete(ctx, l.Name, metav1.DeleteOptions{})); err != nil {
+			if err := k.leases.Leases(k.ns).Delete(ctx, l.Name, uidPrecondition(l.UID)); !gone(err) && err != nil {
 				return err
 			}
 		}
@@ -307,31 +320,48 @@ func (c *Controller) leftovers(ctx context.Context, k *kube) ([]string, error) {
 }
 
 // stale lists finished step pods older than GCGrace.
-func (c *Controller) stale(pods []corev1.Pod) []string {
-	var out []string
+func (c *Controller) stale(pods []corev1.Pod) []corev1.Pod {
+	var out []corev1.Pod
 	for i := range pods {
 		p := &pods[i]
 		if finished(p) && p.DeletionTimestamp == nil && c.opts.Now().Sub(finishedAt(p)) > c.opts.GCGrace {
-			out = append(out, p.Name)
+			out = append(out, *p)
 		}
 	}
 	return out
 }
 
-func (c *Controller) deletePods(ctx context.Context, k *kube, pods []string, reason string, log *slog.Logger) error {
-	for _, name := range pods {
-		err := k.core.Pods(k.ns).Delete(ctx, name, metav1.DeleteOptions{})
-		if apierrors.IsNotFound(err) {
+// deletePods deletes the listed step pods and returns the names of those
+// it deleted. Each delete is conditional on the UID listed: a pod deleted
+// and made again under the same name meanwhile (jetway's or not) stays.
+func (c *Controller) deletePods(ctx context.Context, k *kube, pods []corev1.Pod, reason string, log *slog.Logger) ([]string, error) {
+	var deleted []string
+	for i := range pods {
+		name := pods[i].Name
+		err := k.core.Pods(k.ns).Delete(ctx, name, uidPrecondition(pods[i].UID))
+		if gone(err) {
+			if apierrors.IsConflict(err) {
+				log.Info("step pod was replaced since it was listed; left alone", "pod", name)
+			}
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("delete step pod %s/%s: %w", k.ns, name, err)
+			return deleted, fmt.Errorf("delete step pod %s/%s: %w", k.ns, name, err)
 		}
+		deleted = append(deleted, name)
 		c.opts.Metrics.deleted(reason)
 		log.Info("deleted step pod", "pod", name, "reason", reason)
 	}
-	return nil
+	return deleted, nil
 }
+
+func uidPrecondition(uid types.UID) metav1.DeleteOptions {
+	return metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+}
+
+// gone reports whether a conditional delete found the object gone, or
+// replaced by another of the same name (its UID precondition failed).
+func gone(err error) bool { return apierrors.IsNotFound(err) || apierrors.IsConflict(err) }
 
 func unfinished(pods []corev1.Pod) []string {
 	var out []string
@@ -344,20 +374,7 @@ func unfinished(pods []corev1.Pod) []string {
 	return out
 }
 
-func names(pods []corev1.Pod) []string {
-	out := make([]string, len(pods))
-	for i := range pods {
-		out[i] = pods[i].Name
-	}
-	return out
-}
 
-func ignoreNotFound(err error) error {
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err
-}
 
 // Forget drops the clients and notes kept for a target that left the
 // targets directory.

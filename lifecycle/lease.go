@@ -94,10 +94,31 @@ func (c *Controller) withLease(ctx context.Context, k *kube, fn action) error {
 		return ErrBusy
 	}
 	if fnErr == nil && deleteLease {
-		err := k.leases.Leases(k.ns).Delete(context.WithoutCancel(ctx), k.name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
+		return c.deleteLease(context.WithoutCancel(ctx), k)
 	}
 	return fnErr
+}
+
+// deleteLease deletes the target's Lease unless another replica has taken
+// it since: the delete is conditional on the version this replica left.
+func (c *Controller) deleteLease(ctx context.Context, k *kube) error {
+	l, err := k.leases.Leases(k.ns).Get(ctx, k.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := k.mine("lease", l.ObjectMeta); err != nil {
+		return err
+	}
+	if h := l.Spec.HolderIdentity; h != nil && *h != "" && *h != c.opts.Identity {
+		return nil // another replica holds it now
+	}
+	err = k.leases.Leases(k.ns).Delete(ctx, k.name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &l.UID, ResourceVersion: &l.ResourceVersion}})
+	if gone(err) {
+		return nil
+	}
+	return err
 }

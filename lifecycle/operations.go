@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -44,11 +47,8 @@ func (c *Controller) decide(ctx context.Context, name string, mutate func(target
 		}
 		return mutate(cur)
 	})
-	if errors.Is(err, ErrNotOurs) {
-		return err
-	}
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+		return clusterError(err)
 	}
 	if life.State == targets.StateRetired {
 		return targets.ErrNotFound
@@ -57,10 +57,100 @@ func (c *Controller) decide(ctx context.Context, name string, mutate func(target
 	return nil
 }
 
-// Prune forgets a target that is not running until its health next
-// succeeds; it needs no access to the target, so a dead cluster can be
-// pruned.
-func (c *Controller) Prune(name string) error { return c.opts.Registry.Prune(name) }
+// Prune scopes: how far a prune reaches.
+const (
+	// PrunedEverywhere: recorded in the target cluster, so every replica
+	// and restart agrees; the target stays pruned until its kubeconfig
+	// changes or it is resumed.
+	PrunedEverywhere = "installation"
+	// PrunedHere: the target's cluster did not answer, so only this
+	// replica forgets it, until the target answers a check again (then it
+	// is back as it was, landed still landed).
+	PrunedHere = "replica"
+)
+
+// Prune forgets a target that is not running and says how far the prune
+// reaches (PrunedEverywhere or PrunedHere). A dead cluster can be pruned.
+func (c *Controller) Prune(ctx context.Context, name string) (string, error) {
+	cfg, reachable, err := c.opts.Registry.Prunable(name)
+	if err != nil {
+		return "", err
+	}
+	if reachable {
+		err := c.recordPrune(ctx, cfg)
+		if err == nil {
+			c.opts.Metrics.acted("pruned")
+			c.opts.Logger.Info("target pruned", "target", name, "scope", PrunedEverywhere)
+			return PrunedEverywhere, nil
+		}
+		c.opts.Logger.Warn("cannot record the prune in the target cluster; pruning on this replica only",
+			"target", name, "error", err.Error())
+	}
+	if err := c.opts.Registry.Prune(name); err != nil {
+		return "", err
+	}
+	c.opts.Metrics.acted("pruned")
+	return PrunedHere, nil
+}
+
+func (c *Controller) recordPrune(ctx context.Context, cfg *targets.Config) error {
+	k, err := c.kube(cfg)
+	if err != nil {
+		return err
+	}
+	life, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+		if cur.State == targets.StateRetired {
+			return cur, false
+		}
+		cur.PrunedHash = cfg.Hash()
+		return cur, true
+	})
+	if err != nil {
+		return err
+	}
+	c.opts.Registry.SetLifecycle(cfg.Name, cfg, life)
+	return nil
+}
+
+// Resume undoes land, an unfinished retire and prune (kubectl's uncordon):
+// the target takes work again once its checks pass. It is recorded in the
+// target cluster like land, so every replica agrees.
+func (c *Controller) Resume(ctx context.Context, name string) error {
+	k, err := c.kubeByName(name)
+	if err != nil {
+		return err
+	}
+	life, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+		if cur.State == targets.StateRetired {
+			return cur, false
+		}
+		return targets.Lifecycle{}, cur.State != "" || cur.PrunedHash != ""
+	})
+	if err != nil {
+		return clusterError(err)
+	}
+	if life.State == targets.StateRetired {
+		return targets.ErrNotFound
+	}
+	c.opts.Registry.Resumed(name, k.cfg, life)
+	c.opts.Metrics.acted("resumed")
+	c.opts.Logger.Info("target resumed", "target", name)
+	return nil
+}
+
+// clusterError classifies a failure to record or act in a target cluster
+// for the API: objects not ours and busy leases as they are, a refusal by
+// the cluster's authorization as ErrDenied, anything else as ErrUnreachable.
+func clusterError(err error) error {
+	switch {
+	case errors.Is(err, ErrNotOurs), errors.Is(err, ErrBusy), errors.Is(err, ErrDenied),
+		errors.Is(err, ErrUnreachable), errors.Is(err, targets.ErrNotFound), errors.Is(err, targets.ErrInvalidEntry):
+		return err
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%w: %w", ErrDenied, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
 
 // Sync deletes the target's step pods whose handles (pod names) the CI no
 // longer wants, and returns the deleted ones.
@@ -75,20 +165,20 @@ func (c *Controller) Sync(ctx context.Context, name string, wanted []string) ([]
 		if err != nil {
 			return false, err
 		}
-		var doomed []string
+		var doomed []corev1.Pod
 		for _, p := range pods {
 			if !slices.Contains(wanted, p.Name) && p.DeletionTimestamp == nil {
-				doomed = append(doomed, p.Name)
+				doomed = append(doomed, p)
 			}
 		}
-		err = c.deletePods(ctx, k, doomed, "sync", c.opts.Logger.With("target", name))
-		if err == nil {
-			deleted = doomed
-		}
+		deleted, err = c.deletePods(ctx, k, doomed, "sync", c.opts.Logger.With("target", name))
 		return false, err
 	})
 	if deleted == nil {
 		deleted = []string{}
 	}
-	return deleted, err
+	if err != nil {
+		return deleted, clusterError(err)
+	}
+	return deleted, nil
 }

@@ -23,6 +23,8 @@ const (
 	keyState      = "state"
 	keySince      = "since"
 	keyConfigHash = "config-sha256"
+	// keyPruned holds the hash of the configuration that was pruned.
+	keyPruned = "pruned-config-sha256"
 )
 
 // kube is what the controller needs of one target's cluster; clients of one
@@ -91,7 +93,22 @@ func (k *kube) mine(kind string, meta metav1.ObjectMeta) error {
 
 func decode(cm *corev1.ConfigMap) targets.Lifecycle {
 	since, _ := time.Parse(time.RFC3339, cm.Data[keySince])
-	return targets.Lifecycle{State: targets.State(cm.Data[keyState]), Since: since, ConfigHash: cm.Data[keyConfigHash]}
+	return targets.Lifecycle{State: targets.State(cm.Data[keyState]), Since: since,
+		ConfigHash: cm.Data[keyConfigHash], PrunedHash: cm.Data[keyPruned]}
+}
+
+// encode is the record's data for life; empty fields are left out.
+func encode(life targets.Lifecycle) map[string]string {
+	data := map[string]string{}
+	for key, v := range map[string]string{keyState: string(life.State), keyConfigHash: life.ConfigHash, keyPruned: life.PrunedHash} {
+		if v != "" {
+			data[key] = v
+		}
+	}
+	if !life.Since.IsZero() {
+		data[keySince] = life.Since.UTC().Format(time.RFC3339)
+	}
+	return data
 }
 
 // update changes the record with optimistic concurrency: mutate sees the
@@ -119,10 +136,7 @@ func (k *kube) update(ctx context.Context, mutate func(targets.Lifecycle) (targe
 		if !change {
 			return nil
 		}
-		data := map[string]string{keyState: string(next.State), keySince: next.Since.UTC().Format(time.RFC3339)}
-		if next.ConfigHash != "" {
-			data[keyConfigHash] = next.ConfigHash
-		}
+		data := encode(next)
 		if cm == nil {
 			_, err = cms.Create(ctx, &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.ns, Labels: k.labels},

@@ -44,6 +44,9 @@ type Lifecycle struct {
 	// ConfigHash is, for a retired target, the hash of the configuration
 	// that was retired.
 	ConfigHash string
+	// PrunedHash is, for a pruned target, the hash of the configuration
+	// that was pruned: the target stays out of every list while it has it.
+	PrunedHash string
 	// Holding names the unfinished step pods a landing or retiring target
 	// waits for.
 	Holding []string
@@ -422,12 +425,6 @@ func joinErr(a, b string) string {
 	return a + "; " + b
 }
 
-// hidden reports whether the target is forgotten: pruned, or retired with
-// the configuration it still has.
-func (rec *record) hidden() bool {
-	return rec.pruned || (rec.life.State == StateRetired && rec.cfg != nil && rec.life.ConfigHash == rec.cfg.hash)
-}
-
 func describe(h Health) string {
 	switch {
 	case h.Err != nil:
@@ -468,48 +465,6 @@ func (r *Registry) Get(name string) (Status, error) {
 		return Status{}, ErrNotFound
 	}
 	return rec.status(), nil
-}
-
-// SetLifecycle records what the lifecycle controller read for a target,
-// made with cfg; results for a replaced configuration are dropped.
-func (r *Registry) SetLifecycle(name string, cfg *Config, life Lifecycle) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec, ok := r.records[name]
-	if !ok || rec.cfg != cfg {
-		return
-	}
-	if rec.life.State != life.State {
-		r.opts.Logger.Info("target lifecycle", "target", name, "state", string(life.State), "was", string(rec.life.State))
-	}
-	rec.life = life
-}
-
-// SetLifecycleError records why the lifecycle of a target (with cfg) could
-// not be read or advanced; the next successful SetLifecycle clears it.
-func (r *Registry) SetLifecycleError(name string, cfg *Config, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec, ok := r.records[name]; ok && rec.cfg == cfg {
-		rec.life.Problem = err.Error()
-	}
-}
-
-// Prune forgets a target that is not running until a check of it next
-// succeeds. It returns ErrNotFound or ErrRunning.
-func (r *Registry) Prune(name string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec, ok := r.records[name]
-	if !ok || rec.hidden() {
-		return ErrNotFound
-	}
-	if rec.status().State == StateRunning {
-		return ErrRunning
-	}
-	rec.pruned = true
-	r.opts.Logger.Info("target pruned", "target", name)
-	return nil
 }
 
 // Config returns the last good configuration of a target, for components
