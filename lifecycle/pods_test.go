@@ -36,7 +36,11 @@ func TestUnfinishedAndStale(t *testing.T) {
 	assert.Equal(t, []string{"done-deleting", "pending", "running"}, unfinished(pods),
 		"a pod being deleted still holds its target")
 	c := New(Options{GCGrace: 10 * time.Minute, Now: func() time.Time { return now }})
-	assert.Equal(t, []string{"done-long-ago", "failed-long-ago"}, c.stale(pods))
+	var stale []string
+	for _, p := range c.stale(pods) {
+		stale = append(stale, p.Name)
+	}
+	assert.Equal(t, []string{"done-long-ago", "failed-long-ago"}, stale)
 }
 
 func TestFinishedAtFallsBack(t *testing.T) {
