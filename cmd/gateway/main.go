@@ -39,9 +39,14 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return cmd.Help()
 	}
 	root.AddCommand(runCommand(stderr), workersCommand(), checkCommand(),
-		lifecycleCommand("land", "landed", "Land a worker: it takes no new work and becomes landed once its step pods finish"),
-		lifecycleCommand("retire", "retiring", "Retire a worker: land it, delete everything jetway created on it, forget it"),
-		lifecycleCommand("prune", "pruned", "Forget a worker that is not running until its health next succeeds"),
+		lifecycleCommand("land", "/api/v1/workers/%s/land", "landed",
+			"Land a worker: it takes no new work and becomes landed once its step pods finish"),
+		lifecycleCommand("retire", "/api/v1/workers/%s/retire", "retiring",
+			"Retire a worker: land it, delete everything jetway created on it, forget it"),
+		lifecycleCommand("prune", "/api/v1/workers/%s/prune", "pruned",
+			"Forget a worker that is not running, until its kubeconfig changes or it is resumed"),
+		lifecycleCommand("resume", "/api/v1/targets/%s/resume", "resumed",
+			"Undo land, an unfinished retire or prune: the worker takes work again once healthy"),
 		streamCommand(),
 		versionCommand())
 

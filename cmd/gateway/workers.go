@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/lifecycle"
 )
 
 // apiFlags are how CLI commands reach a running gateway.
@@ -33,38 +34,41 @@ func (f *apiFlags) register(cmd *cobra.Command) {
 
 // get fetches path from the gateway into v.
 func (f *apiFlags) get(ctx context.Context, path string, v any) error {
-	return f.do(ctx, http.MethodGet, path, v)
+	_, err := f.do(ctx, http.MethodGet, path, v)
+	return err
 }
 
-// do sends a bodiless request and decodes a 200 answer into v (if set).
-func (f *apiFlags) do(ctx context.Context, method, path string, v any) error {
+// do sends a bodiless request and decodes a 200 answer into v (if set); it
+// returns the answer's header.
+func (f *apiFlags) do(ctx context.Context, method, path string, v any) (http.Header, error) {
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(f.url, "/")+path, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if f.token != "" {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 	}
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(body)))
 	}
 	if v == nil {
-		return nil
+		return resp.Header, nil
 	}
-	return json.Unmarshal(body, v)
+	return resp.Header, json.Unmarshal(body, v)
 }
 
-// lifecycleCommand is `gateway land|retire|prune NAME`.
-func lifecycleCommand(verb, done, short string) *cobra.Command {
+// lifecycleCommand is `gateway land|retire|prune|resume NAME`: a PUT to
+// path (with %s for the escaped name), then done and the name.
+func lifecycleCommand(verb, path, done, short string) *cobra.Command {
 	var flags apiFlags
 	cmd := &cobra.Command{
 		Use:   verb + " NAME",
@@ -78,13 +82,25 @@ func lifecycleCommand(verb, done, short string) *cobra.Command {
 	}
 	flags.register(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := flags.do(cmd.Context(), http.MethodPut, "/api/v1/workers/"+url.PathEscape(args[0])+"/"+verb, nil); err != nil {
+		header, err := flags.do(cmd.Context(), http.MethodPut, fmt.Sprintf(path, url.PathEscape(args[0])), nil)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s '%s'\n", done, args[0])
+		fmt.Fprintf(cmd.OutOrStdout(), "%s '%s'%s\n", done, args[0], pruneScope(header.Get(api.PruneScopeHeader)))
 		return nil
 	}
 	return cmd
+}
+
+// pruneScope explains how far a prune reached, from the API's header.
+func pruneScope(scope string) string {
+	switch scope {
+	case lifecycle.PrunedEverywhere:
+		return " (recorded in its cluster: every replica forgets it until its kubeconfig changes or it is resumed)"
+	case lifecycle.PrunedHere:
+		return " (its cluster did not answer: only this gateway replica forgets it, until it answers again)"
+	}
+	return ""
 }
 
 func workersCommand() *cobra.Command {
