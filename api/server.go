@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -94,8 +95,11 @@ func (s *Server) Addr() net.Addr {
 	return nil
 }
 
-// Start serves until ctx ends, then drains in-flight requests for at most
-// ShutdownTimeout. It returns nil after a clean shutdown.
+// Start serves until ctx ends, then stops accepting connections and
+// drains: requests in flight run to their end for at most ShutdownTimeout.
+// Their contexts are not ctx but end only at that deadline, when the
+// requests still running are cancelled and their connections closed;
+// Start then returns an error counting them.
 func (s *Server) Start(ctx context.Context) error {
 	ln := s.opts.Listener
 	if ln == nil {
@@ -107,11 +111,14 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	addr := ln.Addr()
 	s.addr.Store(&addr)
+	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRequests()
+	var inflight requests
 	srv := &http.Server{
-		Handler:           s.handler,
+		Handler:           inflight.track(s.handler),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		BaseContext:       func(net.Listener) context.Context { return reqCtx },
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -124,9 +131,7 @@ func (s *Server) Start(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.ready.Store(false)
-	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(sctx)
+	err := s.drain(srv, &inflight, cancelRequests)
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
@@ -134,6 +139,63 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("shut down http server: %w", err)
 	}
 	return nil
+}
+
+// drain stops srv accepting and waits for its requests for at most
+// ShutdownTimeout; then it cancels those left, closes their connections
+// and waits for their handlers to return.
+func (s *Server) drain(srv *http.Server, inflight *requests, cancelRequests context.CancelFunc) error {
+	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	n, idle := inflight.running()
+	cancelRequests()
+	_ = srv.Close() // unblocks handlers writing to clients that stopped reading
+	<-idle
+	s.opts.Logger.Warn("cancelled requests still running at the shutdown deadline", "requests", n)
+	return fmt.Errorf("cancelled %d request(s) still running after %s", n, s.opts.ShutdownTimeout)
+}
+
+// requests counts the handlers running, so a drain cut short can say how
+// many it cancelled and wait for them to return (http.Server.Close does
+// not wait).
+type requests struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0; nil means closed
+}
+
+func (r *requests) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		if r.n == 0 {
+			r.idle = make(chan struct{})
+		}
+		r.n++
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			if r.n--; r.n == 0 {
+				close(r.idle)
+			}
+			r.mu.Unlock()
+		}()
+		next.ServeHTTP(w, req)
+	})
+}
+
+// running returns how many handlers run and a channel closed once none do.
+func (r *requests) running() (int, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == 0 {
+		closed := make(chan struct{})
+		close(closed)
+		return 0, closed
+	}
+	return r.n, r.idle
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
