@@ -12,12 +12,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 var gatewayBin string
@@ -33,9 +36,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build gateway: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	// run's components are tested in process (runAll): none may outlive a test.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
 }
 
 func TestBadConfigExitsTwo(t *testing.T) {
@@ -184,13 +189,19 @@ func TestSIGINTStopsToo(t *testing.T) {
 // pressing Ctrl-C twice wants the process gone.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	g := startGateway(t, "--shutdown-timeout", "1m")
-	// A request whose headers never finish keeps Shutdown waiting.
+	// A request whose body never comes keeps the drain waiting. The server
+	// answers "100 Continue" once the handler reads the body: the request
+	// is then in flight.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(g.base, "http://"))
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.Write([]byte("GET /healthz HTTP/1.1\r\n"))
+	_, err = conn.Write([]byte("POST /api/v1/streams HTTP/1.1\r\nHost: gateway\r\n" +
+		"Content-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"))
 	require.NoError(t, err)
-	time.Sleep(100 * time.Millisecond) // let the server read the bytes
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 100 Continue\r\n", status)
 
 	require.NoError(t, g.cmd.Process.Signal(syscall.SIGTERM))
 	g.waitLog(t, "shutting down")
@@ -203,17 +214,101 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	assert.Less(t, time.Since(start), 3*time.Second)
 }
 
-func TestRunAllBoundsShutdown(t *testing.T) {
-	stuck := componentFunc(func(ctx context.Context) error {
+// stage records a component's stop: asked, then (after drain) returned.
+type stages struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (s *stages) add(e string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, e)
+}
+
+// draining stops drain after its ctx ends, as the API drains requests.
+func (s *stages) draining(name string, drain time.Duration) component {
+	return componentFunc(func(ctx context.Context) error {
 		<-ctx.Done()
-		select {} // ignores its deadline
+		s.add(name + " stopping")
+		time.Sleep(drain) // the component's own work, in the bubble's time
+		s.add(name + " stopped")
+		return nil
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	start := time.Now()
-	err := runAll(ctx, 100*time.Millisecond, stuck)
-	require.ErrorContains(t, err, "components still running")
-	assert.Less(t, time.Since(start), 3*time.Second)
+}
+
+// Components stop one at a time in the order given, each once the one
+// before has returned: the API drains while streams and the dialer it uses
+// still run, on a signal and when a component fails.
+func TestRunAllStopsInOrder(t *testing.T) {
+	for _, trigger := range []string{"signal", "failure"} {
+		t.Run(trigger, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var s stages
+				fail := make(chan struct{})
+				last := componentFunc(func(ctx context.Context) error {
+					select {
+					case <-ctx.Done():
+						s.add("registry stopping")
+						return nil
+					case <-fail:
+						return fmt.Errorf("boom")
+					}
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				done := make(chan error, 1)
+				go func() {
+					done <- runAll(ctx, 10*time.Second, s.draining("api", 3*time.Second), s.draining("streams", time.Second), last)
+				}()
+				synctest.Wait()
+				start := time.Now()
+				want := []string{"api stopping", "api stopped", "streams stopping", "streams stopped"}
+				if trigger == "signal" {
+					cancel()
+					require.NoError(t, <-done)
+					want = append(want, "registry stopping")
+				} else {
+					close(fail)
+					require.EqualError(t, <-done, "boom")
+				}
+				assert.Equal(t, want, s.events)
+				assert.Equal(t, 4*time.Second, time.Since(start), "the drains run one after the other")
+			})
+		})
+	}
+}
+
+// A component that ignores its stop holds back the rest only until the
+// shutdown's bound; then they are all told to stop and runAll gives up.
+func TestRunAllBoundsShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		stuck := componentFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			<-release // ignores its deadline until the test ends
+			return nil
+		})
+		stopped := make(chan struct{})
+		after := componentFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			close(stopped)
+			return nil
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		start := time.Now()
+		err := runAll(ctx, 100*time.Millisecond, stuck, after)
+		require.ErrorContains(t, err, "main.componentFunc still running")
+		assert.Equal(t, 100*time.Millisecond+stopGrace, time.Since(start))
+		synctest.Wait()
+		select {
+		case <-stopped:
+		default:
+			t.Error("the component after the stuck one was not stopped")
+		}
+	})
 }
 
 func TestRunAllStopsOthersWhenOneFails(t *testing.T) {
@@ -222,7 +317,3 @@ func TestRunAllStopsOthersWhenOneFails(t *testing.T) {
 	err := runAll(context.Background(), time.Second, failing, waiting)
 	require.EqualError(t, err, "boom")
 }
-
-type componentFunc func(context.Context) error
-
-func (f componentFunc) Start(ctx context.Context) error { return f(ctx) }

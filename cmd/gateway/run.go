@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
 	"github.com/jetway-ci/jetway/api"
@@ -102,7 +101,6 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		PodIP:     registry.PodIP,
 		Logger:    logger.With("component", "streams"),
 	})
-	defer streamer.Close()
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -118,7 +116,10 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:           logger.With("component", "api"),
 	})
 	logger.Info("starting gateway", "version", buildinfo.String(), "listen", cfg.Listen, "targets_dir", cfg.TargetsDir)
-	err := runAll(ctx, cfg.ShutdownTimeout, registry, source, dialer, server)
+	// Stop order: the API drains its requests while the streams, the
+	// dialer and the targets they use still work; then each goes after the
+	// parts that use it.
+	err := runAll(ctx, cfg.ShutdownTimeout, server, closer(streamer.Close), dialer, source, registry)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}
@@ -149,28 +150,72 @@ type component interface {
 	Start(ctx context.Context) error
 }
 
-// runAll runs every component until ctx ends or one fails, then gives them
-// all at most timeout to return.
+// componentFunc is a function as a component.
+type componentFunc func(context.Context) error
+
+func (f componentFunc) Start(ctx context.Context) error { return f(ctx) }
+
+// closer is a component that calls stop when it is stopped.
+func closer(stop func()) component {
+	return componentFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		stop()
+		return nil
+	})
+}
+
+// stopGrace is what the components after the API get, beyond its drain
+// bound, to stop: they only end loops that honour their ctx, but a
+// port-forward upgrade under way is waited for.
+const stopGrace = 5 * time.Second
+
+// runAll runs the components together until ctx ends or one fails. Then it
+// stops them one at a time in the order given, each once the one before
+// has returned, so that a component is stopped only after those using it.
+// The whole stop takes at most timeout (the API's drain) plus stopGrace;
+// it returns the failure that began it, else the first error of a stop.
 func runAll(ctx context.Context, timeout time.Duration, components ...component) error {
-	g, gctx := errgroup.WithContext(ctx)
-	for _, c := range components {
-		g.Go(func() error { return c.Start(gctx) })
+	type running struct {
+		c      component
+		cancel context.CancelFunc
+		done   chan error
 	}
-	done := make(chan error, 1)
-	go func() { done <- g.Wait() }()
+	failed := make(chan error, len(components))
+	runs := make([]running, len(components))
+	for i, c := range components {
+		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		r := running{c: c, cancel: cancel, done: make(chan error, 1)}
+		go func() {
+			err := c.Start(cctx)
+			if err != nil {
+				failed <- err
+			}
+			r.done <- err
+		}()
+		runs[i] = r
+	}
+	var first error
 	select {
-	case err := <-done:
-		return err
-	case <-gctx.Done():
+	case <-ctx.Done():
+	case first = <-failed:
 	}
-	// A little over the components' own bound, so theirs fires first.
-	grace := timeout + time.Second
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(grace):
-		return fmt.Errorf("shutdown: components still running after %s", grace)
+	deadline := time.NewTimer(timeout + stopGrace)
+	defer deadline.Stop()
+	for i, r := range runs {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			if first == nil {
+				first = err
+			}
+		case <-deadline.C:
+			for _, rest := range runs[i+1:] {
+				rest.cancel()
+			}
+			return fmt.Errorf("shutdown: %T still running after %s", r.c, timeout+stopGrace)
+		}
 	}
+	return first
 }
 
 // signalContext ends its context on the first SIGTERM or SIGINT; a second
