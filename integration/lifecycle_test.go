@@ -236,7 +236,7 @@ func TestRetireRemovesOnlyOwnObjects(t *testing.T) {
 	// Forgotten across restarts while the kubeconfig is unchanged...
 	g.stop()
 	g2 := startGateway(t, dir, gatewayOptions{identity: "after-retire"})
-	time.Sleep(2 * time.Second) // several check rounds
+	g2.waitChecks(t, 3) // it would be listed by now
 	var workers []api.Worker
 	g2.get(t, "/api/v1/workers", &workers)
 	assert.Empty(t, workers)

@@ -374,8 +374,6 @@ func unfinished(pods []corev1.Pod) []string {
 	return out
 }
 
-
-
 // Forget drops the clients and notes kept for a target that left the
 // targets directory.
 func (c *Controller) Forget(name string) {
