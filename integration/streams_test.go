@@ -182,7 +182,7 @@ func TestStreamFailures(t *testing.T) {
 		}
 		return nil
 	})
-	sg.src.Rate = 4 << 20 // 8 MiB at 4 MiB/s: two seconds to break it in
+	sg.src.SetRate(4 << 20) // 8 MiB at 4 MiB/s: two seconds to break it in
 
 	t.Run("source killed", func(t *testing.T) {
 		require.NoError(t, os.MkdirAll(sg.dst.Path("killed"), 0o755))
@@ -207,7 +207,7 @@ func TestStreamFailures(t *testing.T) {
 		}
 		return nil
 	})
-	src2.Rate = 4 << 20
+	src2.SetRate(4 << 20)
 
 	t.Run("API server restarted", func(t *testing.T) {
 		require.NoError(t, os.MkdirAll(sg.dst.Path("restart"), 0o755))
@@ -218,7 +218,7 @@ func TestStreamFailures(t *testing.T) {
 		_, err := os.Stat(filepath.Join(sg.dst.Path("restart"), "in"))
 		assert.True(t, os.IsNotExist(err), "no partial content lands")
 		require.NoError(t, clusters[0].StartAPIServer(ctx))
-		src2.Rate = 0
+		src2.SetRate(0)
 		eventually(t, 30*time.Second, func() error {
 			if code, _, body := postStream(t, sg.g, sg.request("sf", "big", "restart", "zstd")); code != http.StatusOK {
 				return fmt.Errorf("next stream: %d %v", code, body)
@@ -228,8 +228,8 @@ func TestStreamFailures(t *testing.T) {
 	})
 
 	t.Run("client cancels", func(t *testing.T) {
-		src2.Rate = 4 << 20
-		defer func() { src2.Rate = 0 }()
+		src2.SetRate(4 << 20)
+		defer func() { src2.SetRate(0) }()
 		require.NoError(t, os.MkdirAll(sg.dst.Path("cancelled"), 0o755))
 		body, _ := json.Marshal(sg.request("sf", "big", "cancelled", "raw"))
 		cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)

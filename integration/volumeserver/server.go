@@ -7,6 +7,7 @@ package volumeserver
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
@@ -36,9 +39,12 @@ type Server struct {
 	ln   net.Listener
 	// Client is used by stream-p2p-out; tests point its dialer at loopback.
 	Client *http.Client
-	// Rate, if set, limits stream-out to about this many bytes per second,
-	// so tests can fail a stream while it runs.
-	Rate int64
+	rate   atomic.Int64 // bytes per second of a new stream-out; 0: no limit
+
+	served   chan struct{} // closed when Serve returned
+	mu       sync.Mutex
+	killed   bool
+	handlers sync.WaitGroup
 }
 
 // Start serves on a new loopback port, storing volumes under root.
@@ -47,23 +53,56 @@ func Start(root string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{root: root, ln: ln, Client: &http.Client{}}
+	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /volumes", s.create)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
-	s.srv = &http.Server{Handler: mux}
-	go s.srv.Serve(ln)
+	s.srv = &http.Server{Handler: s.track(mux)}
+	go func() {
+		defer close(s.served)
+		_ = s.srv.Serve(ln)
+	}()
 	return s, nil
+}
+
+// SetRate limits the stream-outs that start from now on to about rate
+// bytes per second (0: no limit), so tests can fail a stream while it
+// runs. It is safe while the server serves.
+func (s *Server) SetRate(rate int64) { s.rate.Store(rate) }
+
+// track counts running handlers, for Kill to wait on; a request arriving
+// once the server is killed is dropped.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.killed {
+			s.mu.Unlock()
+			panic(http.ErrAbortHandler)
+		}
+		s.handlers.Add(1)
+		s.mu.Unlock()
+		defer s.handlers.Done()
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Port is the loopback port the server listens on.
 func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 
 // Kill drops the listener and every open connection mid-request, as a
-// killed process would.
-func (s *Server) Kill() error { return s.srv.Close() }
+// killed process would, and returns once its goroutines have. Calling it
+// again does nothing.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	s.killed = true
+	s.mu.Unlock()
+	err := s.srv.Close()
+	<-s.served
+	s.handlers.Wait()
+	return err
+}
 
 // Path returns the folder holding a volume's files.
 func (s *Server) Path(handle string) string { return filepath.Join(s.root, "volumes", handle) }
@@ -175,8 +214,8 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	}
 	enc := r.Header.Get("Accept-Encoding")
 	var sink io.Writer = w
-	if s.Rate > 0 {
-		sink = &throttled{w: w, rate: s.Rate, start: time.Now()}
+	if rate := s.rate.Load(); rate > 0 {
+		sink = &throttled{ctx: r.Context(), w: w, rate: rate, start: time.Now()}
 	}
 	out, err := encoder(enc, sink)
 	if err != nil {
@@ -203,7 +242,9 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	target := r.URL.Query().Get("streamInURL")
 	enc := encodingName(r.URL.Query().Get("encoding"))
 	pr, pw := io.Pipe()
+	written := make(chan struct{})
 	go func() {
+		defer close(written)
 		out, err := encoder(enc, pw)
 		if err == nil {
 			err = writeTar(out, src)
@@ -213,9 +254,10 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		}
 		pw.CloseWithError(err)
 	}()
+	// Whatever the push's outcome, the writer stops once nobody reads.
+	defer func() { pr.Close(); <-written }()
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pr)
 	if err != nil {
-		pr.CloseWithError(err)
 		fail(w, http.StatusBadRequest, "streamInURL: %v", err)
 		return
 	}
@@ -349,8 +391,9 @@ func untar(r io.Reader, dir string) error {
 	}
 }
 
-// throttled writes at about rate bytes per second.
+// throttled writes at about rate bytes per second, until ctx ends.
 type throttled struct {
+	ctx   context.Context
 	w     io.Writer
 	rate  int64
 	n     int64
@@ -370,7 +413,13 @@ func (t *throttled) Write(p []byte) (int, error) {
 			f.Flush()
 		}
 		if ahead := time.Duration(t.n*int64(time.Second)/t.rate) - time.Since(t.start); ahead > 0 {
-			time.Sleep(ahead)
+			wait := time.NewTimer(ahead)
+			select {
+			case <-wait.C:
+			case <-t.ctx.Done():
+				wait.Stop()
+				return total - len(p) + len(chunk), t.ctx.Err()
+			}
 		}
 		p = p[len(chunk):]
 	}

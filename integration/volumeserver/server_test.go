@@ -14,7 +14,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func start(t *testing.T) (*Server, string) {
 	t.Helper()
@@ -103,9 +106,12 @@ func TestTruncatedStreamInNeverLands(t *testing.T) {
 	fmt.Fprintf(conn, "PUT /volumes/v/stream-in?path=new HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", len(half))
 	conn.Write(half)
 	conn.Write([]byte("\r\n"))
-	time.Sleep(100 * time.Millisecond)
+	require.Eventually(t, func() bool { // the stream-in is extracting
+		started, _ := filepath.Glob(filepath.Join(src.Path("v"), ".stream-in-*"))
+		return len(started) > 0
+	}, 10*time.Second, 5*time.Millisecond)
 	conn.Close() // no terminating chunk: the upload was cut
-	time.Sleep(200 * time.Millisecond)
+	src.Kill()   // returns once the stream-in handler has
 	_, err = os.Stat(filepath.Join(src.Path("v"), "new"))
 	assert.True(t, os.IsNotExist(err), "a cut stream-in must not land")
 	leftovers, _ := filepath.Glob(filepath.Join(src.Path("v"), ".stream-in-*"))
@@ -124,4 +130,25 @@ func TestStreamP2POut(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(dst.Path("b"), "x", "f"))
 	require.NoError(t, err)
 	assert.Equal(t, "p2p", string(got))
+}
+
+// TestRateChangesWhileServing throttles and unthrottles a server while it
+// serves streams, as the integration tests do; the race detector guards it.
+func TestRateChangesWhileServing(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "v")
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("v"), "f"), bytes.Repeat([]byte("x"), 256<<10), 0o644))
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/v/stream-out", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	s.SetRate(1 << 30)
+	s.SetRate(0)
+	require.NoError(t, <-done)
 }
