@@ -237,3 +237,27 @@ func TestShutdownCancelsRequestsAtTheDeadline(t *testing.T) {
 		assert.Equal(t, 10*time.Second, stopping)
 	})
 }
+
+// A connection that never finished a request's headers holds the drain to
+// its deadline, then is closed; no request was cut off, so Start succeeds.
+func TestShutdownClosesUnfinishedRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ln := newPipeListener()
+		s := New(Options{Listener: ln, Gatherer: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Start(ctx) }()
+		conn, err := ln.DialContext(ctx, "pipe", "gateway")
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = conn.Write([]byte("GET /healthz HTTP/1.1\r\n"))
+		require.NoError(t, err)
+		synctest.Wait()
+		start := time.Now()
+		cancel()
+		require.NoError(t, <-done)
+		assert.Equal(t, 5*time.Second, time.Since(start))
+		_, err = conn.Read(make([]byte, 1))
+		assert.ErrorIs(t, err, io.EOF, "the connection was closed")
+	})
+}
