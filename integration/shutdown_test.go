@@ -167,7 +167,7 @@ func TestSIGTERMDrainsStreams(t *testing.T) {
 		return err
 	})
 
-	src.Rate = 2 << 20 // 8 MiB at 2 MiB/s: four seconds in flight
+	src.SetRate(2 << 20) // 8 MiB at 2 MiB/s: four seconds in flight
 	require.NoError(t, os.MkdirAll(dst.Path("drained"), 0o755))
 	moving := make(chan struct{})
 	type outcome struct {
