@@ -6,9 +6,12 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )
@@ -18,7 +21,18 @@ import (
 var clusters []*cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
+	code := runMain(m)
+	if code == 0 {
+		// Every gateway, dialer and stream a test started is gone by now;
+		// idle keep-alive connections of the tests' own clients are not
+		// goroutines of jetway's.
+		http.DefaultClient.CloseIdleConnections()
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "integration: leaked goroutines: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func runMain(m *testing.M) int {

@@ -72,7 +72,9 @@ type stateCollector struct {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := map[State]int{StateRunning: 0, StateStalled: 0}
+	// Every listed state is always exported, so an alert on one sees 0, not
+	// a missing series; pruned and retired targets are listed nowhere.
+	counts := map[State]int{StateRunning: 0, StateStalled: 0, StateLanding: 0, StateLanded: 0, StateRetiring: 0}
 	if c.registry != nil {
 		for _, s := range c.registry.Snapshot() {
 			counts[s.State]++
