@@ -11,17 +11,18 @@
 //     file become one validated Config; viper stays inside.
 //   - targets: the kubeconfig directory becomes a live, permission-checked
 //     set of targets (Concourse workers).
-//   - lifecycle: land, retire, prune and garbage collection, recorded in
-//     the target cluster so restarts and replicas agree.
-//   - selection: pure placement of steps on targets by team, tags and
-//     strategy; imports no Kubernetes client.
+//   - lifecycle: land, retire, prune, resume and garbage collection,
+//     recorded in the target cluster so restarts and replicas agree.
+//   - selection (coming: only its package comment today): pure placement
+//     of steps on targets by team, tags and strategy; imports no
+//     Kubernetes client.
 //   - portforward: dials a pod's port through the API server, no local
 //     listener: one supervised upgraded connection per pod (WebSocket, SPDY
 //     fallback) shared by its streams, and an http.RoundTripper over it.
 //   - streams: copies volumes between step pods (stream-out piped into
 //     stream-in) through portforward, on any clusters.
-//   - mesh: authenticated yamux sessions between the gateways of one
-//     installation.
+//   - mesh (coming: only its package comment today): authenticated yamux
+//     sessions between the gateways of one installation.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API,
 //     /metrics and the probes.
 //   - internal/...: small, narrowly named helpers (buildinfo, ownership).
