@@ -45,6 +45,11 @@ type Config struct {
 	LandTimeout  time.Duration `mapstructure:"land-timeout" help:"after this long landing, the API and logs name the step pods still holding a target"`
 	GCGrace      time.Duration `mapstructure:"gc-grace" help:"finished step pods are deleted this long after they end, even without a sync"`
 
+	// MaxStreams bounds the volume streams running at once (each holds a
+	// 1 MiB buffer and two port-forward streams); past it the API answers
+	// 429 with Retry-After. 0 means no bound.
+	MaxStreams int `mapstructure:"max-streams" help:"volume streams running at once; past it POST /api/v1/streams answers 429 (0: no bound)"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -72,6 +77,8 @@ func Default() Config {
 		Installation: "jetway",
 		LandTimeout:  30 * time.Minute,
 		GCGrace:      10 * time.Minute,
+
+		MaxStreams: 64,
 	}
 }
 
@@ -147,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.GCGrace < 0 {
 		add("gc-grace", "must not be negative, got %s", c.GCGrace)
+	}
+	if c.MaxStreams < 0 {
+		add("max-streams", "must not be negative (0: no bound), got %d", c.MaxStreams)
 	}
 	switch {
 	case c.AuthTokensFile == "" && !c.NoAuth:

@@ -60,10 +60,14 @@ func TestLoadPrecedence(t *testing.T) {
 }
 
 func TestLoadDashedKeys(t *testing.T) {
-	c, err := load(t, nil, map[string]string{"JETWAY_SHUTDOWN_TIMEOUT": "3s"}, "concourse-version: 7.14.0\n")
+	c, err := load(t, nil, map[string]string{"JETWAY_SHUTDOWN_TIMEOUT": "3s"}, "concourse-version: 7.14.0\nmax-streams: 8\n")
 	require.NoError(t, err)
 	assert.Equal(t, 3*time.Second, c.ShutdownTimeout)
 	assert.Equal(t, "7.14.0", c.ConcourseVersion)
+	assert.Equal(t, 8, c.MaxStreams)
+	c, err = load(t, []string{"--max-streams", "0"}, nil, "")
+	require.NoError(t, err)
+	assert.Zero(t, c.MaxStreams)
 }
 
 func TestLoadReportsEveryBadKey(t *testing.T) {
@@ -129,6 +133,9 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 			c.HealthInterval, c.HealthTimeout, c.HealthConcurrency, c.StallAfter = time.Millisecond, time.Second, 0, 0
 		}, want: []string{"health-interval: must be at least 100ms", "health-timeout: must be positive and at most",
 			"health-concurrency: must be at least 1", "stall-after: must be at least 1"}},
+		{name: "no stream bound", mutate: func(c *Config) { c.MaxStreams = 0 }},
+		{name: "negative stream bound", mutate: func(c *Config) { c.MaxStreams = -1 },
+			want: []string{"max-streams: must not be negative (0: no bound), got -1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
