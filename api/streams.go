@@ -18,7 +18,8 @@ type Streamer interface {
 }
 
 // NDJSON is the media type of a stream's progress answer: with
-// Accept: application/x-ndjson, POST /api/v1/streams answers 200 at once,
+// Accept: application/x-ndjson, POST /api/v1/streams answers 200 once the
+// stream has begun (a refused stream gets its status code as without),
 // then one {"bytes", "seconds"} line every progressEvery, then a last line
 // {"result": {...}} or {"error": "...", "side": "..."}.
 const NDJSON = "application/x-ndjson"
@@ -27,12 +28,19 @@ const progressEvery = 500 * time.Millisecond
 
 // createStream copies a volume between step pods and answers with the
 // bytes carried and their SHA-256, or an error naming the side that failed.
+// The request is checked whole before any target is looked up, and a
+// stream refused (bad request, unknown target or pod, too many streams)
+// gets its status code in NDJSON mode too.
 func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 	var req streams.Request
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "body must be {\"from\": {target, pod, handle, path}, \"to\": {...}, \"encoding\": \"raw|gzip|zstd\"}: " + err.Error()})
+		return
+	}
+	if err := req.Validate(); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error()})
 		return
 	}
 	id := requestIdentity(r)
@@ -43,19 +51,32 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	req.Caller = streams.Caller{Admin: id.admin, Team: id.team}
 	if strings.Contains(r.Header.Get("Accept"), NDJSON) {
 		s.streamWithProgress(w, r, req)
 		return
 	}
 	res, err := s.opts.Streams.Stream(r.Context(), req, nil)
+	s.answerStream(w, res, err)
+}
+
+// streamsRetryAfter is the Retry-After of a stream refused for too many
+// streams: streams end every few seconds on a busy gateway.
+const streamsRetryAfter = "1"
+
+// answerStream answers with a stream's result or why it failed.
+func (s *Server) answerStream(w http.ResponseWriter, res streams.Result, err error) {
 	var serr *streams.Error
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, res)
 	case errors.Is(err, streams.ErrInvalid):
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error()})
-	case errors.Is(err, targets.ErrNotFound):
+	case errors.Is(err, streams.ErrNotFound), errors.Is(err, targets.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
+	case errors.Is(err, streams.ErrBusy):
+		w.Header().Set("Retry-After", streamsRetryAfter)
+		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: err.Error()})
 	case errors.As(err, &serr):
 		s.opts.Logger.Warn("stream failed", "side", serr.Side, "error", err.Error())
 		writeJSON(w, http.StatusBadGateway, streamError{Error: serr.Err.Error(), Side: serr.Side})
@@ -78,18 +99,10 @@ type ProgressLine struct {
 	Side    string          `json:"side,omitempty"`
 }
 
+// streamWithProgress answers 200 only once the stream has begun; a
+// stream refused before answers as without NDJSON.
 func (s *Server) streamWithProgress(w http.ResponseWriter, r *http.Request, req streams.Request) {
-	w.Header().Set("Content-Type", NDJSON)
-	w.WriteHeader(http.StatusOK)
-	enc := json.NewEncoder(w)
-	flush := func(line ProgressLine) {
-		_ = enc.Encode(line)
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
-	}
 	var progress streams.Progress
-	start := time.Now()
 	done := make(chan struct{})
 	var (
 		res streams.Result
@@ -99,6 +112,26 @@ func (s *Server) streamWithProgress(w http.ResponseWriter, r *http.Request, req 
 		defer close(done)
 		res, err = s.opts.Streams.Stream(r.Context(), req, &progress)
 	}()
+	select {
+	case <-progress.Started():
+	case <-done:
+		select {
+		case <-progress.Started():
+		default:
+			s.answerStream(w, res, err)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", NDJSON)
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	flush := func(line ProgressLine) {
+		_ = enc.Encode(line)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	start := time.Now()
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for running := true; running; {

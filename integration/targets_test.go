@@ -104,7 +104,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
 	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger, Resolve: registry.REST})
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
-		Namespace: registry.Namespace, PodIP: registry.PodIP})
+		Installation: o.installation, Namespace: registry.Namespace, Pod: registry.Pod,
+		Metrics: streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

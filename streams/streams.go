@@ -4,25 +4,22 @@
 // so pods on clusters that cannot see each other exchange artifacts. Memory
 // stays flat (one pooled buffer per stream); any failure aborts the
 // destination's request, so a truncated artifact never looks complete.
+// A stream touches only pods jetway made for the target, and a team's
+// caller only its team's pods (see access.go).
 package streams
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/jetway-ci/jetway/portforward"
 )
@@ -46,6 +43,15 @@ type Request struct {
 	From     Endpoint `json:"from"`
 	To       Endpoint `json:"to"`
 	Encoding string   `json:"encoding"`
+	// Caller is who asks. The API sets it from the request's token; it is
+	// never read from a body, and its zero value may touch no pod.
+	Caller Caller `json:"-"`
+}
+
+// Caller is who asks for a stream: an admin, or a team.
+type Caller struct {
+	Admin bool
+	Team  string
 }
 
 // Result is what a finished stream carried. A relayed stream reports the
@@ -64,32 +70,58 @@ const (
 	ModeP2P   = "p2p"
 )
 
+// Sides of a stream, as Error names them.
+const (
+	SideSource      = "source"
+	SideDestination = "destination"
+)
+
 // Error says which side of a stream failed.
 type Error struct {
-	Side string // "source" or "destination"
+	Side string // SideSource or SideDestination
 	Err  error
 }
 
 func (e *Error) Error() string { return e.Side + ": " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// ErrInvalid marks a malformed request.
-var ErrInvalid = errors.New("invalid stream request")
+// Errors of a stream refused before it starts.
+var (
+	// ErrInvalid marks a malformed request.
+	ErrInvalid = errors.New("invalid stream request")
+	// ErrNotFound marks a pod that does not exist or that the caller may
+	// not touch: the two answer alike, so a caller learns nothing about
+	// pods that are not its own.
+	ErrNotFound = errors.New("not found")
+	// ErrBusy marks a stream refused because MaxStreams are running.
+	ErrBusy = errors.New("too many streams")
+)
 
 // Options configure a Streamer.
 type Options struct {
 	Dialer *portforward.Dialer
+	// Transport, if set, carries the volume servers' requests instead of
+	// Dialer's port-forwards (tests).
+	Transport http.RoundTripper
+	// Installation is this jetway installation's name: a stream touches
+	// only pods labelled with it (required).
+	Installation string
 	// Namespace returns a target's namespace.
 	Namespace func(target string) (string, error)
-	// PodIP returns a pod's IP; with it, streams within one target ask the
-	// source to push straight to the destination (stream-p2p-out).
-	PodIP func(ctx context.Context, target, pod string) (string, error)
+	// Pod reads a pod of a target. Every stream reads both of its pods to
+	// check they are jetway's and the caller's; the destination's IP lets
+	// streams within one target go direct (stream-p2p-out).
+	Pod func(ctx context.Context, target, pod string) (*corev1.Pod, error)
+	// MaxStreams bounds the streams running at once; past it Stream fails
+	// with ErrBusy at once. 0 means no bound.
+	MaxStreams int
 	// BufferSize is the copy buffer of one stream; default 1 MiB.
 	BufferSize int
 	// StallTimeout aborts a stream when no bytes move for this long (a hung
 	// volume server, or a port-forward that stays open after the process
 	// behind it died); default 2m.
 	StallTimeout time.Duration
+	Metrics      *Metrics
 	Logger       *slog.Logger
 }
 
@@ -98,6 +130,7 @@ type Streamer struct {
 	opts   Options
 	client *http.Client
 	bufs   sync.Pool
+	slots  chan struct{} // one per running stream; nil without MaxStreams
 }
 
 // New builds a Streamer.
@@ -113,20 +146,31 @@ func New(opts Options) *Streamer {
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = 2 * time.Minute
 	}
-	s := &Streamer{opts: opts, client: &http.Client{Transport: opts.Dialer.RoundTripper()}}
+	if opts.Transport == nil {
+		opts.Transport = opts.Dialer.RoundTripper()
+	}
+	s := &Streamer{opts: opts, client: &http.Client{Transport: opts.Transport}}
 	s.bufs.New = func() any { b := make([]byte, opts.BufferSize); return &b }
+	if opts.MaxStreams > 0 {
+		s.slots = make(chan struct{}, opts.MaxStreams)
+	}
 	return s
 }
 
 // Close releases idle connections.
 func (s *Streamer) Close() { s.client.CloseIdleConnections() }
 
-func (r Request) validate() error {
+// Validate reports every problem of a request at once, wrapping
+// ErrInvalid.
+func (r Request) Validate() error {
 	var probs []string
-	for side, e := range map[string]Endpoint{"from": r.From, "to": r.To} {
-		for field, v := range map[string]string{"target": e.Target, "pod": e.Pod, "handle": e.Handle} {
-			if v == "" {
-				probs = append(probs, side+"."+field+" is required")
+	for _, side := range []struct {
+		name string
+		e    Endpoint
+	}{{"from", r.From}, {"to", r.To}} {
+		for _, f := range []struct{ name, v string }{{"target", side.e.Target}, {"pod", side.e.Pod}, {"handle", side.e.Handle}} {
+			if f.v == "" {
+				probs = append(probs, side.name+"."+f.name+" is required")
 			}
 		}
 	}
@@ -148,256 +192,94 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// volumeURL is a pod's volume server endpoint, reached by port-forward.
-func (s *Streamer) volumeURL(e Endpoint, op string) (string, error) {
-	ns, err := s.opts.Namespace(e.Target)
-	if err != nil {
-		return "", err
-	}
-	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, ns, e.Pod, VolumePort),
-		Path: "/volumes/" + url.PathEscape(e.Handle) + "/" + op, RawQuery: url.Values{"path": {e.Path}}.Encode()}
-	return u.String(), nil
+// Progress follows one stream while it runs: Started is closed once the
+// request passed its checks and the stream begins, and the count is the
+// bytes relayed so far.
+type Progress struct {
+	atomic.Int64
+	once, startOnce sync.Once
+	started         chan struct{}
 }
 
-// Progress counts the bytes a relayed stream has carried so far; callers
-// read it while Stream runs.
-type Progress struct{ atomic.Int64 }
+// Started is closed once the stream passed its checks (valid, within
+// MaxStreams, both pods found and the caller's) and begins to move bytes.
+func (p *Progress) Started() <-chan struct{} { return p.ch() }
+
+func (p *Progress) ch() chan struct{} {
+	p.once.Do(func() { p.started = make(chan struct{}) })
+	return p.started
+}
+
+// Start closes Started. Stream calls it; so do fakes of a Streamer. A nil
+// Progress ignores it.
+func (p *Progress) Start() {
+	if p != nil {
+		p.startOnce.Do(func() { close(p.ch()) })
+	}
+}
 
 // Stream copies req.From into req.To and returns what was carried.
-// Cancelling ctx cancels both sides. progress, if set, counts relayed
-// bytes as they pass.
+// Cancelling ctx cancels both sides. It fails with ErrInvalid, ErrBusy or
+// ErrNotFound before touching a volume, else with an *Error naming the
+// side. progress, if set, follows the stream.
 func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) (Result, error) {
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
+		s.opts.Metrics.reject(reasonInvalid)
 		return Result{}, err
 	}
 	if req.Encoding == "" {
 		req.Encoding = "raw"
 	}
+	release, err := s.acquire()
+	if err != nil {
+		s.opts.Metrics.reject(reasonBusy)
+		return Result{}, err
+	}
+	defer release()
+	dst, err := s.authorize(ctx, req)
+	if errors.Is(err, ErrNotFound) {
+		s.opts.Metrics.reject(reasonNotFound)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	progress.Start()
 	start := time.Now()
-	if req.From.Target == req.To.Target && s.opts.PodIP != nil {
-		err := s.p2p(ctx, req)
+	res, err := s.run(ctx, req, dst, progress)
+	res.Seconds = time.Since(start).Seconds()
+	s.opts.Metrics.finished(res, outcome(ctx, err))
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// acquire takes one of MaxStreams slots without waiting.
+func (s *Streamer) acquire() (release func(), err error) {
+	if s.slots == nil {
+		return func() {}, nil
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	default:
+		return nil, fmt.Errorf("%w: %d are running, as many as max-streams allows", ErrBusy, cap(s.slots))
+	}
+}
+
+// run streams directly within one target when it can, else relays. The
+// result names the mode tried last, and bytes relayed even on failure.
+func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progress *Progress) (Result, error) {
+	if req.From.Target == req.To.Target {
+		err := s.p2p(ctx, req, dst.Status.PodIP)
 		if err == nil {
-			return Result{Mode: ModeP2P, Seconds: time.Since(start).Seconds()}, nil
+			return Result{Mode: ModeP2P}, nil
 		}
 		if ctx.Err() != nil {
-			return Result{}, &Error{Side: "source", Err: err}
+			return Result{Mode: ModeP2P}, &Error{Side: SideSource, Err: err}
 		}
 		s.opts.Logger.Warn("direct stream failed; relaying", "target", req.From.Target,
 			"from", req.From.Pod, "to", req.To.Pod, "error", err.Error())
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	src, err := s.open(ctx, req)
-	if err != nil {
-		return Result{}, &Error{Side: "source", Err: err}
-	}
-	defer src.Close()
-
-	pr, pw := io.Pipe()
-	hash := sha256.New()
-	wd := newWatchdog(s.opts.StallTimeout, cancel)
-	var (
-		n      int64
-		srcErr error
-		copied = make(chan struct{})
-	)
-	go func() {
-		defer close(copied)
-		buf := s.bufs.Get().(*[]byte)
-		defer s.bufs.Put(buf)
-		n, srcErr = relay(pw, src, hash, *buf, wd, progress)
-		if errors.Is(srcErr, errDestinationDone) {
-			srcErr = nil // the destination answered first; its error decides
-		}
-		// A source failure aborts the upload: the destination's body read
-		// fails, and it discards what it got.
-		pw.CloseWithError(srcErr)
-	}()
-	dstErr := s.put(ctx, req, pr)
-	pr.CloseWithError(errDestinationDone) // unblock the copy if the destination quit
-	<-copied
-	stalled := wd.stop()
-	switch {
-	case stalled == phaseReading:
-		return Result{}, &Error{Side: "source", Err: fmt.Errorf("stalled: no data from stream-out for %s", s.opts.StallTimeout)}
-	case stalled == phaseWriting:
-		return Result{}, &Error{Side: "destination", Err: fmt.Errorf("stalled: stream-in took no data for %s", s.opts.StallTimeout)}
-	case srcErr != nil:
-		return Result{}, &Error{Side: "source", Err: srcErr}
-	case dstErr != nil:
-		return Result{}, &Error{Side: "destination", Err: dstErr}
-	}
-	return Result{Mode: ModeRelay, Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil)), Seconds: time.Since(start).Seconds()}, nil
-}
-
-// p2p asks the source pod to push the volume straight to the destination
-// pod's stream-in (pods of one target reach each other).
-func (s *Streamer) p2p(ctx context.Context, req Request) error {
-	ip, err := s.opts.PodIP(ctx, req.To.Target, req.To.Pod)
-	if err != nil {
-		return err
-	}
-	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
-		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
-	u, err := s.volumeURL(req.From, "stream-p2p-out")
-	if err != nil {
-		return err
-	}
-	u += "&" + url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}.Encode()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := s.client.Do(hreq)
-	if err != nil {
-		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
-	}
-	return nil
-}
-
-// relay copies src into dst through buf, hashing what passes and telling
-// the watchdog which side it waits on.
-func relay(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdog, progress *Progress) (int64, error) {
-	var n int64
-	for {
-		wd.enter(phaseReading)
-		nr, rerr := src.Read(buf)
-		if nr > 0 {
-			hash.Write(buf[:nr])
-			wd.enter(phaseWriting)
-			nw, werr := dst.Write(buf[:nr])
-			n += int64(nw)
-			if progress != nil {
-				progress.Add(int64(nw))
-			}
-			if werr != nil {
-				// The pipe only fails once the destination's request ended:
-				// its error is the one to report.
-				return n, errDestinationDone
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			return n, nil
-		}
-		if rerr != nil {
-			return n, rerr
-		}
-	}
-}
-
-var errDestinationDone = errors.New("destination finished reading")
-
-// open starts the source's stream-out and returns its body.
-func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error) {
-	u, err := s.volumeURL(req.From, "stream-out")
-	if err != nil {
-		return nil, err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	hreq.Header.Set("Accept-Encoding", req.Encoding)
-	resp, err := s.client.Do(hreq)
-	if err != nil {
-		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
-	}
-	return resp.Body, nil
-}
-
-// put uploads body into the destination's stream-in.
-func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
-	u, err := s.volumeURL(req.To, "stream-in")
-	if err != nil {
-		return err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, body)
-	if err != nil {
-		return err
-	}
-	hreq.Header.Set("Content-Encoding", req.Encoding)
-	resp, err := s.client.Do(hreq)
-	if err != nil {
-		return fmt.Errorf("stream-in %s/%s: %w", req.To.Pod, req.To.Handle, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("stream-in %s/%s: %w", req.To.Pod, req.To.Handle, remoteError(resp))
-	}
-	return nil
-}
-
-// remoteError renders a volume server's JSON error answer.
-func remoteError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	var body struct {
-		Error string `json:"error"`
-	}
-	if json.Unmarshal(b, &body) == nil && body.Error != "" {
-		return fmt.Errorf("%s: %s", resp.Status, body.Error)
-	}
-	return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
-}
-
-// Phases of a relay, for the watchdog to blame the side it waited on.
-const (
-	phaseNone int32 = iota
-	phaseReading
-	phaseWriting
-)
-
-// watchdog cancels a stream whose relay makes no progress for timeout.
-type watchdog struct {
-	timeout time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last progress
-	phase   atomic.Int32
-	stalled atomic.Int32 // phase at the time it fired, or phaseNone
-	done    chan struct{}
-	exited  chan struct{}
-}
-
-func newWatchdog(timeout time.Duration, cancel context.CancelFunc) *watchdog {
-	w := &watchdog{timeout: timeout, done: make(chan struct{}), exited: make(chan struct{})}
-	w.last.Store(time.Now().UnixNano())
-	w.phase.Store(phaseReading)
-	go func() {
-		defer close(w.exited)
-		tick := time.NewTicker(timeout / 4)
-		defer tick.Stop()
-		for {
-			select {
-			case <-w.done:
-				return
-			case now := <-tick.C:
-				if now.Sub(time.Unix(0, w.last.Load())) > timeout {
-					w.stalled.Store(w.phase.Load())
-					cancel()
-					return
-				}
-			}
-		}
-	}()
-	return w
-}
-
-// enter records progress and the phase the relay now waits in.
-func (w *watchdog) enter(phase int32) {
-	w.last.Store(time.Now().UnixNano())
-	w.phase.Store(phase)
-}
-
-// stop ends the watchdog and reports the phase it fired in, if it did.
-func (w *watchdog) stop() int32 {
-	close(w.done)
-	<-w.exited
-	return w.stalled.Load()
+	return s.relay(ctx, req, progress)
 }

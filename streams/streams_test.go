@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -18,12 +19,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestValidate(t *testing.T) {
 	ok := Request{From: Endpoint{Target: "a", Pod: "p", Handle: "h"}, To: Endpoint{Target: "b", Pod: "q", Handle: "i"}}
-	require.NoError(t, ok.validate())
+	require.NoError(t, ok.Validate())
 	ok.Encoding = "zstd"
-	require.NoError(t, ok.validate())
+	require.NoError(t, ok.Validate())
 
 	bad := Request{From: Endpoint{Target: "a"}, Encoding: "br"}
-	err := bad.validate()
+	err := bad.Validate()
 	require.ErrorIs(t, err, ErrInvalid)
 	for _, want := range []string{"from.pod is required", "from.handle is required", "to.target is required",
 		`encoding "br" is not one of raw, gzip, zstd`} {
@@ -47,13 +48,13 @@ func (r *stuckReader) Read(p []byte) (int, error) {
 	return 0, errors.New("released")
 }
 
-func TestRelayHashesAndCounts(t *testing.T) {
+func TestPumpHashesAndCounts(t *testing.T) {
 	data := bytes.Repeat([]byte("artifact"), 100_000)
 	var out bytes.Buffer
 	h := sha256.New()
 	wd := newWatchdog(time.Minute, func() {})
 	var progress Progress
-	n, err := relay(&out, bytes.NewReader(data), h, make([]byte, 4096), wd, &progress)
+	n, err := pump(&out, bytes.NewReader(data), h, make([]byte, 4096), wd, &progress)
 	assert.Equal(t, phaseNone, wd.stop())
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(data)), n)
@@ -63,23 +64,58 @@ func TestRelayHashesAndCounts(t *testing.T) {
 	assert.Equal(t, data, out.Bytes())
 }
 
+// The watchdog fires once no bytes moved for its timeout, give or take a
+// quarter of it (its tick), and blames the side the relay waited on.
 func TestWatchdogBlamesTheSideItWaitsOn(t *testing.T) {
+	const timeout = 2 * time.Minute
 	t.Run("source stalls", func(t *testing.T) {
-		src := &stuckReader{data: []byte("some"), release: make(chan struct{})}
-		ctx, cancel := context.WithCancel(context.Background())
-		wd := newWatchdog(80*time.Millisecond, cancel)
-		go func() { <-ctx.Done(); close(src.release) }()
-		_, err := relay(io.Discard, src, sha256.New(), make([]byte, 16), wd, nil)
-		require.Error(t, err)
-		assert.Equal(t, phaseReading, wd.stop())
+		synctest.Test(t, func(t *testing.T) {
+			src := &stuckReader{data: []byte("some"), release: make(chan struct{})}
+			ctx, cancel := context.WithCancel(context.Background())
+			wd := newWatchdog(timeout, cancel)
+			go func() { <-ctx.Done(); close(src.release) }()
+			start := time.Now()
+			_, err := pump(io.Discard, src, sha256.New(), make([]byte, 16), wd, nil)
+			require.Error(t, err)
+			assert.Equal(t, phaseReading, wd.stop())
+			assert.Equal(t, timeout+timeout/4, time.Since(start), "the first tick past the timeout")
+		})
 	})
 	t.Run("destination stalls", func(t *testing.T) {
-		pr, pw := io.Pipe() // nobody reads pr: writes block
-		ctx, cancel := context.WithCancel(context.Background())
-		wd := newWatchdog(80*time.Millisecond, cancel)
-		go func() { <-ctx.Done(); pr.CloseWithError(errors.New("cancelled")) }()
-		_, err := relay(pw, bytes.NewReader([]byte("data")), sha256.New(), make([]byte, 16), wd, nil)
-		assert.ErrorIs(t, err, errDestinationDone)
-		assert.Equal(t, phaseWriting, wd.stop())
+		synctest.Test(t, func(t *testing.T) {
+			pr, pw := io.Pipe() // nobody reads pr: writes block
+			ctx, cancel := context.WithCancel(context.Background())
+			wd := newWatchdog(timeout, cancel)
+			go func() { <-ctx.Done(); pr.CloseWithError(errors.New("cancelled")) }()
+			_, err := pump(pw, bytes.NewReader([]byte("data")), sha256.New(), make([]byte, 16), wd, nil)
+			assert.ErrorIs(t, err, errDestinationDone)
+			assert.Equal(t, phaseWriting, wd.stop())
+		})
 	})
+	t.Run("slow but moving", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			wd := newWatchdog(timeout, func() { t.Error("cancelled a stream that moves") })
+			src := &tricklingReader{n: 10, every: timeout - time.Second}
+			n, err := pump(io.Discard, src, sha256.New(), make([]byte, 16), wd, nil)
+			require.NoError(t, err)
+			assert.Equal(t, int64(10), n)
+			assert.Equal(t, phaseNone, wd.stop())
+		})
+	})
+}
+
+// tricklingReader returns one byte every interval, n times.
+type tricklingReader struct {
+	n     int
+	every time.Duration
+}
+
+func (r *tricklingReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(r.every)
+	r.n--
+	p[0] = 'x'
+	return 1, nil
 }

@@ -260,19 +260,12 @@ func (m Metadata) validate() error {
 // referenced files): equal hashes, same target definition.
 func (c *Config) Hash() string { return c.hash }
 
-// PodIP reads a pod's IP in the target's namespace. The client shares
+// Pod reads a pod in the target's namespace. The client shares
 // client-go's cached transport for the target's cluster.
-func (c *Config) PodIP(ctx context.Context, pod string) (string, error) {
+func (c *Config) Pod(ctx context.Context, pod string) (*corev1.Pod, error) {
 	core, err := corev1client.NewForConfig(c.REST)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	p, err := core.Pods(c.Meta.Namespace).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		return "", err
-	}
-	if p.Status.PodIP == "" {
-		return "", fmt.Errorf("pod %s/%s has no IP yet", c.Meta.Namespace, pod)
-	}
-	return p.Status.PodIP, nil
+	return core.Pods(c.Meta.Namespace).Get(ctx, pod, metav1.GetOptions{})
 }

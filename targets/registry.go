@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -501,11 +502,11 @@ func (r *Registry) Namespace(name string) (string, error) {
 	return cfg.Meta.Namespace, nil
 }
 
-// PodIP returns the IP of a pod of a target.
-func (r *Registry) PodIP(ctx context.Context, name, pod string) (string, error) {
+// Pod reads a pod of a target.
+func (r *Registry) Pod(ctx context.Context, name, pod string) (*corev1.Pod, error) {
 	cfg, err := r.Config(name)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return cfg.PodIP(ctx, pod)
+	return cfg.Pod(ctx, pod)
 }

@@ -96,10 +96,13 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:  logger.With("component", "portforward"),
 	})
 	streamer := streams.New(streams.Options{
-		Dialer:    dialer,
-		Namespace: registry.Namespace,
-		PodIP:     registry.PodIP,
-		Logger:    logger.With("component", "streams"),
+		Dialer:       dialer,
+		Installation: cfg.Installation,
+		Namespace:    registry.Namespace,
+		Pod:          registry.Pod,
+		MaxStreams:   cfg.MaxStreams,
+		Metrics:      streams.NewMetrics(reg),
+		Logger:       logger.With("component", "streams"),
 	})
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,

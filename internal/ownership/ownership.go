@@ -11,6 +11,10 @@ const (
 	WorkerLabel = "org.concourse-ci.worker"
 	// InstallationLabel names the jetway installation that created it.
 	InstallationLabel = "jetway-ci.dev/installation"
+	// TeamLabel names the Concourse team a step pod runs for. A team's
+	// token may stream only from and to pods with its team here; a pod
+	// without it is for admins alone.
+	TeamLabel = "jetway-ci.dev/team"
 )
 
 // Labels are the ownership labels of an object created for target by

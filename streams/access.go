@@ -1,0 +1,74 @@
+package streams
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+)
+
+// podLookupTimeout bounds reading one pod from a target's API server.
+const podLookupTimeout = 10 * time.Second
+
+// authorize reads both pods of req and checks that the caller may touch
+// each; it returns the destination pod, whose IP serves a direct stream.
+// A pod missing or not the caller's fails with ErrNotFound; a pod that
+// cannot be read fails with an *Error naming its side.
+func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, error) {
+	var dst *corev1.Pod
+	for _, side := range []struct {
+		name string
+		e    Endpoint
+	}{{SideSource, req.From}, {SideDestination, req.To}} {
+		pod, err := s.pod(ctx, side.e)
+		if err != nil {
+			return nil, &Error{Side: side.name, Err: err}
+		}
+		if !s.mayTouch(req.Caller, side.e.Target, pod) {
+			return nil, &Error{Side: side.name, Err: notFound(side.e)}
+		}
+		dst = pod
+	}
+	return dst, nil
+}
+
+// pod reads a pod of an endpoint; a missing one is ErrNotFound.
+func (s *Streamer) pod(ctx context.Context, e Endpoint) (*corev1.Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, podLookupTimeout)
+	defer cancel()
+	pod, err := s.opts.Pod(ctx, e.Target, e.Pod)
+	if apierrors.IsNotFound(err) {
+		return nil, notFound(e)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pod %s on target %s: %w", e.Pod, e.Target, err)
+	}
+	return pod, nil
+}
+
+// notFound is the one answer for a pod missing and a pod not the caller's.
+func notFound(e Endpoint) error {
+	return fmt.Errorf("pod %q %w on target %q", e.Pod, ErrNotFound, e.Target)
+}
+
+// mayTouch reports whether caller may stream from or into pod on target.
+// The pod must carry jetway's ownership labels for target and this
+// installation, so no stream reaches a pod jetway did not make. An admin
+// may touch any such pod; a team only those labelled with its team, and a
+// pod without a team label is for admins alone.
+func (s *Streamer) mayTouch(c Caller, target string, pod *corev1.Pod) bool {
+	if s.opts.Installation == "" || !hasLabel(pod, ownership.WorkerLabel, target) ||
+		!hasLabel(pod, ownership.InstallationLabel, s.opts.Installation) {
+		return false
+	}
+	return c.Admin || (c.Team != "" && hasLabel(pod, ownership.TeamLabel, c.Team))
+}
+
+func hasLabel(pod *corev1.Pod, key, want string) bool {
+	v, ok := pod.Labels[key]
+	return ok && v == want
+}

@@ -1,0 +1,262 @@
+package streams
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jetway-ci/jetway/portforward"
+)
+
+// volumeURL is a pod's volume server endpoint, reached by port-forward.
+func (s *Streamer) volumeURL(e Endpoint, op string) (string, error) {
+	ns, err := s.opts.Namespace(e.Target)
+	if err != nil {
+		return "", err
+	}
+	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, ns, e.Pod, VolumePort),
+		Path: "/volumes/" + url.PathEscape(e.Handle) + "/" + op, RawQuery: url.Values{"path": {e.Path}}.Encode()}
+	return u.String(), nil
+}
+
+// errDestinationDone ends the source's side of a relay once the
+// destination's request has ended: what the source does then is not the
+// stream's failure.
+var errDestinationDone = errors.New("destination finished reading")
+
+// relay pipes the source's stream-out into the destination's stream-in.
+// A source failure aborts the upload; the destination's answer, success
+// or failure, cancels the source at once, so a failed destination is
+// reported as soon as it answers instead of after the source's next bytes
+// or the stall timeout.
+func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (Result, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srcCtx, cancelSrc := context.WithCancelCause(ctx)
+	defer cancelSrc(nil)
+	src, err := s.open(srcCtx, req)
+	if err != nil {
+		return Result{Mode: ModeRelay}, &Error{Side: SideSource, Err: err}
+	}
+	defer src.Close()
+
+	pr, pw := io.Pipe()
+	hash := sha256.New()
+	wd := newWatchdog(s.opts.StallTimeout, cancel)
+	var (
+		n      int64
+		srcErr error
+		cut    bool // the destination stopped taking bytes before the end
+		copied = make(chan struct{})
+	)
+	go func() {
+		defer close(copied)
+		buf := s.bufs.Get().(*[]byte)
+		defer s.bufs.Put(buf)
+		n, srcErr = pump(pw, src, hash, *buf, wd, progress)
+		if srcErr != nil && (errors.Is(srcErr, errDestinationDone) || errors.Is(context.Cause(srcCtx), errDestinationDone)) {
+			srcErr, cut = nil, true // the destination answered first; its error decides
+		}
+		// A source failure aborts the upload: the destination's body read
+		// fails, and it discards what it got.
+		pw.CloseWithError(srcErr)
+	}()
+	dstErr := s.put(ctx, req, pr)
+	cancelSrc(errDestinationDone)         // a pending Read returns now
+	pr.CloseWithError(errDestinationDone) // and so does a pending Write
+	<-copied
+	res := Result{Mode: ModeRelay, Bytes: n}
+	switch stalled := wd.stop(); {
+	case stalled == phaseReading:
+		return res, &Error{Side: SideSource, Err: fmt.Errorf("stalled: no data from stream-out for %s", s.opts.StallTimeout)}
+	case stalled == phaseWriting:
+		return res, &Error{Side: SideDestination, Err: fmt.Errorf("stalled: stream-in took no data for %s", s.opts.StallTimeout)}
+	case srcErr != nil:
+		return res, &Error{Side: SideSource, Err: srcErr}
+	case dstErr != nil:
+		return res, &Error{Side: SideDestination, Err: dstErr}
+	case cut:
+		return res, &Error{Side: SideDestination, Err: fmt.Errorf("stream-in %s/%s: answered before the stream ended", req.To.Pod, req.To.Handle)}
+	}
+	res.SHA256 = hex.EncodeToString(hash.Sum(nil))
+	return res, nil
+}
+
+// p2p asks the source pod to push the volume straight to the destination
+// pod's stream-in at ip (pods of one target reach each other).
+func (s *Streamer) p2p(ctx context.Context, req Request, ip string) error {
+	if ip == "" {
+		return fmt.Errorf("pod %s has no IP yet", req.To.Pod)
+	}
+	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
+		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
+	u, err := s.volumeURL(req.From, "stream-p2p-out")
+	if err != nil {
+		return err
+	}
+	u += "&" + url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}.Encode()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
+	}
+	return nil
+}
+
+// pump copies src into dst through buf, hashing what passes and telling
+// the watchdog which side it waits on.
+func pump(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdog, progress *Progress) (int64, error) {
+	var n int64
+	for {
+		wd.enter(phaseReading)
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			hash.Write(buf[:nr])
+			wd.enter(phaseWriting)
+			nw, werr := dst.Write(buf[:nr])
+			n += int64(nw)
+			if progress != nil {
+				progress.Add(int64(nw))
+			}
+			if werr != nil {
+				// The pipe only fails once the destination's request ended:
+				// its error is the one to report.
+				return n, errDestinationDone
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// open starts the source's stream-out and returns its body.
+func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error) {
+	u, err := s.volumeURL(req.From, "stream-out")
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Accept-Encoding", req.Encoding)
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
+	}
+	return resp.Body, nil
+}
+
+// put uploads body into the destination's stream-in.
+func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
+	u, err := s.volumeURL(req.To, "stream-in")
+	if err != nil {
+		return err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, body)
+	if err != nil {
+		return err
+	}
+	hreq.Header.Set("Content-Encoding", req.Encoding)
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("stream-in %s/%s: %w", req.To.Pod, req.To.Handle, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("stream-in %s/%s: %w", req.To.Pod, req.To.Handle, remoteError(resp))
+	}
+	return nil
+}
+
+// remoteError renders a volume server's JSON error answer.
+func remoteError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var body struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(b, &body) == nil && body.Error != "" {
+		return fmt.Errorf("%s: %s", resp.Status, body.Error)
+	}
+	return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+}
+
+// Phases of a relay, for the watchdog to blame the side it waited on.
+const (
+	phaseNone int32 = iota
+	phaseReading
+	phaseWriting
+)
+
+// watchdog cancels a stream whose relay makes no progress for timeout.
+type watchdog struct {
+	timeout time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last progress
+	phase   atomic.Int32
+	stalled atomic.Int32 // phase at the time it fired, or phaseNone
+	done    chan struct{}
+	exited  chan struct{}
+}
+
+func newWatchdog(timeout time.Duration, cancel context.CancelFunc) *watchdog {
+	w := &watchdog{timeout: timeout, done: make(chan struct{}), exited: make(chan struct{})}
+	w.last.Store(time.Now().UnixNano())
+	w.phase.Store(phaseReading)
+	go func() {
+		defer close(w.exited)
+		tick := time.NewTicker(timeout / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case now := <-tick.C:
+				if now.Sub(time.Unix(0, w.last.Load())) > timeout {
+					w.stalled.Store(w.phase.Load())
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return w
+}
+
+// enter records progress and the phase the relay now waits in.
+func (w *watchdog) enter(phase int32) {
+	w.last.Store(time.Now().UnixNano())
+	w.phase.Store(phase)
+}
+
+// stop ends the watchdog and reports the phase it fired in, if it did.
+func (w *watchdog) stop() int32 {
+	close(w.done)
+	<-w.exited
+	return w.stalled.Load()
+}
