@@ -295,8 +295,11 @@ func TestDialerIdleAndRoundTripper(t *testing.T) {
 	})
 	rt.CloseIdleConnections() // ends the streams; the pod connection idles
 	assert.Contains(t, scrape(t, reg), "jetway_portforward_connections 1\n")
-	clock.Advance(time.Second)
-	eventually(t, 5*time.Second, func() error { // the supervisor's next check closes it
+	// The transport closes its streams in the background, and a stream's
+	// close stamps the connection's last use: advance on every check, so
+	// the clock passes IdleTimeout after the last stream went.
+	eventually(t, 5*time.Second, func() error {
+		clock.Advance(time.Second)
 		if !strings.Contains(scrape(t, reg), "jetway_portforward_connections 0\n") {
 			return errors.New("idle connection not closed")
 		}
