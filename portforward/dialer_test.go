@@ -1,0 +1,113 @@
+package portforward
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestFailedStreamKeepsSharedConnection: one stream that fails to open
+// must not close the pod's connection under the streams already on it.
+func TestFailedStreamKeepsSharedConnection(t *testing.T) {
+	ctx := context.Background()
+	d, up := startFake(t, Options{})
+	a, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer a.Close()
+
+	up.upgrades()[0].failNextCreate()
+	_, err = d.Dial(ctx, "t", "ns", "p", 80)
+
+	assert.False(t, up.upgrades()[0].isClosed(), "a failed stream closed the shared connection")
+	assert.NoError(t, echo(a, "still here"), "a stream opened before the failure")
+	assert.ErrorIs(t, err, errInjected)
+	assert.ErrorContains(t, err, "t/ns/p:80")
+	b, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.NoError(t, echo(b, "next"))
+	assert.Len(t, up.upgrades(), 1, "the live connection carries the next stream")
+}
+
+// TestFailedStreamOnDeadConnectionRedials: when the shared connection
+// itself died, Dial drops it and opens a new one.
+func TestFailedStreamOnDeadConnectionRedials(t *testing.T) {
+	ctx := context.Background()
+	d, up := startFake(t, Options{})
+	a, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	a.Close()
+	_ = up.upgrades()[0].Close()
+	// The supervisor may not have forgotten the dead connection yet: Dial
+	// either finds it dead and redials, or dials afresh.
+	b, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.NoError(t, echo(b, "fresh"))
+	assert.Len(t, up.upgrades(), 2)
+}
+
+// TestCloseIdleNeverHandsOutClosingConnection runs a Dial exactly between
+// closeIdle choosing an idle connection and closing it: the Dial must get
+// a new connection, not the one about to close.
+func TestCloseIdleNeverHandsOutClosingConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		d, up := startFake(t, Options{IdleTimeout: time.Minute})
+		got := make(chan *Conn, 1)
+		errs := make(chan error, 1)
+		d.hookIdlePicked = func() {
+			d.hookIdlePicked = nil
+			c, err := d.Dial(ctx, "t", "ns", "p", 80)
+			errs <- err
+			got <- c
+		}
+		first, err := d.Dial(ctx, "t", "ns", "p", 80)
+		require.NoError(t, err)
+		first.Close()
+
+		time.Sleep(2 * time.Minute) // past the idle timeout: closeIdle runs the hook
+		synctest.Wait()
+		require.NoError(t, <-errs)
+		c := <-got
+		defer c.Close()
+		assert.True(t, up.upgrades()[0].isClosed(), "the idle connection is closed")
+		assert.NoError(t, echo(c, "survives closeIdle"))
+		assert.Len(t, up.upgrades(), 2, "the Dial racing closeIdle opened a new connection")
+	})
+}
+
+// TestIdleConnectionClosedAfterTimeout: a connection with open streams
+// stays however long they last; once its last stream closes it stays for
+// IdleTimeout, then closes, and the next Dial opens a new one.
+func TestIdleConnectionClosedAfterTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		d, up := startFake(t, Options{IdleTimeout: time.Minute})
+		c, err := d.Dial(ctx, "t", "ns", "p", 80)
+		require.NoError(t, err)
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		require.False(t, up.upgrades()[0].isClosed(), "closed under an open stream")
+		require.NoError(t, echo(c, "busy"))
+
+		c.Close()
+		time.Sleep(59 * time.Second)
+		synctest.Wait()
+		require.False(t, up.upgrades()[0].isClosed(), "closed before IdleTimeout")
+		// The supervisor checks every IdleTimeout/4: closed by 1m15s.
+		time.Sleep(16 * time.Second)
+		synctest.Wait()
+		require.True(t, up.upgrades()[0].isClosed(), "still open after IdleTimeout")
+
+		c, err = d.Dial(ctx, "t", "ns", "p", 80)
+		require.NoError(t, err)
+		defer c.Close()
+		assert.NoError(t, echo(c, "again"))
+		assert.Len(t, up.upgrades(), 2)
+	})
+}
