@@ -47,6 +47,16 @@ func (g *gateway) listed(t *testing.T, name string) bool {
 	return inTargets
 }
 
+// land waits for a target with no step pods to run, lands it and waits for
+// it to be landed.
+func (g *gateway) land(t *testing.T, name string) {
+	t.Helper()
+	g.waitTarget(t, name, 10*time.Second, running)
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/workers/"+name+"/land", "")
+	require.Equal(t, http.StatusOK, code, body)
+	g.waitTarget(t, name, 10*time.Second, inState("landed"))
+}
+
 // cli runs the gateway binary's CLI against g.
 func (g *gateway) cli(ctx context.Context, t *testing.T, args ...string) string {
 	t.Helper()
@@ -104,10 +114,7 @@ func TestPrunedTargetBackWithNewKubeconfig(t *testing.T) {
 	c := clusters[1]
 	tg, dir := lifecycleTarget(ctx, t, c, "rotated")
 	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "rotated", 10*time.Second, running)
-	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/workers/rotated/land", "")
-	require.Equal(t, http.StatusOK, code, body)
-	g.waitTarget(t, "rotated", 10*time.Second, inState("landed"))
+	g.land(t, "rotated")
 	code, body, hdr := call(t, http.MethodPut, g.base+"/api/v1/workers/rotated/prune", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, "installation", hdr.Get(api.PruneScopeHeader))
@@ -130,10 +137,7 @@ func TestPrunedUnreachableTargetReturnsAsItWas(t *testing.T) {
 	c := clusters[1]
 	_, dir := lifecycleTarget(ctx, t, c, "away")
 	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "away", 10*time.Second, running)
-	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/workers/away/land", "")
-	require.Equal(t, http.StatusOK, code, body)
-	g.waitTarget(t, "away", 10*time.Second, inState("landed"))
+	g.land(t, "away")
 
 	c.StopAPIServer()
 	restarted := false

@@ -116,23 +116,13 @@ func (c *Controller) recordPrune(ctx context.Context, cfg *targets.Config) error
 // the target takes work again once its checks pass. It is recorded in the
 // target cluster like land, so every replica agrees.
 func (c *Controller) Resume(ctx context.Context, name string) error {
-	k, err := c.kubeByName(name)
-	if err != nil {
-		return err
-	}
-	life, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
-		if cur.State == targets.StateRetired {
-			return cur, false
-		}
+	err := c.decide(ctx, name, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
 		return targets.Lifecycle{}, cur.State != "" || cur.PrunedHash != ""
 	})
 	if err != nil {
-		return clusterError(err)
+		return err
 	}
-	if life.State == targets.StateRetired {
-		return targets.ErrNotFound
-	}
-	c.opts.Registry.Resumed(name, k.cfg, life)
+	c.opts.Registry.Unprune(name)
 	c.opts.Metrics.acted("resumed")
 	c.opts.Logger.Info("target resumed", "target", name)
 	return nil

@@ -89,14 +89,12 @@ func (r *Registry) Find(name string) (Status, error) {
 	return rec.status(), nil
 }
 
-// Resumed records that an operator resumed a target (made with cfg): this
-// replica's prune is dropped and life, as now recorded, replaces the old.
-// A changed configuration meanwhile is left to the next reconcile.
-func (r *Registry) Resumed(name string, cfg *Config, life Lifecycle) {
+// Unprune drops this replica's own prune of a target (an operator resumed
+// it); what its cluster records is read as usual.
+func (r *Registry) Unprune(name string) {
 	r.mu.Lock()
-	if rec, ok := r.records[name]; ok && rec.cfg == cfg {
+	defer r.mu.Unlock()
+	if rec, ok := r.records[name]; ok {
 		rec.pruned = false
 	}
-	r.mu.Unlock()
-	r.SetLifecycle(name, cfg, life)
 }
