@@ -291,14 +291,25 @@ func (c *Cluster) boot(ctx context.Context, nodes int) error {
 
 // StartAPIServer (re)starts the API server on its port and waits for
 // /readyz. With StopAPIServer it simulates an outage of the cluster.
+//
+// After an outage kwok is restarted too: its informers backed off while
+// the server was away, and its PortForward watch (a CRD, served a moment
+// after /readyz) was seen to stay broken for over 20 s after the server
+// came back, so forwarded ports failed with "no forward found" in later
+// tests. A kubelet has no such gap; a fresh kwok lists everything at once.
 func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	if err := c.apiserver.start(); err != nil {
 		return err
 	}
-	return poll(ctx, c.apiserver, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
+	err := poll(ctx, c.apiserver, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
 		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})
+	if err != nil || !c.kwok.running() {
+		return err // at boot, kwok starts after the CRDs are installed
+	}
+	c.kwok.stop(0)
+	return c.kwok.start()
 }
 
 // StopAPIServer kills the API server at once, as a crash or a network cut

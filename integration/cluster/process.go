@@ -26,6 +26,13 @@ type process struct {
 	done chan struct{}
 }
 
+// running reports whether the process was started and not stopped.
+func (p *process) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil
+}
+
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
