@@ -95,3 +95,10 @@ bench-targets: tools
 bench-streams: tools $(BIN)/kubectl
 	@command -v curl >/dev/null || { echo "bench-streams needs curl (apt-get install curl)"; exit 1; }
 	$(GO) test -run '^$$' -bench '^BenchmarkStreams$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+
+# bench-placement: one placement decision over 1,000 and 10,000 targets with
+# the default chain and with fewest-build-containers,limit-active-tasks:
+# jetway's fast path against a full shuffle-and-sort reference, in one run.
+.PHONY: bench-placement
+bench-placement:
+	$(GO) test -run '^$$' -bench Place -benchmem ./selection/

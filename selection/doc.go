@@ -1,6 +1,23 @@
-// Package selection places steps on targets with Concourse's rules: running
-// targets only, team targets before global ones, tags, platform, and the
-// chained placement strategies. It decides over plain values and imports no
-// Kubernetes client. Its code arrives with the placement work; this comment
-// records the package's place in the layout.
+// Package selection places a step on a target with Concourse's rules. It
+// owns the decision and nothing else: it reads plain values (a Step and its
+// Candidates), imports no Kubernetes client and starts no goroutines.
+//
+// Place keeps running targets only, drops those of another team, of an
+// incompatible worker version (same major, minor at least the required
+// one), of another platform, or whose tags do not fit (a tagged target
+// refuses an untagged step; a tagged step needs all its tags). Among the
+// compatible targets, those of the step's team win; global ones are used only
+// when no team target is compatible, and are otherwise rejected with
+// ReasonGlobalNotPreferred. The chain (ParseChain) then refuses targets at a
+// limit and orders the rest: Concourse shuffles and applies each strategy as
+// a stable sort from last to first; Place gets the same order from one
+// composite key per target plus a random tie-break draw from the injected
+// source, and keeps only the best Options.Top in a bounded heap, so the
+// one-target decision a step makes never sorts every target.
+//
+// Every target that falls out gets a reason: "state landed", "team other",
+// "worker version 1.2", "platform windows", "untagged step",
+// "missing tags gpu, big", "at limit active-tasks 4/4",
+// "global target; team targets preferred". Decision.Compatible false means
+// no target can ever take the step; AllAtLimit means it must wait.
 package selection

@@ -7,9 +7,9 @@ import (
 	"strings"
 )
 
-// maxKeys bounds the sort key: a chain holds each of the six strategies at
-// most once, and random adds no key.
-const maxKeys = 6
+// maxKeys bounds the sort key: only volume-locality, fewest-build-containers
+// and limit-active-tasks order approved targets, each at most once.
+const maxKeys = 3
 
 // entry is an approved candidate with its composite key: keys in chain order
 // (smaller is better), then a random draw standing in for Concourse's
@@ -35,18 +35,16 @@ func less(a, b *entry) bool {
 // by the chain. It never sorts more than it returns: with Options.Top k it
 // keeps the best k in a bounded heap.
 func Place(step Step, candidates []Candidate, opts Options) Decision {
-	chain := opts.Chain
-	if chain == nil {
-		chain = DefaultChain
-	}
+	chain := compile(opts.Chain)
 	d := Decision{}
+	var rejected []rejection
 	want := parseWant(opts.WorkerVersion)
 	compatible := make([]bool, len(candidates))
 	teamFound := false
 	for i := range candidates {
 		c := &candidates[i]
 		if reason := incompatibility(step, c, want); reason != "" {
-			d.reject(c.Name, reason)
+			rejected = append(rejected, rejection{i, reason})
 			continue
 		}
 		compatible[i] = true
@@ -58,22 +56,30 @@ func Place(step Step, candidates []Candidate, opts Options) Decision {
 		draw = rand.Uint64
 	}
 	h := heap{cap: opts.Top}
+	in := newInputs(step)
+	reasons := refusalReasons{}
 	for i := range candidates {
 		c := &candidates[i]
 		if !compatible[i] {
 			continue
 		}
 		if teamFound && c.Team == "" {
-			d.reject(c.Name, ReasonGlobalNotPreferred)
+			rejected = append(rejected, rejection{i, ReasonGlobalNotPreferred})
 			continue
 		}
 		e := entry{draw: draw(), idx: i}
-		if reason := atLimit(step, c, chain, opts.Limits); reason != "" {
-			d.reject(c.Name, reason)
+		if r, refused := atLimit(step, c, chain, opts.Limits); refused {
+			rejected = append(rejected, rejection{i, reasons.of(r)})
 			continue
 		}
-		keys(&e, step, c, chain)
+		keys(&e, &in, step.Type == StepTask, c, chain)
 		h.push(e)
+	}
+	if len(rejected) > 0 {
+		d.Rejected = make(map[string]string, len(rejected))
+		for _, r := range rejected {
+			d.Rejected[candidates[r.idx].Name] = r.reason
+		}
 	}
 	d.AllAtLimit = d.Compatible && len(h.items) == 0
 	d.Order = make([]string, 0, len(h.items))
@@ -83,15 +89,48 @@ func Place(step Step, candidates []Candidate, opts Options) Decision {
 	return d
 }
 
-func (d *Decision) reject(name, reason string) {
-	if d.Rejected == nil {
-		d.Rejected = map[string]string{}
+type rejection struct {
+	idx    int
+	reason string
+}
+
+// inputs answers "how many of the step's inputs are on this target". A step
+// has a handful of inputs, so comparing names beats hashing every
+// candidate's name into the map; large maps are still looked up.
+type inputs struct {
+	names  []string
+	counts []int
+	m      map[string]int
+}
+
+func newInputs(step Step) inputs {
+	if len(step.Inputs) > 8 {
+		return inputs{m: step.Inputs}
 	}
-	d.Rejected[name] = reason
+	var in inputs
+	for name, n := range step.Inputs {
+		in.names = append(in.names, name)
+		in.counts = append(in.counts, n)
+	}
+	return in
+}
+
+func (in *inputs) on(target string) int {
+	if in.m != nil {
+		return in.m[target]
+	}
+	for i, name := range in.names {
+		// Lengths live in the string headers already at hand; comparing
+		// them first skips most reads of name bytes (a cache miss each).
+		if len(name) == len(target) && name[len(name)-1] == target[len(target)-1] && name == target {
+			return in.counts[i]
+		}
+	}
+	return 0
 }
 
 // incompatibility returns why c can never run step, or "" if it can.
-func incompatibility(step Step, c *Candidate, want version) string {
+func incompatibility(step Step, c *Candidate, want *version) string {
 	switch {
 	case c.State != StateRunning:
 		return "state " + c.State
@@ -117,49 +156,91 @@ func incompatibility(step Step, c *Candidate, want version) string {
 }
 
 // version is the required worker version; check is false when none is set.
+// ok remembers the last accepted version string: targets mostly share one, so
+// most candidates are accepted by a string compare instead of a parse.
 type version struct {
 	check        bool
 	major, minor int
+	ok           string
 }
 
 // parseWant parses the required version once per decision. An unparseable
 // requirement rejects every candidate rather than silently skipping the check.
-func parseWant(v string) version {
+func parseWant(v string) *version {
 	if v == "" {
-		return version{}
+		return &version{}
 	}
 	major, minor, ok := majorMinor(v)
 	if !ok {
 		major = -1
 	}
-	return version{check: true, major: major, minor: minor}
+	return &version{check: true, major: major, minor: minor}
 }
 
 // accepts: same major, minor at least the required one.
-func (w version) accepts(have string) bool {
-	major, minor, ok := majorMinor(have)
-	return ok && major == w.major && minor >= w.minor
-}
-
-func majorMinor(v string) (major, minor int, ok bool) {
-	majS, rest, _ := strings.Cut(v, ".")
-	minS, _, _ := strings.Cut(rest, ".")
-	major, err1 := strconv.Atoi(majS)
-	if minS == "" {
-		minS = "0"
+func (w *version) accepts(have string) bool {
+	if have == w.ok && have != "" {
+		return true
 	}
-	minor, err2 := strconv.Atoi(minS)
-	return major, minor, err1 == nil && err2 == nil
+	major, minor, ok := majorMinor(have)
+	if ok && major == w.major && minor >= w.minor {
+		w.ok = have
+		return true
+	}
+	return false
 }
 
-// atLimit returns why c refuses step under the chain's limit strategies
-// ("at limit active-tasks 4/4"), or "". limit-active-tasks refuses task
-// steps only; a target's own MaxActiveTasks beats the global limit.
-func atLimit(step Step, c *Candidate, chain Chain, l Limits) string {
+// majorMinor parses "M", "M.m" or "M.m.anything" into M and m.
+func majorMinor(v string) (major, minor int, ok bool) {
+	major, rest, ok := leadingInt(v)
+	if !ok {
+		return 0, 0, false
+	}
+	if rest == "" {
+		return major, 0, true
+	}
+	if rest[0] != '.' {
+		return 0, 0, false
+	}
+	minor, rest, ok = leadingInt(rest[1:])
+	return major, minor, ok && (rest == "" || rest[0] == '.')
+}
+
+func leadingInt(s string) (n int, rest string, ok bool) {
+	i := 0
+	for ; i < len(s) && i < 9 && s[i] >= '0' && s[i] <= '9'; i++ {
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, s[i:], i > 0
+}
+
+// refusal is a limit a candidate is at.
+type refusal struct {
+	what      string
+	have, max int
+}
+
+// refusalReasons formats each distinct refusal once per decision: thousands
+// of targets at one limit share a handful of reason strings.
+type refusalReasons map[refusal]string
+
+func (m refusalReasons) of(r refusal) string {
+	if s, ok := m[r]; ok {
+		return s
+	}
+	s := "at limit " + r.what + " " + strconv.Itoa(r.have) + "/" + strconv.Itoa(r.max)
+	m[r] = s
+	return s
+}
+
+// atLimit reports the limit of the chain at which c refuses step, if any.
+// limit-active-tasks refuses task steps only; a target's own MaxActiveTasks
+// beats the global limit.
+func atLimit(step Step, c *Candidate, chain []kind, l Limits) (refusal, bool) {
 	for _, s := range chain {
 		have, max, what := 0, 0, ""
 		switch s {
-		case LimitActiveTasks:
+		case kindTasks:
 			if step.Type != StepTask {
 				continue
 			}
@@ -167,34 +248,73 @@ func atLimit(step Step, c *Candidate, chain Chain, l Limits) string {
 			if c.MaxActiveTasks > 0 {
 				max = c.MaxActiveTasks
 			}
-		case LimitActiveContainers:
+		case kindContainers:
 			have, max, what = c.ActiveContainers, l.ActiveContainers, "active-containers"
-		case LimitActiveVolumes:
+		case kindVolumes:
 			have, max, what = c.ActiveVolumes, l.ActiveVolumes, "active-volumes"
 		default:
 			continue
 		}
 		if max > 0 && have >= max {
-			return "at limit " + what + " " + strconv.Itoa(have) + "/" + strconv.Itoa(max)
+			return refusal{what, have, max}, true
 		}
 	}
-	return ""
+	return refusal{}, false
 }
 
 // keys fills e's sort key. limit-active-containers and -volumes only move
 // at-limit targets last, and those are refused, so they add no key among
 // approved targets; limit-active-tasks orders task steps by fewest tasks.
-func keys(e *entry, step Step, c *Candidate, chain Chain) {
+func keys(e *entry, in *inputs, isTask bool, c *Candidate, chain []kind) {
+	i := 0
+	for _, s := range chain {
+		switch s {
+		case kindLocality:
+			e.keys[i] = -in.on(c.Name)
+		case kindBuild:
+			e.keys[i] = c.BuildContainers
+		case kindTasks:
+			if isTask {
+				e.keys[i] = c.ActiveTasks
+			}
+		default:
+			continue
+		}
+		i++
+	}
+}
+
+// kind is a strategy resolved once per decision, so the per-candidate loops
+// switch on a byte instead of comparing strategy names.
+type kind uint8
+
+const (
+	kindNone kind = iota
+	kindLocality
+	kindBuild
+	kindTasks
+	kindContainers
+	kindVolumes
+)
+
+func compile(chain Chain) []kind {
+	if chain == nil {
+		chain = DefaultChain
+	}
+	kinds := make([]kind, len(chain))
 	for i, s := range chain {
 		switch s {
 		case VolumeLocality:
-			e.keys[i] = -step.Inputs[c.Name]
+			kinds[i] = kindLocality
 		case FewestBuildContainers:
-			e.keys[i] = c.BuildContainers
+			kinds[i] = kindBuild
 		case LimitActiveTasks:
-			if step.Type == StepTask {
-				e.keys[i] = c.ActiveTasks
-			}
+			kinds[i] = kindTasks
+		case LimitActiveContainers:
+			kinds[i] = kindContainers
+		case LimitActiveVolumes:
+			kinds[i] = kindVolumes
 		}
 	}
+	return kinds
 }

@@ -224,3 +224,11 @@ func randomPool(r *rand.Rand, n int) (Step, []Candidate) {
 	}
 	return step, cands
 }
+
+func TestVersion(t *testing.T) {
+	want := parseWant("2.5")
+	for have, ok := range map[string]bool{"2.5": true, "2.6": true, "2.10": true, "2.5.1": true,
+		"3.5": false, "2.4": false, "1.9": false, "": false, "2": false, "x.5": false, "2.x": false} {
+		assert.Equal(t, ok, want.accepts(have), have)
+	}
+}
