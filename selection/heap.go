@@ -10,20 +10,25 @@ type heap struct {
 	items []entry
 }
 
-func (h *heap) push(e entry) {
+// wants reports whether e would be kept; it is small enough to inline, so
+// the common case (a full heap and a worse newcomer) costs one comparison.
+func (h *heap) wants(e *entry) bool {
+	return h.cap <= 0 || len(h.items) < h.cap || less(e, &h.items[0])
+}
+
+// push keeps e; call it only when wants(e).
+func (h *heap) push(e *entry) {
 	if h.cap <= 0 {
-		h.items = append(h.items, e)
+		h.items = append(h.items, *e)
 		return
 	}
 	if len(h.items) < h.cap {
-		h.items = append(h.items, e)
+		h.items = append(h.items, *e)
 		h.up(len(h.items) - 1)
 		return
 	}
-	if less(&e, &h.items[0]) {
-		h.items[0] = e
-		h.down(0)
-	}
+	h.items[0] = *e
+	h.down(0)
 }
 
 func (h *heap) up(i int) {

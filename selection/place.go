@@ -73,7 +73,9 @@ func Place(step Step, candidates []Candidate, opts Options) Decision {
 			continue
 		}
 		keys(&e, &in, step.Type == StepTask, c, chain)
-		h.push(e)
+		if h.wants(&e) {
+			h.push(&e)
+		}
 	}
 	if len(rejected) > 0 {
 		d.Rejected = make(map[string]string, len(rejected))
