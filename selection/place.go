@@ -33,59 +33,86 @@ func less(a, b *entry) bool {
 // Place decides where step runs: it filters candidates by Concourse's rules,
 // prefers the step's team, refuses candidates at a limit and orders the rest
 // by the chain. It never sorts more than it returns: with Options.Top k it
-// keeps the best k in a bounded heap.
+// keeps the best k in a bounded heap. A step without a team cannot prefer
+// team targets, so it is decided in one pass; a team step needs a second,
+// since global targets compete only when no team target is compatible.
 func Place(step Step, candidates []Candidate, opts Options) Decision {
-	chain := compile(opts.Chain)
-	d := Decision{}
-	var rejected []rejection
+	p := placer{step: step, chain: compile(opts.Chain), limits: opts.Limits,
+		heap: heap{cap: opts.Top}, in: newInputs(step), reasons: refusalReasons{},
+		draw: rand.Uint64, isTask: step.Type == StepTask}
+	if opts.Rand != nil {
+		p.draw = opts.Rand.Uint64
+	}
 	want := parseWant(opts.WorkerVersion)
-	compatible := make([]bool, len(candidates))
-	teamFound := false
+	var compatible []bool
+	if step.Team != "" {
+		compatible = make([]bool, len(candidates))
+	}
+	d, teamFound := Decision{}, false
 	for i := range candidates {
 		c := &candidates[i]
 		if reason := incompatibility(step, c, want); reason != "" {
-			rejected = append(rejected, rejection{i, reason})
+			p.rejected = append(p.rejected, rejection{i, reason})
+			continue
+		}
+		d.Compatible = true
+		if compatible == nil {
+			p.consider(i, c)
 			continue
 		}
 		compatible[i] = true
-		d.Compatible = true
-		teamFound = teamFound || (step.Team != "" && c.Team == step.Team)
+		teamFound = teamFound || c.Team == step.Team
 	}
-	draw := opts.Rand.Uint64
-	if opts.Rand == nil {
-		draw = rand.Uint64
-	}
-	h := heap{cap: opts.Top}
-	in := newInputs(step)
-	reasons := refusalReasons{}
-	for i := range candidates {
-		c := &candidates[i]
-		if !compatible[i] {
-			continue
-		}
-		if teamFound && c.Team == "" {
-			rejected = append(rejected, rejection{i, ReasonGlobalNotPreferred})
-			continue
-		}
-		e := entry{draw: draw(), idx: i}
-		if r, refused := atLimit(step, c, chain, opts.Limits); refused {
-			rejected = append(rejected, rejection{i, reasons.of(r)})
-			continue
-		}
-		keys(&e, &in, step.Type == StepTask, c, chain)
-		if h.wants(&e) {
-			h.push(&e)
+	for i := range compatible {
+		switch c := &candidates[i]; {
+		case !compatible[i]:
+		case teamFound && c.Team == "":
+			p.rejected = append(p.rejected, rejection{i, ReasonGlobalNotPreferred})
+		default:
+			p.consider(i, c)
 		}
 	}
-	if len(rejected) > 0 {
-		d.Rejected = make(map[string]string, len(rejected))
-		for _, r := range rejected {
+	return p.decide(d, candidates)
+}
+
+// placer carries one decision's state across its passes.
+type placer struct {
+	step     Step
+	chain    []kind
+	limits   Limits
+	heap     heap
+	in       inputs
+	reasons  refusalReasons
+	rejected []rejection
+	draw     func() uint64
+	isTask   bool
+}
+
+// consider draws c's tie-break (before the limit check, so every candidate
+// in the pool draws once, as in Concourse's shuffle), refuses it at a limit
+// or offers it to the heap.
+func (p *placer) consider(i int, c *Candidate) {
+	e := entry{draw: p.draw(), idx: i}
+	if r, refused := atLimit(p.step, c, p.chain, p.limits); refused {
+		p.rejected = append(p.rejected, rejection{i, p.reasons.of(r)})
+		return
+	}
+	keys(&e, &p.in, p.isTask, c, p.chain)
+	if p.heap.wants(&e) {
+		p.heap.push(&e)
+	}
+}
+
+func (p *placer) decide(d Decision, candidates []Candidate) Decision {
+	if len(p.rejected) > 0 {
+		d.Rejected = make(map[string]string, len(p.rejected))
+		for _, r := range p.rejected {
 			d.Rejected[candidates[r.idx].Name] = r.reason
 		}
 	}
-	d.AllAtLimit = d.Compatible && len(h.items) == 0
-	d.Order = make([]string, 0, len(h.items))
-	for _, e := range h.sorted() {
+	d.AllAtLimit = d.Compatible && len(p.heap.items) == 0
+	d.Order = make([]string, 0, len(p.heap.items))
+	for _, e := range p.heap.sorted() {
 		d.Order = append(d.Order, candidates[e.idx].Name)
 	}
 	return d
