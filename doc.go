@@ -13,9 +13,10 @@
 //     set of targets (Concourse workers).
 //   - lifecycle: land, retire, prune, resume and garbage collection,
 //     recorded in the target cluster so restarts and replicas agree.
-//   - selection (coming: only its package comment today): pure placement
-//     of steps on targets by team, tags and strategy; imports no
-//     Kubernetes client.
+//   - selection: pure placement of steps on targets by team, tags and
+//     strategy, with a reason for every target that falls out; imports no
+//     Kubernetes client. Nothing calls it yet (the placement API is
+//     coming).
 //   - portforward: dials a pod's port through the API server, no local
 //     listener: one supervised upgraded connection per pod (WebSocket, SPDY
 //     fallback) shared by its streams, and an http.RoundTripper over it.
