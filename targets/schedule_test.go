@@ -176,7 +176,9 @@ func TestServerVersionIsRefreshed(t *testing.T) {
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
 		assert.Equal(t, "v1.36.3", version(), "not read again on every check")
-		time.Sleep(40 * time.Second)
+		// Checks come every 9-11 s (jitter): by 80 s one has run at 69 s or
+		// later, past the minute since the version was read at 0 s.
+		time.Sleep(50 * time.Second)
 		synctest.Wait()
 		assert.Equal(t, "v1.37.0", version(), "read again after VersionRefresh")
 	})
