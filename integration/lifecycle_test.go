@@ -241,11 +241,7 @@ func TestRetireRemovesOnlyOwnObjects(t *testing.T) {
 	g2.get(t, "/api/v1/workers", &workers)
 	assert.Empty(t, workers)
 	// ...and back as new with a changed one.
-	token, err := c.Token(ctx, "retire", tg.ServiceAccount, time.Hour)
-	require.NoError(t, err)
-	kc, err := c.Kubeconfig("retire", token)
-	require.NoError(t, err)
-	writeFile(t, filepath.Join(dir, "retire.kubeconfig"), kc)
+	rotate(ctx, t, c, tg, dir)
 	g2.waitTarget(t, "retire", 10*time.Second, running)
 }
 

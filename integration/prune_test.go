@@ -57,6 +57,25 @@ func (g *gateway) land(t *testing.T, name string) {
 	g.waitTarget(t, name, 10*time.Second, inState("landed"))
 }
 
+// prune prunes a target, expecting 200, and returns how far it reached.
+func (g *gateway) prune(t *testing.T, name string) string {
+	t.Helper()
+	code, body, hdr := call(t, http.MethodPut, g.base+"/api/v1/workers/"+name+"/prune", "")
+	require.Equal(t, http.StatusOK, code, body)
+	return hdr.Get(api.PruneScopeHeader)
+}
+
+// rotate issues a new token for a target made by lifecycleTarget and
+// writes its new kubeconfig, as a credential rotation would.
+func rotate(ctx context.Context, t *testing.T, c *cluster.Cluster, tg *cluster.Target, dir string) {
+	t.Helper()
+	token, err := c.Token(ctx, tg.Namespace, tg.ServiceAccount, time.Hour)
+	require.NoError(t, err)
+	kc, err := c.Kubeconfig(tg.Namespace, token)
+	require.NoError(t, err)
+	writeFile(t, filepath.Join(dir, tg.Namespace+".kubeconfig"), kc)
+}
+
 // cli runs the gateway binary's CLI against g.
 func (g *gateway) cli(ctx context.Context, t *testing.T, args ...string) string {
 	t.Helper()
@@ -115,16 +134,10 @@ func TestPrunedTargetBackWithNewKubeconfig(t *testing.T) {
 	tg, dir := lifecycleTarget(ctx, t, c, "rotated")
 	g := startGateway(t, dir, gatewayOptions{})
 	g.land(t, "rotated")
-	code, body, hdr := call(t, http.MethodPut, g.base+"/api/v1/workers/rotated/prune", "")
-	require.Equal(t, http.StatusOK, code, body)
-	assert.Equal(t, "installation", hdr.Get(api.PruneScopeHeader))
+	assert.Equal(t, "installation", g.prune(t, "rotated"))
 	assert.False(t, g.listed(t, "rotated"))
 
-	token, err := c.Token(ctx, "rotated", tg.ServiceAccount, time.Hour)
-	require.NoError(t, err)
-	kc, err := c.Kubeconfig("rotated", token)
-	require.NoError(t, err)
-	writeFile(t, filepath.Join(dir, "rotated.kubeconfig"), kc)
+	rotate(ctx, t, c, tg, dir)
 	g.waitTarget(t, "rotated", 10*time.Second, inState("landed"))
 }
 
@@ -147,9 +160,7 @@ func TestPrunedUnreachableTargetReturnsAsItWas(t *testing.T) {
 		}
 	}()
 	g.waitTarget(t, "away", 10*time.Second, func(tg api.Target) bool { return strings.Contains(tg.Error, "unreachable") })
-	code, body, hdr := call(t, http.MethodPut, g.base+"/api/v1/workers/away/prune", "")
-	require.Equal(t, http.StatusOK, code, body)
-	assert.Equal(t, "replica", hdr.Get(api.PruneScopeHeader))
+	assert.Equal(t, "replica", g.prune(t, "away"))
 	assert.False(t, g.listed(t, "away"))
 
 	require.NoError(t, c.StartAPIServer(ctx))
