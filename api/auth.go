@@ -113,8 +113,7 @@ func (s *Server) identify(r *http.Request) (identity, bool) {
 	digest := sha256.Sum256([]byte(given))
 	var found *Token
 	for i := range s.opts.Tokens {
-		want := sha256.Sum256([]byte(s.opts.Tokens[i].Token))
-		if constantTimeCompare(digest[:], want[:]) == 1 {
+		if constantTimeCompare(digest[:], s.digests[i][:]) == 1 {
 			found = &s.opts.Tokens[i]
 		}
 	}
@@ -122,6 +121,15 @@ func (s *Server) identify(r *http.Request) (identity, bool) {
 		return identity{}, false
 	}
 	return identity{name: found.Name, admin: found.Admin, team: found.Team}, true
+}
+
+// tokenDigests hashes the configured tokens once, for identify.
+func tokenDigests(tokens []Token) [][sha256.Size]byte {
+	out := make([][sha256.Size]byte, len(tokens))
+	for i, t := range tokens {
+		out[i] = sha256.Sum256([]byte(t.Token))
+	}
+	return out
 }
 
 // constantTimeCompare is subtle's, a variable so a test can see what is

@@ -4,6 +4,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +49,7 @@ type Options struct {
 // Server is the gateway's HTTP server.
 type Server struct {
 	opts    Options
+	digests [][sha256.Size]byte // of opts.Tokens, in order
 	handler http.Handler
 	ready   atomic.Bool
 	addr    atomic.Pointer[net.Addr]
@@ -58,7 +60,7 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts}
+	s := &Server{opts: opts, digests: tokenDigests(opts.Tokens)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
