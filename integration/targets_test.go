@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -94,17 +96,37 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	reg := prometheus.NewRegistry()
 	registry := targets.NewRegistry(targets.RegistryOptions{
 		Interval: 300 * time.Millisecond, Timeout: 2 * time.Second, Concurrency: 8, StallAfter: 3,
-		Logger: logger, Metrics: targets.NewMetrics(reg),
+		Installation: o.installation, LandTimeout: o.landTimeout, Logger: logger, Metrics: targets.NewMetrics(reg),
 	})
 	controller := lifecycle.New(lifecycle.Options{
-		Installation: o.installation, Identity: o.identity, Registry: registry,
-		LandTimeout: o.landTimeout, GCGrace: o.gcGrace, Logger: logger, Metrics: lifecycle.NewMetrics(reg),
+		Identity: o.identity, Registry: registry, GCGrace: o.gcGrace, Logger: logger, Metrics: lifecycle.NewMetrics(reg),
 	})
 	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
-	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger, Resolve: registry.REST})
+	dialer := portforward.New(portforward.Options{Metrics: portforward.NewMetrics(reg), Logger: logger,
+		Resolve: func(name string) (*rest.Config, error) {
+			tg, err := registry.Target(name)
+			if err != nil {
+				return nil, err
+			}
+			return tg.Config.REST, nil
+		}})
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
-		Installation: o.installation, Namespace: registry.Namespace, Pod: registry.Pod,
+		Installation: o.installation,
+		Namespace: func(name string) (string, error) {
+			tg, err := registry.Target(name)
+			if err != nil {
+				return "", err
+			}
+			return tg.Namespace(), nil
+		},
+		Pod: func(ctx context.Context, name, pod string) (*corev1.Pod, error) {
+			tg, err := registry.Target(name)
+			if err != nil {
+				return nil, err
+			}
+			return tg.Pod(ctx, pod)
+		},
 		Metrics: streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

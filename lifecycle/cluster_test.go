@@ -33,10 +33,10 @@ func realTarget(ctx context.Context, t *testing.T, name string) (*Controller, *k
 	results, _, err := targets.NewSource(targets.SourceOptions{Dir: dir}, nil).Read()
 	require.NoError(t, err)
 	require.NoError(t, results[name].Err)
-	ctl := New(Options{Installation: "jetway", Identity: "test", GCGrace: time.Hour, Logger: slog.New(slog.DiscardHandler)})
-	k, err := ctl.kube(results[name].Config)
+	ctl := New(Options{Identity: "test", GCGrace: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	target, err := targets.NewTarget(results[name].Config, "jetway")
 	require.NoError(t, err)
-	return ctl, k, c
+	return ctl, newKube(target), c
 }
 
 // TestDeletesSpareAReplacedPod lists a step pod, lets it be replaced by a

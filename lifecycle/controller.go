@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,33 +22,37 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
+// Targets is what the controller reads of the registry: each target's
+// clients and cache, and the replica-local prune it falls back to.
+type Targets interface {
+	Target(name string) (*targets.Target, error)
+	Prunable(name string) (t *targets.Target, reachable bool, err error)
+	Prune(name string) error
+	Unprune(name string)
+}
+
 // Options configure a Controller.
 type Options struct {
-	// Installation names this jetway installation in ownership labels and
-	// object names; two installations never touch each other's objects.
-	Installation string
 	// Identity names this replica in Leases.
 	Identity string
-	Registry *targets.Registry
-	// LandTimeout is how long landing may take before the API and logs name
-	// the step pods still holding the target.
-	LandTimeout time.Duration
+	Registry Targets
 	// GCGrace is how long a finished step pod stays before it is deleted
 	// without a sync.
 	GCGrace time.Duration
-	Logger  *slog.Logger
-	Metrics *Metrics
-	Now     func() time.Time
+	// AwaitTimeout bounds how long a decision waits for the target's cache
+	// to show it, so the next list does; default 5s.
+	AwaitTimeout time.Duration
+	Logger       *slog.Logger
+	Metrics      *Metrics
+	Now          func() time.Time
 }
 
 // Controller drives the targets' lifecycle. The registry calls Reconcile
-// after each health check; the API calls Land, Retire, Prune and Sync.
+// after each health check; the API calls Land, Retire, Resume, Prune and
+// Sync. It keeps nothing per target: each target's record and step pods
+// come from the target's watch, and decisions go to its cluster.
 type Controller struct {
 	opts Options
-
-	mu      sync.Mutex
-	clients map[string]*kube // by target name, for the current config
-	overdue map[string]bool  // targets whose overdue landing was logged
 }
 
 // New builds a Controller.
@@ -60,106 +63,67 @@ func New(opts Options) *Controller {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Controller{opts: opts, clients: map[string]*kube{}, overdue: map[string]bool{}}
-}
-
-func (c *Controller) kube(cfg *targets.Config) (*kube, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if k, ok := c.clients[cfg.Name]; ok && k.cfg == cfg {
-		return k, nil
+	if opts.AwaitTimeout <= 0 {
+		opts.AwaitTimeout = 5 * time.Second
 	}
-	k, err := newKube(cfg, c.opts.Installation)
-	if err != nil {
-		return nil, err
-	}
-	c.clients[cfg.Name] = k
-	return k, nil
+	return &Controller{opts: opts}
 }
 
 func (c *Controller) kubeByName(name string) (*kube, error) {
-	cfg, err := c.opts.Registry.Config(name)
+	t, err := c.opts.Registry.Target(name)
 	if err != nil {
 		return nil, err
 	}
-	return c.kube(cfg)
+	return newKube(t), nil
 }
 
-// Reconcile reads the target's recorded lifecycle and advances it: a
-// landing target whose step pods are all finished becomes landed; a
-// retiring one is cleaned up and retired; a retired one whose kubeconfig
-// changed comes back as new; finished step pods older than GCGrace go.
-// Unreachable targets keep what was last read.
-func (c *Controller) Reconcile(ctx context.Context, cfg *targets.Config, h targets.Health) {
-	if !h.OK() {
-		return
+// Reconcile advances the target's recorded lifecycle, as its watch shows
+// it: a landing target whose step pods are all finished becomes landed; a
+// retiring one is cleaned up and retired; a retired or pruned one whose
+// kubeconfig changed comes back as new; finished step pods older than
+// GCGrace go. It reads nothing from the API server unless it acts, and
+// does nothing for a target that failed its check or whose cache has not
+// listed yet.
+func (c *Controller) Reconcile(ctx context.Context, t *targets.Target, h targets.Health) error {
+	life, listed := t.Lifecycle()
+	if !h.OK() || !listed {
+		return nil
 	}
-	log := c.opts.Logger.With("target", cfg.Name)
-	if err := c.reconcile(ctx, cfg, log); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
-		c.opts.Registry.SetLifecycleError(cfg.Name, cfg, err)
+	k := newKube(t)
+	log := c.opts.Logger.With("target", t.Name())
+	err := c.reconcile(ctx, k, life, log)
+	if errors.Is(err, ErrBusy) || ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
 		log.Warn("lifecycle reconcile failed", "error", err.Error())
 	}
+	return err
 }
 
-func (c *Controller) reconcile(ctx context.Context, cfg *targets.Config, log *slog.Logger) error {
-	k, err := c.kube(cfg)
-	if err != nil {
-		return err
-	}
-	life, err := k.read(ctx)
-	if err != nil {
-		return err
-	}
-	if life.State == targets.StateRetired {
-		if life.ConfigHash != cfg.Hash() {
-			log.Info("retired target has a new kubeconfig; it comes back as new")
-			if err := k.forget(ctx); err != nil {
-				return err
-			}
-			life = targets.Lifecycle{}
-		}
-		c.opts.Registry.SetLifecycle(cfg.Name, cfg, life)
+func (c *Controller) reconcile(ctx context.Context, k *kube, life targets.Lifecycle, log *slog.Logger) error {
+	hash := k.t.Config.Hash()
+	switch {
+	case life.State == targets.StateRetired && life.ConfigHash != hash:
+		log.Info("retired target has a new kubeconfig; it comes back as new")
+		return k.forget(ctx)
+	case life.State == targets.StateRetired:
 		return nil
-	}
-	if life.PrunedHash != "" && life.PrunedHash != cfg.Hash() {
+	case life.PrunedHash != "" && life.PrunedHash != hash:
 		log.Info("pruned target has a new kubeconfig; it comes back")
-		if life, err = k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
-			stale := cur.PrunedHash != "" && cur.PrunedHash != cfg.Hash()
+		_, _, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+			stale := cur.PrunedHash != "" && cur.PrunedHash != hash
 			cur.PrunedHash = ""
 			return cur, stale
-		}); err != nil {
-			return err
-		}
-	}
-	pods, err := k.ownedPods(ctx)
-	if err != nil {
+		})
 		return err
 	}
-	holding := unfinished(pods)
-	var act action
+	pods := k.t.Pods()
 	switch {
-	case life.State == targets.StateLanding && len(holding) == 0:
-		act = c.land(k)
-	case life.State == targets.StateRetiring && len(holding) == 0:
-		act = c.retire(k, log)
-	}
-	if act != nil {
-		if err := c.withLease(ctx, k, act); err != nil {
-			return err
-		}
-		if life, err = k.read(ctx); err != nil {
-			return err
-		}
-	}
-	if life.State == targets.StateLanding || life.State == targets.StateRetiring {
-		life.Holding = holding
-	}
-	if life.State == targets.StateLanding {
-		c.checkOverdue(cfg.Name, &life, log)
-	}
-	c.opts.Registry.SetLifecycle(cfg.Name, cfg, life)
-	if life.State == targets.StateRetired {
-		return nil
+	case life.State == targets.StateLanding && len(unfinished(pods)) == 0:
+		return c.withLease(ctx, k, c.land(k))
+	case life.State == targets.StateRetiring && len(unfinished(pods)) == 0:
+		return c.withLease(ctx, k, c.retire(k, log))
 	}
 	if stale := c.stale(pods); len(stale) > 0 {
 		return c.withLease(ctx, k, func(ctx context.Context) (bool, error) {
@@ -168,19 +132,6 @@ func (c *Controller) reconcile(ctx context.Context, cfg *targets.Config, log *sl
 		})
 	}
 	return nil
-}
-
-func (c *Controller) checkOverdue(name string, life *targets.Lifecycle, log *slog.Logger) {
-	life.Overdue = c.opts.LandTimeout > 0 && c.opts.Now().Sub(life.Since) > c.opts.LandTimeout
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case life.Overdue && !c.overdue[name]:
-		c.overdue[name] = true
-		log.Warn("landing is taking longer than the land timeout", "since", life.Since, "pods", life.Holding)
-	case !life.Overdue:
-		delete(c.overdue, name)
-	}
 }
 
 // land turns landing into landed, unless another replica already did.
@@ -194,14 +145,14 @@ func (c *Controller) land(k *kube) action {
 			return false, nil
 		}
 		var landed bool
-		_, err = k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+		_, _, err = k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
 			landed = cur.State == targets.StateLanding
 			cur.State, cur.Since = targets.StateLanded, c.opts.Now() // a prune stays
 			return cur, landed
 		})
 		if landed && err == nil {
 			c.opts.Metrics.acted("landed")
-			c.opts.Logger.Info("target landed", "target", k.cfg.Name)
+			c.opts.Logger.Info("target landed", "target", k.t.Name())
 		}
 		return false, err
 	}
@@ -235,10 +186,10 @@ func (c *Controller) retire(k *kube, log *slog.Logger) action {
 			return false, err
 		}
 		if left, err := c.leftovers(ctx, k); err != nil || len(left) > 0 {
-			return false, errors.Join(err, fmt.Errorf("retire %s: still present: %v", k.cfg.Name, left))
+			return false, errors.Join(err, fmt.Errorf("retire %s: still present: %v", k.t.Name(), left))
 		}
-		if _, err := k.update(ctx, func(targets.Lifecycle) (targets.Lifecycle, bool) {
-			return targets.Lifecycle{State: targets.StateRetired, Since: c.opts.Now(), ConfigHash: k.cfg.Hash()}, true
+		if _, _, err := k.update(ctx, func(targets.Lifecycle) (targets.Lifecycle, bool) {
+			return targets.Lifecycle{State: targets.StateRetired, Since: c.opts.Now(), ConfigHash: k.t.Config.Hash()}, true
 		}); err != nil {
 			return false, err
 		}
@@ -320,12 +271,11 @@ func (c *Controller) leftovers(ctx context.Context, k *kube) ([]string, error) {
 }
 
 // stale lists finished step pods older than GCGrace.
-func (c *Controller) stale(pods []corev1.Pod) []corev1.Pod {
-	var out []corev1.Pod
-	for i := range pods {
-		p := &pods[i]
-		if finished(p) && p.DeletionTimestamp == nil && c.opts.Now().Sub(finishedAt(p)) > c.opts.GCGrace {
-			out = append(out, *p)
+func (c *Controller) stale(pods []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range pods {
+		if targets.Finished(p) && p.DeletionTimestamp == nil && c.opts.Now().Sub(finishedAt(p)) > c.opts.GCGrace {
+			out = append(out, p)
 		}
 	}
 	return out
@@ -334,11 +284,11 @@ func (c *Controller) stale(pods []corev1.Pod) []corev1.Pod {
 // deletePods deletes the listed step pods and returns the names of those
 // it deleted. Each delete is conditional on the UID listed: a pod deleted
 // and made again under the same name meanwhile (jetway's or not) stays.
-func (c *Controller) deletePods(ctx context.Context, k *kube, pods []corev1.Pod, reason string, log *slog.Logger) ([]string, error) {
+func (c *Controller) deletePods(ctx context.Context, k *kube, pods []*corev1.Pod, reason string, log *slog.Logger) ([]string, error) {
 	var deleted []string
-	for i := range pods {
-		name := pods[i].Name
-		err := k.core.Pods(k.ns).Delete(ctx, name, uidPrecondition(pods[i].UID))
+	for _, p := range pods {
+		name := p.Name
+		err := k.core.Pods(k.ns).Delete(ctx, name, uidPrecondition(p.UID))
 		if gone(err) {
 			if apierrors.IsConflict(err) {
 				log.Info("step pod was replaced since it was listed; left alone", "pod", name)
@@ -363,22 +313,15 @@ func uidPrecondition(uid types.UID) metav1.DeleteOptions {
 // replaced by another of the same name (its UID precondition failed).
 func gone(err error) bool { return apierrors.IsNotFound(err) || apierrors.IsConflict(err) }
 
-func unfinished(pods []corev1.Pod) []string {
+// unfinished names the step pods that hold a landing target: unfinished
+// ones and those being deleted.
+func unfinished(pods []*corev1.Pod) []string {
 	var out []string
-	for i := range pods {
-		if !finished(&pods[i]) || pods[i].DeletionTimestamp != nil {
-			out = append(out, pods[i].Name)
+	for _, p := range pods {
+		if !targets.Finished(p) || p.DeletionTimestamp != nil {
+			out = append(out, p.Name)
 		}
 	}
 	slices.Sort(out)
 	return out
-}
-
-// Forget drops the clients and notes kept for a target that left the
-// targets directory.
-func (c *Controller) Forget(name string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.clients, name)
-	delete(c.overdue, name)
 }

@@ -41,7 +41,7 @@ func (c *Controller) withLease(ctx context.Context, k *kube, fn action) error {
 			return err
 		}
 	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("lease of %s: %w", k.cfg.Name, err)
+		return fmt.Errorf("lease of %s: %w", k.t.Name(), err)
 	}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: k.name, Namespace: k.ns},
@@ -63,7 +63,7 @@ func (c *Controller) withLease(ctx context.Context, k *kube, fn action) error {
 		RenewDeadline:   renewDeadline,
 		RetryPeriod:     retryPeriod,
 		ReleaseOnCancel: true,
-		Name:            k.cfg.Name,
+		Name:            k.t.Name(),
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
 				close(started)

@@ -41,7 +41,7 @@ func (c *Controller) decide(ctx context.Context, name string, mutate func(target
 	if err != nil {
 		return err
 	}
-	life, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+	life, version, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
 		if cur.State == targets.StateRetired {
 			return cur, false
 		}
@@ -53,8 +53,19 @@ func (c *Controller) decide(ctx context.Context, name string, mutate func(target
 	if life.State == targets.StateRetired {
 		return targets.ErrNotFound
 	}
-	c.opts.Registry.SetLifecycle(name, k.cfg, life)
+	c.await(ctx, k, version)
 	return nil
+}
+
+// await waits, within AwaitTimeout, until the target's watch has seen the
+// record written at version, so the answer to the operator and the next
+// list agree. If it is slower, the decision stands and shows a moment later.
+func (c *Controller) await(ctx context.Context, k *kube, version string) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.AwaitTimeout)
+	defer cancel()
+	if err := k.t.AwaitRecord(ctx, version); err != nil {
+		c.opts.Logger.Info("the target's watch has not shown the decision yet", "target", k.t.Name(), "error", err.Error())
+	}
 }
 
 // Prune scopes: how far a prune reaches.
@@ -72,12 +83,12 @@ const (
 // Prune forgets a target that is not running and says how far the prune
 // reaches (PrunedEverywhere or PrunedHere). A dead cluster can be pruned.
 func (c *Controller) Prune(ctx context.Context, name string) (string, error) {
-	cfg, reachable, err := c.opts.Registry.Prunable(name)
+	t, reachable, err := c.opts.Registry.Prunable(name)
 	if err != nil {
 		return "", err
 	}
 	if reachable {
-		err := c.recordPrune(ctx, cfg)
+		err := c.recordPrune(ctx, newKube(t))
 		if err == nil {
 			c.opts.Metrics.acted("pruned")
 			c.opts.Logger.Info("target pruned", "target", name, "scope", PrunedEverywhere)
@@ -93,22 +104,18 @@ func (c *Controller) Prune(ctx context.Context, name string) (string, error) {
 	return PrunedHere, nil
 }
 
-func (c *Controller) recordPrune(ctx context.Context, cfg *targets.Config) error {
-	k, err := c.kube(cfg)
-	if err != nil {
-		return err
-	}
-	life, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+func (c *Controller) recordPrune(ctx context.Context, k *kube) error {
+	_, version, err := k.update(ctx, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
 		if cur.State == targets.StateRetired {
 			return cur, false
 		}
-		cur.PrunedHash = cfg.Hash()
+		cur.PrunedHash = k.t.Config.Hash()
 		return cur, true
 	})
 	if err != nil {
 		return err
 	}
-	c.opts.Registry.SetLifecycle(cfg.Name, cfg, life)
+	c.await(ctx, k, version)
 	return nil
 }
 
@@ -155,7 +162,7 @@ func (c *Controller) Sync(ctx context.Context, name string, wanted []string) ([]
 		if err != nil {
 			return false, err
 		}
-		var doomed []corev1.Pod
+		var doomed []*corev1.Pod
 		for _, p := range pods {
 			if !slices.Contains(wanted, p.Name) && p.DeletionTimestamp == nil {
 				doomed = append(doomed, p)

@@ -4,13 +4,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetway-ci/jetway/targets"
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func pod(name string, phase corev1.PodPhase, finished time.Time, deleting bool) corev1.Pod {
-	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(finished.Add(-time.Hour))},
+func pod(name string, phase corev1.PodPhase, finished time.Time, deleting bool) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(finished.Add(-time.Hour))},
 		Status: corev1.PodStatus{Phase: phase}}
 	if !finished.IsZero() && (phase == corev1.PodSucceeded || phase == corev1.PodFailed) {
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{
@@ -25,7 +26,7 @@ func pod(name string, phase corev1.PodPhase, finished time.Time, deleting bool) 
 
 func TestUnfinishedAndStale(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	pods := []corev1.Pod{
+	pods := []*corev1.Pod{
 		pod("running", corev1.PodRunning, now, false),
 		pod("pending", corev1.PodPending, now, false),
 		pod("done-long-ago", corev1.PodSucceeded, now.Add(-time.Hour), false),
@@ -58,10 +59,11 @@ func TestFinishedAtFallsBack(t *testing.T) {
 	assert.Equal(t, end, finishedAt(&p), "last container to end")
 }
 
-func TestDecode(t *testing.T) {
-	life := decode(&corev1.ConfigMap{Data: map[string]string{
-		keyState: "retired", keySince: "2026-11-22T12:00:00Z", keyConfigHash: "abc"}})
-	assert.Equal(t, "retired", string(life.State))
-	assert.Equal(t, "abc", life.ConfigHash)
-	assert.Equal(t, 2026, life.Since.Year())
+func TestRecordRoundTrips(t *testing.T) {
+	life := targets.Lifecycle{State: targets.StateRetired, Since: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC),
+		ConfigHash: "abc", PrunedHash: "def"}
+	assert.Equal(t, map[string]string{"state": "retired", "since": "2026-11-22T12:00:00Z",
+		"config-sha256": "abc", "pruned-config-sha256": "def"}, life.Data(), "the record's keys, as other replicas read them")
+	assert.Equal(t, life, targets.DecodeLifecycle(life.Data()))
+	assert.Empty(t, targets.Lifecycle{}.Data())
 }

@@ -12,4 +12,7 @@ var (
 	ErrNotFound = errors.New("no such target")
 	// ErrRunning: the operation needs a target that is not running.
 	ErrRunning = errors.New("cannot prune running worker")
+	// ErrNotOurs: an object with a name jetway uses exists but lacks the
+	// installation's ownership labels; jetway never modifies or deletes it.
+	ErrNotOurs = errors.New("exists without this installation's ownership labels; jetway leaves it alone")
 )

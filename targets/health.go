@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
-	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -46,30 +45,6 @@ const (
 	ReasonError        = "error"
 )
 
-// client is what a health check needs of one target. Clients of targets on
-// one cluster share client-go's cached transport (same TLS config), so 1,000
-// targets on 3 clusters hold 3 connection pools, not 1,000.
-type client struct {
-	rest  rest.Interface
-	authz authorizationv1client.AuthorizationV1Interface
-	ns    string
-}
-
-func newClient(cfg *Config) (*client, error) {
-	rc := rest.CopyConfig(cfg.REST)
-	rc.QPS, rc.Burst = 50, 100
-	rc.UserAgent = "jetway"
-	hc, err := rest.HTTPClientFor(rc)
-	if err != nil {
-		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
-	}
-	authz, err := authorizationv1client.NewForConfigAndClient(rc, hc)
-	if err != nil {
-		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
-	}
-	return &client{rest: authz.RESTClient(), authz: authz, ns: cfg.Meta.Namespace}, nil
-}
-
 // checker runs health checks.
 type checker struct {
 	required []Permission
@@ -78,21 +53,21 @@ type checker struct {
 
 // check probes readiness, reads the server version when it is not known,
 // and reviews every required permission. The caller bounds it with ctx.
-func (c *checker) check(ctx context.Context, cl *client, knownVersion string) (h Health) {
+func (c *checker) check(ctx context.Context, t *Target, knownVersion string) (h Health) {
 	h = Health{At: c.now(), ServerVersion: knownVersion}
 	start := time.Now()
 	defer func() { h.Duration = time.Since(start) }()
-	if err := ready(ctx, cl.rest); err != nil {
+	if err := ready(ctx, t.raw); err != nil {
 		h.Err, h.Reason = classify(ctx, err)
 		return h
 	}
 	h.Latency = time.Since(start)
 	if h.ServerVersion == "" {
-		if v, err := serverVersion(ctx, cl.rest); err == nil {
+		if v, err := serverVersion(ctx, t.raw); err == nil {
 			h.ServerVersion = v
 		}
 	}
-	missing, err := c.review(ctx, cl)
+	missing, err := c.review(ctx, t)
 	if err != nil {
 		h.Err, h.Reason = classify(ctx, err)
 		h.Err = fmt.Errorf("review permissions: %w", h.Err)
@@ -110,9 +85,9 @@ func (c *checker) check(ctx context.Context, cl *client, knownVersion string) (h
 // permission it does not show as granted (or all, when the server says its
 // list is incomplete) is asked again with a SelfSubjectAccessReview, whose
 // answer decides: only "allowed" counts, "no opinion" is denied.
-func (c *checker) review(ctx context.Context, cl *client) ([]Permission, error) {
-	rules, err := cl.authz.SelfSubjectRulesReviews().Create(ctx, &authorizationv1.SelfSubjectRulesReview{
-		Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: cl.ns},
+func (c *checker) review(ctx context.Context, t *Target) ([]Permission, error) {
+	rules, err := t.authz.SelfSubjectRulesReviews().Create(ctx, &authorizationv1.SelfSubjectRulesReview{
+		Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: t.Namespace()},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
@@ -122,7 +97,7 @@ func (c *checker) review(ctx context.Context, cl *client) ([]Permission, error) 
 		if !rules.Status.Incomplete && p.grantedBy(rules.Status.ResourceRules) {
 			continue
 		}
-		review, err := cl.authz.SelfSubjectAccessReviews().Create(ctx, p.accessReview(cl.ns), metav1.CreateOptions{})
+		review, err := t.authz.SelfSubjectAccessReviews().Create(ctx, p.accessReview(t.Namespace()), metav1.CreateOptions{})
 		if err != nil {
 			return nil, err
 		}
@@ -182,14 +157,14 @@ func classify(ctx context.Context, err error) (error, string) {
 // Check checks one target once, with the same probe and reviews as the
 // registry: what `gateway check` runs before a Secret is mounted.
 func Check(ctx context.Context, cfg *Config, timeout time.Duration) Health {
-	cl, err := newClient(cfg)
+	t, err := NewTarget(cfg, "")
 	if err != nil {
 		return Health{At: time.Now(), Err: err, Reason: ReasonInvalid}
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c := checker{required: Required, now: time.Now}
-	return c.check(ctx, cl, "")
+	return c.check(ctx, t, "")
 }
 
 // Describe says in one line what is wrong with a check, or "" when nothing.

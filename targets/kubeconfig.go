@@ -1,7 +1,6 @@
 package targets
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -13,10 +12,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -259,13 +256,3 @@ func (m Metadata) validate() error {
 // Hash identifies the content of the target's entry (kubeconfig, metadata,
 // referenced files): equal hashes, same target definition.
 func (c *Config) Hash() string { return c.hash }
-
-// Pod reads a pod in the target's namespace. The client shares
-// client-go's cached transport for the target's cluster.
-func (c *Config) Pod(ctx context.Context, pod string) (*corev1.Pod, error) {
-	core, err := corev1client.NewForConfig(c.REST)
-	if err != nil {
-		return nil, err
-	}
-	return core.Pods(c.Meta.Namespace).Get(ctx, pod, metav1.GetOptions{})
-}

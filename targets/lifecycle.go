@@ -1,8 +1,42 @@
 package targets
 
-// This file holds what the lifecycle controller records in the registry:
-// land, retire and prune decisions, read from the target cluster or made
-// by this replica.
+import "time"
+
+// This file holds how a target's lifecycle is recorded in its cluster (the
+// data of its record ConfigMap) and what the registry makes of it: land,
+// retire and prune decisions, read from the target cluster's record or,
+// for a prune of an unreachable target, made by this replica.
+
+// Keys of the lifecycle record's data.
+const (
+	recordState      = "state"
+	recordSince      = "since"
+	recordConfigHash = "config-sha256"
+	// recordPruned holds the hash of the configuration that was pruned.
+	recordPruned = "pruned-config-sha256"
+)
+
+// DecodeLifecycle reads a lifecycle record's data.
+func DecodeLifecycle(data map[string]string) Lifecycle {
+	since, _ := time.Parse(time.RFC3339, data[recordSince])
+	return Lifecycle{State: State(data[recordState]), Since: since,
+		ConfigHash: data[recordConfigHash], PrunedHash: data[recordPruned]}
+}
+
+// Data is the lifecycle record's data for l; empty fields are left out,
+// and so is what only the registry derives (Holding, Overdue, Problem).
+func (l Lifecycle) Data() map[string]string {
+	data := map[string]string{}
+	for key, v := range map[string]string{recordState: string(l.State), recordConfigHash: l.ConfigHash, recordPruned: l.PrunedHash} {
+		if v != "" {
+			data[key] = v
+		}
+	}
+	if !l.Since.IsZero() {
+		data[recordSince] = l.Since.UTC().Format(time.RFC3339)
+	}
+	return data
+}
 
 // hidden reports whether the target is forgotten: pruned by this replica,
 // or pruned or retired (as recorded in its cluster) with the configuration
@@ -14,49 +48,43 @@ func (rec *record) hidden() bool {
 	if rec.cfg == nil {
 		return false
 	}
-	return (rec.life.State == StateRetired && rec.life.ConfigHash == rec.cfg.hash) ||
-		(rec.life.PrunedHash != "" && rec.life.PrunedHash == rec.cfg.hash)
+	life := rec.recorded()
+	return (life.State == StateRetired && life.ConfigHash == rec.cfg.hash) ||
+		(life.PrunedHash != "" && life.PrunedHash == rec.cfg.hash)
 }
 
-// SetLifecycle records what the lifecycle controller read for a target,
-// made with cfg; results for a replaced configuration are dropped.
-func (r *Registry) SetLifecycle(name string, cfg *Config, life Lifecycle) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec, ok := r.records[name]
-	if !ok || rec.cfg != cfg {
-		return
+// recordProblem says what is wrong with the target's lifecycle record.
+func (rec *record) recordProblem() error {
+	if rec.target == nil {
+		return nil
 	}
-	if rec.life.State != life.State {
-		r.opts.Logger.Info("target lifecycle", "target", name, "state", string(life.State), "was", string(rec.life.State))
-	}
-	rec.life = life
+	return rec.target.RecordProblem()
 }
 
-// SetLifecycleError records why the lifecycle of a target (with cfg) could
-// not be read or advanced; the next successful SetLifecycle clears it.
-func (r *Registry) SetLifecycleError(name string, cfg *Config, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec, ok := r.records[name]; ok && rec.cfg == cfg {
-		rec.life.Problem = err.Error()
+// recorded is the lifecycle in the target's cluster, as its watch last saw
+// it; zero before the first list or without a usable configuration.
+func (rec *record) recorded() Lifecycle {
+	if rec.target == nil {
+		return Lifecycle{}
 	}
+	life, _ := rec.target.Lifecycle()
+	return life
 }
 
-// Prunable returns the configuration of a listed target that may be pruned
-// (any but a running one: ErrRunning) and whether its cluster answered the
-// last check, so the prune can be recorded there.
-func (r *Registry) Prunable(name string) (cfg *Config, reachable bool, err error) {
+// Prunable returns a listed target that may be pruned (any but a running
+// one: ErrRunning) and whether its cluster answered the last check, so the
+// prune can be recorded there.
+func (r *Registry) Prunable(name string) (t *Target, reachable bool, err error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	rec, ok := r.records[name]
 	if !ok || rec.hidden() {
 		return nil, false, ErrNotFound
 	}
-	if rec.status().State == StateRunning {
+	if r.status(rec).State == StateRunning {
 		return nil, false, ErrRunning
 	}
-	return rec.cfg, rec.cfg != nil && rec.checked && rec.health.Err == nil, nil
+	return rec.target, rec.target != nil && rec.checked && rec.health.Err == nil, nil
 }
 
 // Prune makes this replica alone forget a target that is not running,
@@ -69,7 +97,7 @@ func (r *Registry) Prune(name string) error {
 	if !ok || rec.hidden() {
 		return ErrNotFound
 	}
-	if rec.status().State == StateRunning {
+	if r.status(rec).State == StateRunning {
 		return ErrRunning
 	}
 	rec.pruned = true
@@ -83,10 +111,13 @@ func (r *Registry) Find(name string) (Status, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	rec, ok := r.records[name]
-	if !ok || (rec.cfg != nil && rec.life.State == StateRetired && rec.life.ConfigHash == rec.cfg.hash) {
+	if !ok {
 		return Status{}, ErrNotFound
 	}
-	return rec.status(), nil
+	if life := rec.recorded(); rec.cfg != nil && life.State == StateRetired && life.ConfigHash == rec.cfg.hash {
+		return Status{}, ErrNotFound
+	}
+	return r.status(rec), nil
 }
 
 // Unprune drops this replica's own prune of a target (an operator resumed

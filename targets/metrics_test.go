@@ -11,10 +11,9 @@ import (
 func TestTargetsGaugeHasEveryListedState(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := NewRegistry(RegistryOptions{Interval: 1, Timeout: 1, Metrics: NewMetrics(reg)})
-	cfg := &Config{Name: "a", hash: "h"}
-	r.records["a"] = &record{name: "a", cfg: cfg, checked: true, healthy: true, life: Lifecycle{State: StateLanded}}
-	r.records["b"] = &record{name: "b", cfg: &Config{Name: "b", hash: "h"}, checked: true, healthy: true,
-		life: Lifecycle{PrunedHash: "h"}}
+	a, b := testConfig(t, "a"), testConfig(t, "b")
+	r.records["a"] = &record{name: "a", cfg: a, checked: true, healthy: true, target: listed(a, Lifecycle{State: StateLanded})}
+	r.records["b"] = &record{name: "b", cfg: b, checked: true, healthy: true, target: listed(b, Lifecycle{PrunedHash: b.hash})}
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	got := map[string]float64{}

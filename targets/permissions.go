@@ -41,10 +41,12 @@ var Required = []Permission{
 	// WebSocket; the API server authorizes each as that verb.
 	{Resource: "pods", Subresource: "portforward", Verb: "create"},
 	{Resource: "pods", Subresource: "portforward", Verb: "get"},
-	// Lifecycle: the record of land/retire is a ConfigMap, and a Lease
-	// picks the one replica that acts on the target.
+	// Lifecycle: the record of land/retire is a ConfigMap (watched, like
+	// the step pods, so every replica sees it change), and a Lease picks
+	// the one replica that acts on the target.
 	{Resource: "configmaps", Verb: "get"},
 	{Resource: "configmaps", Verb: "list"},
+	{Resource: "configmaps", Verb: "watch"},
 	{Resource: "configmaps", Verb: "create"},
 	{Resource: "configmaps", Verb: "update"},
 	{Resource: "configmaps", Verb: "delete"},

@@ -16,9 +16,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/rest"
 )
 
 // State is a target's Concourse worker state.
@@ -48,22 +45,14 @@ type Lifecycle struct {
 	// PrunedHash is, for a pruned target, the hash of the configuration
 	// that was pruned: the target stays out of every list while it has it.
 	PrunedHash string
-	// Holding names the unfinished step pods a landing or retiring target
-	// waits for.
-	Holding []string
-	// Overdue is set once landing has taken longer than the land timeout.
-	Overdue bool
-	// Problem says why the lifecycle could not be read or advanced.
-	Problem string
 }
 
 // Reconciler acts on a target after each health check: the lifecycle
-// controller reads and advances the target's recorded lifecycle.
+// controller advances the target's recorded lifecycle and collects its
+// garbage. What it returns is shown as the target's lifecycle problem until
+// a later call returns nil.
 type Reconciler interface {
-	Reconcile(ctx context.Context, cfg *Config, h Health)
-	// Forget drops what the reconciler keeps for a target that left the
-	// directory.
-	Forget(name string)
+	Reconcile(ctx context.Context, t *Target, h Health) error
 }
 
 // Status is an immutable view of one target, what the API serves.
@@ -82,6 +71,8 @@ type Status struct {
 	// Holding names the unfinished step pods a landing or retiring target
 	// waits for.
 	Holding []string
+	// Counts are the live step counts from the target's watch.
+	Counts Counts
 }
 
 // RegistryOptions configure a Registry.
@@ -103,6 +94,12 @@ type RegistryOptions struct {
 	// VersionRefresh re-reads the server version of a healthy target this
 	// often, so a cluster upgrade shows; default 10m.
 	VersionRefresh time.Duration
+	// Installation names this installation in the ownership labels the
+	// targets' watches select by.
+	Installation string
+	// LandTimeout is how long landing may take before the status and the
+	// log name the step pods still holding the target; 0 never.
+	LandTimeout time.Duration
 }
 
 // Registry holds the targets, checks each on its own schedule, and hands
@@ -110,6 +107,7 @@ type RegistryOptions struct {
 type Registry struct {
 	opts       RegistryOptions
 	probe      probe
+	watch      func(t *Target, ctx context.Context) // keeps t's cache: (*Target).Run
 	sem        chan struct{}
 	reconciler Reconciler
 	wg         sync.WaitGroup
@@ -123,20 +121,24 @@ type Registry struct {
 
 // probe checks one target once; known is the server version to keep, ""
 // to read it again. The registry bounds it with the check timeout.
-type probe func(ctx context.Context, cl *client, known string) Health
+type probe func(ctx context.Context, t *Target, known string) Health
 
 // record is the registry's mutable state for one target.
 type record struct {
 	name      string
 	cfg       *Config // last good configuration; nil if never valid
+	target    *Target // cfg's clients and cache; nil when they cannot be built
+	targetErr error   // why target could not be built
 	entryErr  error   // what is wrong with the current directory entry
 	startTime time.Time
 	health    Health
 	checked   bool
-	failures  int  // consecutive failed checks
-	healthy   bool // anti-flap verdict: false until a check succeeds
-	life      Lifecycle
-	pruned    bool // hidden until a check succeeds
+	failures  int    // consecutive failed checks
+	healthy   bool   // anti-flap verdict: false until a check succeeds
+	problem   string // of the last reconcile; "" when it succeeded
+	overdue   bool   // an overdue landing was logged
+	lastState State  // the recorded lifecycle state last logged
+	pruned    bool   // hidden until a check succeeds
 	stop      context.CancelFunc
 }
 
@@ -161,6 +163,7 @@ func NewRegistry(opts RegistryOptions) *Registry {
 	r := &Registry{
 		opts:    opts,
 		probe:   c.check,
+		watch:   (*Target).Run,
 		sem:     make(chan struct{}, opts.Concurrency),
 		records: make(map[string]*record),
 	}
@@ -185,7 +188,7 @@ func (r *Registry) Start(ctx context.Context) error {
 	r.ctx = ctx
 	for _, rec := range r.records {
 		if rec.cfg != nil {
-			r.startLoop(rec, rec.cfg)
+			r.startLoop(rec)
 		}
 	}
 	r.mu.Unlock()
@@ -219,9 +222,6 @@ func (r *Registry) Apply(results map[string]Result) {
 			r.opts.Logger.Info("target removed", "target", name)
 			r.stopLoop(rec)
 			delete(r.records, name)
-			if r.reconciler != nil {
-				r.reconciler.Forget(name)
-			}
 		}
 	}
 	for name, res := range results {
@@ -248,20 +248,27 @@ func (r *Registry) Apply(results map[string]Result) {
 			r.opts.Logger.Info("target configuration changed", "target", name)
 			r.stopLoop(rec)
 		}
-		rec.cfg = res.Config
-		r.startLoop(rec, res.Config)
+		rec.cfg, rec.problem = res.Config, ""
+		rec.target, rec.targetErr = NewTarget(res.Config, r.opts.Installation)
+		r.startLoop(rec)
 	}
 }
 
 // startLoop runs rec's health checks until stopLoop; before Start, Start
 // runs it. Called with r.mu held.
-func (r *Registry) startLoop(rec *record, cfg *Config) {
+func (r *Registry) startLoop(rec *record) {
 	if r.ctx == nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	rec.stop = cancel
-	r.wg.Go(func() { r.healthLoop(ctx, rec.name, cfg) })
+	name, cfg, t, err := rec.name, rec.cfg, rec.target, rec.targetErr
+	if t == nil {
+		r.wg.Go(func() { r.observe(name, cfg, Health{At: r.opts.Now(), Err: err, Reason: ReasonInvalid}) })
+		return
+	}
+	r.wg.Go(func() { r.watch(t, ctx) })
+	r.wg.Go(func() { r.healthLoop(ctx, t) })
 }
 
 // stopLoop ends rec's health loop without waiting: its last result is
@@ -273,12 +280,8 @@ func (r *Registry) stopLoop(rec *record) {
 	}
 }
 
-func (r *Registry) healthLoop(ctx context.Context, name string, cfg *Config) {
-	cl, err := newClient(cfg)
-	if err != nil {
-		r.observe(name, cfg, Health{At: r.opts.Now(), Err: err, Reason: ReasonInvalid})
-		return
-	}
+func (r *Registry) healthLoop(ctx context.Context, t *Target) {
+	name, cfg := t.Name(), t.Config
 	timer := time.NewTimer(0) // first check at once
 	defer timer.Stop()
 	for {
@@ -292,14 +295,18 @@ func (r *Registry) healthLoop(ctx context.Context, name string, cfg *Config) {
 			return
 		case r.sem <- struct{}{}:
 		}
-		h := r.check(ctx, cl, name)
+		h := r.check(ctx, t)
 		<-r.sem
 		if ctx.Err() != nil {
 			return
 		}
 		r.observe(name, cfg, h)
 		if r.reconciler != nil {
-			r.reconciler.Reconcile(ctx, cfg, h)
+			err := r.reconciler.Reconcile(ctx, t, h)
+			if ctx.Err() != nil {
+				return
+			}
+			r.reconciled(name, cfg, err)
 		}
 		timer.Reset(jitter(r.opts.Interval))
 	}
@@ -312,14 +319,14 @@ func jitter(d time.Duration) time.Duration {
 
 // check runs one bounded check, keeping the known server version unless it
 // is older than VersionRefresh.
-func (r *Registry) check(ctx context.Context, cl *client, name string) Health {
+func (r *Registry) check(ctx context.Context, t *Target) Health {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	known, at := r.knownVersion(name)
+	known, at := r.knownVersion(t.Name())
 	if r.opts.Now().Sub(at) >= r.opts.VersionRefresh {
 		known = ""
 	}
-	h := r.probe(ctx, cl, known)
+	h := r.probe(ctx, t, known)
 	switch {
 	case h.ServerVersion == "":
 	case known == "":
@@ -377,7 +384,8 @@ func (rec *record) record(h Health, stallAfter int) {
 	}
 }
 
-func (rec *record) status() Status {
+// status is the target's view for the API. Called with r.mu held.
+func (r *Registry) status(rec *record) Status {
 	s := Status{
 		Name:          rec.name,
 		State:         StateStalled,
@@ -403,20 +411,72 @@ func (rec *record) status() Status {
 			s.State = StateRunning
 		}
 	}
-	if rec.life.Problem != "" {
-		s.Error = joinErr(s.Error, "lifecycle: "+rec.life.Problem)
+	if t := rec.target; t != nil {
+		s.Counts = t.Counts()
+		// Without its cache a target's lifecycle and counts are unknown:
+		// it takes no work until its watches have listed once.
+		if synced, err := t.Synced(); !synced && s.State == StateRunning {
+			s.State = StateStalled
+			s.Error = joinErr(s.Error, watchProblem(err))
+		}
+	}
+	if rec.problem != "" {
+		s.Error = joinErr(s.Error, "lifecycle: "+rec.problem)
+	} else if err := rec.recordProblem(); err != nil {
+		s.Error = joinErr(s.Error, "lifecycle: "+err.Error())
 	}
 	// An operator's decision outlasts health: only running targets stall.
-	switch rec.life.State {
+	switch life := rec.recorded(); life.State {
 	case StateLanding, StateLanded, StateRetiring:
-		s.State = rec.life.State
-		s.Holding = rec.life.Holding
-		if rec.life.Overdue && len(rec.life.Holding) > 0 {
+		s.State = life.State
+		if life.State == StateLanded {
+			break
+		}
+		s.Holding = rec.target.Holding()
+		if r.overdue(life) && len(s.Holding) > 0 {
 			s.Error = joinErr(s.Error, fmt.Sprintf("still %s since %s: waiting for step pods %s",
-				rec.life.State, rec.life.Since.UTC().Format(time.RFC3339), strings.Join(rec.life.Holding, ", ")))
+				life.State, life.Since.UTC().Format(time.RFC3339), strings.Join(s.Holding, ", ")))
 		}
 	}
 	return s
+}
+
+func watchProblem(err error) string {
+	if err == nil {
+		return "watching step pods and the lifecycle record: not listed yet"
+	}
+	return "watching step pods and the lifecycle record: " + err.Error()
+}
+
+// overdue reports whether a landing has taken longer than the land timeout.
+func (r *Registry) overdue(life Lifecycle) bool {
+	return life.State == StateLanding && r.opts.LandTimeout > 0 && r.opts.Now().Sub(life.Since) > r.opts.LandTimeout
+}
+
+// reconciled records what the reconciler made of a check with cfg.
+func (r *Registry) reconciled(name string, cfg *Config, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.records[name]
+	if !ok || rec.cfg != cfg {
+		return
+	}
+	rec.problem = ""
+	if err != nil {
+		rec.problem = err.Error()
+	}
+	life := rec.recorded()
+	if life.State != rec.lastState {
+		r.opts.Logger.Info("target lifecycle", "target", name, "state", string(life.State), "was", string(rec.lastState))
+		rec.lastState = life.State
+	}
+	// A landing that takes too long is logged once, naming what holds it.
+	overdue := r.overdue(life) && len(rec.target.Holding()) > 0
+	if overdue && !rec.overdue {
+		r.opts.Logger.Warn("landing is taking longer than the land timeout", "target", name,
+			"since", life.Since, "pods", rec.target.Holding())
+	}
+	rec.overdue = overdue
 }
 
 func joinErr(a, b string) string {
@@ -449,7 +509,7 @@ func (r *Registry) Snapshot() []Status {
 	out := make([]Status, 0, len(r.records))
 	for _, rec := range r.records {
 		if !rec.hidden() {
-			out = append(out, rec.status())
+			out = append(out, r.status(rec))
 		}
 	}
 	r.mu.RUnlock()
@@ -465,48 +525,22 @@ func (r *Registry) Get(name string) (Status, error) {
 	if !ok || rec.hidden() {
 		return Status{}, ErrNotFound
 	}
-	return rec.status(), nil
+	return r.status(rec), nil
 }
 
-// Config returns the last good configuration of a target, for components
-// that act on it.
-func (r *Registry) Config(name string) (*Config, error) {
+// Target returns a target's clients and cache, for components that act on
+// it; ErrInvalidEntry (with the reason) when it has none.
+func (r *Registry) Target(name string) (*Target, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	rec, ok := r.records[name]
-	if !ok {
+	switch {
+	case !ok:
 		return nil, ErrNotFound
-	}
-	if rec.cfg == nil {
+	case rec.cfg == nil:
 		return nil, errors.Join(ErrInvalidEntry, rec.entryErr)
+	case rec.target == nil:
+		return nil, errors.Join(ErrInvalidEntry, rec.targetErr)
 	}
-	return rec.cfg, nil
-}
-
-// REST returns the client configuration of a target, for the port-forward
-// dialer.
-func (r *Registry) REST(name string) (*rest.Config, error) {
-	cfg, err := r.Config(name)
-	if err != nil {
-		return nil, err
-	}
-	return cfg.REST, nil
-}
-
-// Namespace returns a target's namespace.
-func (r *Registry) Namespace(name string) (string, error) {
-	cfg, err := r.Config(name)
-	if err != nil {
-		return "", err
-	}
-	return cfg.Meta.Namespace, nil
-}
-
-// Pod reads a pod of a target.
-func (r *Registry) Pod(ctx context.Context, name, pod string) (*corev1.Pod, error) {
-	cfg, err := r.Config(name)
-	if err != nil {
-		return nil, err
-	}
-	return cfg.Pod(ctx, pod)
+	return rec.target, nil
 }

@@ -27,12 +27,15 @@ func newFakeProbe() *fakeProbe {
 	return &fakeProbe{answer: map[string]func(context.Context, string) Health{}, calls: map[string]int{}, version: "v1.36.3"}
 }
 
-// install makes r check through f; cl.ns is the target's name in tests.
+// install makes r check through f, with caches that list nothing; a
+// target's namespace is its name in tests.
 func (f *fakeProbe) install(r *Registry) {
-	r.probe = func(ctx context.Context, cl *client, known string) Health {
+	r.watch = emptyWatch
+	r.probe = func(ctx context.Context, tg *Target, known string) Health {
+		ns := tg.Namespace()
 		f.mu.Lock()
-		f.calls[cl.ns]++
-		answer, version := f.answer[cl.ns], f.version
+		f.calls[ns]++
+		answer, version := f.answer[ns], f.version
 		f.mu.Unlock()
 		h := Health{At: time.Now(), ServerVersion: known}
 		if known == "" {
@@ -184,26 +187,41 @@ func TestServerVersionIsRefreshed(t *testing.T) {
 	})
 }
 
-// forgetful records which targets the registry told it to forget.
-type forgetful struct {
-	mu        sync.Mutex
-	forgotten []string
+// failing is a reconciler that fails while err is set.
+type failing struct {
+	mu  sync.Mutex
+	err error
 }
 
-func (f *forgetful) Reconcile(context.Context, *Config, Health) {}
-func (f *forgetful) Forget(name string) {
+func (f *failing) Reconcile(context.Context, *Target, Health) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.forgotten = append(f.forgotten, name)
+	return f.err
 }
 
-func TestRemovedTargetIsForgottenByTheReconciler(t *testing.T) {
-	r := NewRegistry(RegistryOptions{Interval: time.Hour, Timeout: time.Second, StallAfter: 1, Concurrency: 1})
-	rc := &forgetful{}
-	r.SetReconciler(rc)
-	r.Apply(map[string]Result{"a": {Config: testConfig(t, "a")}, "b": {Config: testConfig(t, "b")}})
-	r.Apply(map[string]Result{"b": {Config: testConfig(t, "b")}})
-	assert.Equal(t, []string{"a"}, rc.forgotten)
+func TestReconcileFailureShowsUntilItSucceeds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := NewRegistry(RegistryOptions{Interval: time.Minute, Timeout: time.Second, StallAfter: 1, Concurrency: 1})
+		newFakeProbe().install(r)
+		rc := &failing{err: errors.New("configmaps is forbidden")}
+		r.SetReconciler(rc)
+		r.Apply(map[string]Result{"a": {Config: testConfig(t, "a")}})
+		stop := startRegistry(t, r)
+		defer stop()
+		synctest.Wait()
+		s, err := r.Get("a")
+		require.NoError(t, err)
+		assert.Equal(t, StateRunning, s.State, "a lifecycle problem does not stall a healthy target")
+		assert.Equal(t, "lifecycle: configmaps is forbidden", s.Error)
+
+		rc.mu.Lock()
+		rc.err = nil
+		rc.mu.Unlock()
+		time.Sleep(time.Minute + time.Minute/10)
+		synctest.Wait()
+		s, _ = r.Get("a")
+		assert.Empty(t, s.Error, "cleared by the next reconcile that succeeds")
+	})
 }
 
 func TestSourceWithoutWatcherStillRereads(t *testing.T) {

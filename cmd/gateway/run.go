@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/jetway-ci/jetway/api"
@@ -67,21 +69,21 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	}
 
 	registry := targets.NewRegistry(targets.RegistryOptions{
-		Interval:    cfg.HealthInterval,
-		Timeout:     cfg.HealthTimeout,
-		Concurrency: cfg.HealthConcurrency,
-		StallAfter:  cfg.StallAfter,
-		Logger:      logger.With("component", "targets"),
-		Metrics:     targets.NewMetrics(reg),
+		Interval:     cfg.HealthInterval,
+		Timeout:      cfg.HealthTimeout,
+		Concurrency:  cfg.HealthConcurrency,
+		StallAfter:   cfg.StallAfter,
+		Installation: cfg.Installation,
+		LandTimeout:  cfg.LandTimeout,
+		Logger:       logger.With("component", "targets"),
+		Metrics:      targets.NewMetrics(reg),
 	})
 	controller := lifecycle.New(lifecycle.Options{
-		Installation: cfg.Installation,
-		Identity:     identity(),
-		Registry:     registry,
-		LandTimeout:  cfg.LandTimeout,
-		GCGrace:      cfg.GCGrace,
-		Logger:       logger.With("component", "lifecycle"),
-		Metrics:      lifecycle.NewMetrics(reg),
+		Identity: identity(),
+		Registry: registry,
+		GCGrace:  cfg.GCGrace,
+		Logger:   logger.With("component", "lifecycle"),
+		Metrics:  lifecycle.NewMetrics(reg),
 	})
 	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{
@@ -91,18 +93,36 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger: logger.With("component", "targets-source"),
 	}, registry.Apply)
 	dialer := portforward.New(portforward.Options{
-		Resolve: registry.REST,
+		Resolve: func(name string) (*rest.Config, error) {
+			t, err := registry.Target(name)
+			if err != nil {
+				return nil, err
+			}
+			return t.Config.REST, nil
+		},
 		Metrics: portforward.NewMetrics(reg),
 		Logger:  logger.With("component", "portforward"),
 	})
 	streamer := streams.New(streams.Options{
 		Dialer:       dialer,
 		Installation: cfg.Installation,
-		Namespace:    registry.Namespace,
-		Pod:          registry.Pod,
-		MaxStreams:   cfg.MaxStreams,
-		Metrics:      streams.NewMetrics(reg),
-		Logger:       logger.With("component", "streams"),
+		Namespace: func(name string) (string, error) {
+			t, err := registry.Target(name)
+			if err != nil {
+				return "", err
+			}
+			return t.Namespace(), nil
+		},
+		Pod: func(ctx context.Context, name, pod string) (*corev1.Pod, error) {
+			t, err := registry.Target(name)
+			if err != nil {
+				return nil, err
+			}
+			return t.Pod(ctx, pod)
+		},
+		MaxStreams: cfg.MaxStreams,
+		Metrics:    streams.NewMetrics(reg),
+		Logger:     logger.With("component", "streams"),
 	})
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,

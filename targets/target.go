@@ -1,0 +1,272 @@
+package targets
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+)
+
+// Target is one target as every component acting on it sees it: its
+// configuration, the clients for its cluster, built once per
+// configuration (clients of one cluster share client-go's cached
+// transport, so 1,000 targets on 3 clusters hold 3 connection pools), and
+// a watch-fed cache of what this installation owns in its namespace: its
+// step pods and its lifecycle record. The registry makes one per
+// configuration and runs its watches while that configuration is current;
+// health, lifecycle, placement and streams read it and never write back.
+type Target struct {
+	Config *Config
+	Core   corev1client.CoreV1Interface
+	Leases coordinationv1client.CoordinationV1Interface
+	// Installation names this jetway installation in ownership labels.
+	Installation string
+	// Selector matches the objects this installation owns for the target.
+	Selector string
+	// RecordName names the lifecycle record ConfigMap and the Lease.
+	RecordName string
+
+	authz authorizationv1client.AuthorizationV1Interface
+	raw   rest.Interface
+
+	pods   *watched // step pods, with their counts
+	record *watched // the lifecycle record
+}
+
+// StepTypeLabel says which kind of step a step pod runs: task, get, put or
+// check. Build containers are steps of type task, get and put.
+const StepTypeLabel = "jetway-ci.dev/step-type"
+
+// RecordName is the name of a target's lifecycle record and Lease.
+func RecordName(installation, target string) string {
+	return "jetway-" + installation + "-" + target
+}
+
+// NewTarget builds a target's clients; it does not touch the network.
+// Its cache fills once Run runs.
+func NewTarget(cfg *Config, installation string) (*Target, error) {
+	rc := rest.CopyConfig(cfg.REST)
+	rc.QPS, rc.Burst, rc.UserAgent = 50, 100, "jetway"
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	core, err := corev1client.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	leases, err := coordinationv1client.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	authz, err := authorizationv1client.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
+	t := &Target{
+		Config: cfg, Core: core, Leases: leases, Installation: installation,
+		Selector:   ownership.Selector(cfg.Name, installation),
+		RecordName: RecordName(installation, cfg.Name),
+		authz:      authz, raw: authz.RESTClient(),
+	}
+	t.pods = newWatched(podsView)
+	t.record = newWatched(t.recordView)
+	return t, nil
+}
+
+// Name is the target's name.
+func (t *Target) Name() string { return t.Config.Name }
+
+// Namespace is the target's namespace.
+func (t *Target) Namespace() string { return t.Config.Meta.Namespace }
+
+// Labels are the ownership labels of what jetway creates for the target.
+func (t *Target) Labels() map[string]string {
+	return ownership.Labels(t.Config.Name, t.Installation)
+}
+
+// Pod reads a pod of the target's namespace from the API server (not the
+// cache: a pod made a moment ago is there).
+func (t *Target) Pod(ctx context.Context, name string) (*corev1.Pod, error) {
+	return t.Core.Pods(t.Namespace()).Get(ctx, name, metav1.GetOptions{})
+}
+
+// Run keeps the cache current until ctx ends: one watch of the target's
+// step pods, filtered by the ownership labels, and one of its lifecycle
+// record, by name (a foreign object of that name is seen, and refused). A broken watch (an API server restart) resumes, or
+// relists when its place is gone; either way the cache then matches the
+// cluster again.
+func (t *Target) Run(ctx context.Context) {
+	ns, sel := t.Namespace(), t.Selector
+	byName := fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t.pods.run(ctx, "pods of "+t.Name(),
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = sel
+				return t.Core.Pods(ns).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = sel
+				return t.Core.Pods(ns).Watch(ctx, o)
+			}, &corev1.Pod{})
+	})
+	wg.Go(func() {
+		t.record.run(ctx, "lifecycle of "+t.Name(),
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.FieldSelector = byName
+				return t.Core.ConfigMaps(ns).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.FieldSelector = byName
+				return t.Core.ConfigMaps(ns).Watch(ctx, o)
+			}, &corev1.ConfigMap{})
+	})
+	wg.Wait()
+}
+
+// Synced reports whether both watches have listed once, and if not, the
+// last error of either.
+func (t *Target) Synced() (bool, error) {
+	okPods, errPods := t.pods.synced()
+	okRecord, errRecord := t.record.synced()
+	if errPods == nil {
+		errPods = errRecord
+	}
+	return okPods && okRecord, errPods
+}
+
+// Counts are a target's live step counts, from its step pods.
+type Counts struct {
+	// ActiveContainers counts unfinished step pods.
+	ActiveContainers int
+	// BuildContainers counts unfinished step pods of type task, get or put.
+	BuildContainers int
+	// ActiveTasks counts unfinished step pods of type task.
+	ActiveTasks int
+	// ActiveVolumes counts the emptyDir volumes of step pods not being
+	// deleted, finished or not: a step's inputs, outputs and caches live
+	// there, and a finished step's outputs stay until the pod is deleted.
+	ActiveVolumes int
+}
+
+// Counts returns the target's live counts (zero before the first list).
+func (t *Target) Counts() Counts { return t.pods.view().(podSummary).counts }
+
+// Holding names the target's unfinished step pods, sorted: what a landing
+// target waits for.
+func (t *Target) Holding() []string { return t.pods.view().(podSummary).holding }
+
+// Pods returns the cached step pods. They are shared: do not modify them.
+func (t *Target) Pods() []*corev1.Pod { return t.pods.view().(podSummary).pods }
+
+// Lifecycle returns the lifecycle recorded in the target cluster, as last
+// seen by the watch, and false before the first list. A record without
+// this installation's ownership labels reads as none (see RecordProblem).
+func (t *Target) Lifecycle() (Lifecycle, bool) {
+	ok, _ := t.record.synced()
+	return t.record.view().(recordSummary).life, ok
+}
+
+// RecordProblem says what is wrong with the object where the target's
+// lifecycle record belongs (ErrNotOurs), or nil.
+func (t *Target) RecordProblem() error { return t.record.view().(recordSummary).problem }
+
+// AwaitRecord waits until the cache has seen the lifecycle record at
+// resourceVersion or later ("" waits for it to be gone), so that a decision
+// just written shows in the next snapshot. It gives up when ctx ends.
+func (t *Target) AwaitRecord(ctx context.Context, resourceVersion string) error {
+	return t.record.await(ctx, func(items []any) bool {
+		if len(items) == 0 {
+			return resourceVersion == ""
+		}
+		return resourceVersion != "" && notOlder(items[0].(*corev1.ConfigMap).ResourceVersion, resourceVersion)
+	})
+}
+
+// notOlder compares resource versions: equal, or both numbers (as etcd's
+// are) and have not older than want.
+func notOlder(have, want string) bool {
+	if have == want {
+		return true
+	}
+	h, err1 := strconv.ParseUint(have, 10, 64)
+	w, err2 := strconv.ParseUint(want, 10, 64)
+	return err1 == nil && err2 == nil && h >= w
+}
+
+// podSummary is what the pods cache serves, computed on every change.
+type podSummary struct {
+	pods    []*corev1.Pod
+	counts  Counts
+	holding []string
+}
+
+func podsView(items []any) any {
+	s := podSummary{pods: make([]*corev1.Pod, 0, len(items))}
+	for _, it := range items {
+		p := it.(*corev1.Pod)
+		s.pods = append(s.pods, p)
+		if p.DeletionTimestamp == nil {
+			for _, v := range p.Spec.Volumes {
+				if v.EmptyDir != nil {
+					s.counts.ActiveVolumes++
+				}
+			}
+		}
+		if !Finished(p) || p.DeletionTimestamp != nil {
+			s.holding = append(s.holding, p.Name) // gone only once deleted
+		}
+		if Finished(p) {
+			continue
+		}
+		s.counts.ActiveContainers++
+		switch p.Labels[StepTypeLabel] {
+		case "task":
+			s.counts.ActiveTasks++
+			s.counts.BuildContainers++
+		case "get", "put":
+			s.counts.BuildContainers++
+		}
+	}
+	slices.Sort(s.holding)
+	return s
+}
+
+// Finished reports whether a pod's containers have all ended.
+func Finished(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// recordSummary is what the record cache serves.
+type recordSummary struct {
+	life    Lifecycle
+	problem error
+}
+
+// recordView decodes the record, unless it is not ours.
+func (t *Target) recordView(items []any) any {
+	if len(items) == 0 {
+		return recordSummary{}
+	}
+	cm := items[0].(*corev1.ConfigMap)
+	for k, v := range t.Labels() {
+		if cm.Labels[k] != v {
+			return recordSummary{problem: fmt.Errorf("configmap %s/%s %w", cm.Namespace, cm.Name, ErrNotOurs)}
+		}
+	}
+	return recordSummary{life: DecodeLifecycle(cm.Data)}
+}
