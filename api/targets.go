@@ -64,6 +64,11 @@ type Target struct {
 	// Holding names the unfinished step pods a landing or retiring target
 	// waits for.
 	Holding []string `json:"holding,omitempty"`
+	// The live counts from the target's watch of its step pods.
+	ActiveContainers int `json:"active_containers"`
+	BuildContainers  int `json:"build_containers"`
+	ActiveTasks      int `json:"active_tasks"`
+	ActiveVolumes    int `json:"active_volumes"`
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -106,15 +111,18 @@ func worker(st targets.Status) Worker {
 		start = st.StartTime.Unix()
 	}
 	return Worker{
-		Addr:          workerAddr(st),
-		ResourceTypes: []ResourceType{},
-		Platform:      st.Meta.Platform,
-		Tags:          nonNil(st.Meta.Tags),
-		Team:          st.Meta.Team,
-		Name:          st.Name,
-		Version:       config.WorkerVersion,
-		StartTime:     start,
-		State:         string(st.State),
+		Addr:             workerAddr(st),
+		ActiveContainers: st.Counts.ActiveContainers,
+		ActiveVolumes:    st.Counts.ActiveVolumes,
+		ActiveTasks:      st.Counts.ActiveTasks,
+		ResourceTypes:    []ResourceType{},
+		Platform:         st.Meta.Platform,
+		Tags:             nonNil(st.Meta.Tags),
+		Team:             st.Meta.Team,
+		Name:             st.Name,
+		Version:          config.WorkerVersion,
+		StartTime:        start,
+		State:            string(st.State),
 	}
 }
 
@@ -147,6 +155,10 @@ func target(st targets.Status) Target {
 		ServerVersion:      st.ServerVersion,
 		StartTime:          st.StartTime.UTC(),
 		Holding:            st.Holding,
+		ActiveContainers:   st.Counts.ActiveContainers,
+		BuildContainers:    st.Counts.BuildContainers,
+		ActiveTasks:        st.Counts.ActiveTasks,
+		ActiveVolumes:      st.Counts.ActiveVolumes,
 	}
 	if !st.LastCheck.IsZero() {
 		at := st.LastCheck.UTC()

@@ -44,7 +44,8 @@ var (
 	fleet   = fakeTargets{
 		{Name: "global", Server: "https://10.1.2.3:6443", State: targets.StateRunning, StartTime: started,
 			Meta: targets.Metadata{Platform: "linux", Namespace: "ci"}, ServerVersion: "v1.36.3",
-			Latency: 1500 * time.Microsecond, LastCheck: started.Add(time.Minute)},
+			Latency: 1500 * time.Microsecond, LastCheck: started.Add(time.Minute),
+			Counts: targets.Counts{ActiveContainers: 3, BuildContainers: 2, ActiveTasks: 1, ActiveVolumes: 5}},
 		{Name: "main-gpu", Server: "https://gpu.example:443", State: targets.StateStalled, StartTime: started,
 			Meta:               targets.Metadata{Team: "main", Tags: []string{"gpu"}, Platform: "linux", Namespace: "builds"},
 			Error:              "missing permissions: create pods/portforward",
@@ -80,8 +81,8 @@ func TestWorkersJSONIsWhatFlyReads(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &got))
 	require.Len(t, got, 3)
 	assert.Equal(t, map[string]any{
-		"addr": "k8s://10.1.2.3:6443/ci", "baggageclaim_url": "", "active_containers": 0.0, "active_volumes": 0.0,
-		"active_tasks": 0.0, "resource_types": []any{}, "platform": "linux", "tags": []any{}, "team": "",
+		"addr": "k8s://10.1.2.3:6443/ci", "baggageclaim_url": "", "active_containers": 3.0, "active_volumes": 5.0,
+		"active_tasks": 1.0, "resource_types": []any{}, "platform": "linux", "tags": []any{}, "team": "",
 		"name": "global", "version": "2.5", "start_time": 1_700_000_000.0, "ephemeral": false, "state": "running",
 	}, got[0])
 	assert.Equal(t, []any{"gpu"}, got[1]["tags"])
