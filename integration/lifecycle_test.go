@@ -38,9 +38,21 @@ func lifecycleTarget(ctx context.Context, t *testing.T, c *cluster.Cluster, name
 // labels of installation), and waits for it to run.
 func stepPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, target, installation, name string) {
 	t.Helper()
+	typedStepPod(ctx, t, c, ns, target, installation, name, "")
+}
+
+// typedStepPod is stepPod for a step of type typ (task, get, put, check;
+// no label when ""), with one emptyDir volume.
+func typedStepPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, target, installation, name, typ string) {
+	t.Helper()
+	labels := ownership.Labels(target, installation)
+	if typ != "" {
+		labels[targets.StepTypeLabel] = typ
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: ownership.Labels(target, installation)},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}},
+			Volumes: []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
 	}
 	_, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
