@@ -146,6 +146,7 @@ func runTargetsBench(b *testing.B) {
 		rss, hwm, idleRSS, float64(rss)/float64(benchTargets), float64(rss-idleRSS)/float64(benchTargets))
 	b.Logf("gateway holds %d sockets for %d targets on %d clusters (client-go shares one transport per cluster TLS config)",
 		sockets, benchTargets, benchClusters)
+	gw.logRuntime(b)
 	if running != benchTargets {
 		b.Errorf("%d of %d targets running", running, benchTargets)
 	}
@@ -365,4 +366,27 @@ func envDuration(key string, def time.Duration) time.Duration {
 		return v
 	}
 	return def
+}
+
+// logRuntime logs where the gateway's memory is, from its Go collector:
+// goroutines, stacks and heap, per target.
+func (g *gatewayProc) logRuntime(b *testing.B) {
+	resp, err := http.Get(g.base + "/metrics")
+	if err != nil {
+		b.Logf("metrics: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	want := map[string]float64{"go_goroutines": 0, "go_memstats_stack_inuse_bytes": 0, "go_memstats_heap_inuse_bytes": 0}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if _, known := want[name]; ok && known {
+			want[name], _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	n := float64(benchTargets)
+	b.Logf("gateway runtime: %.0f goroutines (%.1f per target), stacks %.0f KB (%.1f KB/target), heap in use %.0f KB (%.1f KB/target)",
+		want["go_goroutines"], want["go_goroutines"]/n, want["go_memstats_stack_inuse_bytes"]/1024,
+		want["go_memstats_stack_inuse_bytes"]/1024/n, want["go_memstats_heap_inuse_bytes"]/1024, want["go_memstats_heap_inuse_bytes"]/1024/n)
 }
