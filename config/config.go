@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/selection"
 )
 
 // Config is everything `gateway run` needs. Each field's mapstructure tag is
@@ -50,6 +52,17 @@ type Config struct {
 	// 429 with Retry-After. 0 means no bound.
 	MaxStreams int `mapstructure:"max-streams" help:"volume streams running at once; past it POST /api/v1/streams answers 429 (0: no bound)"`
 
+	// Placement, with Concourse's names and defaults: a chain is a comma
+	// list of strategies, the first the primary key (selection.ParseChain).
+	PlacementStrategy selection.Chain `mapstructure:"placement-strategy" help:"placement strategy chain for steps with inputs (task, put): comma list of volume-locality, fewest-build-containers, limit-active-tasks, limit-active-containers, limit-active-volumes, or random alone"`
+	// NoInputPlacementStrategy nil means the same as PlacementStrategy;
+	// Load resolves it, so a loaded Config always has it set.
+	NoInputPlacementStrategy     selection.Chain `mapstructure:"no-input-placement-strategy" help:"placement strategy chain for steps without inputs (get); empty: the same as placement-strategy"`
+	CheckPlacementStrategy       selection.Chain `mapstructure:"check-placement-strategy" help:"placement strategy chain for check steps"`
+	MaxActiveTasksPerTarget      int             `mapstructure:"max-active-tasks-per-target" help:"task steps at once on one target under limit-active-tasks; a target's own maxActiveTasks wins when set (0: no limit)"`
+	MaxActiveContainersPerTarget int             `mapstructure:"max-active-containers-per-target" help:"unfinished step pods on one target under limit-active-containers (0: no limit)"`
+	MaxActiveVolumesPerTarget    int             `mapstructure:"max-active-volumes-per-target" help:"step pod volumes on one target under limit-active-volumes (0: no limit)"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -79,6 +92,27 @@ func Default() Config {
 		GCGrace:      10 * time.Minute,
 
 		MaxStreams: 64,
+
+		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
+		CheckPlacementStrategy: selection.Chain{selection.Random},
+	}
+}
+
+// NoInputChain is the chain of steps without inputs: no-input-placement-strategy,
+// or placement-strategy when that is not set.
+func (c Config) NoInputChain() selection.Chain {
+	if c.NoInputPlacementStrategy == nil {
+		return c.PlacementStrategy
+	}
+	return c.NoInputPlacementStrategy
+}
+
+// Limits are the per-target limits of the limit-active-* strategies.
+func (c Config) Limits() selection.Limits {
+	return selection.Limits{
+		ActiveTasks:      c.MaxActiveTasksPerTarget,
+		ActiveContainers: c.MaxActiveContainersPerTarget,
+		ActiveVolumes:    c.MaxActiveVolumesPerTarget,
 	}
 }
 
@@ -158,6 +192,7 @@ func (c Config) Validate() error {
 	if c.MaxStreams < 0 {
 		add("max-streams", "must not be negative (0: no bound), got %d", c.MaxStreams)
 	}
+	probs = append(probs, c.placementProblems()...)
 	switch {
 	case c.AuthTokensFile == "" && !c.NoAuth:
 		add("auth-tokens-file", "required: name a tokens file, or pass --no-auth to serve without authentication")
@@ -168,6 +203,33 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return &Error{Problems: probs}
+}
+
+// placementProblems checks the chains Load could parse and the limits. An
+// unparseable chain is reported by Load (decode) and is nil here.
+func (c Config) placementProblems() []Problem {
+	var probs []Problem
+	for _, ch := range []struct {
+		key   string
+		chain selection.Chain
+	}{{"placement-strategy", c.PlacementStrategy}, {"check-placement-strategy", c.CheckPlacementStrategy}} {
+		if len(ch.chain) == 0 {
+			probs = append(probs, Problem{Key: ch.key, Message: "must name at least one strategy"})
+		}
+	}
+	for _, l := range []struct {
+		key string
+		n   int
+	}{
+		{"max-active-tasks-per-target", c.MaxActiveTasksPerTarget},
+		{"max-active-containers-per-target", c.MaxActiveContainersPerTarget},
+		{"max-active-volumes-per-target", c.MaxActiveVolumesPerTarget},
+	} {
+		if l.n < 0 {
+			probs = append(probs, Problem{Key: l.key, Message: fmt.Sprintf("must not be negative (0: no limit), got %d", l.n)})
+		}
+	}
+	return probs
 }
 
 func validateListen(addr string) error {

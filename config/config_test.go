@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/selection"
 )
 
 func load(t *testing.T, args []string, env map[string]string, file string) (Config, error) {
@@ -152,4 +154,75 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestPlacementDefaults(t *testing.T) {
+	c, err := load(t, nil, nil, "")
+	require.NoError(t, err)
+	assert.Equal(t, selection.Chain{selection.VolumeLocality}, c.PlacementStrategy)
+	assert.Equal(t, selection.Chain{selection.VolumeLocality}, c.NoInputPlacementStrategy,
+		"no-input-placement-strategy defaults to placement-strategy")
+	assert.Equal(t, selection.Chain{selection.Random}, c.CheckPlacementStrategy)
+	assert.Equal(t, selection.Limits{}, c.Limits(), "0: no limit")
+	require.NoError(t, valid(t).Validate(), "Default is valid without a no-input chain")
+}
+
+func TestLoadPlacement(t *testing.T) {
+	tests := []struct {
+		name                    string
+		args                    []string
+		env                     map[string]string
+		file                    string
+		placement, noInput, chk selection.Chain
+		limits                  selection.Limits
+	}{
+		{name: "no-input follows placement",
+			args:      []string{"--placement-strategy", "fewest-build-containers,limit-active-tasks"},
+			placement: selection.Chain{selection.FewestBuildContainers, selection.LimitActiveTasks},
+			noInput:   selection.Chain{selection.FewestBuildContainers, selection.LimitActiveTasks},
+			chk:       selection.Chain{selection.Random}},
+		{name: "each set, env and file",
+			env: map[string]string{"JETWAY_NO_INPUT_PLACEMENT_STRATEGY": "random",
+				"JETWAY_MAX_ACTIVE_TASKS_PER_TARGET": "4"},
+			file:      "check-placement-strategy: [limit-active-containers, fewest-build-containers]\nmax-active-containers-per-target: 20\nmax-active-volumes-per-target: 50\n",
+			placement: selection.Chain{selection.VolumeLocality},
+			noInput:   selection.Chain{selection.Random},
+			chk:       selection.Chain{selection.LimitActiveContainers, selection.FewestBuildContainers},
+			limits:    selection.Limits{ActiveTasks: 4, ActiveContainers: 20, ActiveVolumes: 50}},
+		{name: "spaces after commas", args: []string{"--check-placement-strategy", "volume-locality, limit-active-volumes"},
+			placement: selection.Chain{selection.VolumeLocality}, noInput: selection.Chain{selection.VolumeLocality},
+			chk: selection.Chain{selection.VolumeLocality, selection.LimitActiveVolumes}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := load(t, tt.args, tt.env, tt.file)
+			require.NoError(t, err)
+			assert.Equal(t, tt.placement, c.PlacementStrategy)
+			assert.Equal(t, tt.noInput, c.NoInputPlacementStrategy)
+			assert.Equal(t, tt.chk, c.CheckPlacementStrategy)
+			assert.Equal(t, tt.limits, c.Limits())
+		})
+	}
+}
+
+func TestLoadReportsEveryPlacementProblem(t *testing.T) {
+	_, err := load(t,
+		[]string{"--placement-strategy", "volume-locality,fastest", "--check-placement-strategy", "",
+			"--max-active-tasks-per-target", "-1", "--max-active-volumes-per-target", "-3"},
+		map[string]string{"JETWAY_NO_INPUT_PLACEMENT_STRATEGY": "random,volume-locality,volume-locality"},
+		"max-active-containers-per-target: -2\n")
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	keys := map[string]string{}
+	for _, p := range cerr.Problems {
+		keys[p.Key] = p.Message
+	}
+	assert.Len(t, keys, 6, "%v", cerr)
+	assert.Contains(t, keys["placement-strategy"], `unknown strategy "fastest"`)
+	assert.Contains(t, keys["no-input-placement-strategy"], `strategy "volume-locality" given twice`)
+	assert.Contains(t, keys["no-input-placement-strategy"], "random must be the only strategy")
+	assert.Equal(t, "must name at least one strategy", keys["check-placement-strategy"])
+	assert.Equal(t, "must not be negative (0: no limit), got -1", keys["max-active-tasks-per-target"])
+	assert.Equal(t, "must not be negative (0: no limit), got -2", keys["max-active-containers-per-target"])
+	assert.Equal(t, "must not be negative (0: no limit), got -3", keys["max-active-volumes-per-target"])
 }

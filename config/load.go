@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cast"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/jetway-ci/jetway/selection"
 )
 
 // FileFlag names the flag (and JETWAY_CONFIG) that points at the YAML file.
@@ -36,6 +38,8 @@ func RegisterFlags(fs *pflag.FlagSet) {
 			fs.Int(f.key, int(v.Int()), f.help)
 		case []string:
 			fs.StringSlice(f.key, v.Interface().([]string), f.help)
+		case selection.Chain:
+			fs.String(f.key, chainString(v.Interface().(selection.Chain)), f.help)
 		default:
 			panic(fmt.Sprintf("config: field %s has unsupported type %s", f.key, v.Type()))
 		}
@@ -72,6 +76,7 @@ func Load(fs *pflag.FlagSet) (Config, error) {
 	if len(probs) > 0 {
 		return Config{}, &Error{Problems: dedupe(probs)}
 	}
+	c.NoInputPlacementStrategy = c.NoInputChain()
 	return c, nil
 }
 
@@ -119,6 +124,8 @@ func decode(dst reflect.Value, raw any) error {
 		val, err = cast.ToIntE(raw)
 	case []string:
 		val, err = toStrings(raw)
+	case selection.Chain:
+		val, err = toChain(raw)
 	}
 	if err != nil {
 		return err
@@ -140,6 +147,31 @@ func toStrings(raw any) ([]string, error) {
 		return parts, nil
 	}
 	return cast.ToStringSliceE(raw)
+}
+
+// toChain parses a strategy chain from a comma list (flags, env) or a YAML
+// list. Empty is a nil chain, which Validate and NoInputChain interpret.
+func toChain(raw any) (selection.Chain, error) {
+	parts, err := toStrings(raw)
+	if err != nil {
+		return nil, err
+	}
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	chain, err := selection.ParseChain(strings.Join(parts, ","))
+	if err != nil {
+		return nil, err
+	}
+	return chain, nil
+}
+
+func chainString(c selection.Chain) string {
+	parts := make([]string, len(c))
+	for i, s := range c {
+		parts[i] = string(s)
+	}
+	return strings.Join(parts, ",")
 }
 
 type field struct {
