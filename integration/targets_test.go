@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/api"
@@ -113,21 +112,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		}})
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
 		Installation: o.installation,
-		Namespace: func(name string) (string, error) {
-			tg, err := registry.Target(name)
-			if err != nil {
-				return "", err
-			}
-			return tg.Namespace(), nil
-		},
-		Pod: func(ctx context.Context, name, pod string) (*corev1.Pod, error) {
-			tg, err := registry.Target(name)
-			if err != nil {
-				return nil, err
-			}
-			return tg.Pod(ctx, pod)
-		},
-		Metrics: streams.NewMetrics(reg)})
+		Target:       registry.Target,
+		Metrics:      streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -40,7 +40,11 @@ func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, err
 func (s *Streamer) pod(ctx context.Context, e Endpoint) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, podLookupTimeout)
 	defer cancel()
-	pod, err := s.opts.Pod(ctx, e.Target, e.Pod)
+	t, err := s.opts.Target(e.Target)
+	if err != nil {
+		return nil, err
+	}
+	pod, err := t.Pod(ctx, e.Pod)
 	if apierrors.IsNotFound(err) {
 		return nil, notFound(e)
 	}

@@ -58,8 +58,8 @@ func TestPodsNotTheCallersAnswerAsMissing(t *testing.T) {
 		"stream-out": func(*http.Request) (*http.Response, error) { calls.Add(1); return nil, nil },
 		"stream-in":  func(*http.Request) (*http.Response, error) { calls.Add(1); return nil, nil },
 	})
-	opts.Pod = pods{"a/src": stepPod("a", "src", "other"), "b/dst": stepPod("b", "dst", "main"),
-		"a/foreign": {ObjectMeta: metav1.ObjectMeta{Name: "foreign"}}}.get
+	opts.Target = pods{"a/src": stepPod("a", "src", "other"), "b/dst": stepPod("b", "dst", "main"),
+		"a/foreign": {ObjectMeta: metav1.ObjectMeta{Name: "foreign"}}}.target
 	s := New(opts)
 	defer s.Close()
 	main := Caller{Team: "main"}

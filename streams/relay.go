@@ -21,11 +21,11 @@ import (
 
 // volumeURL is a pod's volume server endpoint, reached by port-forward.
 func (s *Streamer) volumeURL(e Endpoint, op string) (string, error) {
-	ns, err := s.opts.Namespace(e.Target)
+	t, err := s.opts.Target(e.Target)
 	if err != nil {
 		return "", err
 	}
-	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, ns, e.Pod, VolumePort),
+	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, t.Namespace(), e.Pod, VolumePort),
 		Path: "/volumes/" + url.PathEscape(e.Handle) + "/" + op, RawQuery: url.Values{"path": {e.Path}}.Encode()}
 	return u.String(), nil
 }

@@ -16,10 +16,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // volumeServers answers the volume servers' requests in memory: handlers
@@ -62,19 +64,25 @@ func stepPod(target, name, team string) *corev1.Pod {
 // pods is a fake of the targets' API servers: pods by "target/name".
 type pods map[string]*corev1.Pod
 
-func (p pods) get(_ context.Context, target, name string) (*corev1.Pod, error) {
-	if pod, ok := p[target+"/"+name]; ok {
-		return pod, nil
+// target serves each target's pods from a fake clientset, in namespace ns.
+func (p pods) target(name string) (*targets.Target, error) {
+	var objs []runtime.Object
+	for key, pod := range p {
+		if t, _, _ := strings.Cut(key, "/"); t == name {
+			pod = pod.DeepCopy()
+			pod.Namespace = "ns"
+			objs = append(objs, pod)
+		}
 	}
-	return nil, apierrors.NewNotFound(corev1.Resource("pods"), name)
+	return &targets.Target{Config: &targets.Config{Name: name, Meta: targets.Metadata{Namespace: "ns"}},
+		Core: fake.NewClientset(objs...).CoreV1()}, nil
 }
 
 // testOptions serve crossTarget's pods, as jetway's and no team's, from
 // volume servers in memory.
 func testOptions(servers volumeServers) Options {
 	return Options{Installation: "jetway", Transport: servers, Metrics: NewMetrics(prometheus.NewRegistry()),
-		Namespace: func(string) (string, error) { return "ns", nil },
-		Pod:       pods{"a/src": stepPod("a", "src", ""), "b/dst": stepPod("b", "dst", "")}.get}
+		Target: pods{"a/src": stepPod("a", "src", ""), "b/dst": stepPod("b", "dst", "")}.target}
 }
 
 // A destination that fails while the source sends nothing fails the

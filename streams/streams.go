@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // VolumePort is where each step pod's volume server listens.
@@ -106,12 +107,11 @@ type Options struct {
 	// Installation is this jetway installation's name: a stream touches
 	// only pods labelled with it (required).
 	Installation string
-	// Namespace returns a target's namespace.
-	Namespace func(target string) (string, error)
-	// Pod reads a pod of a target. Every stream reads both of its pods to
-	// check they are jetway's and the caller's; the destination's IP lets
-	// streams within one target go direct (stream-p2p-out).
-	Pod func(ctx context.Context, target, pod string) (*corev1.Pod, error)
+	// Target returns a target's clients (the registry's Target). Every
+	// stream reads both of its pods through them to check they are jetway's
+	// and the caller's; the destination's IP lets streams within one
+	// target go direct (stream-p2p-out).
+	Target func(name string) (*targets.Target, error)
 	// MaxStreams bounds the streams running at once; past it Stream fails
 	// with ErrBusy at once. 0 means no bound.
 	MaxStreams int

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -106,23 +105,10 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	streamer := streams.New(streams.Options{
 		Dialer:       dialer,
 		Installation: cfg.Installation,
-		Namespace: func(name string) (string, error) {
-			t, err := registry.Target(name)
-			if err != nil {
-				return "", err
-			}
-			return t.Namespace(), nil
-		},
-		Pod: func(ctx context.Context, name, pod string) (*corev1.Pod, error) {
-			t, err := registry.Target(name)
-			if err != nil {
-				return nil, err
-			}
-			return t.Pod(ctx, pod)
-		},
-		MaxStreams: cfg.MaxStreams,
-		Metrics:    streams.NewMetrics(reg),
-		Logger:     logger.With("component", "streams"),
+		Target:       registry.Target,
+		MaxStreams:   cfg.MaxStreams,
+		Metrics:      streams.NewMetrics(reg),
+		Logger:       logger.With("component", "streams"),
 	})
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
