@@ -36,6 +36,9 @@ type Options struct {
 	Lifecycle Lifecycle
 	// Streams backs POST /api/v1/streams.
 	Streams Streamer
+	// Placement configures POST /api/v1/placements, served with Targets.
+	Placement        PlacementOptions
+	PlacementMetrics *PlacementMetrics
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token
 	NoAuth bool
@@ -70,6 +73,7 @@ func New(opts Options) *Server {
 		mux.HandleFunc("GET /api/v1/workers", s.authenticate(s.listWorkers))
 		mux.HandleFunc("GET /api/v1/targets", s.authenticate(s.listTargets))
 		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.getTarget))
+		mux.HandleFunc("POST /api/v1/placements", s.authenticate(s.place))
 	}
 	if opts.Targets != nil && opts.Lifecycle != nil {
 		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.workerAction(opts.Targets.Get, opts.Lifecycle.Land)))
