@@ -16,6 +16,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 )
@@ -106,36 +107,41 @@ func (t *Target) Pod(ctx context.Context, name string) (*corev1.Pod, error) {
 
 // Run keeps the cache current until ctx ends: one watch of the target's
 // step pods, filtered by the ownership labels, and one of its lifecycle
-// record, by name (a foreign object of that name is seen, and refused). A broken watch (an API server restart) resumes, or
-// relists when its place is gone; either way the cache then matches the
-// cluster again.
+// record, by name (a foreign object of that name is seen, and refused). A
+// broken watch (an API server restart) resumes, or relists when its place
+// is gone; either way the cache then matches the cluster again.
 func (t *Target) Run(ctx context.Context) {
-	ns, sel := t.Namespace(), t.Selector
-	byName := fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
+	ns := t.Namespace()
+	bySelector := func(o *metav1.ListOptions) { o.LabelSelector = t.Selector }
+	byName := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
+	}
 	var wg sync.WaitGroup
+	wg.Go(func() { t.pods.run(ctx, "pods of "+t.Name(), listWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
 	wg.Go(func() {
-		t.pods.run(ctx, "pods of "+t.Name(),
-			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.LabelSelector = sel
-				return t.Core.Pods(ns).List(ctx, o)
-			},
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.LabelSelector = sel
-				return t.Core.Pods(ns).Watch(ctx, o)
-			}, &corev1.Pod{})
-	})
-	wg.Go(func() {
-		t.record.run(ctx, "lifecycle of "+t.Name(),
-			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.FieldSelector = byName
-				return t.Core.ConfigMaps(ns).List(ctx, o)
-			},
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.FieldSelector = byName
-				return t.Core.ConfigMaps(ns).Watch(ctx, o)
-			}, &corev1.ConfigMap{})
+		t.record.run(ctx, "lifecycle of "+t.Name(), listWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
 	})
 	wg.Wait()
+}
+
+// lister is what a typed client of one kind offers a watch.
+type lister[L runtime.Object] interface {
+	List(ctx context.Context, o metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
+}
+
+// listWatch lists and watches c's objects that narrow selects.
+func listWatch[L runtime.Object](c lister[L], narrow func(*metav1.ListOptions)) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			narrow(&o)
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			narrow(&o)
+			return c.Watch(ctx, o)
+		},
+	}
 }
 
 // Synced reports whether both watches have listed once, and if not, the

@@ -30,21 +30,19 @@ func newWatched(compute func([]any) any) *watched {
 		current: compute(nil), changed: make(chan struct{})}
 }
 
-// run fills the store from list and watch until ctx ends; their failures
+// run fills the store from lw until ctx ends; list and watch failures
 // are kept for synced to report.
-func (w *watched) run(ctx context.Context, name string, list cache.ListWithContextFunc,
-	watchFn cache.WatchFuncWithContext, expected runtime.Object) {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			obj, err := list(ctx, o)
-			w.failed(err)
-			return obj, err
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			wi, err := watchFn(ctx, o)
-			w.failed(err)
-			return wi, err
-		},
+func (w *watched) run(ctx context.Context, name string, lw *cache.ListWatch, expected runtime.Object) {
+	list, watchFn := lw.ListWithContextFunc, lw.WatchFuncWithContext
+	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		obj, err := list(ctx, o)
+		w.failed(err)
+		return obj, err
+	}
+	lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		wi, err := watchFn(ctx, o)
+		w.failed(err)
+		return wi, err
 	}
 	cache.NewReflectorWithOptions(lw, expected, w, cache.ReflectorOptions{Name: name}).RunWithContext(ctx)
 }
