@@ -49,6 +49,7 @@ func (s *syncBuffer) String() string {
 // gateway is `gateway run` in process: source, registry, lifecycle
 // controller and API over a targets directory.
 type gateway struct {
+	token    string // an admin token for get, when the gateway has tokens
 	dir      string
 	base     string
 	logs     *syncBuffer
@@ -134,12 +135,23 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			t.Logf("gateway %s logs:\n%s", o.identity, logs.String())
 		}
 	})
-	return &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg, stop: stop}
+	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg, stop: stop}
+	for _, tok := range o.tokens {
+		if tok.Admin {
+			g.token = tok.Token // what the test's own reads use
+		}
+	}
+	return g
 }
 
 func (g *gateway) get(t *testing.T, path string, v any) string {
 	t.Helper()
-	resp, err := http.Get(g.base + path)
+	req, err := http.NewRequest(http.MethodGet, g.base+path, nil)
+	require.NoError(t, err)
+	if g.token != "" {
+		req.Header.Set("Authorization", "Bearer "+g.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
