@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -158,7 +159,7 @@ func decide(step selection.Step, visible []targets.Status, opts selection.Option
 	for i, st := range visible {
 		candidates[i] = selection.Candidate{
 			Name: st.Name, State: string(st.State), Team: st.Meta.Team, Tags: st.Meta.Tags,
-			Platform: st.Meta.Platform, Version: opts.WorkerVersion,
+			Platform: st.Meta.Platform, Version: config.WorkerVersion, // as /api/v1/workers reports
 			ActiveContainers: st.Counts.ActiveContainers, BuildContainers: st.Counts.BuildContainers,
 			ActiveTasks: st.Counts.ActiveTasks, ActiveVolumes: st.Counts.ActiveVolumes,
 			MaxActiveTasks: st.Meta.MaxActiveTasks,
