@@ -32,6 +32,10 @@ type PlacementRequest struct {
 	Inputs []PlacementInput `json:"inputs,omitempty"`
 	// Strategy, if set, is a chain that overrides the configured one.
 	Strategy string `json:"strategy,omitempty"`
+	// Nested marks a check run inside a build (the image check of a get
+	// step) rather than by the resource scanner: Concourse places it with
+	// the no-input chain. Only for type check.
+	Nested bool `json:"nested,omitempty"`
 }
 
 // PlacementInput is one input of the step.
@@ -64,13 +68,15 @@ type PlacementOptions struct {
 // (atc/worker PlacementOptions, used by the step factory): task and put
 // steps, which carry inputs, use container-placement-strategy; get steps,
 // which have none, use no-input-container-placement-strategy; the checks
-// the resource scanner runs use check-container-placement-strategy. A check
-// nested in a build (a get's image check) uses the no-input chain in
-// Concourse; a caller placing one names that chain in "strategy".
-func (o PlacementOptions) chain(stepType string) selection.Chain {
+// the resource scanner runs use check-container-placement-strategy, and a
+// check nested in a build (a get's image check) the no-input chain.
+func (o PlacementOptions) chain(stepType string, nested bool) selection.Chain {
 	strategy := o.Strategy
 	if strategy == nil {
 		strategy = selection.DefaultChain
+	}
+	if stepType == selection.StepCheck && nested {
+		stepType = selection.StepGet
 	}
 	switch stepType {
 	case selection.StepGet:
@@ -222,6 +228,9 @@ func (s *Server) placementRequest(w http.ResponseWriter, r *http.Request) (Place
 	default:
 		return req, nil, &fieldError{"type", fmt.Sprintf("%q is not one of task, get, put, check", req.Type)}
 	}
+	if req.Nested && req.Type != selection.StepCheck {
+		return req, nil, &fieldError{"nested", "only a check step can be nested"}
+	}
 	if req.Team == "" && !requestIdentity(r).admin {
 		return req, nil, &fieldError{"team", "required with a team token"}
 	}
@@ -236,7 +245,7 @@ func (s *Server) placementRequest(w http.ResponseWriter, r *http.Request) (Place
 		}
 	}
 	if req.Strategy == "" {
-		return req, s.opts.Placement.chain(req.Type), nil
+		return req, s.opts.Placement.chain(req.Type, req.Nested), nil
 	}
 	chain, err := selection.ParseChain(req.Strategy)
 	if err != nil {

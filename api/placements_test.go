@@ -198,6 +198,7 @@ func TestPlacementBadBodies(t *testing.T) {
 		{"unknown field", adminToken, `{"type": "task", "tag": ["gpu"]}`, "tag", "unknown field"},
 		{"wrong JSON type", adminToken, `{"type": "task", "tags": "gpu"}`, "tags", "JSON string cannot be a []string"},
 		{"missing type", adminToken, `{"team": "main"}`, "type", "required"},
+		{"nested task", adminToken, `{"type": "task", "nested": true}`, "nested", "only a check step"},
 		{"unknown type", adminToken, `{"type": "deploy"}`, "type", `"deploy" is not one of task, get, put, check`},
 		{"team token without team", mainToken, `{"type": "task"}`, "team", "required with a team token"},
 		{"empty tag", adminToken, `{"type": "task", "tags": ["gpu", " "]}`, "tags[1]", "empty tag"},
@@ -226,16 +227,19 @@ func TestPlacementChainByType(t *testing.T) {
 		want map[string]selection.Chain
 	}{
 		{name: "unset: Concourse's defaults", want: map[string]selection.Chain{
-			"task": selection.DefaultChain, "put": selection.DefaultChain, "get": selection.DefaultChain, "check": random}},
+			"task": selection.DefaultChain, "put": selection.DefaultChain, "get": selection.DefaultChain, "check": random,
+			"check/nested": selection.DefaultChain}},
 		{name: "no-input unset follows placement", opts: PlacementOptions{Strategy: fewest}, want: map[string]selection.Chain{
-			"task": fewest, "put": fewest, "get": fewest, "check": random}},
+			"task": fewest, "put": fewest, "get": fewest, "check": random, "check/nested": fewest}},
 		{name: "each set", opts: PlacementOptions{Strategy: fewest, NoInputStrategy: random, CheckStrategy: selection.DefaultChain},
-			want: map[string]selection.Chain{"task": fewest, "put": fewest, "get": random, "check": selection.DefaultChain}},
+			want: map[string]selection.Chain{"task": fewest, "put": fewest, "get": random, "check": selection.DefaultChain,
+				"check/nested": random}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for typ, want := range tt.want {
-				assert.Equal(t, want, tt.opts.chain(typ), typ)
+			for key, want := range tt.want {
+				typ, nested := strings.CutSuffix(key, "/nested")
+				assert.Equal(t, want, tt.opts.chain(typ, nested), key)
 			}
 		})
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -38,6 +36,7 @@ func placeCommand() *cobra.Command {
 	f.StringArrayVar(&req.Tags, "tag", nil, "a tag the step needs (repeat for more)")
 	f.StringVar(&req.Platform, "platform", "", "the step's platform (empty: any)")
 	f.StringArrayVar(&inputs, "input-on", nil, "a target holding one of the step's inputs (repeat per input)")
+	f.BoolVar(&req.Nested, "nested", false, "a check run inside a build (placed with no-input-placement-strategy)")
 	f.StringVar(&req.Strategy, "strategy", "", "strategy chain overriding the configured one, e.g. fewest-build-containers,limit-active-tasks")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		for _, t := range inputs {
@@ -52,7 +51,7 @@ func placeCommand() *cobra.Command {
 // table (the two answers may differ by a target landed in between).
 func place(ctx context.Context, out io.Writer, flags *apiFlags, req api.PlacementRequest) error {
 	const path = "/api/v1/placements"
-	status, body, err := flags.post(ctx, path, req)
+	status, _, body, err := flags.send(ctx, http.MethodPost, path, req)
 	if err != nil {
 		return err
 	}
@@ -77,33 +76,6 @@ func place(ctx context.Context, out io.Writer, flags *apiFlags, req api.Placemen
 		return fmt.Errorf("no placement (%d %s): %s", status, http.StatusText(status), answer.Error)
 	}
 	return nil
-}
-
-// post sends v as JSON and returns the answer's status and body, whatever
-// the status.
-func (f *apiFlags) post(ctx context.Context, path string, v any) (int, []byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return 0, nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(f.url, "/")+path, bytes.NewReader(b))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if f.token != "" {
-		req.Header.Set("Authorization", "Bearer "+f.token)
-	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return 0, nil, fmt.Errorf("POST %s: read answer: %w", path, err)
-	}
-	return resp.StatusCode, body, nil
 }
 
 // apiMessage is the "error" of a JSON error body, or the body itself.

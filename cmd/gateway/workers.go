@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -41,29 +42,50 @@ func (f *apiFlags) get(ctx context.Context, path string, v any) error {
 // do sends a bodiless request and decodes a 200 answer into v (if set); it
 // returns the answer's header.
 func (f *apiFlags) do(ctx context.Context, method, path string, v any) (http.Header, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(f.url, "/")+path, nil)
+	status, header, body, err := f.send(ctx, method, path, nil)
 	if err != nil {
 		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("%s %s: %d %s: %s", method, path, status, http.StatusText(status), strings.TrimSpace(string(body)))
+	}
+	if v == nil {
+		return header, nil
+	}
+	return header, json.Unmarshal(body, v)
+}
+
+// send sends a request, with in as its JSON body unless nil, and returns
+// the answer's status, header and body, whatever the status.
+func (f *apiFlags) send(ctx context.Context, method, path string, in any) (int, http.Header, []byte, error) {
+	var reqBody io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		reqBody = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(f.url, "/")+path, reqBody)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	if f.token != "" {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 	}
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
-		return nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, err
+		return 0, nil, nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(body)))
-	}
-	if v == nil {
-		return resp.Header, nil
-	}
-	return resp.Header, json.Unmarshal(body, v)
+	return resp.StatusCode, resp.Header, body, nil
 }
 
 // lifecycleCommand is `gateway land|retire|prune|resume NAME`: a PUT to
