@@ -189,6 +189,11 @@ func TestPlacementFollowsTeamsTagsStatesAndCounts(t *testing.T) {
 		"pl-landed":  "state landed",
 		"pl-stalled": "state stalled",
 	}, p.Rejected)
+	out := g.cli(ctx, t, "place", "--team", "main", "--platform", "linux", "--strategy", "fewest-build-containers",
+		"--token", admin)
+	assert.Contains(t, out, "target: pl-b")
+	assert.Regexp(t, `pl-a\s+main\s+none\s+linux\s+2\s+2\s+#2`, out, "the runner-up, with its live counts")
+	assert.Regexp(t, `pl-gpu\s+main\s+gpu\s+linux\s+0\s+0\s+untagged step`, out)
 
 	// The tasks end and three gets start on pl-b: the choice turns to pl-a.
 	finish(ctx, t, clusters[0], "pl-a", "a-task-1", time.Now())
