@@ -25,6 +25,7 @@ import (
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/integration/volumeserver"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
@@ -75,7 +76,7 @@ func runStreamsBench(b *testing.B) {
 		}
 		defer vs.Kill()
 		vols[name] = vs
-		runBenchPod(ctx, b, c, "bench-"+name, pod)
+		runBenchPod(ctx, b, c, "bench-"+name, name, pod)
 		if err := c.ForwardPodPort(ctx, "bench-"+name, pod, streams.VolumePort, "127.0.0.1", vs.Port()); err != nil {
 			b.Fatal(err)
 		}
@@ -162,8 +163,7 @@ func runStreamsBench(b *testing.B) {
 // profileRelay runs jetway's relay in this process under the CPU profiler
 // and logs where its time goes.
 func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]string, req streams.Request) {
-	cfgs := map[string]*rest.Config{}
-	nss := map[string]string{}
+	ts := map[string]*targets.Target{}
 	for name, path := range kubeconfigs {
 		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{})
 		cfg, err := loader.ClientConfig()
@@ -171,14 +171,19 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 			b.Fatal(err)
 		}
 		ns, _, _ := loader.Namespace()
-		cfgs[name], nss[name] = cfg, ns
+		t, err := targets.NewTarget(&targets.Config{Name: name, Meta: targets.Metadata{Namespace: ns}, REST: cfg}, "jetway")
+		if err != nil {
+			b.Fatal(err)
+		}
+		ts[name] = t
 	}
-	d := portforward.New(portforward.Options{Resolve: func(t string) (*rest.Config, error) { return cfgs[t], nil }})
+	d := portforward.New(portforward.Options{Resolve: func(t string) (*rest.Config, error) { return ts[t].Config.REST, nil }})
 	dctx, stop := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() { done <- d.Start(dctx) }()
 	defer func() { stop(); <-done }()
-	s := streams.New(streams.Options{Dialer: d, Namespace: func(t string) (string, error) { return nss[t], nil }})
+	s := streams.New(streams.Options{Dialer: d, Installation: "jetway",
+		Target: func(t string) (*targets.Target, error) { return ts[t], nil }})
 	defer s.Close()
 	profile := filepath.Join(os.Getenv("JETWAY_BIN_DIR"), "streams-relay.cpu.pprof")
 	f, err := os.Create(profile)
@@ -188,6 +193,7 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.Fatal(err)
 	}
+	req.Caller = streams.Caller{Admin: true}
 	_, err = s.Stream(ctx, req, nil)
 	pprof.StopCPUProfile()
 	f.Close()
@@ -288,8 +294,10 @@ func writeArtifact(b *testing.B, path string, size int64) {
 	}
 }
 
-func runBenchPod(ctx context.Context, b *testing.B, c *cluster.Cluster, ns, name string) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+// runBenchPod runs a step pod of target (jetway's ownership labels, so
+// streams may touch it) and waits for it to run.
+func runBenchPod(ctx context.Context, b *testing.B, c *cluster.Cluster, ns, target, name string) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: ownership.Labels(target, "jetway")},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}}}
 	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
