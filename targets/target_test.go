@@ -2,7 +2,12 @@ package targets
 
 import (
 	"context"
+	"testing"
+	"testing/synctest"
+	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -39,4 +44,42 @@ func setRecord(t *Target, life Lifecycle) {
 			Data: life.Data()})
 	}
 	_ = t.record.Replace(items, "1")
+}
+
+func TestAwaitRecordWaitsForTheWatchToShowAWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tg := listed(testConfig(t, "a"), Lifecycle{State: StateLanding})
+		record := func(rv string, life Lifecycle) any {
+			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: tg.RecordName, Namespace: "a",
+				Labels: tg.Labels(), ResourceVersion: rv}, Data: life.Data()}
+		}
+		require.NoError(t, tg.record.Replace([]any{record("4", Lifecycle{State: StateLanding})}, "4"))
+
+		done := make(chan error, 1)
+		go func() { done <- tg.AwaitRecord(context.Background(), "5") }()
+		synctest.Wait()
+		require.Empty(t, done, "the cache still shows version 4")
+		require.NoError(t, tg.record.Update(record("6", Lifecycle{State: StateLanded})))
+		require.NoError(t, <-done, "a newer version than the one written will do")
+		life, _ := tg.Lifecycle()
+		assert.Equal(t, StateLanded, life.State)
+
+		go func() { done <- tg.AwaitRecord(context.Background(), "") }()
+		synctest.Wait()
+		require.Empty(t, done, "the record is still there")
+		require.NoError(t, tg.record.Delete(record("6", Lifecycle{})))
+		require.NoError(t, <-done, "gone, as a forget wants")
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		assert.ErrorIs(t, tg.AwaitRecord(ctx, "9"), context.DeadlineExceeded, "gives up with its context")
+	})
+}
+
+func TestNotOlder(t *testing.T) {
+	assert.True(t, notOlder("12", "12"))
+	assert.True(t, notOlder("13", "12"))
+	assert.False(t, notOlder("9", "12"), "compared as numbers, not strings")
+	assert.True(t, notOlder("opaque", "opaque"))
+	assert.False(t, notOlder("opaque-2", "opaque-1"), "opaque versions only match exactly")
 }
