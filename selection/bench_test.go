@@ -8,13 +8,21 @@ import (
 	"time"
 )
 
-// BenchmarkPlace measures one decision the way a step makes it (Top: 1)
-// against the straightforward algorithm (shuffle, then a full stable sort per
-// strategy), in the same process. The compare sub-benchmark alternates the
-// two and reports ratio-p50 / ratio-p99 = reference / jetway.
+// BenchmarkPlace measures one decision the way a step makes it (Top: 1,
+// over a prepared Pool, reasons not asked for) against the straightforward
+// algorithm (shuffle, then a full stable sort per strategy), in the same
+// process. The compare sub-benchmark alternates the two and reports
+// ratio-p50 / ratio-p99 = reference / jetway. pool-build is what preparing
+// the pool costs (once per change of the target set; counts move with
+// SetLoad), and place-with-reasons is Place as the API calls it: a fresh
+// pool, every rejected target's reason and the whole order.
 func BenchmarkPlace(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		step, cands := benchPool(n)
+		pool := NewPool(cands)
+		b.Run(fmt.Sprintf("n=%d/pool-build", n), func(b *testing.B) {
+			reportLatency(b, "", timeEach(b, func() { NewPool(cands) }))
+		})
 		for _, chainS := range []string{"volume-locality", "fewest-build-containers,limit-active-tasks"} {
 			chain, err := ParseChain(chainS)
 			if err != nil {
@@ -22,12 +30,17 @@ func BenchmarkPlace(b *testing.B) {
 			}
 			r := rand.New(rand.NewPCG(1, 2))
 			opts := Options{Chain: chain, Limits: Limits{ActiveTasks: 8}, WorkerVersion: "2.5", Rand: r, Top: 1}
-			jetway := func() { Place(step, cands, opts) }
+			jetway := func() { pool.Place(step, opts) }
 			ref := func() { reference(step, cands, opts, shuffleFisherYates(r)) }
 			name := fmt.Sprintf("n=%d/%s", n, chainS)
 			b.Run(name+"/jetway", func(b *testing.B) { reportLatency(b, "", timeEach(b, jetway)) })
 			b.Run(name+"/reference", func(b *testing.B) { reportLatency(b, "", timeEach(b, ref)) })
 			b.Run(name+"/compare", func(b *testing.B) { compare(b, jetway, ref) })
+			all := opts
+			all.Top = 0
+			b.Run(name+"/place-with-reasons", func(b *testing.B) {
+				reportLatency(b, "", timeEach(b, func() { Place(step, cands, all) }))
+			})
 		}
 	}
 }

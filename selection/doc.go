@@ -12,8 +12,19 @@
 // limit and orders the rest: Concourse shuffles and applies each strategy as
 // a stable sort from last to first; Place gets the same order from one
 // composite key per target plus a random tie-break draw from the injected
-// source, and keeps only the best Options.Top in a bounded heap, so the
-// one-target decision a step makes never sorts every target.
+// source. With Options.Top k it keeps only the best k in a bounded heap and
+// draws only for targets that can still be kept (the draws are independent,
+// so ties stay as likely as the shuffle makes them); with Top 1 it keeps the
+// best keys and the targets tied at them, and one draw picks among those.
+// The one-target decision a step makes never sorts.
+//
+// A Pool is the fast path for repeated decisions over the same targets:
+// NewPool interns what decisions compare into 48-byte slots, remembers for
+// each kind of step (team, platform, tags, version) which targets are
+// compatible with it, and SetLoad moves a target's counts without
+// preparing again. Pool.Place leaves the reasons for Decision.Reasons, so
+// a step that only needs its target never formats one. Place is
+// NewPool + Pool.Place + Reasons, for callers that show every reason.
 //
 // Every target that falls out gets a reason: "state landed", "team other",
 // "worker version 1.2", "platform windows", "untagged step",

@@ -10,13 +10,11 @@ type heap struct {
 	items []entry
 }
 
-// wants reports whether e would be kept; it is small enough to inline, so
-// the common case (a full heap and a worse newcomer) costs one comparison.
-func (h *heap) wants(e *entry) bool {
-	return h.cap <= 0 || len(h.items) < h.cap || less(e, &h.items[0])
-}
+// full reports whether a newcomer must beat the worst kept entry, the
+// root; an unbounded heap is never full.
+func (h *heap) full() bool { return h.cap > 0 && len(h.items) >= h.cap }
 
-// push keeps e; call it only when wants(e).
+// push keeps e; when full, only an e better than the root.
 func (h *heap) push(e *entry) {
 	if h.cap <= 0 {
 		h.items = append(h.items, *e)

@@ -22,138 +22,163 @@ type entry struct {
 }
 
 func less(a, b *entry) bool {
-	for i := range a.keys {
-		if a.keys[i] != b.keys[i] {
-			return a.keys[i] < b.keys[i]
-		}
+	if c := compareKeys(a, b); c != 0 {
+		return c < 0
 	}
 	return a.draw < b.draw
 }
 
+// compareKeys orders entries by their keys alone.
+func compareKeys(a, b *entry) int {
+	for i := range a.keys {
+		if a.keys[i] != b.keys[i] {
+			if a.keys[i] < b.keys[i] {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
+}
+
 // Place decides where step runs: it filters candidates by Concourse's rules,
 // prefers the step's team, refuses candidates at a limit and orders the rest
-// by the chain. It never sorts more than it returns: with Options.Top k it
-// keeps the best k in a bounded heap. A step without a team cannot prefer
-// team targets, so it is decided in one pass; a team step needs a second,
-// since global targets compete only when no team target is compatible.
+// by the chain, and names every candidate that fell out in Rejected. It is
+// NewPool(candidates).Place plus Reasons; a caller deciding again over the
+// same targets keeps the Pool and asks for reasons only when it shows them.
 func Place(step Step, candidates []Candidate, opts Options) Decision {
-	p := placer{step: step, chain: compile(opts.Chain), limits: opts.Limits,
-		heap: heap{cap: opts.Top}, in: newInputs(step), reasons: refusalReasons{},
-		draw: rand.Uint64, isTask: step.Type == StepTask}
-	if opts.Rand != nil {
-		p.draw = opts.Rand.Uint64
-	}
-	want := parseWant(opts.WorkerVersion)
-	var compatible []bool
-	if step.Team != "" {
-		compatible = make([]bool, len(candidates))
-	}
-	d, teamFound := Decision{}, false
-	for i := range candidates {
-		c := &candidates[i]
-		if reason := incompatibility(step, c, want); reason != "" {
-			p.rejected = append(p.rejected, rejection{i, reason})
-			continue
-		}
-		d.Compatible = true
-		if compatible == nil {
-			p.consider(i, c)
-			continue
-		}
-		compatible[i] = true
-		teamFound = teamFound || c.Team == step.Team
-	}
-	for i := range compatible {
-		switch c := &candidates[i]; {
-		case !compatible[i]:
-		case teamFound && c.Team == "":
-			p.rejected = append(p.rejected, rejection{i, ReasonGlobalNotPreferred})
-		default:
-			p.consider(i, c)
-		}
-	}
-	return p.decide(d, candidates)
-}
-
-// placer carries one decision's state across its passes.
-type placer struct {
-	step     Step
-	chain    []kind
-	limits   Limits
-	heap     heap
-	in       inputs
-	reasons  refusalReasons
-	rejected []rejection
-	draw     func() uint64
-	isTask   bool
-}
-
-// consider draws c's tie-break (before the limit check, so every candidate
-// in the pool draws once, as in Concourse's shuffle), refuses it at a limit
-// or offers it to the heap.
-func (p *placer) consider(i int, c *Candidate) {
-	e := entry{draw: p.draw(), idx: i}
-	if r, refused := atLimit(p.step, c, p.chain, p.limits); refused {
-		p.rejected = append(p.rejected, rejection{i, p.reasons.of(r)})
-		return
-	}
-	keys(&e, &p.in, p.isTask, c, p.chain)
-	if p.heap.wants(&e) {
-		p.heap.push(&e)
-	}
-}
-
-func (p *placer) decide(d Decision, candidates []Candidate) Decision {
-	if len(p.rejected) > 0 {
-		d.Rejected = make(map[string]string, len(p.rejected))
-		for _, r := range p.rejected {
-			d.Rejected[candidates[r.idx].Name] = r.reason
-		}
-	}
-	d.AllAtLimit = d.Compatible && len(p.heap.items) == 0
-	d.Order = make([]string, 0, len(p.heap.items))
-	for _, e := range p.heap.sorted() {
-		d.Order = append(d.Order, candidates[e.idx].Name)
-	}
+	d := NewPool(candidates).Place(step, opts)
+	d.Rejected = d.Reasons()
 	return d
 }
 
-type rejection struct {
-	idx    int
-	reason string
+var defaultDraw = rand.Uint64
+
+// placer carries one decision's state across its passes. The chain is
+// compiled into what the per-candidate loop needs: the limits that refuse
+// (-1: none) and the kinds of its sort keys.
+type placer struct {
+	heap     heap
+	in       inputs
+	draw     func() uint64
+	keyKinds []kind
+	maxTasks int32 // global max-active-tasks for task steps; -1: not limited
+	maxConts int32 // -1: not limited
+	maxVols  int32 // -1: not limited
+	approved int
+	bounded  bool
+	// one: Top 1 needs no heap: the best keys seen and the candidates tied
+	// at them, of which one draw picks the step's target.
+	one  bool
+	best entry
+	ties []int
 }
 
-// inputs answers "how many of the step's inputs are on this target". A step
-// has a handful of inputs, so comparing names beats hashing every
-// candidate's name into the map; large maps are still looked up.
-type inputs struct {
-	names  []string
-	counts []int
-	m      map[string]int
-}
-
-func newInputs(step Step) inputs {
-	if len(step.Inputs) > 8 {
-		return inputs{m: step.Inputs}
-	}
-	var in inputs
-	for name, n := range step.Inputs {
-		in.names = append(in.names, name)
-		in.counts = append(in.counts, n)
-	}
-	return in
-}
-
-func (in *inputs) on(target string) int {
-	if in.m != nil {
-		return in.m[target]
-	}
-	for i, name := range in.names {
-		// Lengths live in the string headers already at hand; comparing
-		// them first skips most reads of name bytes (a cache miss each).
-		if len(name) == len(target) && name[len(name)-1] == target[len(target)-1] && name == target {
-			return in.counts[i]
+func newPlacer(step Step, chain []kind, l Limits, top int, in inputs) placer {
+	p := placer{heap: heap{cap: top}, in: in, draw: defaultDraw, maxTasks: -1, maxConts: -1, maxVols: -1,
+		bounded: top > 0, one: top == 1}
+	for _, k := range chain {
+		switch k {
+		case kindTasks:
+			if step.Type == StepTask {
+				p.maxTasks = clamp(l.ActiveTasks) // a target's own limit may still apply
+				p.keyKinds = append(p.keyKinds, k)
+			}
+		case kindContainers:
+			p.maxConts = positive(l.ActiveContainers)
+		case kindVolumes:
+			p.maxVols = positive(l.ActiveVolumes)
+		case kindLocality, kindBuild:
+			p.keyKinds = append(p.keyKinds, k)
 		}
+	}
+	return p
+}
+
+func positive(n int) int32 {
+	if n > 0 {
+		return clamp(n)
+	}
+	return -1
+}
+
+// refuses is atLimit's verdict, with the chain compiled.
+func (p *placer) refuses(l *load) bool {
+	if p.maxTasks >= 0 {
+		max := p.maxTasks
+		if l.maxTasks > 0 {
+			max = l.maxTasks
+		}
+		if max > 0 && l.tasks >= max {
+			return true
+		}
+	}
+	return (p.maxConts > 0 && l.containers >= p.maxConts) || (p.maxVols > 0 && l.volumes >= p.maxVols)
+}
+
+// consider drops candidate i at a limit, or offers it to the heap. With
+// no Top every candidate draws its tie-break first, as in Concourse's
+// shuffle. With Top k the draw is made only when it can matter: a candidate
+// at a limit, or whose keys are worse than the worst kept one, loses
+// whatever it draws. The draws are independent, so skipping those leaves
+// every tie as likely as the shuffle makes it, and a bounded decision
+// draws for few targets.
+func (p *placer) consider(i int, l *load) {
+	e := entry{idx: i}
+	if !p.bounded {
+		e.draw = p.draw()
+	}
+	if p.refuses(l) {
+		return
+	}
+	p.approved++
+	p.keys(&e, i, l)
+	switch {
+	case p.heap.full():
+		c := compareKeys(&e, &p.heap.items[0])
+		if c > 0 {
+			return
+		}
+		e.draw = p.draw()
+		if c == 0 && e.draw >= p.heap.items[0].draw {
+			return
+		}
+	case p.bounded:
+		e.draw = p.draw()
+	}
+	p.heap.push(&e)
+}
+
+// keys fills e's sort keys for candidate i.
+func (p *placer) keys(e *entry, i int, l *load) {
+	for k, kd := range p.keyKinds {
+		switch kd {
+		case kindLocality:
+			e.keys[k] = -p.in.on(i)
+		case kindBuild:
+			e.keys[k] = int(l.build)
+		default:
+			e.keys[k] = int(l.tasks)
+		}
+	}
+}
+
+// inputs answers "how many of the step's inputs are on candidate i" for
+// candidates asked in increasing order, as a scan asks: the few positions
+// holding inputs are sorted, and a cursor follows the scan, so a
+// candidate costs one comparison.
+type inputs struct {
+	idx    []int // sorted
+	counts []int
+	next   int
+}
+
+func (in *inputs) on(i int) int {
+	for in.next < len(in.idx) && in.idx[in.next] < i {
+		in.next++
+	}
+	if in.next < len(in.idx) && in.idx[in.next] == i {
+		return in.counts[in.next]
 	}
 	return 0
 }
@@ -265,7 +290,7 @@ func (m refusalReasons) of(r refusal) string {
 // atLimit reports the limit of the chain at which c refuses step, if any.
 // limit-active-tasks refuses task steps only; a target's own MaxActiveTasks
 // beats the global limit.
-func atLimit(step Step, c *Candidate, chain []kind, l Limits) (refusal, bool) {
+func atLimit(step Step, c load, chain []kind, l Limits) (refusal, bool) {
 	for _, s := range chain {
 		have, max, what := 0, 0, ""
 		switch s {
@@ -273,14 +298,14 @@ func atLimit(step Step, c *Candidate, chain []kind, l Limits) (refusal, bool) {
 			if step.Type != StepTask {
 				continue
 			}
-			have, max, what = c.ActiveTasks, l.ActiveTasks, "active-tasks"
-			if c.MaxActiveTasks > 0 {
-				max = c.MaxActiveTasks
+			have, max, what = int(c.tasks), l.ActiveTasks, "active-tasks"
+			if c.maxTasks > 0 {
+				max = int(c.maxTasks)
 			}
 		case kindContainers:
-			have, max, what = c.ActiveContainers, l.ActiveContainers, "active-containers"
+			have, max, what = int(c.containers), l.ActiveContainers, "active-containers"
 		case kindVolumes:
-			have, max, what = c.ActiveVolumes, l.ActiveVolumes, "active-volumes"
+			have, max, what = int(c.volumes), l.ActiveVolumes, "active-volumes"
 		default:
 			continue
 		}
@@ -294,17 +319,17 @@ func atLimit(step Step, c *Candidate, chain []kind, l Limits) (refusal, bool) {
 // keys fills e's sort key. limit-active-containers and -volumes only move
 // at-limit targets last, and those are refused, so they add no key among
 // approved targets; limit-active-tasks orders task steps by fewest tasks.
-func keys(e *entry, in *inputs, isTask bool, c *Candidate, chain []kind) {
+func keys(e *entry, inputsOn int, isTask bool, c *load, chain []kind) {
 	i := 0
 	for _, s := range chain {
 		switch s {
 		case kindLocality:
-			e.keys[i] = -in.on(c.Name)
+			e.keys[i] = -inputsOn
 		case kindBuild:
-			e.keys[i] = c.BuildContainers
+			e.keys[i] = int(c.build)
 		case kindTasks:
 			if isTask {
-				e.keys[i] = c.ActiveTasks
+				e.keys[i] = int(c.tasks)
 			}
 		default:
 			continue

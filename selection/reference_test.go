@@ -37,7 +37,7 @@ func reference(step Step, candidates []Candidate, opts Options, shuffle func([]*
 	}
 	var order []string
 	for _, c := range pool {
-		if _, refused := atLimit(step, c, compile(chain), opts.Limits); !refused {
+		if _, refused := atLimit(step, loadOf(c), compile(chain), opts.Limits); !refused {
 			order = append(order, c.Name)
 		}
 	}

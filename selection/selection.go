@@ -133,7 +133,8 @@ type Options struct {
 type Decision struct {
 	// Order holds the approved candidates, best first (capped at Options.Top).
 	Order []string
-	// Rejected maps each candidate that fell out to its reason.
+	// Rejected maps each candidate that fell out to its reason; Place fills
+	// it, Pool.Place leaves it to Reasons.
 	Rejected map[string]string
 	// Compatible reports whether any candidate passed the compatibility rules
 	// (state, team, version, platform, tags). False: nothing can ever run the
@@ -142,6 +143,12 @@ type Decision struct {
 	// AllAtLimit reports that compatible candidates exist but every one is at
 	// a limit: the step waits (an API maps it to 503).
 	AllAtLimit bool
+
+	// What Reasons needs to name the rejected candidates later.
+	pool      *Pool
+	step      Step
+	opts      Options
+	teamFound bool
 }
 
 // ReasonGlobalNotPreferred is given to compatible global targets when a

@@ -178,6 +178,9 @@ func TestTop(t *testing.T) {
 
 // TestMatchesReference: for many random pools and chains, Place orders
 // exactly as the straightforward algorithm given the same random draws.
+// With Top k, Place draws only for candidates that can still be kept, so
+// the draws differ: its k must be the reference's first k up to ties, the
+// same keys in the same places.
 func TestMatchesReference(t *testing.T) {
 	chains := []string{"volume-locality", "random", "fewest-build-containers,limit-active-tasks",
 		"limit-active-containers,limit-active-volumes,volume-locality",
@@ -196,7 +199,11 @@ func TestMatchesReference(t *testing.T) {
 		require.Equal(t, fmt.Sprint(want), fmt.Sprint(got.Order), "case %d", i)
 		opts.Rand, opts.Top = seeded(seed), 1+gen.IntN(5)
 		top := Place(step, cands, opts)
-		require.Equal(t, fmt.Sprint(want[:min(opts.Top, len(want))]), fmt.Sprint(top.Order), "case %d top", i)
+		first := want[:min(opts.Top, len(want))]
+		require.Equal(t, signature(step, cands, opts, first), signature(step, cands, opts, top.Order), "case %d top", i)
+		for _, name := range top.Order {
+			require.Contains(t, want, name, "case %d top", i)
+		}
 	}
 }
 
@@ -230,5 +237,37 @@ func TestVersion(t *testing.T) {
 	for have, ok := range map[string]bool{"2.5": true, "2.6": true, "2.10": true, "2.5.1": true,
 		"3.5": false, "2.4": false, "1.9": false, "": false, "2": false, "x.5": false, "2.x": false} {
 		assert.Equal(t, ok, want.accepts(have), have)
+	}
+}
+
+// signature is the chain's sort keys of the named candidates, in order.
+func signature(step Step, cands []Candidate, opts Options, names []string) []string {
+	out := make([]string, len(names))
+	for i, name := range names {
+		for j := range cands {
+			if cands[j].Name == name {
+				var e entry
+				l := loadOf(&cands[j])
+				keys(&e, step.Inputs[name], step.Type == StepTask, &l, compile(opts.Chain))
+				out[i] = fmt.Sprint(e.keys)
+			}
+		}
+	}
+	return out
+}
+
+// TestTopOneTiesAreRandom: the one target a step gets among equal ones is
+// any of them, by the injected source.
+func TestTopOneTiesAreRandom(t *testing.T) {
+	cands := []Candidate{run("a"), run("b"), run("c"), with(run("d"), func(c *Candidate) { c.BuildContainers = 1 })}
+	seen := map[string]int{}
+	for seed := range uint64(300) {
+		d := Place(Step{}, cands, Options{Chain: Chain{FewestBuildContainers}, Rand: seeded(seed), Top: 1})
+		require.Len(t, d.Order, 1)
+		seen[d.Order[0]]++
+	}
+	assert.Len(t, seen, 3, "never the busier d: %v", seen)
+	for _, name := range []string{"a", "b", "c"} {
+		assert.InDelta(t, 100, seen[name], 35, "each tie about a third of the time: %v", seen)
 	}
 }
