@@ -100,7 +100,7 @@ func ParseChain(s string) (Chain, error) {
 		problems = append(problems, "random must be the only strategy")
 	}
 	if len(problems) > 0 {
-		return nil, fmt.Errorf("parse placement chain %q: %w: %s", s, ErrBadChain, strings.Join(problems, "; "))
+		return nil, fmt.Errorf("%w %q: %s", ErrBadChain, s, strings.Join(problems, "; "))
 	}
 	return chain, nil
 }
