@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,13 +47,7 @@ func (f *fakeLifecycle) Sync(_ context.Context, name string, handles []string) (
 }
 
 func put(h http.Handler, path, token, body string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodPut, path, strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
+	return serve(h, http.MethodPut, path, token, body)
 }
 
 func TestWorkerActionsStatusCodes(t *testing.T) {

@@ -65,13 +65,7 @@ func placementServer(opts Options) http.Handler {
 
 func postPlacement(t *testing.T, h http.Handler, token, body string) *httptest.ResponseRecorder {
 	t.Helper()
-	req := httptest.NewRequest(http.MethodPost, "/api/v1/placements", strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
+	return serve(h, http.MethodPost, "/api/v1/placements", token, body)
 }
 
 func TestPlacementAnswers(t *testing.T) {
