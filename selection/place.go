@@ -52,16 +52,15 @@ func Place(step Step, candidates []Candidate, opts Options) Decision {
 	return d
 }
 
-var defaultDraw = rand.Uint64
-
 // placer carries one decision's state across its passes. The chain is
 // compiled into what the per-candidate loop needs: the limits that refuse
 // (-1: none) and the kinds of its sort keys.
 type placer struct {
 	heap     heap
 	in       inputs
-	draw     func() uint64
-	keyKinds []kind
+	src      *rand.Rand // nil: math/rand/v2's shared source
+	keyKinds [maxKeys]kind
+	nKeys    int
 	maxTasks int32 // global max-active-tasks for task steps; -1: not limited
 	maxConts int32 // -1: not limited
 	maxVols  int32 // -1: not limited
@@ -74,25 +73,39 @@ type placer struct {
 	ties []int
 }
 
-func newPlacer(step Step, chain []kind, l Limits, top int, in inputs) placer {
-	p := placer{heap: heap{cap: top}, in: in, draw: defaultDraw, maxTasks: -1, maxConts: -1, maxVols: -1,
+func newPlacer(step Step, chain Chain, l Limits, top int, in inputs) placer {
+	p := placer{heap: heap{cap: top}, in: in, maxTasks: -1, maxConts: -1, maxVols: -1,
 		bounded: top > 0, one: top == 1}
-	for _, k := range chain {
-		switch k {
+	if chain == nil {
+		chain = DefaultChain
+	}
+	for _, s := range chain {
+		switch k := kindOf(s); k {
 		case kindTasks:
 			if step.Type == StepTask {
 				p.maxTasks = clamp(l.ActiveTasks) // a target's own limit may still apply
-				p.keyKinds = append(p.keyKinds, k)
+				p.keyKinds[p.nKeys], p.nKeys = k, p.nKeys+1
 			}
 		case kindContainers:
 			p.maxConts = positive(l.ActiveContainers)
 		case kindVolumes:
 			p.maxVols = positive(l.ActiveVolumes)
 		case kindLocality, kindBuild:
-			p.keyKinds = append(p.keyKinds, k)
+			p.keyKinds[p.nKeys], p.nKeys = k, p.nKeys+1
 		}
 	}
 	return p
+}
+
+// kinds is the chain's sort keys, in chain order.
+func (p *placer) kinds() []kind { return p.keyKinds[:p.nKeys] }
+
+// draw is the next random number of the decision's source.
+func (p *placer) draw() uint64 {
+	if p.src != nil {
+		return p.src.Uint64()
+	}
+	return rand.Uint64()
 }
 
 func positive(n int) int32 {
@@ -151,7 +164,7 @@ func (p *placer) consider(i int, l *load) {
 
 // keys fills e's sort keys for candidate i.
 func (p *placer) keys(e *entry, i int, l *load) {
-	for k, kd := range p.keyKinds {
+	for k, kd := range p.kinds() {
 		switch kd {
 		case kindLocality:
 			e.keys[k] = -p.in.on(i)
@@ -168,17 +181,19 @@ func (p *placer) keys(e *entry, i int, l *load) {
 // holding inputs are sorted, and a cursor follows the scan, so a
 // candidate costs one comparison.
 type inputs struct {
-	idx    []int // sorted
-	counts []int
-	next   int
+	at   []inputsAt // sorted by position
+	next int
 }
 
+// inputsAt is n of the step's inputs on the candidate at position i.
+type inputsAt struct{ i, n int }
+
 func (in *inputs) on(i int) int {
-	for in.next < len(in.idx) && in.idx[in.next] < i {
+	for in.next < len(in.at) && in.at[in.next].i < i {
 		in.next++
 	}
-	if in.next < len(in.idx) && in.idx[in.next] == i {
-		return in.counts[in.next]
+	if in.next < len(in.at) && in.at[in.next].i == i {
+		return in.at[in.next].n
 	}
 	return 0
 }
@@ -221,14 +236,19 @@ type version struct {
 // parseWant parses the required version once per decision. An unparseable
 // requirement rejects every candidate rather than silently skipping the check.
 func parseWant(v string) *version {
+	w := parseVersion(v)
+	return &w
+}
+
+func parseVersion(v string) version {
 	if v == "" {
-		return &version{}
+		return version{}
 	}
 	major, minor, ok := majorMinor(v)
 	if !ok {
 		major = -1
 	}
-	return &version{check: true, major: major, minor: minor}
+	return version{check: true, major: major, minor: minor}
 }
 
 // accepts: same major, minor at least the required one.
@@ -357,18 +377,23 @@ func compile(chain Chain) []kind {
 	}
 	kinds := make([]kind, len(chain))
 	for i, s := range chain {
-		switch s {
-		case VolumeLocality:
-			kinds[i] = kindLocality
-		case FewestBuildContainers:
-			kinds[i] = kindBuild
-		case LimitActiveTasks:
-			kinds[i] = kindTasks
-		case LimitActiveContainers:
-			kinds[i] = kindContainers
-		case LimitActiveVolumes:
-			kinds[i] = kindVolumes
-		}
+		kinds[i] = kindOf(s)
 	}
 	return kinds
+}
+
+func kindOf(s Strategy) kind {
+	switch s {
+	case VolumeLocality:
+		return kindLocality
+	case FewestBuildContainers:
+		return kindBuild
+	case LimitActiveTasks:
+		return kindTasks
+	case LimitActiveContainers:
+		return kindContainers
+	case LimitActiveVolumes:
+		return kindVolumes
+	}
+	return kindNone
 }

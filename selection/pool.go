@@ -24,6 +24,7 @@ type Pool struct {
 
 	mu      sync.Mutex
 	classes map[classKey]*class
+	ranks   map[rankKey]*rank
 }
 
 // slot is what a decision reads of one candidate, 48 bytes: 10,000 of
@@ -54,7 +55,8 @@ func clamp(n int) int32 { return int32(min(max(n, math.MinInt32), math.MaxInt32)
 // NewPool prepares candidates for decisions; it keeps the slice.
 func NewPool(candidates []Candidate) *Pool {
 	p := &Pool{cands: candidates, slots: make([]slot, len(candidates)), index: make(map[string]int, len(candidates)),
-		teams: map[string]int32{}, platforms: map[string]int32{}, tags: map[string]uint64{}, classes: map[classKey]*class{}}
+		teams: map[string]int32{}, platforms: map[string]int32{}, tags: map[string]uint64{}, classes: map[classKey]*class{},
+		ranks: map[rankKey]*rank{}}
 	for i := range candidates {
 		c := &candidates[i]
 		p.index[c.Name] = i
@@ -92,7 +94,8 @@ func intern(m map[string]int32, v string) int32 {
 }
 
 // SetLoad updates the counts of the named candidate (the watch moved
-// them), keeping everything else prepared; false if there is none.
+// them), keeping everything else prepared; false if there is none. It
+// must not run concurrently with Place.
 func (p *Pool) SetLoad(name string, activeContainers, buildContainers, activeTasks, activeVolumes int) bool {
 	i, ok := p.index[name]
 	if !ok {
@@ -101,6 +104,11 @@ func (p *Pool) SetLoad(name string, activeContainers, buildContainers, activeTas
 	c := &p.cands[i]
 	c.ActiveContainers, c.BuildContainers, c.ActiveTasks, c.ActiveVolumes = activeContainers, buildContainers, activeTasks, activeVolumes
 	p.slots[i].load = loadOf(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.ranks {
+		r.move(int32(i), &p.slots[i].load)
+	}
 	return true
 }
 
@@ -110,13 +118,13 @@ type want struct {
 	tags           uint64
 	untagged       bool
 	impossible     bool // a tag no candidate has
-	version        *version
+	version        version
 	major, minor   int32 // of version, when it checks
 }
 
 func (p *Pool) want(step Step, opts Options) want {
 	w := want{team: lookup(p.teams, step.Team), platform: lookup(p.platforms, step.Platform),
-		untagged: len(step.Tags) == 0, version: parseWant(opts.WorkerVersion)}
+		untagged: len(step.Tags) == 0, version: parseVersion(opts.WorkerVersion)}
 	w.major, w.minor = int32(w.version.major), int32(w.version.minor)
 	for _, t := range step.Tags {
 		bit, ok := p.tags[t]
@@ -159,8 +167,9 @@ func (p *Pool) compatible(i int, w *want, step *Step) bool {
 // step walks. It depends on nothing SetLoad changes, so a pool keeps it.
 type class struct {
 	members    []int32
-	compatible bool // any candidate passed, team or global
-	teamFound  bool // the step's team has a compatible target
+	in         []uint64 // members as a bitset over the pool's positions
+	compatible bool     // any candidate passed, team or global
+	teamFound  bool     // the step's team has a compatible target
 }
 
 // classKey identifies a class; the steps of a CI share a handful.
@@ -209,8 +218,14 @@ func (p *Pool) newClass(w *want, step *Step) *class {
 		c.members = slices.DeleteFunc(c.members, func(i int32) bool { return p.slots[i].team == 0 })
 	}
 	c.members = slices.Clip(c.members)
+	c.in = make([]uint64, (len(p.slots)+63)/64)
+	for _, i := range c.members {
+		c.in[i/64] |= 1 << (i % 64)
+	}
 	return c
 }
+
+func (c *class) has(i int32) bool { return c.in[i/64]&(1<<(i%64)) != 0 }
 
 // offer hands the class's members to pl. It is the hot loop of a
 // decision; a one-target decision keeps its best keys inline instead of
@@ -242,27 +257,29 @@ func (p *Pool) offer(pl *placer, members []int32) {
 // The decision's Rejected is left nil; Reasons works it out.
 func (p *Pool) Place(step Step, opts Options) Decision {
 	w := p.want(step, opts)
-	pl := newPlacer(step, compile(opts.Chain), opts.Limits, opts.Top, p.inputs(step))
+	pl := newPlacer(step, opts.Chain, opts.Limits, opts.Top, p.inputs(step))
+	var ties *[]int
 	if pl.one {
-		pl.ties = (*tiesPool.Get().(*[]int))[:0]
+		ties = tiesPool.Get().(*[]int)
+		pl.ties = (*ties)[:0]
 	}
 	if opts.Rand != nil {
-		pl.draw = opts.Rand.Uint64
+		pl.src = opts.Rand
 	}
 	d := Decision{pool: p, step: step, opts: opts}
 	c := p.class(&w, &step, opts.WorkerVersion)
 	d.Compatible, d.teamFound = c.compatible, c.teamFound
-	p.offer(&pl, c.members)
-	d.AllAtLimit = d.Compatible && pl.approved == 0
 	if pl.one {
-		if len(pl.ties) > 0 {
-			// One draw picks among the best; its modulo bias is under
-			// len/2^64, far below anything a CI could observe.
-			d.Order = []string{p.cands[pl.ties[pl.draw()%uint64(len(pl.ties))]].Name}
+		if i := p.pickOne(&pl, c); i >= 0 {
+			d.Order = []string{p.cands[i].Name}
 		}
-		tiesPool.Put(&pl.ties)
+		d.AllAtLimit = d.Compatible && d.Order == nil
+		*ties = pl.ties
+		tiesPool.Put(ties)
 		return d
 	}
+	p.offer(&pl, c.members)
+	d.AllAtLimit = d.Compatible && pl.approved == 0
 	d.Order = make([]string, 0, len(pl.heap.items))
 	for _, e := range pl.heap.sorted() {
 		d.Order = append(d.Order, p.cands[e.idx].Name)
@@ -270,24 +287,40 @@ func (p *Pool) Place(step Step, opts Options) Decision {
 	return d
 }
 
+// pickOne is a one-target decision: through a rank when the class is
+// large and the chain allows one, else by walking the class. -1: every
+// compatible target is refused (or there is none).
+func (p *Pool) pickOne(pl *placer, c *class) int {
+	k, locality, ok := rankKeyOf(pl.kinds())
+	if ok && !p.wide && len(c.members) >= rankedFrom && 4*len(c.members) >= len(p.slots) &&
+		!(locality && slices.ContainsFunc(pl.in.at, func(a inputsAt) bool { return a.n < 0 })) {
+		return p.pickRanked(pl, c, p.rank(k), locality)
+	}
+	p.offer(pl, c.members)
+	if len(pl.ties) == 0 {
+		return -1
+	}
+	// One draw picks among the best; its modulo bias is under len/2^64,
+	// far below anything a CI could observe.
+	return pl.ties[pl.draw()%uint64(len(pl.ties))]
+}
+
 // tiesPool recycles the tie buffers of one-target decisions.
 var tiesPool = sync.Pool{New: func() any { return new([]int) }}
 
 // inputs resolves the step's inputs to candidate positions, in order.
 func (p *Pool) inputs(step Step) inputs {
-	type at struct{ i, n int }
-	var found []at
+	if len(step.Inputs) == 0 {
+		return inputs{}
+	}
+	at := make([]inputsAt, 0, len(step.Inputs))
 	for name, n := range step.Inputs {
 		if i, ok := p.index[name]; ok && n != 0 {
-			found = append(found, at{i, n})
+			at = append(at, inputsAt{i, n})
 		}
 	}
-	slices.SortFunc(found, func(a, b at) int { return a.i - b.i })
-	var in inputs
-	for _, f := range found {
-		in.idx, in.counts = append(in.idx, f.i), append(in.counts, f.n)
-	}
-	return in
+	slices.SortFunc(at, func(a, b inputsAt) int { return a.i - b.i })
+	return inputs{at: at}
 }
 
 // Reasons names every candidate that fell out of the decision and why, as
