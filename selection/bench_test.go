@@ -14,22 +14,40 @@ import (
 // process. The compare sub-benchmark alternates the two and reports
 // ratio-p50 / ratio-p99 = reference / jetway. pool-build is what preparing
 // the pool costs (once per change of the target set; counts move with
-// SetLoad), and place-with-reasons is Place as the API calls it: a fresh
-// pool, every rejected target's reason and the whole order.
+// SetLoad), including the classes and ranks the first decision of each
+// chain makes; set-load is one target's counts moving; place-with-reasons
+// is Place as the API calls it: a fresh pool, every rejected target's
+// reason and the whole order.
 func BenchmarkPlace(b *testing.B) {
+	chains := []string{"volume-locality", "fewest-build-containers,limit-active-tasks"}
 	for _, n := range []int{1000, 10000} {
 		step, cands := benchPool(n)
-		pool := NewPool(cands)
+		prepare := func() *Pool {
+			pool := NewPool(cands)
+			for _, c := range chains {
+				chain, _ := ParseChain(c)
+				pool.Place(step, benchOptions(chain, nil))
+			}
+			return pool
+		}
+		pool := prepare()
 		b.Run(fmt.Sprintf("n=%d/pool-build", n), func(b *testing.B) {
-			reportLatency(b, "", timeEach(b, func() { NewPool(cands) }))
+			reportLatency(b, "", timeEach(b, func() { prepare() }))
 		})
-		for _, chainS := range []string{"volume-locality", "fewest-build-containers,limit-active-tasks"} {
+		b.Run(fmt.Sprintf("n=%d/set-load", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(3, 4))
+			reportLatency(b, "", timeEach(b, func() {
+				c := &cands[r.IntN(n)]
+				pool.SetLoad(c.Name, r.IntN(40), r.IntN(20), r.IntN(10), r.IntN(100))
+			}))
+		})
+		for _, chainS := range chains {
 			chain, err := ParseChain(chainS)
 			if err != nil {
 				b.Fatal(err)
 			}
 			r := rand.New(rand.NewPCG(1, 2))
-			opts := Options{Chain: chain, Limits: Limits{ActiveTasks: 8}, WorkerVersion: "2.5", Rand: r, Top: 1}
+			opts := benchOptions(chain, r)
 			jetway := func() { pool.Place(step, opts) }
 			ref := func() { reference(step, cands, opts, shuffleFisherYates(r)) }
 			name := fmt.Sprintf("n=%d/%s", n, chainS)
@@ -43,6 +61,12 @@ func BenchmarkPlace(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchOptions is a step's decision: one target, a task limit that
+// refuses about a fifth of the targets, a worker version to check.
+func benchOptions(chain Chain, r *rand.Rand) Options {
+	return Options{Chain: chain, Limits: Limits{ActiveTasks: 8}, WorkerVersion: "2.5", Rand: r, Top: 1}
 }
 
 func timeEach(b *testing.B, f func()) []time.Duration {
