@@ -22,9 +22,17 @@
 // NewPool interns what decisions compare into 48-byte slots, remembers for
 // each kind of step (team, platform, tags, version) which targets are
 // compatible with it, and SetLoad moves a target's counts without
-// preparing again. Pool.Place leaves the reasons for Decision.Reasons, so
-// a step that only needs its target never formats one. Place is
-// NewPool + Pool.Place + Reasons, for callers that show every reason.
+// preparing again. For a one-target decision (Top 1) over a large class
+// it also keeps, per chain, the targets filed in buckets of equal load
+// keys (build containers, active tasks), best first, which SetLoad keeps
+// current: the decision takes the targets holding the step's inputs first
+// when the chain starts with volume-locality, then the best bucket with a
+// target that is compatible and at no limit, and picks one of those
+// uniformly; it visits a handful of targets, not all of them. Chains with
+// volume-locality after another key, and small classes, walk the class.
+// Pool.Place leaves the reasons for Decision.Reasons, so a step that only
+// needs its target never formats one. Place is NewPool + Pool.Place +
+// Reasons, for callers that show every reason.
 //
 // Every target that falls out gets a reason: "state landed", "team other",
 // "worker version 1.2", "platform windows", "untagged step",
