@@ -17,7 +17,8 @@ import (
 // SetLoad), including the classes and ranks the first decision of each
 // chain makes; set-load is one target's counts moving; place-with-reasons
 // is Place as the API calls it: a fresh pool, every rejected target's
-// reason and the whole order.
+// reason and the whole order; pool-order-with-reasons is the same answer
+// over a kept pool.
 func BenchmarkPlace(b *testing.B) {
 	chains := []string{"volume-locality", "fewest-build-containers,limit-active-tasks"}
 	for _, n := range []int{1000, 10000} {
@@ -58,6 +59,9 @@ func BenchmarkPlace(b *testing.B) {
 			all.Top = 0
 			b.Run(name+"/place-with-reasons", func(b *testing.B) {
 				reportLatency(b, "", timeEach(b, func() { Place(step, cands, all) }))
+			})
+			b.Run(name+"/pool-order-with-reasons", func(b *testing.B) {
+				reportLatency(b, "", timeEach(b, func() { d := pool.Place(step, all); d.Reasons() }))
 			})
 		}
 	}
