@@ -180,20 +180,33 @@ func (p *placer) keys(e *entry, i int, l *load) {
 // candidates asked in increasing order, as a scan asks: the few positions
 // holding inputs are sorted, and a cursor follows the scan, so a
 // candidate costs one comparison.
+// The first few live in the struct itself, so that a decision's placer,
+// inputs included, stays on the stack.
 type inputs struct {
-	at   []inputsAt // sorted by position
-	next int
+	small [8]inputsAt
+	more  []inputsAt // all of them, when more than fit small
+	n     int
+	next  int
 }
 
 // inputsAt is n of the step's inputs on the candidate at position i.
 type inputsAt struct{ i, n int }
 
+// list is the inputs sorted by position.
+func (in *inputs) list() []inputsAt {
+	if in.more != nil {
+		return in.more
+	}
+	return in.small[:in.n]
+}
+
 func (in *inputs) on(i int) int {
-	for in.next < len(in.at) && in.at[in.next].i < i {
+	at := in.list()
+	for in.next < len(at) && at[in.next].i < i {
 		in.next++
 	}
-	if in.next < len(in.at) && in.at[in.next].i == i {
-		return in.at[in.next].n
+	if in.next < len(at) && at[in.next].i == i {
+		return at[in.next].n
 	}
 	return 0
 }

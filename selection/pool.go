@@ -293,7 +293,7 @@ func (p *Pool) Place(step Step, opts Options) Decision {
 func (p *Pool) pickOne(pl *placer, c *class) int {
 	k, locality, ok := rankKeyOf(pl.kinds())
 	if ok && !p.wide && len(c.members) >= rankedFrom && 4*len(c.members) >= len(p.slots) &&
-		!(locality && slices.ContainsFunc(pl.in.at, func(a inputsAt) bool { return a.n < 0 })) {
+		!(locality && slices.ContainsFunc(pl.in.list(), func(a inputsAt) bool { return a.n < 0 })) {
 		return p.pickRanked(pl, c, p.rank(k), locality)
 	}
 	p.offer(pl, c.members)
@@ -310,17 +310,22 @@ var tiesPool = sync.Pool{New: func() any { return new([]int) }}
 
 // inputs resolves the step's inputs to candidate positions, in order.
 func (p *Pool) inputs(step Step) inputs {
-	if len(step.Inputs) == 0 {
-		return inputs{}
+	var in inputs
+	if len(step.Inputs) > len(in.small) {
+		in.more = make([]inputsAt, 0, len(step.Inputs))
 	}
-	at := make([]inputsAt, 0, len(step.Inputs))
 	for name, n := range step.Inputs {
-		if i, ok := p.index[name]; ok && n != 0 {
-			at = append(at, inputsAt{i, n})
+		i, ok := p.index[name]
+		switch {
+		case !ok || n == 0:
+		case in.more != nil:
+			in.more = append(in.more, inputsAt{i, n})
+		default:
+			in.small[in.n], in.n = inputsAt{i, n}, in.n+1
 		}
 	}
-	slices.SortFunc(at, func(a, b inputsAt) int { return a.i - b.i })
-	return inputs{at: at}
+	slices.SortFunc(in.list(), func(a, b inputsAt) int { return a.i - b.i })
+	return in
 }
 
 // Reasons names every candidate that fell out of the decision and why, as

@@ -140,7 +140,7 @@ func (p *Pool) pickRanked(pl *placer, c *class, r *rank, locality bool) int {
 	if locality {
 		var buf [8]int32
 		holders := buf[:0]
-		for _, a := range pl.in.at {
+		for _, a := range pl.in.list() {
 			if c.has(int32(a.i)) {
 				holders = append(holders, int32(a.i))
 			}
