@@ -123,7 +123,9 @@ func TestLandSurvivesRestartAndLands(t *testing.T) {
 		func(tg api.Target) bool { return len(tg.Holding) == 1 }).Holding)
 	tg = g.waitTarget(t, "land", 5*time.Second, func(tg api.Target) bool { return strings.Contains(tg.Error, "waiting for step pods step-1") })
 	assert.Contains(t, tg.Error, "still landing since")
-	assert.Eventually(t, func() bool { return strings.Contains(g.logs.String(), "landing is taking longer than the land timeout") },
+	assert.Eventually(t, func() bool {
+		return strings.Contains(g.logs.String(), "landing is taking longer than the land timeout")
+	},
 		5*time.Second, 50*time.Millisecond, "logged at the check after the land timeout")
 
 	g.stop()

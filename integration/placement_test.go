@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -49,21 +50,18 @@ func (g *gateway) workerCounts(t *testing.T, name string) counts {
 // want, failing on any negative count seen on the way.
 func (g *gateway) waitCounts(t *testing.T, name string, want counts, within time.Duration) {
 	t.Helper()
-	var last, lastWorker counts
 	wantWorker := want
 	wantWorker.build = 0
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		last, lastWorker = g.counts(t, name), g.workerCounts(t, name)
-		for _, c := range []counts{last, lastWorker} {
+	eventually(t, within, func() error {
+		got, worker := g.counts(t, name), g.workerCounts(t, name)
+		for _, c := range []counts{got, worker} {
 			require.True(t, c.containers >= 0 && c.build >= 0 && c.tasks >= 0 && c.volumes >= 0, "negative count %+v", c)
 		}
-		if last == want && lastWorker == wantWorker {
-			return
+		if got != want || worker != wantWorker {
+			return fmt.Errorf("counts of %s: want %+v, have %+v (workers %+v)", name, want, got, worker)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("counts of %s: want %+v, still %+v (workers %+v) after %s", name, want, last, lastWorker, within)
+		return nil
+	})
 }
 
 // TestCountsFollowStepPodsThroughARestart moves a target's counts with

@@ -349,28 +349,6 @@ func atLimit(step Step, c load, chain []kind, l Limits) (refusal, bool) {
 	return refusal{}, false
 }
 
-// keys fills e's sort key. limit-active-containers and -volumes only move
-// at-limit targets last, and those are refused, so they add no key among
-// approved targets; limit-active-tasks orders task steps by fewest tasks.
-func keys(e *entry, inputsOn int, isTask bool, c *load, chain []kind) {
-	i := 0
-	for _, s := range chain {
-		switch s {
-		case kindLocality:
-			e.keys[i] = -inputsOn
-		case kindBuild:
-			e.keys[i] = int(c.build)
-		case kindTasks:
-			if isTask {
-				e.keys[i] = int(c.tasks)
-			}
-		default:
-			continue
-		}
-		i++
-	}
-}
-
 // kind is a strategy resolved once per decision, so the per-candidate loops
 // switch on a byte instead of comparing strategy names.
 type kind uint8

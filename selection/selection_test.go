@@ -242,16 +242,15 @@ func TestVersion(t *testing.T) {
 
 // signature is the chain's sort keys of the named candidates, in order.
 func signature(step Step, cands []Candidate, opts Options, names []string) []string {
+	pool := NewPool(cands)
+	pl := newPlacer(step, opts.Chain, opts.Limits, 0, pool.inputs(step))
 	out := make([]string, len(names))
 	for i, name := range names {
-		for j := range cands {
-			if cands[j].Name == name {
-				var e entry
-				l := loadOf(&cands[j])
-				keys(&e, step.Inputs[name], step.Type == StepTask, &l, compile(opts.Chain))
-				out[i] = fmt.Sprint(e.keys)
-			}
-		}
+		j := pool.index[name]
+		var e entry
+		pl.in.next = 0 // asked out of order
+		pl.keys(&e, j, &pool.slots[j].load)
+		out[i] = fmt.Sprint(e.keys)
 	}
 	return out
 }

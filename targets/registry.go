@@ -471,10 +471,11 @@ func (r *Registry) reconciled(name string, cfg *Config, err error) {
 		rec.lastState = life.State
 	}
 	// A landing that takes too long is logged once, naming what holds it.
-	overdue := r.overdue(life) && len(rec.target.Holding()) > 0
+	holding := rec.target.Holding()
+	overdue := r.overdue(life) && len(holding) > 0
 	if overdue && !rec.overdue {
 		r.opts.Logger.Warn("landing is taking longer than the land timeout", "target", name,
-			"since", life.Since, "pods", rec.target.Holding())
+			"since", life.Since, "pods", holding)
 	}
 	rec.overdue = overdue
 }
