@@ -26,16 +26,16 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/integration/volumeserver"
+	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
 
 // volumePod runs a step pod whose port 7788 reaches a fresh volume server.
-func volumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) *volumeserver.Server {
+func volumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) *volumes.Server {
 	t.Helper()
-	vs, err := volumeserver.Start(t.TempDir())
+	vs, err := volumes.Start(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(func() { vs.Kill() })
 	stepPod(ctx, t, c, ns, ns, "jetway", pod)
@@ -44,7 +44,7 @@ func volumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod st
 }
 
 // fill creates volume handle on vs with one file of size random bytes.
-func fill(t *testing.T, vs *volumeserver.Server, handle string, size int) []byte {
+func fill(t *testing.T, vs *volumes.Server, handle string, size int) []byte {
 	t.Helper()
 	data := make([]byte, size)
 	_, _ = rand.Read(data)
@@ -55,7 +55,7 @@ func fill(t *testing.T, vs *volumeserver.Server, handle string, size int) []byte
 
 // directSHA streams a volume path out of vs directly (no port-forward) and
 // hashes it: what the relay must report.
-func directSHA(t *testing.T, vs *volumeserver.Server, handle, enc string) string {
+func directSHA(t *testing.T, vs *volumes.Server, handle, enc string) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d/volumes/%s/stream-out?path=out", vs.Port(), handle), nil)
 	req.Header.Set("Accept-Encoding", enc)
@@ -88,7 +88,7 @@ func postStream(t *testing.T, g *gateway, req streams.Request) (int, streams.Res
 // streamGround is two targets on two clusters, each with a volume pod.
 type streamGround struct {
 	g        *gateway
-	src, dst *volumeserver.Server
+	src, dst *volumes.Server
 }
 
 func newStreamGround(ctx context.Context, t *testing.T, name string) streamGround {
@@ -199,7 +199,7 @@ func TestStreamFailures(t *testing.T) {
 	})
 
 	// A new source server behind the same pod.
-	src2, err := volumeserver.Start(t.TempDir())
+	src2, err := volumes.Start(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(func() { src2.Kill() })
 	fill(t, src2, "big", 8<<20)
@@ -346,9 +346,9 @@ func TestSameTargetStreamsGoDirect(t *testing.T) {
 
 // labelledVolumePod runs a pod with labels whose port 7788 reaches a fresh
 // volume server holding volume "art".
-func labelledVolumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string, labels map[string]string) *volumeserver.Server {
+func labelledVolumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string, labels map[string]string) *volumes.Server {
 	t.Helper()
-	vs, err := volumeserver.Start(t.TempDir())
+	vs, err := volumes.Start(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(func() { vs.Kill() })
 	fill(t, vs, "art", 64<<10)

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/integration/volumeserver"
+	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/streams"
@@ -58,7 +58,7 @@ func runStreamsBench(b *testing.B) {
 	cs := cluster.ForTest(b, 2)
 	dir := b.TempDir()
 	kubeconfigs := map[string]string{}
-	vols := map[string]*volumeserver.Server{}
+	vols := map[string]*volumes.Server{}
 	for i, name := range []string{"a", "b"} {
 		c := cs[i]
 		t, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-" + name, Rules: targets.RBACRules(targets.Required)})
@@ -70,7 +70,7 @@ func runStreamsBench(b *testing.B) {
 			b.Fatal(err)
 		}
 		pod := map[string]string{"a": "src", "b": "dst"}[name]
-		vs, err := volumeserver.Start(b.TempDir())
+		vs, err := volumes.Start(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}

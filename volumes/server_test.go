@@ -1,4 +1,4 @@
-package volumeserver
+package volumes
 
 import (
 	"bytes"

@@ -1,0 +1,233 @@
+// Package stepagent is what jetway runs inside a step pod, and the contract
+// between it and the gateway. One static binary (cmd/step-agent) is copied
+// into the pod's shared emptyDir by an init container, so any image works,
+// one without a shell too. The gateway drives it through pods/exec:
+//
+//	prepare  writes the step's spec and lays out its build dir and volumes
+//	run      starts a detached supervisor (once; never twice) and tails its log
+//	tail     copies the log from a byte offset, following until the step ends
+//	abort    asks the supervisor to kill the process
+//	volumes  the volume sidecar (the baggageclaim API on port 7788)
+//	install  copies the binary into the emptyDir (the init container)
+//	pid1     the step container's command: reaps children, keeps the pod up
+//
+// Everything the gateway needs lives in files under the root (/jetway in
+// a pod), so a dropped exec, an API-server restart or a gateway restart
+// loses nothing: the gateway execs tail again from the last offset it
+// consumed, and the exit status is read from status.json, never from an
+// exec's own exit code.
+//
+// The log is a sequence of frames: one byte of kind, four bytes of
+// big-endian payload length, then the payload (at most MaxPayload bytes).
+// After the last frame of the log, tail writes one trailer frame
+// (KindStatus) carrying status.json, then exits 0.
+package stepagent
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	utilexec "k8s.io/client-go/util/exec"
+)
+
+// Root is the step pod's shared emptyDir, where the init container puts the
+// binary and the supervisor its files. RootEnv overrides it (kwok test
+// clusters run exec as a local process, in a folder standing in for it).
+const (
+	Root    = "/jetway"
+	RootEnv = "JETWAY_STEP_ROOT"
+)
+
+// Paths under the root.
+const (
+	BinPath     = "bin/step-agent" // the binary, copied by install
+	SpecFile    = "run/spec.json"  // the step, written once by prepare
+	InputsFile  = "run/inputs.json"
+	LockFile    = "run/lock"         // flock held by the live supervisor
+	StartedFile = "run/started.json" // written once the process started
+	LogFile     = "run/log"          // frames, appended by the supervisor only
+	AbortFile   = "run/abort"        // present: kill the process
+	StatusFile  = "run/status.json"  // written last, atomically
+	BuildDir    = "build"            // the step's build dir: inputs and outputs live here
+	VolumesDir  = "volumes"          // volumes/<handle> -> ../build/<path>, served by the sidecar
+)
+
+// VolumePort is where the volume sidecar listens.
+const VolumePort = 7788
+
+// Spec is the step as the supervisor runs it. Prepare writes it once; the
+// same spec again is a no-op, a different one an error.
+type Spec struct {
+	Handle string   `json:"handle"`
+	Path   string   `json:"path"`
+	Args   []string `json:"args,omitempty"`
+	// Dir is the working directory, relative to the build dir.
+	Dir string `json:"dir,omitempty"`
+	// Env is the process's whole environment, as NAME=value.
+	Env []string `json:"env,omitempty"`
+	// User is a numeric uid[:gid] or a name from the image's /etc/passwd;
+	// empty runs as the container's user.
+	User  string `json:"user,omitempty"`
+	Stdin []byte `json:"stdin,omitempty"`
+	// Timeout counts from the process's start; zero means none.
+	Timeout Duration `json:"timeout,omitempty"`
+	// Volumes are the step's inputs and outputs: folders of the build dir
+	// that the sidecar serves by handle.
+	Volumes []Volume `json:"volumes,omitempty"`
+}
+
+// Volume is one folder of the build dir served as a volume.
+type Volume struct {
+	Handle string `json:"handle"`
+	Path   string `json:"path"` // relative to the build dir
+}
+
+// Input records one input streamed into the pod before the process
+// started; run writes each as a KindInput frame ahead of the output, so
+// the log alone tells the step's story.
+type Input struct {
+	Name   string `json:"name"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// Started is the payload of the KindStarted frame.
+type Started struct {
+	PID int       `json:"pid"`
+	At  time.Time `json:"at"`
+}
+
+// Reasons a step ends, in Status.Reason.
+const (
+	ReasonExited      = "exited"       // the process exited or was killed by a signal
+	ReasonTimeout     = "timeout"      // killed after Spec.Timeout
+	ReasonAborted     = "aborted"      // killed on request
+	ReasonSpawnFailed = "spawn-failed" // the process could not start
+	ReasonLost        = "lost"         // the supervisor died without a status
+)
+
+// Status is status.json: how the step ended.
+type Status struct {
+	Reason string `json:"reason"`
+	// ExitStatus is 0..255; a process killed by signal N reads 128+N.
+	ExitStatus int    `json:"exit_status"`
+	Signal     string `json:"signal,omitempty"`
+	Message    string `json:"message,omitempty"`
+	// LogSize is the log's final length: a reader at this offset has it all.
+	LogSize    int64     `json:"log_size"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Frame kinds.
+const (
+	KindStdout  byte = 1
+	KindStderr  byte = 2
+	KindInput   byte = 3 // JSON Input
+	KindStarted byte = 4 // JSON Started
+	KindStatus  byte = 0xFF
+)
+
+// MaxPayload caps a frame's payload, so that one frame is one event.
+const MaxPayload = 32 << 10
+
+// HeaderSize is a frame's header: kind and length.
+const HeaderSize = 5
+
+// Frame is one record of the log.
+type Frame struct {
+	Kind    byte
+	Payload []byte
+}
+
+// Size is the frame's length on the wire.
+func (f Frame) Size() int64 { return HeaderSize + int64(len(f.Payload)) }
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, kind byte, payload []byte) error {
+	if len(payload) > MaxPayload {
+		return fmt.Errorf("frame of %d bytes exceeds %d", len(payload), MaxPayload)
+	}
+	var h [HeaderSize]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:], uint32(len(payload)))
+	if _, err := w.Write(append(h[:], payload...)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ErrFrame says a log is not made of frames.
+var ErrFrame = errors.New("malformed frame")
+
+// ReadFrame reads one frame. A stream that ends between frames returns
+// io.EOF; one that ends inside a frame io.ErrUnexpectedEOF.
+func ReadFrame(r io.Reader) (Frame, error) {
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return Frame{}, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > MaxPayload {
+		return Frame{}, fmt.Errorf("%w: length %d exceeds %d", ErrFrame, n, MaxPayload)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	return Frame{Kind: h[0], Payload: p}, nil
+}
+
+// Duration is a time.Duration that reads and writes as "90s" in JSON.
+type Duration time.Duration
+
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Exit codes of the agent's own commands (not the step's).
+const (
+	ExitUsage       = 2 // bad flags or input
+	ExitSpecDiffers = 3 // prepare: a different spec is already there
+	ExitNotPrepared = 4 // run, tail: no spec yet
+)
+
+// kwokExit is how a kwok node reports a non-zero exit: as an internal
+// error whose message ends "…: exit status N" (the command line comes
+// first and may contain anything, so the last match counts).
+var kwokExit = regexp.MustCompile(`: exit status (\d+)\s*$`)
+
+// ExitCode reads the exit code of a failed exec, as a real kubelet reports
+// it (a NonZeroExitCode status, which client-go turns into CodeExitError)
+// or as a kwok node does. ok is false when err carries none.
+func ExitCode(err error) (code int, ok bool) {
+	var ce utilexec.CodeExitError
+	if errors.As(err, &ce) {
+		return ce.Code, true
+	}
+	if m := kwokExit.FindStringSubmatch(err.Error()); m != nil {
+		if n, perr := strconv.Atoi(m[1]); perr == nil && n <= 255 {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// Path joins root and one of the paths above.
+func Path(root, rel string) string { return filepath.Join(root, filepath.FromSlash(rel)) }
