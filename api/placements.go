@@ -12,8 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -51,45 +51,6 @@ type Placement struct {
 	Order    []string          `json:"order,omitempty"`
 	Error    string            `json:"error,omitempty"`
 	Rejected map[string]string `json:"rejected"`
-}
-
-// PlacementOptions are the configured chains and limits.
-type PlacementOptions struct {
-	// Strategy places steps with inputs (task, put); nil: volume-locality.
-	Strategy selection.Chain
-	// NoInputStrategy places get steps; nil: Strategy.
-	NoInputStrategy selection.Chain
-	// CheckStrategy places check steps; nil: random.
-	CheckStrategy selection.Chain
-	Limits        selection.Limits
-}
-
-// chain picks the configured chain of a step type as Concourse does
-// (atc/worker PlacementOptions, used by the step factory): task and put
-// steps, which carry inputs, use container-placement-strategy; get steps,
-// which have none, use no-input-container-placement-strategy; the checks
-// the resource scanner runs use check-container-placement-strategy, and a
-// check nested in a build (a get's image check) the no-input chain.
-func (o PlacementOptions) chain(stepType string, nested bool) selection.Chain {
-	strategy := o.Strategy
-	if strategy == nil {
-		strategy = selection.DefaultChain
-	}
-	if stepType == selection.StepCheck && nested {
-		stepType = selection.StepGet
-	}
-	switch stepType {
-	case selection.StepGet:
-		if o.NoInputStrategy != nil {
-			return o.NoInputStrategy
-		}
-	case selection.StepCheck:
-		if o.CheckStrategy != nil {
-			return o.CheckStrategy
-		}
-		return selection.Chain{selection.Random}
-	}
-	return strategy
 }
 
 // placementRetryAfter is the Retry-After of a step every compatible target
@@ -161,17 +122,7 @@ type decision struct {
 // decide is the API's one call into selection, kept alone so that a
 // change of selection's API touches only this function.
 func decide(step selection.Step, visible []targets.Status, opts selection.Options) decision {
-	candidates := make([]selection.Candidate, len(visible))
-	for i, st := range visible {
-		candidates[i] = selection.Candidate{
-			Name: st.Name, State: string(st.State), Team: st.Meta.Team, Tags: st.Meta.Tags,
-			Platform: st.Meta.Platform, Version: config.WorkerVersion, // as /api/v1/workers reports
-			ActiveContainers: st.Counts.ActiveContainers, BuildContainers: st.Counts.BuildContainers,
-			ActiveTasks: st.Counts.ActiveTasks, ActiveVolumes: st.Counts.ActiveVolumes,
-			MaxActiveTasks: st.Meta.MaxActiveTasks,
-		}
-	}
-	d := selection.Place(step, candidates, opts)
+	d := selection.Place(step, steps.Candidates(visible, nil), opts)
 	out := decision{order: d.Order, rejected: d.Rejected, compatible: d.Compatible}
 	if out.rejected == nil {
 		out.rejected = map[string]string{}
@@ -245,7 +196,7 @@ func (s *Server) placementRequest(w http.ResponseWriter, r *http.Request) (Place
 		}
 	}
 	if req.Strategy == "" {
-		return req, s.opts.Placement.chain(req.Type, req.Nested), nil
+		return req, s.opts.Placement.Chain(req.Type, req.Nested), nil
 	}
 	chain, err := selection.ParseChain(req.Strategy)
 	if err != nil {

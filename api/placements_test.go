@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -87,11 +88,11 @@ func TestPlacementAnswers(t *testing.T) {
 			body:   gpuTask + `, "strategy": "fewest-build-containers"}`,
 			status: http.StatusOK, want: Placement{Target: "tb2", Order: []string{"tb2", "tb1"}, Rejected: seenByMain}},
 		{name: "tasks use placement-strategy",
-			opts:  Options{Placement: PlacementOptions{Strategy: selection.Chain{selection.FewestBuildContainers}}},
+			opts:  Options{Placement: steps.PlacementOptions{Strategy: selection.Chain{selection.FewestBuildContainers}}},
 			token: mainToken, body: gpuTask + `}`,
 			status: http.StatusOK, want: Placement{Target: "tb2", Order: []string{"tb2", "tb1"}, Rejected: seenByMain}},
 		{name: "get uses no-input-placement-strategy",
-			opts: Options{Placement: PlacementOptions{Strategy: selection.Chain{selection.VolumeLocality},
+			opts: Options{Placement: steps.PlacementOptions{Strategy: selection.Chain{selection.VolumeLocality},
 				NoInputStrategy: selection.Chain{selection.FewestBuildContainers}}},
 			token: mainToken, body: strings.Replace(gpuTask, "task", "get", 1) + `}`,
 			status: http.StatusOK, want: Placement{Target: "tb2", Order: []string{"tb2", "tb1"}, Rejected: seenByMain}},
@@ -102,13 +103,13 @@ func TestPlacementAnswers(t *testing.T) {
 				"tb1": "missing tags tpu", "tb2": "missing tags tpu", "tb3": "missing tags tpu", "tb4": "state landed",
 				"g1": "missing tags tpu", "w1": "platform windows"}}},
 		{name: "every compatible target at a limit: 503 and Retry-After",
-			opts:  Options{Placement: PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 1}}},
+			opts:  Options{Placement: steps.PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 1}}},
 			token: mainToken, body: gpuTask + `}`, status: http.StatusServiceUnavailable, retryAfter: "5",
 			want: Placement{Error: "every compatible target is at a limit (team 'main', tags 'gpu', platform 'linux'); retry after 5s",
 				Rejected: map[string]string{"tb1": "at limit active-tasks 1/1", "tb2": "at limit active-tasks 2/2",
 					"tb3": "missing tags gpu", "tb4": "state landed", "g1": selection.ReasonGlobalNotPreferred, "w1": "platform windows"}}},
 		{name: "limit-active-tasks refuses task steps only",
-			opts:  Options{Placement: PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 1}}},
+			opts:  Options{Placement: steps.PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 1}}},
 			token: mainToken, body: strings.Replace(gpuTask, "task", "put", 1) + `, "strategy": "limit-active-tasks,fewest-build-containers"}`,
 			status: http.StatusOK, want: Placement{Target: "tb2", Order: []string{"tb2", "tb1"}, Rejected: seenByMain}},
 		{name: "a step without team places on global targets only (--no-auth is admin)", opts: Options{NoAuth: true},
@@ -213,37 +214,11 @@ func TestPlacementBadBodies(t *testing.T) {
 	}
 }
 
-func TestPlacementChainByType(t *testing.T) {
-	fewest, random := selection.Chain{selection.FewestBuildContainers}, selection.Chain{selection.Random}
-	tests := []struct {
-		name string
-		opts PlacementOptions
-		want map[string]selection.Chain
-	}{
-		{name: "unset: Concourse's defaults", want: map[string]selection.Chain{
-			"task": selection.DefaultChain, "put": selection.DefaultChain, "get": selection.DefaultChain, "check": random,
-			"check/nested": selection.DefaultChain}},
-		{name: "no-input unset follows placement", opts: PlacementOptions{Strategy: fewest}, want: map[string]selection.Chain{
-			"task": fewest, "put": fewest, "get": fewest, "check": random, "check/nested": fewest}},
-		{name: "each set", opts: PlacementOptions{Strategy: fewest, NoInputStrategy: random, CheckStrategy: selection.DefaultChain},
-			want: map[string]selection.Chain{"task": fewest, "put": fewest, "get": random, "check": selection.DefaultChain,
-				"check/nested": random}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for key, want := range tt.want {
-				typ, nested := strings.CutSuffix(key, "/nested")
-				assert.Equal(t, want, tt.opts.chain(typ, nested), key)
-			}
-		})
-	}
-}
-
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewPlacementMetrics(reg)
 	h := New(Options{Gatherer: reg, Targets: placementFleet, Tokens: tokens, PlacementMetrics: m,
-		Placement: PlacementOptions{Limits: selection.Limits{ActiveTasks: 1}}}).Handler()
+		Placement: steps.PlacementOptions{Limits: selection.Limits{ActiveTasks: 1}}}).Handler()
 	postPlacement(t, h, mainToken, `{"type": "task", "team": "main", "tags": ["gpu"]}`)
 	postPlacement(t, h, mainToken, `{"type": "task", "team": "main", "tags": ["gpu"]}`)
 	postPlacement(t, h, mainToken, `{"type": "task", "team": "main", "tags": ["tpu"]}`)

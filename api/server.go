@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -37,7 +38,7 @@ type Options struct {
 	// Streams backs POST /api/v1/streams.
 	Streams Streamer
 	// Placement configures POST /api/v1/placements, served with Targets.
-	Placement        PlacementOptions
+	Placement        steps.PlacementOptions
 	PlacementMetrics *PlacementMetrics
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token

@@ -151,6 +151,11 @@ func (k *kube) ownedPods(ctx context.Context) ([]*corev1.Pod, error) {
 // finishedAt is when a finished pod's last container ended, else when it
 // was created.
 func finishedAt(p *corev1.Pod) time.Time {
+	if v, ok := p.Annotations[targets.StepEndedAnnotation]; ok {
+		if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			return at
+		}
+	}
 	var at time.Time
 	for _, cs := range p.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil && t.FinishedAt.After(at) {

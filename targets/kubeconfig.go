@@ -40,6 +40,9 @@ type Metadata struct {
 	NodeSelector   map[string]string   `json:"nodeSelector,omitempty"`
 	Tolerations    []corev1.Toleration `json:"tolerations,omitempty"`
 	MaxActiveTasks int                 `json:"maxActiveTasks,omitempty"`
+	// ImagePullSecrets name Secrets of the namespace that step pods pull
+	// their images with.
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
 }
 
 // DefaultPlatform is a target's platform when its metadata names none.

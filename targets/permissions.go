@@ -36,7 +36,11 @@ var Required = []Permission{
 	{Resource: "pods", Verb: "list"},
 	{Resource: "pods", Verb: "watch"},
 	{Resource: "pods", Verb: "delete"},
+	{Resource: "pods", Verb: "patch"}, // a step's end, recorded on its pod
 	{Resource: "pods", Subresource: "log", Verb: "get"},
+	// Steps run through exec: POST (create) over SPDY, GET over WebSocket.
+	{Resource: "pods", Subresource: "exec", Verb: "create"},
+	{Resource: "pods", Subresource: "exec", Verb: "get"},
 	// Port-forward upgrades with POST (create) over SPDY and GET over
 	// WebSocket; the API server authorizes each as that verb.
 	{Resource: "pods", Subresource: "portforward", Verb: "create"},

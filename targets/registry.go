@@ -112,6 +112,8 @@ type Registry struct {
 	reconciler Reconciler
 	wg         sync.WaitGroup
 
+	changes broadcast // any target's state, configuration, pods or record
+
 	mu      sync.RWMutex
 	ctx     context.Context // Start's, parent of every health loop; nil before Start
 	records map[string]*record
@@ -250,9 +252,19 @@ func (r *Registry) Apply(results map[string]Result) {
 		}
 		rec.cfg, rec.problem = res.Config, ""
 		rec.target, rec.targetErr = NewTarget(res.Config, r.opts.Installation)
+		if rec.target != nil {
+			rec.target.pods.onChange = r.changes.notify
+			rec.target.record.onChange = r.changes.notify
+		}
 		r.startLoop(rec)
 	}
+	r.changes.notify()
 }
+
+// Changed returns a channel closed at the next change of any target: its
+// state, its configuration, its step pods or its lifecycle record, and the
+// set of targets. Waiters take a new channel after each change.
+func (r *Registry) Changed() <-chan struct{} { return r.changes.wait() }
 
 // startLoop runs rec's health checks until stopLoop; before Start, Start
 // runs it. Called with r.mu held.
@@ -358,8 +370,12 @@ func (r *Registry) observe(name string, cfg *Config, h Health) {
 	}
 	wasHealthy := rec.healthy
 	rec.record(h, r.opts.StallAfter)
+	if wasHealthy != rec.healthy {
+		r.changes.notify() // the state may have changed
+	}
 	if h.OK() && rec.pruned {
 		rec.pruned = false
+		r.changes.notify()
 		r.opts.Logger.Info("pruned target is back", "target", name)
 	}
 	switch {

@@ -47,6 +47,29 @@ type Target struct {
 	record *watched // the lifecycle record
 }
 
+// CachedPod returns a step pod as the watch last saw it, or nil. It is
+// shared: do not modify it.
+func (t *Target) CachedPod(name string) *corev1.Pod {
+	for _, p := range t.Pods() {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// AwaitPods waits until done holds for the cached step pods, checking on
+// every change, or ctx ends.
+func (t *Target) AwaitPods(ctx context.Context, done func(pods []*corev1.Pod) bool) error {
+	return t.pods.await(ctx, func(items []any) bool {
+		pods := make([]*corev1.Pod, len(items))
+		for i, it := range items {
+			pods[i] = it.(*corev1.Pod)
+		}
+		return done(pods)
+	})
+}
+
 // StepTypeLabel says which kind of step a step pod runs: task, get, put or
 // check. Build containers are steps of type task, get and put.
 const StepTypeLabel = "jetway-ci.dev/step-type"
@@ -252,9 +275,16 @@ func podsView(items []any) any {
 	return s
 }
 
-// Finished reports whether a pod's containers have all ended.
+// StepEndedAnnotation marks a step pod whose step has ended, with the time
+// (RFC 3339) it did. Its containers keep running so that its outputs stay
+// served, but it holds no target and counts only its volumes.
+const StepEndedAnnotation = "jetway-ci.dev/step-ended"
+
+// Finished reports whether a pod's step is over: its containers have all
+// ended, or jetway marked its step ended.
 func Finished(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	_, ended := p.Annotations[StepEndedAnnotation]
+	return ended || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 // recordSummary is what the record cache serves.

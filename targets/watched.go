@@ -23,6 +23,9 @@ type watched struct {
 	listed  bool
 	err     error         // the last list or watch failure, until a list succeeds
 	changed chan struct{} // closed and replaced on every change
+	// onChange, if set, is called after every change (the registry's
+	// broadcast), with w.mu held.
+	onChange func()
 }
 
 func newWatched(compute func([]any) any) *watched {
@@ -97,6 +100,9 @@ func (w *watched) update(change func() error, listed bool) error {
 	w.current = w.compute(w.store.List())
 	close(w.changed)
 	w.changed = make(chan struct{})
+	if w.onChange != nil {
+		w.onChange()
+	}
 	return nil
 }
 
@@ -130,3 +136,28 @@ func (w *watched) Replace(items []any, rv string) error {
 }
 
 func (w *watched) Resync() error { return nil }
+
+// broadcast tells waiters that something changed: Wait's channel is closed
+// at the next Notify. It allocates only while someone waits.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) notify() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -49,7 +50,7 @@ func placeGateway(t *testing.T) string {
 	srv := httptest.NewServer(api.New(api.Options{
 		Gatherer: prometheus.NewRegistry(), Targets: placeFleet,
 		Tokens:    []api.Token{{Name: "main-ci", Token: "main-token-0123456789", Team: "main"}},
-		Placement: api.PlacementOptions{Limits: selection.Limits{ActiveTasks: 1}},
+		Placement: steps.PlacementOptions{Limits: selection.Limits{ActiveTasks: 1}},
 	}).Handler())
 	t.Cleanup(func() {
 		srv.Close()

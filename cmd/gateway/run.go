@@ -22,6 +22,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -118,7 +119,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Targets:          registry,
 		Lifecycle:        controller,
 		Streams:          streamer,
-		Placement: api.PlacementOptions{Strategy: cfg.PlacementStrategy, NoInputStrategy: cfg.NoInputChain(),
+		Placement: steps.PlacementOptions{Strategy: cfg.PlacementStrategy, NoInputStrategy: cfg.NoInputChain(),
 			CheckStrategy: cfg.CheckPlacementStrategy, Limits: cfg.Limits()},
 		PlacementMetrics: api.NewPlacementMetrics(reg),
 		Tokens:           tokens,

@@ -1,0 +1,284 @@
+package steps
+
+import (
+	"cmp"
+	"fmt"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/stepagent"
+)
+
+// Request is the body of POST /api/v1/steps: one step to run.
+type Request struct {
+	// Handle is the caller's name for the step, unique within its team:
+	// the same handle again returns the existing step.
+	Handle string `json:"handle"`
+	// Type is task, check, get or put.
+	Type string `json:"type"`
+	// Team runs the step; a team token may name only its own (or none).
+	Team     string   `json:"team,omitempty"`
+	Tags     []string `json:"tags,omitempty"`
+	Platform string   `json:"platform,omitempty"`
+	// Image is the step container's image.
+	Image string `json:"image"`
+	Run   Run    `json:"run"`
+	// Stdin is given to the process, which then reads end of file.
+	Stdin     string    `json:"stdin,omitempty"`
+	Inputs    []Input   `json:"inputs,omitempty"`
+	Outputs   []Output  `json:"outputs,omitempty"`
+	Resources Resources `json:"resources,omitzero"`
+	// Timeout bounds the process's run, from its start ("1h30m"); waiting
+	// for a target or the scheduler does not count. Empty: none.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// Run is the process.
+type Run struct {
+	Path string   `json:"path"`
+	Args []string `json:"args,omitempty"`
+	// Dir is the working directory, relative to the build dir where the
+	// inputs and outputs are.
+	Dir string            `json:"dir,omitempty"`
+	Env map[string]string `json:"env,omitempty"`
+	// User is a uid[:gid] or a user name of the image.
+	User string `json:"user,omitempty"`
+}
+
+// Input is a volume brought into the step before it starts: a path of a
+// volume of a pod, or an output of an earlier step of the team.
+type Input struct {
+	Name string `json:"name"`
+	// Path is where it appears, relative to the build dir; default Name.
+	Path string      `json:"path,omitempty"`
+	From InputSource `json:"from"`
+}
+
+// InputSource names where an input comes from: Target, Pod and Handle
+// (and Path inside the volume), or Step and Output.
+type InputSource struct {
+	Target string `json:"target,omitempty"`
+	Pod    string `json:"pod,omitempty"`
+	Handle string `json:"handle,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Step   string `json:"step,omitempty"`
+	Output string `json:"output,omitempty"`
+}
+
+// Output is a folder of the build dir kept as a volume after the step.
+type Output struct {
+	Name string `json:"name"`
+	Path string `json:"path,omitempty"` // default Name
+}
+
+// Resources are the step container's requests, which are also its limits.
+type Resources struct {
+	CPU    string `json:"cpu,omitempty"`
+	Memory string `json:"memory,omitempty"`
+}
+
+// FieldError is a problem with one field of a request: the API answers
+// 400 naming Field.
+type FieldError struct{ Field, Msg string }
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// handlePattern keeps handles usable as label values and in pod names.
+var handlePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// envName is what a process environment variable may be called.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate reports the first problem of r, naming its field, and fills
+// defaults (input and output paths).
+func (r *Request) Validate() *FieldError {
+	checks := []func() *FieldError{r.checkHead, r.checkRun, r.checkVolumes, r.checkLimits}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Request) checkHead() *FieldError {
+	switch {
+	case r.Handle == "":
+		return fieldErr("handle", "required")
+	case !handlePattern.MatchString(r.Handle):
+		return fieldErr("handle", "%q must be 1-63 lower-case letters, digits and '-', starting and ending with a letter or digit", r.Handle)
+	}
+	switch r.Type {
+	case selection.StepTask, selection.StepGet, selection.StepPut, selection.StepCheck:
+	case "":
+		return fieldErr("type", "required: task, check, get or put")
+	default:
+		return fieldErr("type", "%q is not one of task, check, get, put", r.Type)
+	}
+	if r.Team != "" && len(validation.IsValidLabelValue(r.Team)) > 0 {
+		return fieldErr("team", "%q cannot be a label value", r.Team)
+	}
+	for i, tag := range r.Tags {
+		if strings.TrimSpace(tag) == "" {
+			return fieldErr(fmt.Sprintf("tags[%d]", i), "empty tag")
+		}
+	}
+	if strings.TrimSpace(r.Image) == "" {
+		return fieldErr("image", "required")
+	}
+	return nil
+}
+
+func (r *Request) checkRun() *FieldError {
+	if r.Run.Path == "" {
+		return fieldErr("run.path", "required")
+	}
+	if r.Run.Dir != "" {
+		if err := relative(r.Run.Dir, true); err != "" {
+			return fieldErr("run.dir", "%q %s", r.Run.Dir, err)
+		}
+	}
+	for name := range r.Run.Env {
+		if !envName.MatchString(name) {
+			return fieldErr("run.env", "%q is not a variable name", name)
+		}
+	}
+	return nil
+}
+
+// relative checks a path of the build dir: relative, clean, inside.
+func relative(p string, dotOK bool) string {
+	switch {
+	case path.IsAbs(p):
+		return "must be relative to the build dir"
+	case path.Clean(p) != p:
+		return "must be clean (no '.', '..', '//' or trailing '/')"
+	case p == "..", strings.HasPrefix(p, "../"):
+		return "must stay inside the build dir"
+	case p == "." && !dotOK:
+		return "must not be the build dir itself"
+	}
+	return ""
+}
+
+func (r *Request) checkVolumes() *FieldError {
+	names, paths := map[string]string{}, map[string]string{}
+	claim := func(field, name, p string) *FieldError {
+		if len(validation.IsDNS1123Label(name)) > 0 {
+			return fieldErr(field+".name", "%q must be a DNS-1123 label (lower-case letters, digits, '-')", name)
+		}
+		if other, ok := names[name]; ok {
+			return fieldErr(field+".name", "%q is also %s", name, other)
+		}
+		if err := relative(p, false); err != "" {
+			return fieldErr(field+".path", "%q %s", p, err)
+		}
+		for q, other := range paths {
+			if q == p || strings.HasPrefix(p, q+"/") || strings.HasPrefix(q, p+"/") {
+				return fieldErr(field+".path", "%q overlaps %s", p, other)
+			}
+		}
+		names[name], paths[p] = field, field
+		return nil
+	}
+	for i := range r.Inputs {
+		in := &r.Inputs[i]
+		field := fmt.Sprintf("inputs[%d]", i)
+		in.Path = cmp.Or(in.Path, in.Name)
+		if err := claim(field, in.Name, in.Path); err != nil {
+			return err
+		}
+		if err := in.From.check(field + ".from"); err != nil {
+			return err
+		}
+	}
+	for i := range r.Outputs {
+		out := &r.Outputs[i]
+		out.Path = cmp.Or(out.Path, out.Name)
+		if err := claim(fmt.Sprintf("outputs[%d]", i), out.Name, out.Path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s InputSource) check(field string) *FieldError {
+	byStep := s.Step != "" || s.Output != ""
+	byPod := s.Target != "" || s.Pod != "" || s.Handle != "" || s.Path != ""
+	switch {
+	case byStep && byPod:
+		return fieldErr(field, "either {target, pod, handle, path} or {step, output}, not both")
+	case byStep && (s.Step == "" || s.Output == ""):
+		return fieldErr(field, "{step, output} needs both")
+	case byStep:
+		return nil
+	case s.Target == "" || s.Pod == "" || s.Handle == "":
+		return fieldErr(field, "needs target, pod and handle (or step and output)")
+	}
+	if s.Path != "" {
+		if err := relative(s.Path, true); err != "" {
+			return fieldErr(field+".path", "%q %s", s.Path, err)
+		}
+	}
+	return nil
+}
+
+func (r *Request) checkLimits() *FieldError {
+	for field, q := range map[string]string{"resources.cpu": r.Resources.CPU, "resources.memory": r.Resources.Memory} {
+		if q == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q)
+		if err != nil || v.Sign() <= 0 {
+			return fieldErr(field, "%q is not a positive quantity (say 500m or 2Gi)", q)
+		}
+	}
+	if r.Timeout != "" {
+		d, err := time.ParseDuration(r.Timeout)
+		if err != nil || d <= 0 {
+			return fieldErr("timeout", "%q is not a positive duration (say 90s or 1h)", r.Timeout)
+		}
+	}
+	return nil
+}
+
+// timeout is the validated Timeout.
+func (r *Request) timeout() time.Duration {
+	d, _ := time.ParseDuration(r.Timeout)
+	return d
+}
+
+// spec is the step as the agent runs it. Inputs and outputs are volumes
+// named after them.
+func (r *Request) spec() stepagent.Spec {
+	sp := stepagent.Spec{
+		Handle: r.Handle, Path: r.Run.Path, Args: r.Run.Args, Dir: r.Run.Dir, User: r.Run.User,
+		Stdin: []byte(r.Stdin), Timeout: stepagent.Duration(r.timeout()),
+	}
+	for name, v := range r.Run.Env {
+		sp.Env = append(sp.Env, name+"="+v)
+	}
+	slices.Sort(sp.Env)
+	for _, in := range r.Inputs {
+		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: inputVolume(in.Name), Path: in.Path})
+	}
+	for _, out := range r.Outputs {
+		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: outputVolume(out.Name), Path: out.Path})
+	}
+	return sp
+}
+
+// Volume handles in a step pod's sidecar.
+func inputVolume(name string) string  { return "input-" + name }
+func outputVolume(name string) string { return "output-" + name }
