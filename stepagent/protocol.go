@@ -77,6 +77,9 @@ type Spec struct {
 	Stdin []byte `json:"stdin,omitempty"`
 	// Timeout counts from the process's start; zero means none.
 	Timeout Duration `json:"timeout,omitempty"`
+	// KillGrace is the time between TERM and KILL on abort and timeout;
+	// zero means 10s.
+	KillGrace Duration `json:"kill_grace,omitempty"`
 	// Volumes are the step's inputs and outputs: folders of the build dir
 	// that the sidecar serves by handle.
 	Volumes []Volume `json:"volumes,omitempty"`
@@ -206,6 +209,7 @@ const (
 	ExitUsage       = 2 // bad flags or input
 	ExitSpecDiffers = 3 // prepare: a different spec is already there
 	ExitNotPrepared = 4 // run, tail: no spec yet
+	ExitNotStarted  = 5 // tail: prepared, but no supervisor ever started the process
 )
 
 // kwokExit is how a kwok node reports a non-zero exit: as an internal
