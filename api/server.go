@@ -15,9 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/jetway-ci/jetway/steps"
 )
 
 // Options configure a Server.
@@ -37,6 +38,8 @@ type Options struct {
 	Lifecycle Lifecycle
 	// Streams backs POST /api/v1/streams.
 	Streams Streamer
+	// Steps backs /api/v1/steps.
+	Steps Steps
 	// Placement configures POST /api/v1/placements, served with Targets.
 	Placement        steps.PlacementOptions
 	PlacementMetrics *PlacementMetrics
@@ -85,6 +88,12 @@ func New(opts Options) *Server {
 	}
 	if opts.Targets != nil && opts.Streams != nil {
 		mux.HandleFunc("POST /api/v1/streams", s.authenticate(s.createStream))
+	}
+	if opts.Steps != nil {
+		mux.HandleFunc("POST /api/v1/steps", s.authenticate(s.submitStep))
+		mux.HandleFunc("GET /api/v1/steps/{handle}", s.authenticate(s.getStep))
+		mux.HandleFunc("GET /api/v1/steps/{handle}/events", s.authenticate(s.stepEvents))
+		mux.HandleFunc("DELETE /api/v1/steps/{handle}", s.authenticate(s.abortStep))
 	}
 	s.handler = mux
 	return s

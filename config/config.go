@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/selection"
 )
 
@@ -63,6 +64,11 @@ type Config struct {
 	MaxActiveContainersPerTarget int             `mapstructure:"max-active-containers-per-target" help:"unfinished step pods on one target under limit-active-containers (0: no limit)"`
 	MaxActiveVolumesPerTarget    int             `mapstructure:"max-active-volumes-per-target" help:"step pod volumes on one target under limit-active-volumes (0: no limit)"`
 
+	// Steps.
+	StepAgentImage string        `mapstructure:"step-agent-image" help:"image holding jetway's step agent (make image builds it; push it to a registry the targets pull from): copied into every step pod by an init container, and its volume sidecar"`
+	ImagePullGrace time.Duration `mapstructure:"image-pull-grace" help:"how long a step's image pull may fail for a passing reason (rate limit, registry 5xx) before the step errors; pulls that cannot succeed fail at once"`
+	StepKillGrace  time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -92,6 +98,10 @@ func Default() Config {
 		GCGrace:      10 * time.Minute,
 
 		MaxStreams: 64,
+
+		StepAgentImage: "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
+		ImagePullGrace: 2 * time.Minute,
+		StepKillGrace:  10 * time.Second,
 
 		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
 		CheckPlacementStrategy: selection.Chain{selection.Random},
@@ -188,6 +198,15 @@ func (c Config) Validate() error {
 	}
 	if c.GCGrace < 0 {
 		add("gc-grace", "must not be negative, got %s", c.GCGrace)
+	}
+	if strings.TrimSpace(c.StepAgentImage) == "" {
+		add("step-agent-image", "required: the image holding jetway's step agent")
+	}
+	if c.ImagePullGrace < 0 {
+		add("image-pull-grace", "must not be negative, got %s", c.ImagePullGrace)
+	}
+	if c.StepKillGrace <= 0 {
+		add("step-kill-grace", "must be positive, got %s", c.StepKillGrace)
 	}
 	if c.MaxStreams < 0 {
 		add("max-streams", "must not be negative (0: no bound), got %d", c.MaxStreams)

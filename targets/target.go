@@ -58,6 +58,10 @@ func (t *Target) CachedPod(name string) *corev1.Pod {
 	return nil
 }
 
+// PodsChanged returns a channel closed at the next change of the cached
+// step pods.
+func (t *Target) PodsChanged() <-chan struct{} { return t.pods.changes() }
+
 // AwaitPods waits until done holds for the cached step pods, checking on
 // every change, or ctx ends.
 func (t *Target) AwaitPods(ctx context.Context, done func(pods []*corev1.Pod) bool) error {

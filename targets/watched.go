@@ -70,6 +70,13 @@ func (w *watched) synced() (bool, error) {
 	return w.listed, w.err
 }
 
+// changes returns a channel closed at the next change.
+func (w *watched) changes() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed
+}
+
 // await waits until done holds for the stored objects, or ctx ends.
 func (w *watched) await(ctx context.Context, done func(items []any) bool) error {
 	for {

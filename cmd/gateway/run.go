@@ -111,6 +111,18 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Metrics:      streams.NewMetrics(reg),
 		Logger:       logger.With("component", "streams"),
 	})
+	placement := steps.PlacementOptions{Strategy: cfg.PlacementStrategy, NoInputStrategy: cfg.NoInputChain(),
+		CheckStrategy: cfg.CheckPlacementStrategy, Limits: cfg.Limits()}
+	stepper := steps.New(steps.Options{
+		Registry:       registry,
+		Streamer:       streamer,
+		Placement:      placement,
+		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
+		ImagePullGrace: cfg.ImagePullGrace,
+		KillGrace:      cfg.StepKillGrace,
+		Logger:         logger.With("component", "steps"),
+		Metrics:        steps.NewMetrics(reg),
+	})
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -119,8 +131,8 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Targets:          registry,
 		Lifecycle:        controller,
 		Streams:          streamer,
-		Placement: steps.PlacementOptions{Strategy: cfg.PlacementStrategy, NoInputStrategy: cfg.NoInputChain(),
-			CheckStrategy: cfg.CheckPlacementStrategy, Limits: cfg.Limits()},
+		Steps:            stepper,
+		Placement:        placement,
 		PlacementMetrics: api.NewPlacementMetrics(reg),
 		Tokens:           tokens,
 		NoAuth:           cfg.NoAuth,
@@ -129,10 +141,10 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:           logger.With("component", "api"),
 	})
 	logger.Info("starting gateway", "version", buildinfo.String(), "listen", cfg.Listen, "targets_dir", cfg.TargetsDir)
-	// Stop order: the API drains its requests while the streams, the
-	// dialer and the targets they use still work; then each goes after the
-	// parts that use it.
-	err := runAll(ctx, cfg.ShutdownTimeout, server, closer(streamer.Close), dialer, source, registry)
+	// Stop order: the API drains its requests while the steps, the
+	// streams, the dialer and the targets they use still work; then each
+	// goes after the parts that use it. Steps keep running in their pods.
+	err := runAll(ctx, cfg.ShutdownTimeout, server, stepper, closer(streamer.Close), dialer, source, registry)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}

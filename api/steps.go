@@ -1,0 +1,144 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// Steps is what the API asks of the steps package.
+type Steps interface {
+	Submit(caller steps.Caller, req steps.Request) (steps.View, bool, error)
+	Get(caller steps.Caller, team, handle string) (steps.View, error)
+	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error
+	Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error)
+}
+
+// stepBodyLimit bounds a step's body: its stdin is small (resources pass
+// JSON), its artifacts come through inputs.
+const stepBodyLimit = 4 << 20
+
+// abortWait bounds how long DELETE waits for the process to be killed and
+// the pod to go before it answers 202 with the step as it is.
+const abortWait = 45 * time.Second
+
+func caller(r *http.Request) steps.Caller {
+	id := requestIdentity(r)
+	return steps.Caller{Admin: id.admin, Team: id.team}
+}
+
+// submitStep accepts a step: 202 when new, 200 with the existing step
+// when the handle is taken in the team.
+func (s *Server) submitStep(w http.ResponseWriter, r *http.Request) {
+	var req steps.Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, stepBodyLimit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		ferr := decodeError(err)
+		writeJSON(w, http.StatusBadRequest, badRequest{Error: ferr.Error(), Field: ferr.field})
+		return
+	}
+	if dec.More() {
+		writeJSON(w, http.StatusBadRequest, badRequest{Error: "body: more than one JSON value", Field: "body"})
+		return
+	}
+	view, created, err := s.opts.Steps.Submit(caller(r), req)
+	if err != nil {
+		s.stepError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/api/v1/steps/"+view.Handle)
+	status := http.StatusOK
+	if created {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, view)
+}
+
+// stepError answers an error of the steps package.
+func (s *Server) stepError(w http.ResponseWriter, err error) {
+	var ferr *steps.FieldError
+	switch {
+	case errors.As(err, &ferr):
+		writeJSON(w, http.StatusBadRequest, badRequest{Error: ferr.Error(), Field: ferr.Field})
+	case errors.Is(err, steps.ErrNotFound):
+		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
+	case errors.Is(err, steps.ErrForbidden):
+		writeJSON(w, http.StatusForbidden, errorBody{Error: err.Error()})
+	case errors.Is(err, steps.ErrInput):
+		writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: err.Error()})
+	case errors.Is(err, steps.ErrUnavailable):
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: err.Error()})
+	default:
+		s.opts.Logger.Warn("step request failed", "error", err.Error())
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
+	}
+}
+
+// getStep answers a step's view. Admins name a team's step with ?team=.
+func (s *Server) getStep(w http.ResponseWriter, r *http.Request) {
+	view, err := s.opts.Steps.Get(caller(r), r.URL.Query().Get("team"), r.PathValue("handle"))
+	if err != nil {
+		s.stepError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view)
+}
+
+// stepEvents streams a step's events as NDJSON from ?since= (default 0),
+// following them until the step has ended.
+func (s *Server) stepEvents(w http.ResponseWriter, r *http.Request) {
+	since := 0
+	if v := r.URL.Query().Get("since"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeJSON(w, http.StatusBadRequest, badRequest{Error: "since: " + strconv.Quote(v) + " is not an event number (0 or more)", Field: "since"})
+			return
+		}
+		since = n
+	}
+	c, team, handle := caller(r), r.URL.Query().Get("team"), r.PathValue("handle")
+	if _, err := s.opts.Steps.Get(c, team, handle); err != nil {
+		s.stepError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", NDJSON)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	err := s.opts.Steps.Events(r.Context(), c, team, handle, since, func(evs []steps.Event) error {
+		for _, e := range evs {
+			if err := enc.Encode(e); err != nil {
+				return err
+			}
+		}
+		return rc.Flush()
+	})
+	if err != nil && r.Context().Err() == nil {
+		s.opts.Logger.Debug("step events ended early", "handle", handle, "error", err.Error())
+	}
+}
+
+// abortStep kills the step's process and releases its pod: 200 with the
+// step once done, 202 if that takes longer than abortWait.
+func (s *Server) abortStep(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), abortWait)
+	defer cancel()
+	view, err := s.opts.Steps.Abort(ctx, caller(r), r.URL.Query().Get("team"), r.PathValue("handle"))
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, view)
+	case errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		writeJSON(w, http.StatusAccepted, view)
+	default:
+		s.stepError(w, err)
+	}
+}

@@ -1,0 +1,151 @@
+package steps
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// failure is why Kubernetes says a step pod cannot run (or finish) its
+// step, in Kubernetes' own words.
+type failure struct {
+	Reason, Message string
+	// Transient failures (an image pull refused for a passing reason) end
+	// the step only after the image-pull grace.
+	Transient bool
+}
+
+// podFailure reads a step pod's status as a kubelet, the scheduler and the
+// node controller write it, and says whether the step cannot go on.
+func podFailure(p *corev1.Pod) (failure, bool) {
+	checks := []func(*corev1.Pod) (failure, bool){oomKilled, phaseFailed, disrupted, unschedulable, waitingFailure, containerEnded, nodeNotReady}
+	for _, check := range checks {
+		if f, ok := check(p); ok {
+			return f, true
+		}
+	}
+	return failure{}, false
+}
+
+func allStatuses(p *corev1.Pod) []corev1.ContainerStatus {
+	return append(append([]corev1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+}
+
+// oomKilled: any container of the pod, the sidecar included.
+func oomKilled(p *corev1.Pod) (failure, bool) {
+	for _, cs := range allStatuses(p) {
+		for _, st := range []corev1.ContainerState{cs.State, cs.LastTerminationState} {
+			if t := st.Terminated; t != nil && t.Reason == "OOMKilled" {
+				code := t.ExitCode
+				if code == 0 {
+					code = 137
+				}
+				return failure{Reason: "OOMKilled", Message: fmt.Sprintf("container %q: OOMKilled (%d)", cs.Name, code)}, true
+			}
+		}
+	}
+	return failure{}, false
+}
+
+// phaseFailed: evicted, node lost, or failed for another reason.
+func phaseFailed(p *corev1.Pod) (failure, bool) {
+	if p.Status.Phase != corev1.PodFailed && p.Status.Reason != "NodeLost" {
+		return failure{}, false
+	}
+	reason := p.Status.Reason
+	if reason == "" {
+		reason = "PodFailed"
+	}
+	msg := p.Status.Message
+	if msg == "" {
+		msg = "the pod failed"
+	}
+	return failure{Reason: reason, Message: msg}, true
+}
+
+// disrupted: the pod is about to go (taint eviction, preemption, pod GC).
+func disrupted(p *corev1.Pod) (failure, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return failure{Reason: cmp.Or(c.Reason, "DisruptionTarget"), Message: c.Message}, true
+		}
+	}
+	return failure{}, false
+}
+
+func unschedulable(p *corev1.Pod) (failure, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return failure{Reason: "Unschedulable", Message: c.Message}, true
+		}
+	}
+	return failure{}, false
+}
+
+// permanentPull are signs, in a kubelet's image pull message, of a pull
+// that cannot succeed by waiting: the image or the right to it is missing,
+// or its name is wrong.
+var permanentPull = []string{
+	"not found", "manifest unknown", "name unknown", "unauthorized", "authentication required",
+	"denied", "forbidden", "invalid reference format", "repository does not exist",
+}
+
+// waitingFailure: a container that cannot start.
+func waitingFailure(p *corev1.Pod) (failure, bool) {
+	for _, cs := range allStatuses(p) {
+		w := cs.State.Waiting
+		if w == nil {
+			continue
+		}
+		msg := fmt.Sprintf("container %q: %s", cs.Name, w.Message)
+		switch w.Reason {
+		case "ErrImagePull", "ImagePullBackOff":
+			low := strings.ToLower(w.Message)
+			transient := true
+			for _, sign := range permanentPull {
+				if strings.Contains(low, sign) {
+					transient = false
+				}
+			}
+			return failure{Reason: w.Reason, Message: msg, Transient: transient}, true
+		case "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+			return failure{Reason: w.Reason, Message: msg}, true
+		}
+	}
+	return failure{}, false
+}
+
+// containerEnded: a container of a step pod never ends while the step
+// runs (the step container idles after the process, the sidecar serves),
+// so one that did took the step with it. An init container that failed
+// did too.
+func containerEnded(p *corev1.Pod) (failure, bool) {
+	for _, cs := range p.Status.InitContainerStatuses {
+		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+			return failure{Reason: cmp.Or(t.Reason, "Error"), Message: fmt.Sprintf("init container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			return failure{Reason: cmp.Or(t.Reason, "ContainerExited"), Message: fmt.Sprintf("container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
+		}
+	}
+	return failure{}, false
+}
+
+// nodeNotReady: step pods have no readiness probes, so a running pod whose
+// containers all run but which is not Ready was marked so by the node
+// controller: its node stopped reporting.
+func nodeNotReady(p *corev1.Pod) (failure, bool) {
+	if p.Status.Phase != corev1.PodRunning {
+		return failure{}, false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse {
+			return failure{Reason: "NodeNotReady", Message: fmt.Sprintf("node %s stopped reporting: the pod is not Ready (%s)", p.Spec.NodeName, cmp.Or(c.Message, c.Reason))}, true
+		}
+	}
+	return failure{}, false
+}

@@ -1,0 +1,51 @@
+package steps
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the steps' Prometheus metrics. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	submissions *prometheus.CounterVec
+	endings     *prometheus.CounterVec
+	reattaches  prometheus.Counter
+}
+
+// NewMetrics registers the steps' metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_steps_submitted_total",
+			Help: "Steps accepted by POST /api/v1/steps (a repeated handle not counted), by type.",
+		}, []string{"type"}),
+		endings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_steps_finished_total",
+			Help: "Steps ended, by type and final phase.",
+		}, []string{"type", "phase"}),
+		reattaches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_step_reattaches_total",
+			Help: "Times a step's output stream broke and jetway attached again from the last complete frame.",
+		}),
+	}
+	reg.MustRegister(m.submissions, m.endings, m.reattaches)
+	return m
+}
+
+func (m *Metrics) submitted(typ string) {
+	if m != nil {
+		m.submissions.WithLabelValues(typ).Inc()
+	}
+}
+
+func (m *Metrics) finished(typ string, phase Phase) {
+	if m != nil {
+		m.endings.WithLabelValues(typ, string(phase)).Inc()
+	}
+}
+
+func (m *Metrics) reattached() {
+	if m != nil {
+		m.reattaches.Inc()
+	}
+}

@@ -1,0 +1,180 @@
+package steps
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// Labels and annotations of a step pod, besides the ownership labels.
+const (
+	// HandleLabel holds the step's handle (unique within its team).
+	HandleLabel = "jetway-ci.dev/step"
+	// infoAnnotation holds what a restarted gateway needs to pick the step
+	// up: its type, outputs, timeout, the sources of its inputs and when it
+	// was placed. Never the environment or stdin, which may hold secrets:
+	// those reach the pod only through exec.
+	infoAnnotation = "jetway-ci.dev/step-info"
+	// endAnnotation records how the step ended (JSON end), beside
+	// targets.StepEndedAnnotation's time.
+	endAnnotation = "jetway-ci.dev/step-end"
+)
+
+// Containers of a step pod.
+const (
+	StepContainer    = "step"
+	SidecarContainer = "volumes"
+	installContainer = "install"
+	sharedVolume     = "jetway"
+)
+
+// agentCommand is how the gateway runs the agent in the step container:
+// relative to its working directory, the root, so that the same command
+// works in a pod (root /jetway) and on a kwok node, where exec runs a
+// local process in a folder standing in for the pod's emptyDir.
+const agentCommand = stepagent.BinPath
+
+// info is infoAnnotation's content.
+type info struct {
+	Type     string      `json:"type"`
+	Outputs  []Output    `json:"outputs,omitempty"`
+	Inputs   []Input     `json:"inputs,omitempty"`
+	Timeout  string      `json:"timeout,omitempty"`
+	PlacedAt time.Time   `json:"placed_at"`
+	Caller   callerLabel `json:"caller"`
+}
+
+// callerLabel is who submitted the step, for the streams of its inputs.
+type callerLabel struct {
+	Admin bool `json:"admin,omitempty"`
+}
+
+// end is endAnnotation's content: the step's final view.
+type end struct {
+	Phase      Phase     `json:"phase"`
+	ExitStatus *int      `json:"exit_status,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// podName is the step pod's name: readable, and unique per team and handle.
+func podName(team, handle string) string {
+	sum := sha256.Sum256([]byte(team + "/" + handle))
+	prefix := handle
+	if len(prefix) > 52 {
+		prefix = strings.TrimRight(prefix[:52], "-")
+	}
+	return prefix + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// PodOptions are the settings every step pod shares.
+type PodOptions struct {
+	// AgentImage holds the step agent: the init container copies it into
+	// the pod and the volume sidecar runs it.
+	AgentImage   string
+	Installation string
+}
+
+// sidecarResources bound the volume sidecar: it streams, holding one
+// buffer per stream.
+var sidecarResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+	Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+}
+
+// buildPod is a step's pod on target t.
+func buildPod(req *Request, caller callerLabel, t *targets.Target, placedAt time.Time, opts PodOptions) *corev1.Pod {
+	labels := ownership.Labels(t.Name(), opts.Installation)
+	labels[targets.StepTypeLabel] = req.Type
+	labels[HandleLabel] = req.Handle
+	if req.Team != "" {
+		labels[ownership.TeamLabel] = req.Team
+	}
+	raw, _ := json.Marshal(info{Type: req.Type, Outputs: req.Outputs, Inputs: req.Inputs, Timeout: req.Timeout,
+		PlacedAt: placedAt.UTC(), Caller: caller})
+	meta := t.Config.Meta
+	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
+	no := false
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: podName(req.Team, req.Handle), Namespace: t.Namespace(), Labels: labels,
+			Annotations: map[string]string{infoAnnotation: string(raw)},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			NodeSelector:                 meta.NodeSelector,
+			Tolerations:                  meta.Tolerations,
+			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			InitContainers: []corev1.Container{{
+				Name: installContainer, Image: opts.AgentImage,
+				Command:         []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath},
+				VolumeMounts:    mount,
+				SecurityContext: agentSecurity(),
+				Resources:       sidecarResources,
+			}},
+			Containers: []corev1.Container{{
+				Name: StepContainer, Image: req.Image,
+				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
+				WorkingDir: stepagent.Root, VolumeMounts: mount,
+				Env:       []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
+				Resources: stepResources(req.Resources),
+				// The step's image decides its user (Concourse tasks often
+				// run as root), but it gets no privilege beyond that.
+				SecurityContext: &corev1.SecurityContext{Privileged: &no, AllowPrivilegeEscalation: &no},
+			}, {
+				Name: SidecarContainer, Image: opts.AgentImage,
+				Command:         []string{"/step-agent", "volumes", "--listen", ":7788"},
+				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
+				Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
+				VolumeMounts:    mount,
+				SecurityContext: agentSecurity(),
+				Resources:       sidecarResources,
+			}},
+		},
+	}
+	for _, name := range meta.ImagePullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
+	}
+	return pod
+}
+
+// agentSecurity is the agent containers' context: the restricted profile.
+func agentSecurity() *corev1.SecurityContext {
+	no, yes, uid := false, true, int64(65532)
+	return &corev1.SecurityContext{
+		Privileged: &no, AllowPrivilegeEscalation: &no, RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &uid,
+		ReadOnlyRootFilesystem: &yes,
+		Capabilities:           &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:         &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// stepResources makes the requested resources both requests and limits,
+// so a step gets what it asked for and no more.
+func stepResources(r Resources) corev1.ResourceRequirements {
+	list := corev1.ResourceList{}
+	if r.CPU != "" {
+		list[corev1.ResourceCPU] = resource.MustParse(r.CPU)
+	}
+	if r.Memory != "" {
+		list[corev1.ResourceMemory] = resource.MustParse(r.Memory)
+	}
+	if len(list) == 0 {
+		return corev1.ResourceRequirements{}
+	}
+	return corev1.ResourceRequirements{Requests: list, Limits: list.DeepCopy()}
+}

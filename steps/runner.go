@@ -1,0 +1,346 @@
+package steps
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// runner carries one step from its placement to its end. Its fields are
+// the work goroutine's, except started, which the pod watcher reads.
+type runner struct {
+	m       *Manager
+	s       *step
+	t       *targets.Target
+	pod     string
+	adopted *corev1.Pod // the pod a restarted gateway found, or nil
+	offset  int64       // end of the last complete frame consumed
+	inputs  []stepagent.Input
+
+	mu        sync.Mutex
+	startedAt time.Time // the process's start, once the log says so
+}
+
+// Why the watcher stopped the work.
+var (
+	errAborted  = errors.New("aborted")
+	errTimedOut = errors.New("timed out")
+)
+
+// podFailed carries a pod failure as a cancellation cause.
+type podFailed struct{ f failure }
+
+func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
+
+// run drives s to its end and records it. When ctx ends first (the
+// gateway stops) it leaves the pod as it is, for the next start.
+func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod string, adopted *corev1.Pod) {
+	defer close(s.done)
+	r := &runner{m: m, s: s, t: t, pod: pod, adopted: adopted}
+	log := m.opts.Logger.With("target", t.Name(), "pod", pod, "team", s.key.team, "handle", s.key.handle)
+	if adopted != nil {
+		if e, ok := ended(adopted); ok {
+			r.replay(ctx, e)
+			return
+		}
+	} else if err := r.create(ctx); err != nil {
+		m.unreserve(t.Name(), pod)
+		if ctx.Err() == nil {
+			r.conclude(ctx, Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false)
+		}
+		return
+	}
+	r.emitPlaced()
+	work, stop := context.WithCancelCause(ctx)
+	running := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { r.watch(work, stop, running) })
+	status, err := r.work(work, running)
+	cause := context.Cause(work)
+	stop(nil)
+	wg.Wait()
+	if ctx.Err() != nil {
+		return // stopping: the step goes on in its pod
+	}
+	e, keep := r.outcome(status, err, cause)
+	if err != nil && cause == nil {
+		log.Warn("step errored", "error", err.Error())
+	}
+	r.conclude(ctx, e, keep)
+}
+
+// outcome is the step's last event, and whether its pod stays (its
+// process ran, so its outputs and log may matter).
+func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
+	var pf *podFailed
+	switch {
+	case errors.As(cause, &pf):
+		return Event{Type: EventFailed, Phase: Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
+	case errors.Is(cause, errAborted):
+		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true
+	case errors.Is(cause, errTimedOut):
+		return Event{Type: EventFailed, Phase: Errored, Reason: stepagent.ReasonTimeout,
+			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.s.req.Timeout)}, false
+	case err != nil:
+		return Event{Type: EventFailed, Phase: Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
+	}
+	code := st.ExitStatus
+	e := Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message}
+	switch st.Reason {
+	case stepagent.ReasonExited:
+		e.Type, e.Phase, e.Reason = EventExited, Succeeded, st.Signal
+		if code != 0 {
+			e.Phase = Failed
+		}
+	case stepagent.ReasonAborted:
+		e.Type, e.Phase = EventFailed, Aborted
+	default: // timeout, spawn-failed, lost
+		e.Type, e.Phase = EventFailed, Errored
+	}
+	return e, true
+}
+
+func (r *runner) hasStarted() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.startedAt.IsZero()
+}
+
+// create makes the step's pod; one already there with the step's labels
+// (a retry after a lost answer) is taken as made.
+func (r *runner) create(ctx context.Context) error {
+	pod := buildPod(&r.s.req, r.s.caller, r.t, r.s.snapshot().PlacedAt, r.m.opts.Pod)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := r.t.Core.Pods(r.t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		got, gerr := r.t.Pod(cctx, pod.Name)
+		if gerr != nil {
+			return fmt.Errorf("create pod %s: %w", pod.Name, gerr)
+		}
+		if got.Labels[HandleLabel] != r.s.key.handle || got.Labels[targets.StepTypeLabel] != r.s.req.Type {
+			return fmt.Errorf("create pod %s: a pod of that name exists and is not this step's", pod.Name)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+func (r *runner) emitPlaced() {
+	v := r.s.snapshot()
+	r.s.emit(Event{Type: EventPlaced, Time: v.PlacedAt, Target: v.Target, Pod: v.Pod})
+}
+
+// work waits for the pod to run, then runs the step through the agent.
+func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.Status, error) {
+	select {
+	case <-ctx.Done():
+		return stepagent.Status{}, ctx.Err()
+	case <-running:
+	}
+	return r.follow(ctx)
+}
+
+// agent builds an agent command line.
+func agent(args ...string) []string { return append([]string{agentCommand}, args...) }
+
+// follow starts the process (once: the agent never runs it twice) and
+// reads its log to the end, attaching again from the last complete frame
+// whenever the exec breaks: a dropped connection, an API server restart.
+func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
+	cmd, stdin, err := r.first(ctx)
+	if err != nil {
+		return stepagent.Status{}, err
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		st, done, err := r.attach(ctx, cmd, stdin)
+		if done {
+			return st, nil
+		}
+		if ctx.Err() != nil {
+			return stepagent.Status{}, ctx.Err()
+		}
+		code, ok := stepagent.ExitCode(err)
+		switch {
+		case ok && code == stepagent.ExitNotPrepared:
+			return stepagent.Status{}, errors.New("the step's spec never reached its pod (the gateway restarted before it did); submit the step again")
+		case ok && code == stepagent.ExitNotStarted:
+			if cmd, stdin, err = r.start(ctx); err != nil {
+				return stepagent.Status{}, err
+			}
+		default:
+			r.m.opts.Metrics.reattached()
+			r.m.opts.Logger.Warn("step output interrupted; attaching again", "target", r.t.Name(), "pod", r.pod,
+				"offset", r.offset, "error", err.Error())
+			if r.offset > 0 || r.adopted != nil {
+				cmd, stdin = agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
+			}
+		}
+		if err := sleep(ctx, jitter(backoff)); err != nil {
+			return stepagent.Status{}, err
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// first is the first agent command: for a new step its start, for an
+// adopted one a tail of its log from the beginning.
+func (r *runner) first(ctx context.Context) ([]string, []byte, error) {
+	if r.adopted != nil {
+		return agent("tail", "--offset", "0"), nil, nil
+	}
+	return r.start(ctx)
+}
+
+// start prepares the step in its pod, streams its inputs in and returns
+// the run command. Without inputs one exec does it all.
+func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
+	sp := r.s.req.spec()
+	sp.KillGrace = stepagent.Duration(r.m.opts.KillGrace)
+	spec, err := json.Marshal(sp)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(r.s.req.Inputs) == 0 {
+		stdin := append(spec, "[]"...)
+		return agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2"), stdin, nil
+	}
+	if r.adopted == nil {
+		if err := r.prepare(ctx, spec); err != nil {
+			return nil, nil, err
+		}
+	}
+	inputs, err := r.streamInputs(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, _ := json.Marshal(inputs)
+	return agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
+}
+
+// prepare writes the spec into the pod, retrying broken execs.
+func (r *runner) prepare(ctx context.Context, spec []byte) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := r.m.opts.Exec(ctx, r.t, r.pod, agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
+		if err == nil {
+			return nil
+		}
+		if code, ok := stepagent.ExitCode(err); ok && (code == stepagent.ExitSpecDiffers || code == stepagent.ExitUsage) {
+			return fmt.Errorf("prepare the step in its pod: %w", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := sleep(ctx, jitter(backoff)); err != nil {
+			return err
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// attach runs one agent command and consumes its frames until the status
+// trailer (done) or until the exec ends without it.
+func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepagent.Status, bool, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	var execErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		execErr = r.m.opts.Exec(ctx, r.t, r.pod, cmd, stdin, pw)
+		pw.CloseWithError(cmpErr(execErr, io.EOF))
+	})
+	st, done, err := r.consume(pr)
+	cancel()
+	pr.CloseWithError(io.ErrClosedPipe)
+	wg.Wait()
+	if done {
+		return st, true, nil
+	}
+	if execErr != nil {
+		return st, false, execErr
+	}
+	return st, false, fmt.Errorf("the agent's output ended before the step's status: %w", err)
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// consume reads frames, turning each complete one into an event, until
+// the status trailer.
+func (r *runner) consume(rd io.Reader) (stepagent.Status, bool, error) {
+	br := bufio.NewReaderSize(rd, 64<<10)
+	for {
+		f, err := stepagent.ReadFrame(br)
+		if err != nil {
+			return stepagent.Status{}, false, err
+		}
+		if f.Kind == stepagent.KindStatus {
+			var st stepagent.Status
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				return st, false, fmt.Errorf("the agent's status: %w", err)
+			}
+			return st, true, nil
+		}
+		r.handle(f)
+		r.offset += f.Size()
+	}
+}
+
+// handle turns one frame of the log into an event.
+func (r *runner) handle(f stepagent.Frame) {
+	switch f.Kind {
+	case stepagent.KindStdout:
+		r.s.emit(Event{Type: EventStdout}.withData(f.Payload))
+	case stepagent.KindStderr:
+		r.s.emit(Event{Type: EventStderr}.withData(f.Payload))
+	case stepagent.KindInput:
+		var in stepagent.Input
+		if json.Unmarshal(f.Payload, &in) == nil {
+			r.s.emit(Event{Type: EventInput, Input: in.Name, Bytes: in.Bytes, SHA256: in.SHA256})
+		}
+	case stepagent.KindStarted:
+		var st stepagent.Started
+		if json.Unmarshal(f.Payload, &st) == nil {
+			r.mu.Lock()
+			r.startedAt = st.At
+			r.mu.Unlock()
+			r.s.update(func(v *View) { v.Phase, v.StartedAt = Running, st.At })
+			r.s.emit(Event{Type: EventStarted, Time: st.At})
+		}
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

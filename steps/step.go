@@ -1,0 +1,201 @@
+package steps
+
+import (
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Phase is where a step is in its life.
+type Phase string
+
+// Phases. The last four are final.
+const (
+	Pending   Phase = "pending"  // waiting for a target with room
+	Starting  Phase = "starting" // placed: pod scheduled, inputs streamed
+	Running   Phase = "running"  // the process runs
+	Succeeded Phase = "succeeded"
+	Failed    Phase = "failed"  // the process exited non-zero
+	Errored   Phase = "errored" // the step could not run to its end
+	Aborted   Phase = "aborted"
+)
+
+// Final reports whether a step in phase p has ended.
+func (p Phase) Final() bool {
+	return p == Succeeded || p == Failed || p == Errored || p == Aborted
+}
+
+// Event types, in the order a step produces them.
+const (
+	EventWaiting   = "waiting"   // no target has room (or fits) yet
+	EventPlaced    = "placed"    // a target was chosen and the pod made
+	EventScheduled = "scheduled" // the pod is on a node
+	EventInput     = "input"     // an input was streamed in
+	EventStarted   = "started"   // the process started
+	EventStdout    = "stdout"
+	EventStderr    = "stderr"
+	EventExited    = "exited" // the process ended; ExitStatus says how
+	EventFailed    = "failed" // the step ended without an exit status of its process
+)
+
+// Event is one line of GET /api/v1/steps/{handle}/events.
+type Event struct {
+	N    int       `json:"n"`
+	Type string    `json:"type"`
+	Time time.Time `json:"time"`
+	// placed
+	Target string `json:"target,omitempty"`
+	Pod    string `json:"pod,omitempty"`
+	// scheduled
+	Node string `json:"node,omitempty"`
+	// input
+	Input  string `json:"input,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// stdout, stderr: Data when the chunk is UTF-8, else DataBase64.
+	Data       string `json:"data,omitempty"`
+	DataBase64 []byte `json:"data_base64,omitempty"`
+	// exited, failed
+	Phase      Phase  `json:"phase,omitempty"`
+	ExitStatus *int   `json:"exit_status,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Message    string `json:"message,omitempty"`
+}
+
+// withData sets a chunk of output.
+func (e Event) withData(b []byte) Event {
+	if utf8.Valid(b) {
+		e.Data = string(b)
+	} else {
+		e.DataBase64 = b
+	}
+	return e
+}
+
+// View is GET /api/v1/steps/{handle}.
+type View struct {
+	Handle     string    `json:"handle"`
+	Team       string    `json:"team,omitempty"`
+	Type       string    `json:"type"`
+	Phase      Phase     `json:"phase"`
+	Target     string    `json:"target,omitempty"`
+	Pod        string    `json:"pod,omitempty"`
+	ExitStatus *int      `json:"exit_status,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	CreatedAt  time.Time `json:"created_at,omitzero"`
+	PlacedAt   time.Time `json:"placed_at,omitzero"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	Outputs    []Volume  `json:"outputs,omitempty"`
+	Released   bool      `json:"released,omitempty"` // its pod, and so its outputs, are gone
+	Events     int       `json:"events"`
+	Waiting    string    `json:"waiting,omitempty"` // why a pending step is not placed yet
+}
+
+// Volume is an output of a step: a volume of its pod, which a later step
+// names as an input ({step, output}, or these fields as {target, pod,
+// handle}).
+type Volume struct {
+	Name   string `json:"name"`
+	Target string `json:"target"`
+	Pod    string `json:"pod"`
+	Handle string `json:"handle"`
+}
+
+// key identifies a step: handles are unique within a team.
+type key struct{ team, handle string }
+
+// step is one step's state, shared by its runner, the scheduler and the
+// API. Every field below mu is read and written under it.
+type step struct {
+	key    key
+	req    Request
+	caller callerLabel
+
+	mu      sync.Mutex
+	view    View
+	events  []Event
+	changed chan struct{} // closed and replaced on every change
+	abort   chan struct{} // closed by Abort
+	aborted bool
+	done    chan struct{} // closed when the runner returned
+	forget  time.Time     // when an ended, released step is dropped
+}
+
+func newStep(k key, req Request, caller callerLabel, now time.Time) *step {
+	s := &step{key: k, req: req, caller: caller, changed: make(chan struct{}),
+		abort: make(chan struct{}), done: make(chan struct{})}
+	s.view = View{Handle: req.Handle, Team: req.Team, Type: req.Type, Phase: Pending, CreatedAt: now}
+	return s
+}
+
+// update changes the view under the lock and wakes followers.
+func (s *step) update(change func(v *View)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	change(&s.view)
+	s.notify()
+}
+
+// emit appends an event, unless the step has ended (nothing follows the
+// end), and wakes followers. It reports whether it appended.
+func (s *step) emit(e Event) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.events) > 0 && isEnd(s.events[len(s.events)-1].Type) {
+		return false
+	}
+	e.N = len(s.events)
+	if e.Time.IsZero() {
+		e.Time = time.Now().UTC()
+	}
+	s.events = append(s.events, e)
+	s.view.Events = len(s.events)
+	s.notify()
+	return true
+}
+
+func isEnd(typ string) bool { return typ == EventExited || typ == EventFailed }
+
+func (s *step) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// snapshot returns the view.
+func (s *step) snapshot() View {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view
+	v.Outputs = append([]Volume(nil), v.Outputs...)
+	return v
+}
+
+// eventsFrom returns the events from n on, whether the step has ended
+// with them, and a channel closed at the next change.
+func (s *step) eventsFrom(n int) ([]Event, bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Event
+	if n < len(s.events) {
+		out = append(out, s.events[max(n, 0):]...)
+	}
+	ended := len(s.events) > 0 && isEnd(s.events[len(s.events)-1].Type)
+	return out, ended, s.changed
+}
+
+// finish ends the step once: the view takes e's phase and reason, and e is
+// the last event. Later calls do nothing and report false.
+func (s *step) finish(e Event, at time.Time) bool {
+	s.mu.Lock()
+	if s.view.Phase.Final() {
+		s.mu.Unlock()
+		return false
+	}
+	s.view.Phase, s.view.ExitStatus, s.view.Reason, s.view.Message = e.Phase, e.ExitStatus, e.Reason, e.Message
+	s.view.FinishedAt = at
+	s.mu.Unlock()
+	s.emit(e)
+	return true
+}
