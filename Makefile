@@ -10,28 +10,68 @@ KUBE_LDFLAGS := -s -w \
 	-X k8s.io/component-base/version.gitTreeState=clean
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
+VERSION_LDFLAGS := -X github.com/jetway-ci/jetway/internal/buildinfo.Version=$(VERSION)
+
+# The step-agent image: the static agent binary alone, for the platform
+# IMAGE_ARCH, named IMAGE_REF in the tarball.
+IMAGE_ARCH     ?= $(shell $(GO) env GOARCH)
+IMAGE_REF      ?= ghcr.io/jetway-ci/step-agent:$(VERSION)
+STEP_AGENT_PKG ?= ./cmd/step-agent
+
+# kwok's own manifests the integration clusters load: stages for node and
+# pod lifecycles, and the CRDs of the kubelet API kwok serves (port-forward,
+# exec, logs). A file added here is missing from an older bin/kwok-data, so
+# make copies them all again.
+KWOK_DATA_FILES := \
+	kustomize/stage/node/fast/node-initialize.yaml \
+	kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+	kustomize/stage/pod/fast/pod-ready.yaml \
+	kustomize/stage/pod/fast/pod-complete.yaml \
+	kustomize/stage/pod/fast/pod-delete.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_portforwards.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_clusterportforwards.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_execs.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_clusterexecs.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_logs.yaml \
+	kustomize/crd/bases/kwok.x-k8s.io_clusterlogs.yaml
+KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
+
 KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager
-TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(BIN)/kwok-data
+TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA)
 
 # Clusters started by tests keep their files here, so that after the tests
 # integration/leftovers.sh can prove no process of theirs is still running.
 export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
 export JETWAY_BIN_DIR     := $(BIN)
 
-.PHONY: all build tools test vet demo clean-tools
+.PHONY: all build image tools test vet demo clean-tools
 
 all: build
 
 build:
-	$(GO) build -ldflags "-X github.com/jetway-ci/jetway/internal/buildinfo.Version=$(VERSION)" -o $(BIN)/gateway ./cmd/gateway
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/gateway ./cmd/gateway
+
+# image writes bin/step-agent-image.tar, the image step pods copy the agent
+# from: a `docker save`-style tarball (docker load, ctr images import, kind
+# load image-archive, crane push) built from Go modules alone, no Docker
+# daemon and no base image. The same commit gives the same digest.
+image: $(BIN)/mkimage
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=false \
+		-ldflags "-s -w $(VERSION_LDFLAGS)" -o $(BIN)/step-agent-linux-$(IMAGE_ARCH) $(STEP_AGENT_PKG)
+	$(BIN)/mkimage -binary $(BIN)/step-agent-linux-$(IMAGE_ARCH) -path /step-agent \
+		-ref $(IMAGE_REF) -version $(VERSION) -arch $(IMAGE_ARCH) -o $(BIN)/step-agent-image.tar
+
+$(BIN)/mkimage: tools/mkimage/go.mod tools/mkimage/go.sum tools/mkimage/main.go
+	cd tools/mkimage && $(GO) build -trimpath -o $@ .
 
 vet:
 	$(GO) vet ./...
 
 # test runs every unit and integration test with the race detector, building
-# the cluster tools first if they are missing, then fails if any control-plane
-# process of the run is left behind.
-test: tools vet
+# the cluster tools first if they are missing and the step-agent image (its
+# test reads it), then fails if any control-plane process of the run is left
+# behind.
+test: tools vet image
 	rm -rf "$$JETWAY_CLUSTER_DIR"
 	status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
 	bash integration/leftovers.sh || status=1; \
@@ -64,22 +104,16 @@ $(BIN)/etcd: tools/etcd/go.mod tools/etcd/go.sum
 $(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
 	cd tools/kwok && $(GO) build -trimpath -ldflags "-s -w" -o $@ sigs.k8s.io/kwok/cmd/kwok
 
-# kwok-data holds the pinned kwok's own stage and CRD manifests, which the
-# integration clusters load: node and pod lifecycles as kwok ships them.
-$(BIN)/kwok-data: $(BIN)/kwok
-	rm -rf $@ && mkdir -p $@
+# kwok-data holds the pinned kwok's own stage and CRD manifests
+# (KWOK_DATA_FILES), which the integration clusters load.
+$(KWOK_DATA) &: $(BIN)/kwok
+	rm -rf $(BIN)/kwok-data && mkdir -p $(BIN)/kwok-data
 	src=$$(cd tools/kwok && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kwok) && \
-	cp $$src/kustomize/stage/node/fast/node-initialize.yaml \
-	   $$src/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-	   $$src/kustomize/stage/pod/fast/pod-ready.yaml \
-	   $$src/kustomize/stage/pod/fast/pod-complete.yaml \
-	   $$src/kustomize/stage/pod/fast/pod-delete.yaml \
-	   $$src/kustomize/crd/bases/kwok.x-k8s.io_portforwards.yaml \
-	   $$src/kustomize/crd/bases/kwok.x-k8s.io_clusterportforwards.yaml $@/ && \
-	chmod u+w $@/*
+	cp $(addprefix $$src/,$(KWOK_DATA_FILES)) $(BIN)/kwok-data/ && \
+	chmod u+w $(BIN)/kwok-data/*
 
 clean-tools:
-	rm -f $(TOOLS)
+	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage
 
 # bench-targets: a real gateway over 1,000 targets on 3 local clusters at a
 # 10 s health interval for 2 minutes (BENCH_TARGETS / BENCH_DURATION shrink it).
