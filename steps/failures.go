@@ -135,12 +135,17 @@ func containerEnded(p *corev1.Pod) (failure, bool) {
 	return failure{}, false
 }
 
-// nodeNotReady: step pods have no readiness probes, so a running pod whose
-// containers all run but which is not Ready was marked so by the node
-// controller: its node stopped reporting.
+// nodeNotReady: a running pod whose containers all run and say they are
+// ready, but which is not Ready, was marked so by the node controller (it
+// flips the pod's condition alone): its node stopped reporting.
 func nodeNotReady(p *corev1.Pod) (failure, bool) {
-	if p.Status.Phase != corev1.PodRunning {
+	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 {
 		return failure{}, false
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running == nil || !cs.Ready {
+			return failure{}, false
+		}
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse {

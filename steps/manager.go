@@ -138,6 +138,13 @@ func (m *Manager) wake() {
 	}
 }
 
+// running reports whether Start runs.
+func (m *Manager) running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ctx != nil && m.ctx.Err() == nil
+}
+
 // Caller is who calls: an admin, or a team.
 type Caller = streams.Caller
 
@@ -162,6 +169,9 @@ func (m *Manager) visible(caller Caller, team, handle string) (*step, error) {
 // The same handle again (within the team) returns the existing step and
 // false.
 func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
+	if !m.running() {
+		return View{}, false, ErrUnavailable
+	}
 	if ferr := req.Validate(); ferr != nil {
 		return View{}, false, ferr
 	}
@@ -174,9 +184,6 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 	k := key{req.Team, req.Handle}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.ctx == nil || m.ctx.Err() != nil {
-		return View{}, false, ErrUnavailable
-	}
 	if s, ok := m.steps[k]; ok {
 		return s.snapshot(), false, nil
 	}

@@ -1,0 +1,133 @@
+package steps
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// emptyRegistry has no targets: every step waits.
+type emptyRegistry struct{ changed chan struct{} }
+
+func (emptyRegistry) Snapshot() []targets.Status { return nil }
+func (emptyRegistry) Target(string) (*targets.Target, error) {
+	return nil, targets.ErrNotFound
+}
+func (r emptyRegistry) Changed() <-chan struct{} { return r.changed }
+
+func startManager(t *testing.T) *Manager {
+	t.Helper()
+	m := New(Options{Registry: emptyRegistry{changed: make(chan struct{})}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.Eventually(t, func() bool {
+		_, _, err := m.Submit(Caller{Admin: true}, Request{})
+		return err != ErrUnavailable
+	}, time.Second, time.Millisecond)
+	return m
+}
+
+func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
+	m := startManager(t)
+	team := Caller{Team: "main"}
+	req := validRequest()
+	v, created, err := m.Submit(team, req)
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.Equal(t, Pending, v.Phase)
+	assert.Equal(t, "main", v.Team, "a team token's step is its team's")
+
+	again, created, err := m.Submit(team, req)
+	require.NoError(t, err)
+	assert.False(t, created, "the same handle returns the existing step")
+	assert.Equal(t, v.CreatedAt, again.CreatedAt)
+
+	var waiting Event
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err = m.Events(ctx, team, "", req.Handle, 0, func(evs []Event) error {
+		waiting = evs[0]
+		cancel()
+		return nil
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, EventWaiting, waiting.Type)
+	assert.Contains(t, waiting.Message, "no target satisfies team 'main'")
+}
+
+func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
+	m := startManager(t)
+	_, _, err := m.Submit(Caller{Team: "main"}, validRequest())
+	require.NoError(t, err)
+
+	_, err = m.Get(Caller{Team: "other"}, "", "build-1")
+	assert.ErrorIs(t, err, ErrNotFound)
+	_, err = m.Get(Caller{Team: "other"}, "main", "build-1")
+	assert.ErrorIs(t, err, ErrNotFound, "naming the team changes nothing")
+	_, err = m.Abort(context.Background(), Caller{Team: "other"}, "main", "build-1")
+	assert.ErrorIs(t, err, ErrNotFound)
+	_, _, err = m.Submit(Caller{Team: "other"}, Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: Run{Path: "p"}})
+	assert.ErrorIs(t, err, ErrForbidden)
+
+	v, err := m.Get(Caller{Admin: true}, "main", "build-1")
+	require.NoError(t, err)
+	assert.Equal(t, "main", v.Team)
+	_, err = m.Get(Caller{Admin: true}, "", "build-1")
+	assert.ErrorIs(t, err, ErrNotFound, "an admin names the team")
+
+	// The other team may use the same handle: it is another step.
+	_, created, err := m.Submit(Caller{Team: "other"}, validRequest())
+	require.NoError(t, err)
+	assert.True(t, created)
+}
+
+func TestAbortPending(t *testing.T) {
+	m := startManager(t)
+	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
+	require.NoError(t, err)
+	v, err := m.Abort(context.Background(), Caller{Admin: true}, "", "build-1")
+	require.NoError(t, err)
+	assert.Equal(t, Aborted, v.Phase)
+
+	var all []Event
+	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", 0, func(evs []Event) error {
+		all = append(all, evs...)
+		return nil
+	}), "the events of an ended step end")
+	last := all[len(all)-1]
+	assert.Equal(t, EventFailed, last.Type)
+	assert.Equal(t, Aborted, last.Phase)
+	assert.Equal(t, len(all)-1, last.N)
+
+	var since []Event
+	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", last.N, func(evs []Event) error {
+		since = append(since, evs...)
+		return nil
+	}))
+	assert.Equal(t, []Event{last}, since)
+}
+
+func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
+	m := startManager(t)
+	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
+	require.NoError(t, err)
+	req := validRequest()
+	req.Handle = "next"
+	req.Inputs = []Input{{Name: "src", From: InputSource{Step: "build-1", Output: "out"}}}
+	_, _, err = m.Submit(Caller{Admin: true}, req)
+	require.ErrorIs(t, err, ErrInput)
+	assert.Contains(t, err.Error(), `inputs[0].from: step "build-1" is pending`)
+	req.Inputs[0].From.Step = "nope"
+	_, _, err = m.Submit(Caller{Admin: true}, req)
+	assert.ErrorContains(t, err, `step "nope" not found`)
+}

@@ -1,0 +1,81 @@
+package steps
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+
+	"github.com/jetway-ci/jetway/targets"
+)
+
+func TestBuildPod(t *testing.T) {
+	cfg := &targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"}, Meta: targets.Metadata{
+		Namespace: "ci", NodeSelector: map[string]string{"pool": "ci"},
+		Tolerations:      []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists}},
+		ImagePullSecrets: []string{"registry"},
+	}}
+	tgt, err := targets.NewTarget(cfg, "prod")
+	require.NoError(t, err)
+	req := validRequest()
+	req.Team, req.Resources, req.Timeout = "main", Resources{CPU: "500m", Memory: "1Gi"}, "1h"
+	req.Run.Env = map[string]string{"SECRET": "hunter2"}
+	req.Stdin = "also secret"
+	req.Outputs = []Output{{Name: "out", Path: "out"}}
+	require.Nil(t, req.Validate())
+	placed := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+
+	p := buildPod(&req, callerLabel{}, tgt, placed, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
+
+	assert.Equal(t, "ci", p.Namespace)
+	assert.Equal(t, map[string]string{
+		"org.concourse-ci.worker": "east", "jetway-ci.dev/installation": "prod", "jetway-ci.dev/step-type": "task",
+		"jetway-ci.dev/team": "main", "jetway-ci.dev/step": "build-1"}, p.Labels)
+	assert.Equal(t, map[string]string{"pool": "ci"}, p.Spec.NodeSelector)
+	assert.Equal(t, cfg.Meta.Tolerations, p.Spec.Tolerations)
+	assert.Equal(t, []corev1.LocalObjectReference{{Name: "registry"}}, p.Spec.ImagePullSecrets)
+	assert.False(t, *p.Spec.AutomountServiceAccountToken)
+	assert.Equal(t, corev1.RestartPolicyNever, p.Spec.RestartPolicy)
+
+	require.Len(t, p.Spec.InitContainers, 1)
+	assert.Equal(t, "reg/step-agent:1", p.Spec.InitContainers[0].Image)
+	require.Len(t, p.Spec.Containers, 2)
+	step, side := p.Spec.Containers[0], p.Spec.Containers[1]
+	assert.Equal(t, "busybox", step.Image)
+	assert.Equal(t, []string{"/jetway/bin/step-agent", "pid1"}, step.Command)
+	assert.Equal(t, resource.MustParse("500m"), step.Resources.Limits[corev1.ResourceCPU])
+	assert.Equal(t, resource.MustParse("1Gi"), step.Resources.Requests[corev1.ResourceMemory])
+	assert.False(t, *step.SecurityContext.Privileged)
+	assert.False(t, *step.SecurityContext.AllowPrivilegeEscalation)
+	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
+	assert.True(t, *side.SecurityContext.RunAsNonRoot)
+	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+		require.Len(t, c.VolumeMounts, 1, c.Name)
+		assert.Equal(t, "/jetway", c.VolumeMounts[0].MountPath, c.Name)
+	}
+
+	raw, err := json.Marshal(p)
+	require.NoError(t, err)
+	assert.NotContains(t, string(raw), "hunter2", "the environment reaches the pod only through exec")
+	assert.NotContains(t, string(raw), "also secret")
+	var in info
+	require.NoError(t, json.Unmarshal([]byte(p.Annotations[infoAnnotation]), &in))
+	assert.Equal(t, info{Type: "task", Outputs: req.Outputs, Timeout: "1h", PlacedAt: placed}, in)
+}
+
+func TestPodNamesAreValidAndApart(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	for _, h := range []string{"a", "build-1", long, strings.Repeat("ab-", 20) + "c"} {
+		name := podName("main", h)
+		assert.Empty(t, validation.IsDNS1123Label(name), name)
+	}
+	assert.NotEqual(t, podName("main", "x"), podName("other", "x"), "handles are per team")
+	assert.NotEqual(t, podName("", long), podName("", long[:62]+"b"))
+}

@@ -1,0 +1,88 @@
+package steps
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func validRequest() Request {
+	return Request{Handle: "build-1", Type: "task", Image: "busybox", Run: Run{Path: "sh", Args: []string{"-c", "true"}}}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(r *Request)
+		field  string
+	}{
+		{"no handle", func(r *Request) { r.Handle = "" }, "handle"},
+		{"handle with capitals", func(r *Request) { r.Handle = "Build" }, "handle"},
+		{"handle too long", func(r *Request) { r.Handle = strings.Repeat("a", 64) }, "handle"},
+		{"no type", func(r *Request) { r.Type = "" }, "type"},
+		{"unknown type", func(r *Request) { r.Type = "deploy" }, "type"},
+		{"empty tag", func(r *Request) { r.Tags = []string{"a", " "} }, "tags[1]"},
+		{"no image", func(r *Request) { r.Image = "" }, "image"},
+		{"no path", func(r *Request) { r.Run.Path = "" }, "run.path"},
+		{"absolute dir", func(r *Request) { r.Run.Dir = "/src" }, "run.dir"},
+		{"dir escapes", func(r *Request) { r.Run.Dir = "../x" }, "run.dir"},
+		{"bad env name", func(r *Request) { r.Run.Env = map[string]string{"A-B": "1"} }, "run.env"},
+		{"input without source", func(r *Request) { r.Inputs = []Input{{Name: "src"}} }, "inputs[0].from"},
+		{"input with both sources", func(r *Request) {
+			r.Inputs = []Input{{Name: "src", From: InputSource{Target: "a", Pod: "p", Handle: "h", Step: "s", Output: "o"}}}
+		}, "inputs[0].from"},
+		{"input step without output", func(r *Request) { r.Inputs = []Input{{Name: "src", From: InputSource{Step: "s"}}} }, "inputs[0].from"},
+		{"bad input name", func(r *Request) {
+			r.Inputs = []Input{{Name: "Src", From: InputSource{Step: "s", Output: "o"}}}
+		}, "inputs[0].name"},
+		{"output path escapes", func(r *Request) { r.Outputs = []Output{{Name: "out", Path: "../out"}} }, "outputs[0].path"},
+		{"output is the build dir", func(r *Request) { r.Outputs = []Output{{Name: "out", Path: "."}} }, "outputs[0].path"},
+		{"duplicate name", func(r *Request) {
+			r.Inputs = []Input{{Name: "x", From: InputSource{Step: "s", Output: "o"}}}
+			r.Outputs = []Output{{Name: "x", Path: "y"}}
+		}, "outputs[0].name"},
+		{"overlapping paths", func(r *Request) {
+			r.Inputs = []Input{{Name: "src", From: InputSource{Step: "s", Output: "o"}}}
+			r.Outputs = []Output{{Name: "out", Path: "src/out"}}
+		}, "outputs[0].path"},
+		{"bad cpu", func(r *Request) { r.Resources.CPU = "lots" }, "resources.cpu"},
+		{"zero memory", func(r *Request) { r.Resources.Memory = "0" }, "resources.memory"},
+		{"bad timeout", func(r *Request) { r.Timeout = "soon" }, "timeout"},
+		{"negative timeout", func(r *Request) { r.Timeout = "-1s" }, "timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := validRequest()
+			tt.change(&r)
+			err := r.Validate()
+			require.NotNil(t, err)
+			assert.Equal(t, tt.field, err.Field, err.Error())
+		})
+	}
+}
+
+func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
+	r := validRequest()
+	r.Run.Env = map[string]string{"B": "2", "A": "1"}
+	r.Timeout = "90s"
+	r.Stdin = "hello"
+	r.Inputs = []Input{{Name: "src", From: InputSource{Target: "a", Pod: "p", Handle: "h"}}}
+	r.Outputs = []Output{{Name: "out", Path: "build/out"}}
+	require.Nil(t, r.Validate())
+	assert.Equal(t, "src", r.Inputs[0].Path)
+	sp := r.spec()
+	assert.Equal(t, []string{"A=1", "B=2"}, sp.Env, "sorted, so the same request gives the same spec")
+	assert.Equal(t, 90*time.Second, time.Duration(sp.Timeout))
+	assert.Equal(t, []byte("hello"), sp.Stdin)
+	require.Len(t, sp.Volumes, 2)
+	assert.Equal(t, "input-src", sp.Volumes[0].Handle)
+	assert.Equal(t, "src", sp.Volumes[0].Path)
+	assert.Equal(t, "output-out", sp.Volumes[1].Handle)
+	assert.Equal(t, "build/out", sp.Volumes[1].Path)
+}
