@@ -247,7 +247,7 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--tls-cert-file="+p.path("kwok.crt"),
 		"--tls-private-key-file="+p.path("kwok.key"),
 		"--node-lease-duration-seconds=40",
-		"--enable-crds="+portForwardKind+","+clusterPortForwardKind,
+		"--enable-crds="+strings.Join(kwokCRDKinds, ","),
 	)
 	return nil
 }

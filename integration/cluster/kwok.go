@@ -18,9 +18,18 @@ import (
 // pinned kwok's stage and CRD manifests.
 const kwokDataDir = "kwok-data"
 
+// The kwok CRDs the clusters enable: how kwok's kubelet API finds what to
+// do for a pod's port-forward, exec and logs.
+var kwokCRDKinds = []string{"PortForward", "ClusterPortForward", "Exec", "ClusterExec", "Logs", "ClusterLogs"}
+
+// KubeletAnnotation set to KubeletManual on a pod tells kwok to leave the
+// pod's status alone: kwok's pod-ready stage would turn any Pending pod
+// Running, so a test that plays kubelet (an image that cannot be pulled,
+// say) marks the pod and writes its status itself. The step kubelet
+// (RunStepPods) skips such pods too.
 const (
-	portForwardKind        = "PortForward"
-	clusterPortForwardKind = "ClusterPortForward"
+	KubeletAnnotation = "kwok.jetway-ci.dev/kubelet"
+	KubeletManual     = "manual"
 )
 
 // kwokStages are kwok's own node and pod lifecycles: nodes become Ready and
@@ -31,14 +40,20 @@ var kwokStages = []string{
 	"pod-ready.yaml", "pod-complete.yaml", "pod-delete.yaml",
 }
 
-var kwokCRDs = []string{"kwok.x-k8s.io_portforwards.yaml", "kwok.x-k8s.io_clusterportforwards.yaml"}
+var kwokCRDs = []string{
+	"kwok.x-k8s.io_portforwards.yaml", "kwok.x-k8s.io_clusterportforwards.yaml",
+	"kwok.x-k8s.io_execs.yaml", "kwok.x-k8s.io_clusterexecs.yaml",
+	"kwok.x-k8s.io_logs.yaml", "kwok.x-k8s.io_clusterlogs.yaml",
+}
 
 var (
 	crdGVR         = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	portForwardGVR = schema.GroupVersionResource{Group: "kwok.x-k8s.io", Version: "v1alpha1", Resource: "portforwards"}
+	execGVR        = schema.GroupVersionResource{Group: "kwok.x-k8s.io", Version: "v1alpha1", Resource: "execs"}
 )
 
-// writeKwokConfig joins the stage manifests into the one file kwok reads.
+// writeKwokConfig joins the stage manifests into the one file kwok reads;
+// pod-ready skips pods whose kubelet is manual.
 func writeKwokConfig(bin, dir string) (string, error) {
 	var out []byte
 	for _, name := range kwokStages {
@@ -46,10 +61,38 @@ func writeKwokConfig(bin, dir string) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		if name == "pod-ready.yaml" {
+			if b, err = skipManualPods(b); err != nil {
+				return "", fmt.Errorf("patch %s: %w", name, err)
+			}
+		}
 		out = append(append(out, "---\n"...), b...)
 	}
 	path := filepath.Join(dir, "kwok.yaml")
 	return path, os.WriteFile(path, out, 0o600)
+}
+
+// skipManualPods adds to a Stage's selector that the pod is not annotated
+// KubeletAnnotation: KubeletManual. kwok's selector keys are jq queries
+// over the object; a missing annotation reads null, which NotIn matches.
+func skipManualPods(stage []byte) ([]byte, error) {
+	var obj map[string]any
+	if err := yaml.Unmarshal(stage, &obj); err != nil {
+		return nil, err
+	}
+	exprs, found, err := unstructured.NestedSlice(obj, "spec", "selector", "matchExpressions")
+	if err != nil || !found {
+		return nil, fmt.Errorf("no spec.selector.matchExpressions (%v)", err)
+	}
+	exprs = append(exprs, map[string]any{
+		"key":      fmt.Sprintf(".metadata.annotations[%q]", KubeletAnnotation),
+		"operator": "NotIn",
+		"values":   []any{KubeletManual},
+	})
+	if err := unstructured.SetNestedSlice(obj, exprs, "spec", "selector", "matchExpressions"); err != nil {
+		return nil, err
+	}
+	return yaml.Marshal(obj)
 }
 
 func (c *Cluster) installKwokCRDs(ctx context.Context, bin string) error {
@@ -91,7 +134,7 @@ func (c *Cluster) installKwokCRDs(ctx context.Context, bin string) error {
 func (c *Cluster) ForwardPodPort(ctx context.Context, namespace, pod string, port int32, host string, hostPort int) error {
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kwok.x-k8s.io/v1alpha1",
-		"kind":       portForwardKind,
+		"kind":       "PortForward",
 		"metadata":   map[string]any{"name": pod, "namespace": namespace},
 		"spec": map[string]any{"forwards": []any{map[string]any{
 			"ports":  []any{int64(port)},
