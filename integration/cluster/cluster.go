@@ -356,6 +356,7 @@ func (c *Cluster) createNodes(ctx context.Context, n int) error {
 			Labels: map[string]string{
 				"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
 				"kubernetes.io/hostname": fmt.Sprintf("kwok-%s-%d", c.Name, i),
+				KubeletAnnotation:        KubeletManual, // see KubeletManualSelector
 			},
 		}}
 		if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -27,10 +28,21 @@ var kwokCRDKinds = []string{"PortForward", "ClusterPortForward", "Exec", "Cluste
 // Running, so a test that plays kubelet (an image that cannot be pulled,
 // say) marks the pod and writes its status itself. The step kubelet
 // (RunStepPods) skips such pods too.
+//
+// A pod the test does not create itself (a step pod the gateway makes)
+// asks for the same with its nodeSelector, KubeletManualSelector (a
+// target's nodeSelector in YAML): every fake node carries that label, so
+// such pods still schedule.
 const (
-	KubeletAnnotation = "kwok.jetway-ci.dev/kubelet"
-	KubeletManual     = "manual"
+	KubeletAnnotation     = "kwok.jetway-ci.dev/kubelet"
+	KubeletManual         = "manual"
+	KubeletManualSelector = "{" + KubeletAnnotation + ": " + KubeletManual + "}"
 )
+
+// manualKubelet says whether a test plays kubelet for the pod.
+func manualKubelet(pod *corev1.Pod) bool {
+	return pod.Annotations[KubeletAnnotation] == KubeletManual || pod.Spec.NodeSelector[KubeletAnnotation] == KubeletManual
+}
 
 // kwokStages are kwok's own node and pod lifecycles: nodes become Ready and
 // keep a lease, pods go Pending -> Running, Job pods complete, deleted pods
@@ -72,9 +84,10 @@ func writeKwokConfig(bin, dir string) (string, error) {
 	return path, os.WriteFile(path, out, 0o600)
 }
 
-// skipManualPods adds to a Stage's selector that the pod is not annotated
-// KubeletAnnotation: KubeletManual. kwok's selector keys are jq queries
-// over the object; a missing annotation reads null, which NotIn matches.
+// skipManualPods adds to a Stage's selector that the pod neither is
+// annotated nor selects nodes KubeletAnnotation: KubeletManual. kwok's
+// selector keys are jq queries over the object; a missing key reads null,
+// which NotIn matches.
 func skipManualPods(stage []byte) ([]byte, error) {
 	var obj map[string]any
 	if err := yaml.Unmarshal(stage, &obj); err != nil {
@@ -84,11 +97,13 @@ func skipManualPods(stage []byte) ([]byte, error) {
 	if err != nil || !found {
 		return nil, fmt.Errorf("no spec.selector.matchExpressions (%v)", err)
 	}
-	exprs = append(exprs, map[string]any{
-		"key":      fmt.Sprintf(".metadata.annotations[%q]", KubeletAnnotation),
-		"operator": "NotIn",
-		"values":   []any{KubeletManual},
-	})
+	for _, field := range []string{".metadata.annotations", ".spec.nodeSelector"} {
+		exprs = append(exprs, map[string]any{
+			"key":      fmt.Sprintf("%s[%q]", field, KubeletAnnotation),
+			"operator": "NotIn",
+			"values":   []any{KubeletManual},
+		})
+	}
 	if err := unstructured.SetNestedSlice(obj, exprs, "spec", "selector", "matchExpressions"); err != nil {
 		return nil, err
 	}

@@ -36,8 +36,8 @@ const StepContainer = "step"
 const stepCleanupTimeout = 10 * time.Second
 
 // RunStepPods plays the part of a kubelet for jetway's step pods (pods
-// labelled targets.StepTypeLabel, not annotated KubeletAnnotation:
-// KubeletManual) until ctx ends, then tears every pod down and returns
+// labelled targets.StepTypeLabel whose kubelet no test plays, see
+// KubeletAnnotation) until ctx ends, then tears every pod down and returns
 // once all it started is gone. For each pod it:
 //
 //   - makes StepRoot(ns, pod), standing in for the pod's emptyDir, and
@@ -114,7 +114,7 @@ func (k *stepKubelet) sync(ctx context.Context, obj any) {
 		k.teardown(old) // being deleted, or replaced by a pod of the same name
 		delete(k.pods, key)
 	}
-	if pod.DeletionTimestamp != nil || pod.Annotations[KubeletAnnotation] == KubeletManual || ctx.Err() != nil {
+	if pod.DeletionTimestamp != nil || manualKubelet(pod) || ctx.Err() != nil {
 		return
 	}
 	p, err := k.setup(ctx, pod)

@@ -87,20 +87,33 @@ func TestManualKubeletPod(t *testing.T) {
 	namespace(t, ctx, c, "manual")
 	pods := c.Client.CoreV1().Pods("manual")
 	createPod(t, ctx, c, "manual", "pull", nil, map[string]string{KubeletAnnotation: KubeletManual})
-	eventually(t, ctx, "manual pod scheduled", func() error {
-		p, err := pods.Get(ctx, "pull", metav1.GetOptions{})
-		if err != nil || p.Spec.NodeName == "" {
-			return fmt.Errorf("not scheduled yet (%v)", err)
-		}
-		return nil
-	})
-	runningPod(t, ctx, c, "manual", "first")
-	p, err := pods.Get(ctx, "pull", metav1.GetOptions{})
-	if err != nil {
+	sel := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "by-selector"},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{KubeletAnnotation: KubeletManual},
+			Containers: []corev1.Container{{Name: StepContainer, Image: "example.invalid/step:1"}}},
+	}
+	if _, err := pods.Create(ctx, sel, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) != 0 {
-		t.Fatalf("kwok set the manual pod's status: phase %q, containers %+v", p.Status.Phase, p.Status.ContainerStatuses)
+	for _, name := range []string{"pull", "by-selector"} {
+		eventually(t, ctx, name+" scheduled", func() error {
+			p, err := pods.Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Spec.NodeName == "" {
+				return fmt.Errorf("not scheduled yet (%v)", err)
+			}
+			return nil
+		})
+	}
+	runningPod(t, ctx, c, "manual", "first")
+	var p *corev1.Pod
+	for _, name := range []string{"by-selector", "pull"} {
+		var err error
+		if p, err = pods.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) != 0 {
+			t.Fatalf("kwok set the status of manual pod %s: phase %q, containers %+v", name, p.Status.Phase, p.Status.ContainerStatuses)
+		}
 	}
 
 	p.Status.Conditions = []corev1.PodCondition{
