@@ -45,6 +45,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer cluster.StopAll(clusters)
+	stopKubelets, err := startStepKubelets(clusters)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer stopKubelets()
 	code := m.Run()
 	if builtBin != "" {
 		os.RemoveAll(filepath.Dir(builtBin))
