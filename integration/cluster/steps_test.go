@@ -231,12 +231,12 @@ func alive(pid int) bool {
 }
 
 // execIn runs a command in the pod's step container through the API server
-// and returns its stdout, or an error with its stderr.
+// (over WebSocket) and returns its stdout, or an error with its stderr.
 func execIn(ctx context.Context, c *Cluster, ns, pod string, cmd ...string) (string, error) {
-	req := c.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
+	req := c.Client.CoreV1().RESTClient().Get().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: StepContainer, Command: cmd, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
-	ex, err := remotecommand.NewSPDYExecutor(c.AdminConfig(), "POST", req.URL())
+	ex, err := remotecommand.NewWebSocketExecutor(c.AdminConfig(), "GET", req.URL().String())
 	if err != nil {
 		return "", err
 	}
