@@ -136,3 +136,11 @@ bench-streams: tools $(BIN)/kubectl
 .PHONY: bench-placement
 bench-placement:
 	$(GO) test -run '^$$' -bench Place -benchmem ./selection/
+
+# bench-steps: 100 short tasks (BENCH_STEPS changes it) on a local cluster,
+# jetway against the floor a bare client-go program reaches (create a pod,
+# wait for Running, exec), alternating, in one run: p50/p99 from submit to
+# process start and from process exit to the exited event.
+.PHONY: bench-steps
+bench-steps: tools
+	$(GO) test -run '^$$' -bench '^BenchmarkSteps$$' -benchtime 1x -timeout 30m -v ./integration/bench/

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -65,6 +67,10 @@ type gatewayOptions struct {
 	landTimeout  time.Duration
 	gcGrace      time.Duration
 	tokens       []api.Token
+	// Steps: the placement chain and limits, and the pull and kill graces.
+	placement steps.PlacementOptions
+	pullGrace time.Duration
+	killGrace time.Duration
 }
 
 // Test tokens of gateways started with tokens.
@@ -116,15 +122,20 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Target:       registry.Target,
 		Metrics:      streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
+	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
+		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
+		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
+		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
+		Steps: stepper, Placement: o.placement,
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, c := range []interface{ Start(context.Context) error }{registry, source, dialer, server} {
+	for _, c := range []interface{ Start(context.Context) error }{registry, source, dialer, stepper, server} {
 		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
 	}
 	var once sync.Once

@@ -168,7 +168,7 @@ func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
 	if err != nil {
 		return stepagent.Status{}, err
 	}
-	backoff := 100 * time.Millisecond
+	backoff := firstRetry
 	for {
 		st, done, err := r.attach(ctx, cmd, stdin)
 		if done {
@@ -185,13 +185,13 @@ func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
 			if cmd, stdin, err = r.start(ctx); err != nil {
 				return stepagent.Status{}, err
 			}
-		default:
+		case r.offset > 0 || r.adopted != nil:
 			r.m.opts.Metrics.reattached()
 			r.m.opts.Logger.Warn("step output interrupted; attaching again", "target", r.t.Name(), "pod", r.pod,
 				"offset", r.offset, "error", err.Error())
-			if r.offset > 0 || r.adopted != nil {
-				cmd, stdin = agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
-			}
+			cmd, stdin = agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
+		default: // not started yet: the same start again (it never runs twice)
+			r.m.opts.Logger.Debug("step start failed; retrying", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
 		}
 		if err := sleep(ctx, jitter(backoff)); err != nil {
 			return stepagent.Status{}, err
@@ -235,9 +235,15 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	return agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
 }
 
+// firstRetry is the first pause before an exec is tried again: a pod
+// just Running may not take execs for a moment (a kwok node's exec
+// objects lag the pod by ~230 ms), and every pause there is the step's
+// start latency.
+const firstRetry = 20 * time.Millisecond
+
 // prepare writes the spec into the pod, retrying broken execs.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
-	backoff := 100 * time.Millisecond
+	backoff := firstRetry
 	for {
 		err := r.m.opts.Exec(ctx, r.t, r.pod, agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
 		if err == nil {

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
@@ -35,9 +35,10 @@ const StepContainer = "step"
 // stepCleanupTimeout bounds deleting a pod's kwok objects once it is gone.
 const stepCleanupTimeout = 10 * time.Second
 
-// RunStepPods plays the part of a kubelet for jetway's step pods (pods
-// labelled targets.StepTypeLabel whose kubelet no test plays, see
-// KubeletAnnotation) until ctx ends, then tears every pod down and returns
+// RunStepPods plays the part of a kubelet for the step pods the gateway
+// makes (pods labelled steps.HandleLabel, whose kubelet no test plays, see
+// KubeletAnnotation; tests that make step-like pods by hand serve them
+// themselves) until ctx ends, then tears every pod down and returns
 // once all it started is gone. For each pod it:
 //
 //   - makes StepRoot(ns, pod), standing in for the pod's emptyDir, and
@@ -58,7 +59,7 @@ const stepCleanupTimeout = 10 * time.Second
 func (c *Cluster) RunStepPods(ctx context.Context, agentBin string) error {
 	k := &stepKubelet{c: c, agentBin: agentBin, pods: map[string]*stepPod{}}
 	inf := coreinformers.NewFilteredPodInformer(c.Client, metav1.NamespaceAll, 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.LabelSelector = targets.StepTypeLabel })
+		func(o *metav1.ListOptions) { o.LabelSelector = steps.HandleLabel })
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.sync(ctx, obj) },
 		UpdateFunc: func(_, obj any) { k.sync(ctx, obj) },

@@ -1,0 +1,276 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/remotecommand"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+var benchSteps = envInt("BENCH_STEPS", 100)
+
+// benchScript prints the time (ns since the epoch) as the process starts
+// and as it is about to exit, and exits.
+const benchScript = `date +%s%N; echo work; date +%s%N`
+
+// BenchmarkSteps runs short tasks one after another on a local cluster two
+// ways in one run, alternating: (a) the floor, what a bare client-go
+// program does (create a pod, wait for Running with a watch, exec the
+// command); (b) jetway, a step submitted to a real gateway, followed
+// through its events. It reports p50 and p99 from submit (pod create) to
+// process start and from process exit to the exited event (the exec's
+// return), and jetway's ratios to the floor.
+func BenchmarkSteps(b *testing.B) {
+	for range b.N {
+		runStepsBench(b)
+	}
+}
+
+func runStepsBench(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := cluster.ForTest(b, 1)[0]
+	agent := buildStepAgent(b)
+	kctx, stopKubelet := context.WithCancel(ctx)
+	var kwg sync.WaitGroup
+	kwg.Go(func() {
+		if err := c.RunStepPods(kctx, agent); err != nil {
+			b.Error(err)
+		}
+	})
+	defer func() { stopKubelet(); kwg.Wait() }()
+
+	dir := b.TempDir()
+	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps", Rules: targets.RBACRules(targets.Required)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "steps"), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if err := writeFile(filepath.Join(dir, "steps", "kubeconfig"), tg.Kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	restCfg, err := clientcmd.RESTConfigFromKubeConfig(tg.Kubeconfig)
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw := startGateway(b, buildGateway(b), dir)
+	defer gw.stop(b)
+	waitFor(b, time.Minute, func() error {
+		for _, t := range gw.targets(b) {
+			if t.State == "running" {
+				return nil
+			}
+		}
+		return fmt.Errorf("target not running yet")
+	})
+
+	var floor, jetway latencies
+	for i := range benchSteps {
+		floor.add(b, floorStep(ctx, b, c, restCfg, fmt.Sprintf("floor-%d", i)))
+		jetway.add(b, jetwayStep(ctx, b, gw.base, fmt.Sprintf("jetway-%d", i)))
+	}
+	floor.report(b, "floor")
+	jetway.report(b, "jetway")
+	for _, q := range []float64{0.5, 0.99} {
+		name := "p" + strconv.Itoa(int(q*100))
+		b.ReportMetric(ratio(jetway.start, floor.start, q), "start-"+name+"-ratio")
+		b.ReportMetric(ratio(jetway.exit, floor.exit, q), "exit-"+name+"-ratio")
+	}
+}
+
+// sample is one task's two latencies.
+type sample struct{ start, exit time.Duration }
+
+type latencies struct{ start, exit []time.Duration }
+
+func (l *latencies) add(b *testing.B, s sample) {
+	l.start = append(l.start, s.start)
+	l.exit = append(l.exit, s.exit)
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func ratio(a, b []time.Duration, q float64) float64 {
+	return float64(quantile(a, q)) / float64(quantile(b, q))
+}
+
+func (l *latencies) report(b *testing.B, name string) {
+	for _, q := range []float64{0.5, 0.99} {
+		p := "p" + strconv.Itoa(int(q*100))
+		b.ReportMetric(float64(quantile(l.start, q).Microseconds())/1000, name+"-start-"+p+"-ms")
+		b.ReportMetric(float64(quantile(l.exit, q).Microseconds())/1000, name+"-exit-"+p+"-ms")
+	}
+	b.Logf("%s: start p50 %s p99 %s; exit p50 %s p99 %s", name, quantile(l.start, 0.5), quantile(l.start, 0.99),
+		quantile(l.exit, 0.5), quantile(l.exit, 0.99))
+}
+
+// stamps reads the two times benchScript prints.
+func stamps(b *testing.B, out string) (time.Time, time.Time) {
+	f := strings.Fields(out)
+	if len(f) != 3 {
+		b.Fatalf("unexpected output %q", out)
+	}
+	at := func(s string) time.Time {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			b.Fatalf("unexpected output %q", out)
+		}
+		return time.Unix(0, n)
+	}
+	return at(f[0]), at(f[2])
+}
+
+// floorStep: create a pod, wait for Running with a watch, exec with
+// client-go (retrying while the node does not take execs yet, as jetway
+// does), delete the pod.
+func floorStep(ctx context.Context, b *testing.B, c *cluster.Cluster, cfg *rest.Config, name string) sample {
+	labels := ownership.Labels("steps", "bench")
+	labels[steps.HandleLabel] = name
+	labels[targets.StepTypeLabel] = "task"
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench-steps", Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "busybox:1.37"}}}}
+	pods := c.Client.CoreV1().Pods("bench-steps")
+	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	submit := time.Now()
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	for ev := range w.ResultChan() {
+		if p, ok := ev.Object.(*corev1.Pod); ok && p.Status.Phase == corev1.PodRunning {
+			break
+		}
+	}
+	var out bytes.Buffer
+	for {
+		out.Reset()
+		err = execOnce(ctx, cfg, name, &out)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the node does not take execs yet
+	}
+	returned := time.Now()
+	if err != nil {
+		b.Fatal(err)
+	}
+	started, exiting := stamps(b, out.String())
+	_ = pods.Delete(ctx, name, metav1.DeleteOptions{})
+	return sample{start: started.Sub(submit), exit: returned.Sub(exiting)}
+}
+
+func execOnce(ctx context.Context, cfg *rest.Config, pod string, out *bytes.Buffer) error {
+	client, err := rest.RESTClientFor(withCore(cfg))
+	if err != nil {
+		return err
+	}
+	req := client.Post().Namespace("bench-steps").Resource("pods").Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: "step", Command: []string{"sh", "-c", benchScript}, Stdout: true, Stderr: true},
+			scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
+	if err != nil {
+		return err
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
+	if err != nil {
+		return err
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, httpstream.IsUpgradeFailure)
+	if err != nil {
+		return err
+	}
+	return ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: out})
+}
+
+func withCore(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.APIPath, c.GroupVersion = "/api", &corev1.SchemeGroupVersion
+	c.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	return c
+}
+
+// jetwayStep submits the task to the gateway and follows its events.
+func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
+	body, _ := json.Marshal(steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
+		Run: steps.Run{Path: "sh", Args: []string{"-c", benchScript}}})
+	submit := time.Now()
+	resp, err := http.Post(base+"/api/v1/steps", "application/json", bytes.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		b.Fatalf("submit %s: %s", handle, resp.Status)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/steps/"+handle+"/events", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out strings.Builder
+	var exited time.Time
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var e steps.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			b.Fatal(err)
+		}
+		switch e.Type {
+		case steps.EventStdout:
+			out.WriteString(e.Data)
+		case steps.EventExited:
+			exited = time.Now()
+		case steps.EventFailed:
+			b.Fatalf("step %s failed: %+v", handle, e)
+		}
+	}
+	started, exiting := stamps(b, out.String())
+	del, _ := http.NewRequest(http.MethodDelete, base+"/api/v1/steps/"+handle, nil)
+	if resp, err := http.DefaultClient.Do(del); err == nil {
+		resp.Body.Close()
+	}
+	return sample{start: started.Sub(submit), exit: exited.Sub(exiting)}
+}
+
+func buildStepAgent(b *testing.B) string {
+	bin := filepath.Join(b.TempDir(), "step-agent")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/jetway-ci/jetway/cmd/step-agent").CombinedOutput()
+	if err != nil {
+		b.Fatalf("build step-agent: %v\n%s", err, out)
+	}
+	return bin
+}
