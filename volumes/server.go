@@ -49,8 +49,12 @@ type Server struct {
 }
 
 // Start serves on a new loopback port, storing volumes under root.
-func Start(root string) (*Server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(root string) (*Server, error) { return Listen("127.0.0.1:0", root) }
+
+// Listen serves on addr, storing volumes under root: root/volumes/<handle>
+// is a volume, a folder or a symlink to one.
+func Listen(addr, root string) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +151,10 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
 		return "", false
 	}
-	if _, err := os.Stat(base); err != nil {
+	// A step's volumes are symlinks to folders of its build dir: serve
+	// the folder itself.
+	base, err := filepath.EvalSymlinks(base)
+	if err != nil {
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
 		return "", false
 	}
@@ -179,6 +186,12 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer os.RemoveAll(tmp)
+	// Whoever the step runs as may read and write what lands (the
+	// sidecar runs as its own user).
+	if err := os.Chmod(tmp, 0o777); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
 	if err := untar(body, tmp); err != nil {
 		fail(w, http.StatusBadRequest, "stream-in: %v", err)
 		return

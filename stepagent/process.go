@@ -1,0 +1,181 @@
+package stepagent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// abortPoll is how often the supervisor looks for run/abort: the abort
+// latency, at the cost of one stat.
+const abortPoll = 50 * time.Millisecond
+
+// run starts the process and supervises it to its status.
+func run(root string, sp Spec, log *os.File) error {
+	cmd, err := command(root, sp)
+	if err != nil {
+		return spawnFailed(root, err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return spawnFailed(root, err)
+	}
+	started := Started{PID: cmd.Process.Pid, At: time.Now().UTC()}
+	p, _ := json.Marshal(started)
+	if err := writeAtomic(Path(root, StartedFile), p); err != nil {
+		return err
+	}
+	if err := WriteFrame(log, KindStarted, p); err != nil {
+		return err
+	}
+	copied := pump(log, outR, errR)
+	stop := make(chan struct{})
+	reason := make(chan string, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { guard(root, sp, cmd.Process.Pid, started.At, stop, reason) })
+	waitErr := cmd.Wait()
+	// The process is gone; what it left running in its group would hold
+	// the pipes open forever.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	close(stop)
+	wg.Wait()
+	if err := <-copied; err != nil {
+		return err
+	}
+	st := exitStatus(cmd, waitErr)
+	st.StartedAt = started.At
+	select {
+	case r := <-reason:
+		st.Reason = r
+		if r == ReasonTimeout {
+			st.Message = "timed out after " + time.Duration(sp.Timeout).String()
+		} else {
+			st.Message = "aborted"
+		}
+	default:
+	}
+	return writeStatus(root, st)
+}
+
+// spawnFailed ends a step whose process could not start: 127 when the
+// program is missing, 126 when it cannot be run, as shells say.
+func spawnFailed(root string, err error) error {
+	code := 126
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		code = 127
+	}
+	return writeStatus(root, Status{Reason: ReasonSpawnFailed, ExitStatus: code, Message: err.Error()})
+}
+
+// exitStatus reads how the process ended.
+func exitStatus(cmd *exec.Cmd, err error) Status {
+	st := Status{Reason: ReasonExited}
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		st.ExitStatus, st.Signal = 128+int(ws.Signal()), ws.Signal().String()
+	case ok:
+		st.ExitStatus = ws.ExitStatus()
+	case err != nil:
+		st.ExitStatus = 1
+		st.Message = err.Error()
+	}
+	return st
+}
+
+// guard kills the process group on timeout or abort: TERM, then KILL
+// after the kill grace. It says why on reason.
+func guard(root string, sp Spec, pid int, started time.Time, stop <-chan struct{}, reason chan<- string) {
+	var timeout <-chan time.Time
+	if sp.Timeout > 0 {
+		t := time.NewTimer(time.Until(started.Add(time.Duration(sp.Timeout))))
+		defer t.Stop()
+		timeout = t.C
+	}
+	tick := time.NewTicker(abortPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-timeout:
+			reason <- ReasonTimeout
+		case <-tick.C:
+			if !exists(Path(root, AbortFile)) {
+				continue
+			}
+			reason <- ReasonAborted
+		}
+		break
+	}
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	grace := time.Duration(sp.KillGrace)
+	if grace <= 0 {
+		grace = defaultKillGrace
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-stop:
+	case <-t.C:
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+}
+
+// pump copies both pipes into the log through one writer, so the log has
+// one order; the channel gets the first write error, or nil at both EOFs.
+func pump(log io.Writer, stdout, stderr *os.File) <-chan error {
+	frames := make(chan Frame, 64)
+	var readers sync.WaitGroup
+	for _, r := range []struct {
+		f    *os.File
+		kind byte
+	}{{stdout, KindStdout}, {stderr, KindStderr}} {
+		readers.Go(func() {
+			defer r.f.Close()
+			for {
+				buf := make([]byte, MaxPayload)
+				n, err := r.f.Read(buf)
+				if n > 0 {
+					frames <- Frame{Kind: r.kind, Payload: buf[:n]}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	go func() { readers.Wait(); close(frames) }()
+	done := make(chan error, 1)
+	go func() {
+		var werr error
+		for f := range frames {
+			if werr == nil {
+				if err := WriteFrame(log, f.Kind, f.Payload); err != nil {
+					werr = fmt.Errorf("write log: %w", err)
+				}
+			}
+		}
+		done <- werr
+	}()
+	return done
+}

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package stepagent
+
+// setSubreaper is Linux's alone.
+func setSubreaper() {}

@@ -1,0 +1,203 @@
+package stepagent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// tailPoll backs up fsnotify: how long tail waits without an event before
+// it looks again (and checks the supervisor is alive).
+const tailPoll = 200 * time.Millisecond
+
+// Start starts a supervisor for the prepared step unless one ever did,
+// with the inputs it writes to the log first, and returns once a
+// supervisor holds the step (or it has ended). Starting twice runs the
+// process once.
+func Start(root string, inputs []byte) error {
+	if _, err := ReadSpec(root); err != nil {
+		return err
+	}
+	if !exists(Path(root, StartedFile)) && !exists(Path(root, StatusFile)) {
+		if err := writeAtomic(Path(root, InputsFile), inputs); err != nil {
+			return err
+		}
+		if err := spawnSupervisor(root); err != nil {
+			return err
+		}
+	}
+	return awaitSupervisor(root, 10*time.Second)
+}
+
+// spawnSupervisor starts `step-agent supervise` in a session of its own,
+// with no tie to this exec: a dropped exec, or a kwok node killing what it
+// ran, leaves it running.
+func spawnSupervisor(root string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, "supervise")
+	cmd.Env = append(os.Environ(), RootEnv+"="+root)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start supervisor: %w", err)
+	}
+	return cmd.Process.Release()
+}
+
+// awaitSupervisor waits until a supervisor holds the lock or the step
+// has started or ended.
+func awaitSupervisor(root string, within time.Duration) error {
+	lock, err := openLock(root)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	deadline := time.Now().Add(within)
+	for {
+		if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
+			return nil
+		}
+		free, err := tryLock(lock)
+		if err != nil {
+			return err
+		}
+		if !free {
+			return nil
+		}
+		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		if time.Now().After(deadline) {
+			return errors.New("the supervisor did not start")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Tail writes the log from offset on to out as it grows and, once the
+// step has ended and the log is all out, a KindStatus trailer. It returns
+// ErrNotPrepared or ErrNotStarted when there is nothing to follow.
+func Tail(root string, offset int64, out io.Writer) error {
+	if _, err := ReadSpec(root); err != nil {
+		return err
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(Path(root, "run")); err != nil {
+		return err
+	}
+	var log *os.File
+	defer func() {
+		if log != nil {
+			log.Close()
+		}
+	}()
+	for {
+		if log == nil {
+			if log, err = os.Open(Path(root, LogFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+		if log != nil {
+			n, err := copyFrom(log, offset, out)
+			offset += n
+			if err != nil {
+				return err
+			}
+		}
+		st, done, err := ReadStatus(root)
+		if err != nil {
+			return err
+		}
+		if done && offset >= st.LogSize {
+			if offset > st.LogSize {
+				return fmt.Errorf("offset %d is past the log's end, %d", offset, st.LogSize)
+			}
+			b, _ := json.Marshal(st)
+			return WriteFrame(out, KindStatus, b)
+		}
+		if !done {
+			if err := checkSupervisor(root); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-w.Events:
+			drain(w.Events)
+		case err := <-w.Errors:
+			return err
+		case <-time.After(tailPoll):
+		}
+	}
+}
+
+// drain drops the events already queued: one look at the log covers them.
+func drain(ch <-chan fsnotify.Event) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+// copyFrom copies what f holds from offset to its current end.
+func copyFrom(f *os.File, offset int64, out io.Writer) (int64, error) {
+	return io.Copy(out, io.NewSectionReader(f, offset, 1<<62))
+}
+
+// checkSupervisor: with no supervisor alive and no status, a step that
+// started lost its supervisor (it is reported lost, never run again); one
+// that never started is for run to start.
+func checkSupervisor(root string) error {
+	lock, err := openLock(root)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	free, err := tryLock(lock)
+	if err != nil || !free {
+		return err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if exists(Path(root, StatusFile)) {
+		return nil
+	}
+	if !exists(Path(root, StartedFile)) {
+		return ErrNotStarted
+	}
+	return writeStatus(root, Status{Reason: ReasonLost, Message: "step agent lost before the process ended"})
+}
+
+// Abort asks the supervisor to kill the process. A step not started yet
+// never starts.
+func Abort(root string) error {
+	if err := writeAtomic(Path(root, AbortFile), []byte("TERM\n")); err != nil {
+		return err
+	}
+	lock, err := openLock(root)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	free, err := tryLock(lock)
+	if err != nil || !free {
+		return err // a supervisor lives: it sees the file
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
+		return nil
+	}
+	return finishUnstarted(root)
+}
