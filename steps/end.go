@@ -23,20 +23,23 @@ import (
 // later.
 func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	now := r.m.opts.Now().UTC()
-	if keep {
-		r.s.update(func(v *View) { v.Outputs = outputs(r.s.req.Outputs, r.t.Name(), r.pod) })
+	if !keep {
+		// Gone before the end shows, so that whoever sees the end sees
+		// the pod released.
+		if err := r.m.release(ctx, r.s); err != nil {
+			r.m.opts.Logger.Warn("step pod not released", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
+		}
+		if r.s.finish(e, now) {
+			r.m.ended(r.s)
+		}
+		return
 	}
+	r.s.update(func(v *View) { v.Outputs = outputs(r.s.req.Outputs, r.t.Name(), r.pod) })
 	if !r.s.finish(e, now) {
 		return
 	}
 	r.m.ended(r.s)
 	r.m.wake()
-	if !keep {
-		if err := r.m.release(ctx, r.s); err != nil {
-			r.m.opts.Logger.Warn("step pod not released", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
-		}
-		return
-	}
 	v := r.s.snapshot()
 	raw, _ := json.Marshal(end{Phase: v.Phase, ExitStatus: v.ExitStatus, Reason: v.Reason, Message: v.Message,
 		StartedAt: v.StartedAt, FinishedAt: now})

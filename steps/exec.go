@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
@@ -58,15 +59,25 @@ func execPod(ctx context.Context, t *targets.Target, pod string, cmd []string, s
 	return nil
 }
 
-// capped keeps the first limit bytes written to it.
+// capped keeps the first limit bytes written to it. client-go may still
+// write to it after the exec returned, hence the lock.
 type capped struct {
-	bytes.Buffer
+	mu    sync.Mutex
+	b     []byte
 	limit int
 }
 
 func (c *capped) Write(p []byte) (int, error) {
-	if room := c.limit - c.Len(); room > 0 {
-		c.Buffer.Write(p[:min(room, len(p))])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := c.limit - len(c.b); room > 0 {
+		c.b = append(c.b, p[:min(room, len(p))]...)
 	}
 	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return string(c.b)
 }

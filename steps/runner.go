@@ -275,6 +275,18 @@ func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepag
 		pw.CloseWithError(cmpErr(execErr, io.EOF))
 	})
 	st, done, err := r.consume(pr)
+	if done {
+		// The agent exits on its own after the trailer; cancelling now
+		// would only break the stream under it.
+		finished := make(chan struct{})
+		go func() { wg.Wait(); close(finished) }()
+		t := time.NewTimer(5 * time.Second)
+		select {
+		case <-finished:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	cancel()
 	pr.CloseWithError(io.ErrClosedPipe)
 	wg.Wait()

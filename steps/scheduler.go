@@ -19,9 +19,10 @@ func (m *Manager) place() {
 	if len(m.pending) == 0 {
 		return
 	}
-	statuses := m.opts.Registry.Snapshot()
-	extra := m.reservations(statuses)
-	candidates := Candidates(statuses, extra)
+	// Reservations first: a pod the watch shows between the two reads is
+	// then counted twice (for one round), never not at all.
+	extra := m.reservations()
+	candidates := Candidates(m.opts.Registry.Snapshot(), extra)
 	var still []*step
 	for _, s := range m.pending {
 		name, why := m.decide(s, candidates)
@@ -113,7 +114,7 @@ func count(c *selection.Candidate, typ string) {
 
 // reservations are the counts of placed pods the watch has not shown yet;
 // those it shows are dropped. Called with m.mu held.
-func (m *Manager) reservations(statuses []targets.Status) map[string]targets.Counts {
+func (m *Manager) reservations() map[string]targets.Counts {
 	out := map[string]targets.Counts{}
 	for name, pods := range m.reserved {
 		t, err := m.opts.Registry.Target(name)
