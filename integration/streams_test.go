@@ -26,10 +26,10 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/volumes"
 )
 
 // volumePod runs a step pod whose port 7788 reaches a fresh volume server.

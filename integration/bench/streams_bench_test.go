@@ -24,11 +24,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/volumes"
 )
 
 var streamMiB = envInt("BENCH_STREAM_MIB", 1024)
