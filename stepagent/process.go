@@ -73,6 +73,13 @@ func run(root string, sp Spec, log *os.File) error {
 		}
 	default:
 	}
+	// The status goes into the log first, as its last frame: whoever
+	// follows the log has it at once, without waiting for status.json.
+	st.FinishedAt = time.Now().UTC()
+	b, _ := json.Marshal(st)
+	if err := WriteFrame(log, KindStatus, b); err != nil {
+		return err
+	}
 	return writeStatus(root, st)
 }
 

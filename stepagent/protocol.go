@@ -19,8 +19,13 @@
 //
 // The log is a sequence of frames: one byte of kind, four bytes of
 // big-endian payload length, then the payload (at most MaxPayload bytes).
-// After the last frame of the log, tail writes one trailer frame
-// (KindStatus) carrying status.json, then exits 0.
+// When the process has ended and all its output is in the log, the
+// supervisor appends a KindStatus frame (the status, without log_size),
+// then writes status.json. After the end of the log, tail writes one more
+// KindStatus frame, a trailer carrying status.json, and exits 0: a reader
+// stops at the first KindStatus frame, which it gets as soon as the
+// supervisor wrote it; the trailer serves logs whose supervisor died
+// (status "lost", written by tail).
 package stepagent
 
 import (

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -102,6 +103,7 @@ func Tail(root string, offset int64, out io.Writer) error {
 			log.Close()
 		}
 	}()
+	polled := false
 	for {
 		if log == nil {
 			if log, err = os.Open(Path(root, LogFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -126,17 +128,36 @@ func Tail(root string, offset int64, out io.Writer) error {
 			b, _ := json.Marshal(st)
 			return WriteFrame(out, KindStatus, b)
 		}
-		if !done {
+		// Is anyone writing? Asked only when nothing happened for a while:
+		// it costs a lock round trip, and output does not wait for it.
+		if !done && polled {
 			if err := checkSupervisor(root); err != nil {
 				return err
 			}
 		}
-		select {
-		case <-w.Events:
-			drain(w.Events)
-		case err := <-w.Errors:
+		if polled, err = next(w); err != nil {
 			return err
-		case <-time.After(tailPoll):
+		}
+	}
+}
+
+// next waits for the log to grow or the status to appear (true: neither
+// did within tailPoll).
+func next(w *fsnotify.Watcher) (bool, error) {
+	timer := time.NewTimer(tailPoll)
+	defer timer.Stop()
+	for {
+		select {
+		case ev := <-w.Events:
+			switch filepath.Base(ev.Name) {
+			case filepath.Base(LogFile), filepath.Base(StatusFile):
+				drain(w.Events)
+				return false, nil
+			}
+		case err := <-w.Errors:
+			return false, err
+		case <-timer.C:
+			return true, nil
 		}
 	}
 }

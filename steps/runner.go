@@ -32,6 +32,10 @@ type runner struct {
 
 	mu        sync.Mutex
 	startedAt time.Time // the process's start, once the log says so
+
+	// closing, once the status came, lets the last exec end; run calls it
+	// after the step's end is out.
+	closing func()
 }
 
 // Why the watcher stopped the work.
@@ -50,6 +54,11 @@ func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
 func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod string, adopted *corev1.Pod) {
 	defer close(s.done)
 	r := &runner{m: m, s: s, t: t, pod: pod, adopted: adopted}
+	defer func() {
+		if r.closing != nil {
+			r.closing()
+		}
+	}()
 	log := m.opts.Logger.With("target", t.Name(), "pod", pod, "team", s.key.team, "handle", s.key.handle)
 	if adopted != nil {
 		if e, ok := ended(adopted); ok {
@@ -266,7 +275,6 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 // trailer (done) or until the exec ends without it.
 func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepagent.Status, bool, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	pr, pw := io.Pipe()
 	var execErr error
 	var wg sync.WaitGroup
@@ -276,23 +284,27 @@ func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepag
 	})
 	st, done, err := r.consume(pr)
 	if done {
-		// The agent exits on its own after the trailer; cancelling now
-		// would only break the stream under it.
-		finished := make(chan struct{})
-		go func() { wg.Wait(); close(finished) }()
-		t := time.NewTimer(5 * time.Second)
-		select {
-		case <-finished:
-		case <-t.C:
+		// The agent exits on its own after the trailer: the step's end
+		// need not wait for the stream to close (cancelling it now would
+		// only break it under the agent). run lets it close after.
+		r.closing = func() {
+			finished := make(chan struct{})
+			go func() { wg.Wait(); close(finished) }()
+			t := time.NewTimer(5 * time.Second)
+			defer t.Stop()
+			select {
+			case <-finished:
+			case <-t.C:
+			}
+			cancel()
+			pr.CloseWithError(io.ErrClosedPipe)
+			<-finished
 		}
-		t.Stop()
+		return st, true, nil
 	}
 	cancel()
 	pr.CloseWithError(io.ErrClosedPipe)
 	wg.Wait()
-	if done {
-		return st, true, nil
-	}
 	if execErr != nil {
 		return st, false, execErr
 	}
