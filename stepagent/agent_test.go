@@ -1,0 +1,389 @@
+package stepagent_test
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	utilexec "k8s.io/client-go/util/exec"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/volumes"
+)
+
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "step-agent-test-")
+	if err != nil {
+		panic(err)
+	}
+	agentBin = filepath.Join(dir, "step-agent")
+	if out, err := exec.Command("go", "build", "-o", agentBin, "github.com/jetway-ci/jetway/cmd/step-agent").CombinedOutput(); err != nil {
+		panic(fmt.Sprintf("build step-agent: %v\n%s", err, out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// agent runs the step agent in root, as an exec would.
+func agent(t *testing.T, root string, stdin []byte, args ...string) ([]byte, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, args...)
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return append(out, stderr.Bytes()...), ee.ExitCode()
+	}
+	require.NoError(t, err, stderr.String())
+	return out, 0
+}
+
+// newStep prepares a root for a step running sh -c script.
+func newStep(t *testing.T, script string, change ...func(*stepagent.Spec)) (string, []byte) {
+	t.Helper()
+	root := t.TempDir()
+	sp := stepagent.Spec{Handle: "h", Path: "sh", Args: []string{"-c", script}, KillGrace: stepagent.Duration(time.Second)}
+	for _, c := range change {
+		c(&sp)
+	}
+	raw, err := json.Marshal(sp)
+	require.NoError(t, err)
+	t.Cleanup(func() { killAll(root) })
+	return root, raw
+}
+
+// killAll kills what a test left running in root, as pod deletion would.
+func killAll(root string) {
+	for _, f := range []string{stepagent.LockFile, stepagent.StartedFile} {
+		b, _ := os.ReadFile(stepagent.Path(root, f))
+		var st stepagent.Started
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil && json.Unmarshal(b, &st) == nil {
+			pid = st.PID
+		}
+		if pid > 0 {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// run starts the step in root with its spec and follows it to the end.
+func run(t *testing.T, root string, spec []byte) []stepagent.Frame {
+	t.Helper()
+	out, code := agent(t, root, slices.Concat(spec, []byte("[]")), "run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2")
+	require.Equal(t, 0, code, "%s", out)
+	return frames(t, out)
+}
+
+func frames(t *testing.T, b []byte) []stepagent.Frame {
+	t.Helper()
+	var fs []stepagent.Frame
+	r := bufio.NewReader(bytes.NewReader(b))
+	for {
+		f, err := stepagent.ReadFrame(r)
+		if errors.Is(err, io.EOF) {
+			return fs
+		}
+		require.NoError(t, err)
+		fs = append(fs, f)
+	}
+}
+
+// outcome reads the output per stream and the first status frame.
+func outcome(t *testing.T, fs []stepagent.Frame) (stdout, stderr string, st stepagent.Status) {
+	t.Helper()
+	for _, f := range fs {
+		switch f.Kind {
+		case stepagent.KindStdout:
+			stdout += string(f.Payload)
+		case stepagent.KindStderr:
+			stderr += string(f.Payload)
+		case stepagent.KindStatus:
+			require.NoError(t, json.Unmarshal(f.Payload, &st))
+			return
+		}
+	}
+	t.Fatal("no status frame")
+	return
+}
+
+func TestExitStatusIsExact(t *testing.T) {
+	for _, tt := range []struct {
+		script string
+		code   int
+		signal string
+	}{{"exit 0", 0, ""}, {"exit 1", 1, ""}, {"exit 42", 42, ""}, {"exit 255", 255, ""}, {"kill -9 $$", 137, "killed"}} {
+		t.Run(tt.script, func(t *testing.T) {
+			root, spec := newStep(t, tt.script)
+			_, _, st := outcome(t, run(t, root, spec))
+			assert.Equal(t, stepagent.ReasonExited, st.Reason)
+			assert.Equal(t, tt.code, st.ExitStatus)
+			assert.Equal(t, tt.signal, st.Signal)
+		})
+	}
+}
+
+func TestOutputIsCompleteAndInOrderPerStream(t *testing.T) {
+	root, spec := newStep(t, `i=1; while [ $i -le 200 ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done; head -c 100000 /dev/zero | tr '\0' x`)
+	fs := run(t, root, spec)
+	stdout, stderr, st := outcome(t, fs)
+	var wantOut, wantErr strings.Builder
+	for i := 1; i <= 200; i++ {
+		fmt.Fprintf(&wantOut, "out %d\n", i)
+		fmt.Fprintf(&wantErr, "err %d\n", i)
+	}
+	wantOut.WriteString(strings.Repeat("x", 100000))
+	assert.Equal(t, wantOut.String(), stdout)
+	assert.Equal(t, wantErr.String(), stderr)
+	assert.Equal(t, 0, st.ExitStatus)
+	for _, f := range fs {
+		assert.LessOrEqual(t, len(f.Payload), stepagent.MaxPayload)
+	}
+	assert.Equal(t, stepagent.KindStarted, fs[0].Kind, "started comes first")
+	last := fs[len(fs)-1]
+	assert.Equal(t, stepagent.KindStatus, last.Kind, "the trailer comes last")
+}
+
+func TestADroppedFollowerLosesNothingAndRunsOnce(t *testing.T) {
+	root, spec := newStep(t, `echo run >> ../ran; i=1; while [ $i -le 30 ]; do echo "line $i"; i=$((i+1)); sleep 0.02; done; exit 3`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, "run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2")
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	cmd.Stdin = bytes.NewReader(slices.Concat(spec, []byte("[]")))
+	pipe, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	// Read three frames (started and two lines), then kill the follower,
+	// as a kwok node does when the exec drops.
+	r := bufio.NewReader(pipe)
+	var offset int64
+	for range 3 {
+		f, err := stepagent.ReadFrame(r)
+		require.NoError(t, err)
+		offset += f.Size()
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	// Two followers at once from that offset: both get the rest.
+	var wg sync.WaitGroup
+	results := make([][]byte, 2)
+	for i := range results {
+		wg.Go(func() { results[i], _ = agent(t, root, nil, "tail", "--offset", strconv.FormatInt(offset, 10)) })
+	}
+	wg.Wait()
+	for _, res := range results {
+		stdout, _, st := outcome(t, frames(t, res))
+		var want strings.Builder
+		for i := 3; i <= 30; i++ {
+			fmt.Fprintf(&want, "line %d\n", i)
+		}
+		assert.Equal(t, want.String(), stdout)
+		assert.Equal(t, 3, st.ExitStatus)
+	}
+	// run again: the process does not start again.
+	_, _, st := outcome(t, run(t, root, spec))
+	assert.Equal(t, 3, st.ExitStatus)
+	ran, err := os.ReadFile(filepath.Join(root, "ran"))
+	require.NoError(t, err)
+	assert.Equal(t, "run\n", string(ran))
+}
+
+func TestConcurrentRunsStartOnce(t *testing.T) {
+	root, spec := newStep(t, `echo run >> ../ran; echo hi`)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			_, _, st := outcome(t, run(t, root, spec))
+			assert.Equal(t, 0, st.ExitStatus)
+		})
+	}
+	wg.Wait()
+	ran, err := os.ReadFile(filepath.Join(root, "ran"))
+	require.NoError(t, err)
+	assert.Equal(t, "run\n", string(ran))
+}
+
+func TestLostSupervisorIsReported(t *testing.T) {
+	root, spec := newStep(t, `echo started; exec sleep 600`)
+	out, code := agent(t, root, slices.Concat(spec, []byte("[]")), "prepare", "--spec-bytes", strconv.Itoa(len(spec)))
+	require.Equal(t, 0, code, "%s", out)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, "run", "--inputs-bytes", "2")
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	cmd.Stdin = strings.NewReader("[]")
+	pipe, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	f, err := stepagent.ReadFrame(bufio.NewReader(pipe))
+	require.NoError(t, err)
+	require.Equal(t, stepagent.KindStarted, f.Kind)
+	cancel()
+	_ = cmd.Wait()
+	b, err := os.ReadFile(stepagent.Path(root, stepagent.LockFile))
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(string(b))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL), "the supervisor dies (an OOM kill, say)")
+
+	out, code = agent(t, root, nil, "tail", "--offset", "0")
+	require.Equal(t, 0, code, "%s", out)
+	stdout, _, st := outcome(t, frames(t, out))
+	assert.Equal(t, "started\n", stdout)
+	assert.Equal(t, stepagent.ReasonLost, st.Reason)
+	_, _, again := outcome(t, run(t, root, spec))
+	assert.Equal(t, stepagent.ReasonLost, again.Reason, "never run again")
+}
+
+func TestTimeoutAndAbort(t *testing.T) {
+	root, spec := newStep(t, `echo going; exec sleep 600`, func(sp *stepagent.Spec) { sp.Timeout = stepagent.Duration(300 * time.Millisecond) })
+	stdout, _, st := outcome(t, run(t, root, spec))
+	assert.Equal(t, "going\n", stdout)
+	assert.Equal(t, stepagent.ReasonTimeout, st.Reason)
+	assert.Equal(t, "timed out after 300ms", st.Message)
+	assert.Equal(t, 128+int(syscall.SIGTERM), st.ExitStatus)
+
+	root, spec = newStep(t, `trap '' TERM; echo stubborn; while :; do sleep 0.05; done`)
+	done := make(chan []stepagent.Frame)
+	go func() { done <- run(t, root, spec) }()
+	require.Eventually(t, func() bool { return fileHas(root, stepagent.LogFile, "stubborn") }, 10*time.Second, 10*time.Millisecond)
+	out, code := agent(t, root, nil, "abort")
+	require.Equal(t, 0, code, "%s", out)
+	_, _, st = outcome(t, <-done)
+	assert.Equal(t, stepagent.ReasonAborted, st.Reason)
+	assert.Equal(t, 137, st.ExitStatus, "TERM ignored: KILL after the grace")
+}
+
+func fileHas(root, rel, s string) bool {
+	b, _ := os.ReadFile(stepagent.Path(root, rel))
+	return strings.Contains(string(b), s)
+}
+
+func TestAbortBeforeStartNeverStarts(t *testing.T) {
+	root, spec := newStep(t, `echo run >> ../ran`)
+	_, code := agent(t, root, spec, "prepare", "--spec-bytes", strconv.Itoa(len(spec)))
+	require.Equal(t, 0, code)
+	_, code = agent(t, root, nil, "abort")
+	require.Equal(t, 0, code)
+	out, code := agent(t, root, []byte("[]"), "run", "--inputs-bytes", "2")
+	require.Equal(t, 0, code, "%s", out)
+	_, _, st := outcome(t, frames(t, out))
+	assert.Equal(t, stepagent.ReasonAborted, st.Reason)
+	assert.NoFileExists(t, filepath.Join(root, "ran"))
+}
+
+func TestProcessEnvironmentStdinAndSpawnFailure(t *testing.T) {
+	t.Setenv("FROM_IMAGE", "image value")
+	root, spec := newStep(t, `echo "$FROM_IMAGE|$GIVEN|${JETWAY_STEP_ROOT:-unset}|$(pwd)"; cat`, func(sp *stepagent.Spec) {
+		sp.Env = []string{"GIVEN=given value"}
+		sp.Stdin = []byte("from stdin\n")
+		sp.Dir = "work/dir"
+	})
+	stdout, _, st := outcome(t, run(t, root, spec))
+	build, err := filepath.EvalSymlinks(filepath.Join(root, "build", "work", "dir"))
+	require.NoError(t, err)
+	assert.Equal(t, "image value|given value|unset|"+build+"\nfrom stdin\n", stdout)
+	assert.Equal(t, 0, st.ExitStatus)
+
+	root, spec = newStep(t, "", func(sp *stepagent.Spec) { sp.Path, sp.Args = "no-such-program", nil })
+	_, _, st = outcome(t, run(t, root, spec))
+	assert.Equal(t, stepagent.ReasonSpawnFailed, st.Reason)
+	assert.Equal(t, 127, st.ExitStatus)
+	assert.Contains(t, st.Message, "no-such-program")
+}
+
+func TestPrepareIsIdempotentAndRefusesAnotherSpec(t *testing.T) {
+	root, spec := newStep(t, "true", func(sp *stepagent.Spec) {
+		sp.Volumes = []stepagent.Volume{{Handle: "input-src", Path: "src"}, {Handle: "output-out", Path: "out/put"}}
+	})
+	for range 2 {
+		out, code := agent(t, root, spec, "prepare", "--spec-bytes", strconv.Itoa(len(spec)))
+		require.Equal(t, 0, code, "%s", out)
+	}
+	other := bytes.Replace(spec, []byte(`"true"`), []byte(`"false"`), 1)
+	out, code := agent(t, root, other, "prepare", "--spec-bytes", strconv.Itoa(len(other)))
+	assert.Equal(t, stepagent.ExitSpecDiffers, code, "%s", out)
+	_, code = agent(t, root, nil, "tail")
+	assert.Equal(t, stepagent.ExitNotStarted, code)
+	_, code = agent(t, t.TempDir(), nil, "tail")
+	assert.Equal(t, stepagent.ExitNotPrepared, code)
+
+	// The sidecar serves the step's volumes: what streams in lands in the
+	// build dir.
+	srv, err := volumes.Start(root)
+	require.NoError(t, err)
+	defer srv.Kill()
+	tarball := tarOf(t, map[string]string{"file.txt": "hello"})
+	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d/volumes/input-src/stream-in", srv.Port()), bytes.NewReader(tarball))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	got, err := os.ReadFile(filepath.Join(root, "build", "src", "file.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(got))
+	link, err := os.Readlink(filepath.Join(root, "volumes", "input-src"))
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join("..", "build", "src"), link)
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		code int
+		ok   bool
+	}{
+		{utilexec.CodeExitError{Err: errors.New("command terminated with exit code 3"), Code: 3}, 3, true},
+		{fmt.Errorf("wrapped: %w", utilexec.CodeExitError{Code: 4}), 4, true},
+		{errors.New("Internal error occurred: error executing command in container: cmd wait: bin/step-agent tail --offset 0: exit status 5"), 5, true},
+		{errors.New("Internal error occurred: Internal error occurred: error executing command in container: cmd wait: sh -c echo exit status 9: exit status 42"), 42, true},
+		{errors.New("Internal error occurred: error executing command in container: cmd wait: sh -c kill -9 $$: signal: killed"), 0, false},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), 0, false},
+	} {
+		code, ok := stepagent.ExitCode(tt.err)
+		assert.Equal(t, tt.ok, ok, tt.err.Error())
+		assert.Equal(t, tt.code, code, tt.err.Error())
+	}
+}
+
+func tarOf(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, body := range files {
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}))
+		_, err := tw.Write([]byte(body))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	return buf.Bytes()
+}
