@@ -2,9 +2,7 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,13 +33,8 @@ func startStepKubelets(clusters []*cluster.Cluster) (stop func(), err error) {
 }
 
 // buildStepAgent builds cmd/step-agent for this machine, into a folder
-// cleanup removes. Without cmd/step-agent in the tree it builds nothing
-// and pods get no agent.
+// cleanup removes.
 func buildStepAgent() (bin string, cleanup func(), err error) {
-	if _, err := os.Stat(filepath.Join("..", "cmd", "step-agent")); errors.Is(err, fs.ErrNotExist) {
-		fmt.Fprintln(os.Stderr, "integration: no cmd/step-agent yet: step pods run without the agent")
-		return "", func() {}, nil
-	}
 	dir, err := os.MkdirTemp("", "jetway-step-agent-")
 	if err != nil {
 		return "", nil, err

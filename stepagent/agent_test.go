@@ -23,6 +23,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/stepagent"
@@ -42,6 +43,10 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintln(os.Stderr, "stepagent: leaked goroutines:", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
