@@ -330,6 +330,7 @@ func TestSameTargetStreamsGoDirect(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(dst.Path("direct"), "in", "artifact.bin"))
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(data, got))
+	assert.Equal(t, directSHA(t, src, "art", "zstd"), res.SHA256, "the source's sidecar hashes what the destination took")
 
 	delete(routes, net.JoinHostPort(pod.Status.PodIP, "7788")) // the pods cannot see each other now
 	req.To.Handle = "relayed"

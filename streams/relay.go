@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/volumes"
 )
 
 // volumeURL is a pod's volume server endpoint, reached by port-forward.
@@ -95,30 +96,39 @@ func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (
 
 // p2p asks the source pod to push the volume straight to the destination
 // pod's stream-in at ip (pods of one target reach each other).
-func (s *Streamer) p2p(ctx context.Context, req Request, ip string) error {
+func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (Result, error) {
 	if ip == "" {
-		return fmt.Errorf("pod %s has no IP yet", req.To.Pod)
+		return Result{}, fmt.Errorf("pod %s has no IP yet", req.To.Pod)
 	}
 	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
 		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
 	u, err := s.volumeURL(req.From, "stream-p2p-out")
 	if err != nil {
-		return err
+		return Result{}, err
 	}
 	u += "&" + url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}.Encode()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
 	if err != nil {
-		return err
+		return Result{}, err
 	}
 	resp, err := s.client.Do(hreq)
 	if err != nil {
-		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
+		return Result{}, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
+	res := Result{Mode: ModeP2P}
+	switch resp.StatusCode {
+	case http.StatusOK: // jetway's sidecar says what the destination took
+		var got volumes.P2PResult
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&got); err != nil {
+			return res, fmt.Errorf("stream-p2p-out %s/%s: answer: %w", req.From.Pod, req.From.Handle, err)
+		}
+		res.Bytes, res.SHA256 = got.Bytes, got.SHA256
+	case http.StatusNoContent: // another baggageclaim: it carried, unhashed
+	default:
+		return res, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
 	}
-	return nil
+	return res, nil
 }
 
 // pump copies src into dst through buf, hashing what passes and telling

@@ -55,9 +55,10 @@ type Caller struct {
 	Team  string
 }
 
-// Result is what a finished stream carried. A relayed stream reports the
-// encoded bytes and their SHA-256 as the destination received them; a
-// direct (p2p) one never passes through jetway, so it reports neither.
+// Result is what a finished stream carried: the encoded bytes and their
+// SHA-256 as the destination accepted them. jetway hashes a relayed
+// stream as it passes; a direct (p2p) one is hashed by the source's
+// sidecar (another baggageclaim reports neither).
 type Result struct {
 	Mode    string  `json:"mode"` // "relay" or "p2p"
 	Bytes   int64   `json:"bytes,omitempty"`
@@ -271,9 +272,9 @@ func (s *Streamer) acquire() (release func(), err error) {
 // result names the mode tried last, and bytes relayed even on failure.
 func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progress *Progress) (Result, error) {
 	if req.From.Target == req.To.Target {
-		err := s.p2p(ctx, req, dst.Status.PodIP)
+		res, err := s.p2p(ctx, req, dst.Status.PodIP)
 		if err == nil {
-			return Result{Mode: ModeP2P}, nil
+			return res, nil
 		}
 		if ctx.Err() != nil {
 			return Result{Mode: ModeP2P}, &Error{Side: SideSource, Err: err}

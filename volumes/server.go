@@ -9,9 +9,12 @@ package volumes
 import (
 	"archive/tar"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net"
 	"net/http"
@@ -257,9 +260,10 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	enc := encodingName(r.URL.Query().Get("encoding"))
 	pr, pw := io.Pipe()
 	written := make(chan struct{})
+	sent := &hashingWriter{w: pw, h: sha256.New()}
 	go func() {
 		defer close(written)
-		out, err := encoder(enc, pw)
+		out, err := encoder(enc, sent)
 		if err == nil {
 			err = writeTar(out, src)
 		}
@@ -287,7 +291,30 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadGateway, "stream to %s: %s: %s", target, resp.Status, strings.TrimSpace(string(b)))
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	// The destination took the whole stream: say what it was.
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(P2PResult{Bytes: sent.n, SHA256: hex.EncodeToString(sent.h.Sum(nil))})
+}
+
+// P2PResult is stream-p2p-out's answer: the encoded bytes the destination
+// accepted, and their SHA-256.
+type P2PResult struct {
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// hashingWriter counts and hashes what passes.
+type hashingWriter struct {
+	w io.Writer
+	h hash.Hash
+	n int64
+}
+
+func (hw *hashingWriter) Write(p []byte) (int, error) {
+	n, err := hw.w.Write(p)
+	hw.h.Write(p[:n])
+	hw.n += int64(n)
+	return n, err
 }
 
 func encodingName(enc string) string {

@@ -2,6 +2,9 @@ package volumes
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -126,10 +129,20 @@ func TestStreamP2POut(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "f"), []byte("p2p"), 0o644))
 	resp, body := do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?encoding=zstd&streamInURL="+
 		dstURL+"/volumes/b/stream-in%3Fpath%3Dx", nil, nil)
-	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	got, err := os.ReadFile(filepath.Join(dst.Path("b"), "x", "f"))
 	require.NoError(t, err)
 	assert.Equal(t, "p2p", string(got))
+
+	// The answer is the stream the destination took: the same bytes a
+	// stream-out of the same path in the same encoding carries.
+	var res P2PResult
+	require.NoError(t, json.Unmarshal(body, &res))
+	out, outBody := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out", map[string]string{"Accept-Encoding": "zstd"}, nil)
+	require.Equal(t, http.StatusOK, out.StatusCode)
+	sum := sha256.Sum256(outBody)
+	assert.Equal(t, int64(len(outBody)), res.Bytes)
+	assert.Equal(t, hex.EncodeToString(sum[:]), res.SHA256)
 }
 
 // TestRateChangesWhileServing throttles and unthrottles a server while it

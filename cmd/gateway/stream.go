@@ -154,7 +154,10 @@ func progressText(n int64, seconds float64, total int64) string {
 
 func summary(r streams.Result) string {
 	if r.Mode == streams.ModeP2P {
-		return fmt.Sprintf("pushed directly pod to pod (p2p) in %.1fs", r.Seconds)
+		if r.SHA256 == "" {
+			return fmt.Sprintf("pushed directly pod to pod (p2p) in %.1fs", r.Seconds)
+		}
+		return fmt.Sprintf("pushed directly pod to pod (p2p) in %.1fs, %d bytes, sha256 %s", r.Seconds, r.Bytes, r.SHA256)
 	}
 	rate := 0.0
 	if r.Seconds > 0 {

@@ -48,4 +48,8 @@ func TestFollowStream(t *testing.T) {
 	out.Reset()
 	require.NoError(t, followStream(strings.NewReader(`{"result":{"mode":"p2p","seconds":3.14}}`+"\n"), &out, &errOut, 0))
 	assert.Equal(t, "pushed directly pod to pod (p2p) in 3.1s\n", out.String())
+
+	out.Reset()
+	require.NoError(t, followStream(strings.NewReader(`{"result":{"mode":"p2p","bytes":42,"sha256":"ab12","seconds":1}}`+"\n"), &out, &errOut, 0))
+	assert.Equal(t, "pushed directly pod to pod (p2p) in 1.0s, 42 bytes, sha256 ab12\n", out.String())
 }
