@@ -655,3 +655,33 @@ func TestStepsKeepTheActiveTaskLimit(t *testing.T) {
 		assert.Positive(t, peak[name], "%s ran tasks", name)
 	}
 }
+
+// TestStepSurvivesAnAPIServerRestart restarts the API server (and with it
+// the kwok node, which kills what its execs ran) in the middle of a step:
+// the step's process, detached from every exec, runs on; the gateway
+// attaches again once the server is back; nothing is lost or run twice.
+func TestStepSurvivesAnAPIServerRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[1]
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, "st-restart", "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, "st-restart", 10*time.Second, running)
+
+	const lines = 80
+	g.run(t, longStep("outage", lines))
+	eventually(t, 20*time.Second, func() error {
+		if v := g.step(t, "outage"); v.Events < 8 {
+			return errorf("%d events so far", v.Events)
+		}
+		return nil
+	})
+	c.StopAPIServer()
+	require.NoError(t, c.StartAPIServer(ctx))
+	evs := g.stepEvents(ctx, t, "outage", "", 0)
+	v := g.step(t, "outage")
+	assert.Equal(t, steps.Failed, v.Phase, "%+v", v)
+	checkLongStep(t, c, v, evs, lines)
+	assert.Positive(t, metricValue(t, g, "jetway_step_reattaches_total"), "the exec broke and was attached again")
+}
