@@ -40,7 +40,7 @@ func TestCheckCommand(t *testing.T) {
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "%s", out)
 	assert.Equal(t, 1, exit.ExitCode())
-	assert.Regexp(t, `weak\s+check-weak\s+\S+\s+UNUSABLE\s+missing permissions: get pods/log, create pods/portforward, get pods/portforward, get configmaps, `, string(out))
+	assert.Regexp(t, `weak\s+check-weak\s+\S+\s+UNUSABLE\s+missing permissions: patch pods, get pods/log, create pods/exec, get pods/exec, create pods/portforward, get pods/portforward, get configmaps, `, string(out))
 	assert.Contains(t, string(out), "1 of 2 targets unusable")
 	assert.NotContains(t, string(out), good.Token)
 }

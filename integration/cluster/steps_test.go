@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/transport/spdy"
 
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -174,7 +175,7 @@ func TestStepPods(t *testing.T) {
 		}
 	}()
 	namespace(t, ctx, c, "steps")
-	createPod(t, ctx, c, "steps", "s1", map[string]string{targets.StepTypeLabel: "task"}, nil)
+	createPod(t, ctx, c, "steps", "s1", map[string]string{targets.StepTypeLabel: "task", steps.HandleLabel: "s1"}, nil)
 	root := c.StepRoot("steps", "s1")
 
 	var out string
