@@ -143,22 +143,7 @@ func step(req PlacementRequest) selection.Step {
 }
 
 // describe names what the step asks of a target, for error messages.
-func describe(req PlacementRequest) string {
-	var parts []string
-	if req.Team != "" {
-		parts = append(parts, "team '"+req.Team+"'")
-	}
-	if len(req.Tags) > 0 {
-		parts = append(parts, "tags '"+strings.Join(req.Tags, ", ")+"'")
-	}
-	if req.Platform != "" {
-		parts = append(parts, "platform '"+req.Platform+"'")
-	}
-	if len(parts) == 0 {
-		return "an untagged step without team or platform"
-	}
-	return strings.Join(parts, ", ")
-}
+func describe(req PlacementRequest) string { return steps.Describe(req.Team, req.Tags, req.Platform) }
 
 // placementRequest reads and checks the body, and picks the step's chain:
 // the body's strategy if given, else the configured one of its type.

@@ -87,6 +87,17 @@ func (g *gateway) stepEvents(ctx context.Context, t *testing.T, handle, query st
 	return evs
 }
 
+// waitEvents waits until the step has n events.
+func (g *gateway) waitEvents(t *testing.T, handle string, n int) {
+	t.Helper()
+	eventually(t, 20*time.Second, func() error {
+		if v := g.step(t, handle); v.Events < n {
+			return errorf("%s: %d events so far", handle, v.Events)
+		}
+		return nil
+	})
+}
+
 // step reads a step's view.
 func (g *gateway) step(t *testing.T, handle string) steps.View {
 	t.Helper()
@@ -350,12 +361,7 @@ func TestStepSurvivesACutExecAndAGatewayRestart(t *testing.T) {
 		defer close(done)
 		evs = g.stepEvents(ctx, t, "cut", "", 0)
 	}()
-	eventually(t, 20*time.Second, func() error {
-		if v := g.step(t, "cut"); v.Events < 8 {
-			return errorf("%d events so far", v.Events)
-		}
-		return nil
-	})
+	g.waitEvents(t, "cut", 8)
 	proxy.Cut()
 	close(cut)
 	<-done
@@ -365,12 +371,7 @@ func TestStepSurvivesACutExecAndAGatewayRestart(t *testing.T) {
 	// A gateway restarted mid-step picks the step up from its pod and
 	// replays its events from the start.
 	g.run(t, longStep("restart", lines))
-	eventually(t, 20*time.Second, func() error {
-		if v := g.step(t, "restart"); v.Events < 8 {
-			return errorf("%d events so far", v.Events)
-		}
-		return nil
-	})
+	g.waitEvents(t, "restart", 8)
 	g.stop()
 	g = startGateway(t, dir, gatewayOptions{})
 	eventually(t, 20*time.Second, func() error {
@@ -671,12 +672,7 @@ func TestStepSurvivesAnAPIServerRestart(t *testing.T) {
 
 	const lines = 80
 	g.run(t, longStep("outage", lines))
-	eventually(t, 20*time.Second, func() error {
-		if v := g.step(t, "outage"); v.Events < 8 {
-			return errorf("%d events so far", v.Events)
-		}
-		return nil
-	})
+	g.waitEvents(t, "outage", 8)
 	c.StopAPIServer()
 	require.NoError(t, c.StartAPIServer(ctx))
 	evs := g.stepEvents(ctx, t, "outage", "", 0)

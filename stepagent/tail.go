@@ -182,23 +182,15 @@ func copyFrom(f *os.File, offset int64, out io.Writer) (int64, error) {
 // started lost its supervisor (it is reported lost, never run again); one
 // that never started is for run to start.
 func checkSupervisor(root string) error {
-	lock, err := openLock(root)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	free, err := tryLock(lock)
-	if err != nil || !free {
-		return err
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if exists(Path(root, StatusFile)) {
-		return nil
-	}
-	if !exists(Path(root, StartedFile)) {
-		return ErrNotStarted
-	}
-	return writeStatus(root, Status{Reason: ReasonLost, Message: "step agent lost before the process ended"})
+	return ifNoSupervisor(root, func() error {
+		if exists(Path(root, StatusFile)) {
+			return nil
+		}
+		if !exists(Path(root, StartedFile)) {
+			return ErrNotStarted
+		}
+		return writeStatus(root, Status{Reason: ReasonLost, Message: "step agent lost before the process ended"})
+	})
 }
 
 // Abort asks the supervisor to kill the process. A step not started yet
@@ -207,6 +199,18 @@ func Abort(root string) error {
 	if err := writeAtomic(Path(root, AbortFile), []byte("TERM\n")); err != nil {
 		return err
 	}
+	// A live supervisor sees the file; without one, the step is ended here.
+	return ifNoSupervisor(root, func() error {
+		if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
+			return nil
+		}
+		return finishUnstarted(root)
+	})
+}
+
+// ifNoSupervisor runs f holding the supervisor's lock, if no supervisor
+// holds it.
+func ifNoSupervisor(root string, f func() error) error {
 	lock, err := openLock(root)
 	if err != nil {
 		return err
@@ -214,11 +218,8 @@ func Abort(root string) error {
 	defer lock.Close()
 	free, err := tryLock(lock)
 	if err != nil || !free {
-		return err // a supervisor lives: it sees the file
+		return err
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
-		return nil
-	}
-	return finishUnstarted(root)
+	return f()
 }

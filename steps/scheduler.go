@@ -71,16 +71,20 @@ func (m *Manager) decide(s *step, candidates []selection.Candidate) (string, str
 }
 
 // describe names what the step asks of a target.
-func describe(req Request) string {
+func describe(req Request) string { return Describe(req.Team, req.Tags, req.Platform) }
+
+// Describe names what a step of team, tags and platform asks of a target,
+// for messages.
+func Describe(team string, tags []string, platform string) string {
 	var parts []string
-	if req.Team != "" {
-		parts = append(parts, "team '"+req.Team+"'")
+	if team != "" {
+		parts = append(parts, "team '"+team+"'")
 	}
-	if len(req.Tags) > 0 {
-		parts = append(parts, "tags '"+strings.Join(req.Tags, ", ")+"'")
+	if len(tags) > 0 {
+		parts = append(parts, "tags '"+strings.Join(tags, ", ")+"'")
 	}
-	if req.Platform != "" {
-		parts = append(parts, "platform '"+req.Platform+"'")
+	if platform != "" {
+		parts = append(parts, "platform '"+platform+"'")
 	}
 	if len(parts) == 0 {
 		return "an untagged step without team or platform"
