@@ -632,7 +632,9 @@ func TestStepsKeepTheActiveTaskLimit(t *testing.T) {
 	codes := make(chan string, 50)
 	for i := range 50 {
 		go func() {
-			code, _, body := g.submitStep(t, "", shStep(fmt.Sprintf("task-%d", i), "sleep 0.2"))
+			req := shStep(fmt.Sprintf("task-%d", i), "sleep 0.2")
+			req.Timeout = "1s" // longer than a task runs, shorter than the later ones wait
+			code, _, body := g.submitStep(t, "", req)
 			codes <- strconv.Itoa(code) + " " + body
 		}()
 	}
@@ -651,6 +653,12 @@ func TestStepsKeepTheActiveTaskLimit(t *testing.T) {
 	}
 	stopWatch()
 	wg.Wait()
+	var longestWait time.Duration
+	for i := range 50 {
+		v := g.step(t, fmt.Sprintf("task-%d", i))
+		longestWait = max(longestWait, v.StartedAt.Sub(v.CreatedAt))
+	}
+	assert.Greater(t, longestWait, time.Second, "some tasks waited longer than their timeout, which waiting does not count against")
 	for _, name := range names {
 		assert.LessOrEqual(t, peak[name], 2, "unfinished task pods on %s at once", name)
 		assert.Positive(t, peak[name], "%s ran tasks", name)

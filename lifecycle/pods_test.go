@@ -59,6 +59,26 @@ func TestFinishedAtFallsBack(t *testing.T) {
 	assert.Equal(t, end, finishedAt(&p), "last container to end")
 }
 
+// TestEndedStepPodsAreCollected: a step pod whose step ended keeps running
+// (its outputs stay served); the end jetway recorded on it is its finish.
+func TestEndedStepPodsAreCollected(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	ended := func(name string, at time.Time) *corev1.Pod {
+		p := pod(name, corev1.PodRunning, now, false)
+		p.Annotations = map[string]string{targets.StepEndedAnnotation: at.Format(time.RFC3339Nano)}
+		return p
+	}
+	pods := []*corev1.Pod{ended("ended-long-ago", now.Add(-time.Hour)), ended("ended-just-now", now.Add(-time.Second)),
+		pod("running", corev1.PodRunning, now, false)}
+	assert.Equal(t, []string{"running"}, unfinished(pods), "an ended step holds no target")
+	c := New(Options{GCGrace: 10 * time.Minute, Now: func() time.Time { return now }})
+	var stale []string
+	for _, p := range c.stale(pods) {
+		stale = append(stale, p.Name)
+	}
+	assert.Equal(t, []string{"ended-long-ago"}, stale)
+}
+
 func TestRecordRoundTrips(t *testing.T) {
 	life := targets.Lifecycle{State: targets.StateRetired, Since: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC),
 		ConfigHash: "abc", PrunedHash: "def"}

@@ -178,13 +178,22 @@ func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
 		return stepagent.Status{}, err
 	}
 	backoff := firstRetry
+	var failingSince time.Time
 	for {
+		before := r.offset
 		st, done, err := r.attach(ctx, cmd, stdin)
 		if done {
 			return st, nil
 		}
 		if ctx.Err() != nil {
 			return stepagent.Status{}, ctx.Err()
+		}
+		now := r.m.opts.Now()
+		if r.offset > before || failingSince.IsZero() {
+			failingSince = now
+		}
+		if now.Sub(failingSince) > lostAfter {
+			return stepagent.Status{}, fmt.Errorf("lost contact with the step for %s: %w", lostAfter, err)
 		}
 		code, ok := stepagent.ExitCode(err)
 		switch {
@@ -243,6 +252,11 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	raw, _ := json.Marshal(inputs)
 	return agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
 }
+
+// lostAfter bounds how long jetway keeps trying to reach a step's agent
+// without getting a byte (its cluster is unreachable, say): then the step
+// errors rather than running forever. An API server restart takes seconds.
+const lostAfter = 5 * time.Minute
 
 // firstRetry is the first pause before an exec is tried again: a pod
 // just Running may not take execs for a moment (a kwok node's exec
