@@ -104,14 +104,17 @@ func runStepsBench(b *testing.B) {
 	}
 }
 
-// sample is one task's two latencies.
-type sample struct{ start, exit time.Duration }
+// sample is one task's latencies; made is jetway's alone: from the
+// process's exit to the exited event's own time (made in the gateway),
+// without its delivery to the client.
+type sample struct{ start, exit, made time.Duration }
 
-type latencies struct{ start, exit []time.Duration }
+type latencies struct{ start, exit, made []time.Duration }
 
 func (l *latencies) add(b *testing.B, s sample) {
 	l.start = append(l.start, s.start)
 	l.exit = append(l.exit, s.exit)
+	l.made = append(l.made, s.made)
 }
 
 func quantile(ds []time.Duration, q float64) time.Duration {
@@ -132,6 +135,12 @@ func (l *latencies) report(b *testing.B, name string) {
 	}
 	b.Logf("%s: start p50 %s p99 %s; exit p50 %s p99 %s", name, quantile(l.start, 0.5), quantile(l.start, 0.99),
 		quantile(l.exit, 0.5), quantile(l.exit, 0.99))
+	if name == "jetway" {
+		b.ReportMetric(float64(quantile(l.made, 0.5).Microseconds())/1000, "jetway-exit-made-p50-ms")
+		b.ReportMetric(float64(quantile(l.made, 0.99).Microseconds())/1000, "jetway-exit-made-p99-ms")
+		b.Logf("jetway: exit to the exited event's making (in the gateway) p50 %s p99 %s",
+			quantile(l.made, 0.5), quantile(l.made, 0.99))
+	}
 	if testing.Verbose() {
 		exits := slices.Clone(l.exit)
 		slices.Sort(exits)
@@ -249,7 +258,7 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 	}
 	defer resp.Body.Close()
 	var out strings.Builder
-	var exited time.Time
+	var exited, made time.Time
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		var e steps.Event
@@ -260,7 +269,7 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 		case steps.EventStdout:
 			out.WriteString(e.Data)
 		case steps.EventExited:
-			exited = time.Now()
+			exited, made = time.Now(), e.Time
 		case steps.EventFailed:
 			b.Fatalf("step %s failed: %+v", handle, e)
 		}
@@ -270,7 +279,7 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 	if resp, err := http.DefaultClient.Do(del); err == nil {
 		resp.Body.Close()
 	}
-	return sample{start: started.Sub(submit), exit: exited.Sub(exiting)}
+	return sample{start: started.Sub(submit), exit: exited.Sub(exiting), made: made.Sub(exiting)}
 }
 
 func buildStepAgent(b *testing.B) string {
