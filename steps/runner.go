@@ -214,8 +214,18 @@ func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
 		if err := sleep(ctx, jitter(backoff)); err != nil {
 			return stepagent.Status{}, err
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = nextRetry(backoff, now.Sub(failingSince))
 	}
+}
+
+// nextRetry keeps retrying at firstRetry for the first second of
+// failures (a pod just Running that does not take execs yet costs the
+// step's start no more than that), then backs off to 2 s.
+func nextRetry(last, failingFor time.Duration) time.Duration {
+	if failingFor < time.Second {
+		return firstRetry
+	}
+	return min(2*last, 2*time.Second)
 }
 
 // first is the first agent command: for a new step its start, for an
@@ -266,7 +276,7 @@ const firstRetry = 20 * time.Millisecond
 
 // prepare writes the spec into the pod, retrying broken execs.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
-	backoff := firstRetry
+	backoff, since := firstRetry, r.m.opts.Now()
 	for {
 		err := r.m.opts.Exec(ctx, r.t, r.pod, agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
 		if err == nil {
@@ -281,7 +291,7 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 		if err := sleep(ctx, jitter(backoff)); err != nil {
 			return err
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = nextRetry(backoff, r.m.opts.Now().Sub(since))
 	}
 }
 
