@@ -151,7 +151,7 @@ func (m *Manager) released(s *step) {
 // the step's submitter: a team's step reads only its team's pods.
 func (r *runner) streamInputs(ctx context.Context) ([]stepagent.Input, error) {
 	caller := streams.Caller{Admin: r.s.caller.Admin, Team: r.s.key.team}
-	var out []stepagent.Input
+	out := []stepagent.Input{}
 	for _, in := range r.s.req.Inputs {
 		req := streams.Request{
 			From:     streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},

@@ -246,7 +246,9 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(r.s.req.Inputs) == 0 {
+	// An adopted step's spec is in its pod already (the gateway that made
+	// it is gone, and with it the step's environment and stdin).
+	if r.adopted == nil && len(r.s.req.Inputs) == 0 {
 		stdin := append(spec, "[]"...)
 		return agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2"), stdin, nil
 	}
