@@ -1,0 +1,361 @@
+// Package client is a Go client of jetway's HTTP API, for a CI core that
+// runs its steps through jetway instead of writing HTTP by hand: the
+// workers and their lifecycle, steps (submit, follow, abort) and volume
+// streams. Every call honours its context; errors are typed, so callers
+// tell a missing step from a forbidden one with errors.Is, and a step that
+// did not succeed from a failed call with errors.As (*StepError).
+//
+// Following a step's events survives dropped connections: the client
+// asks again from the event after the last it delivered (?since=), so no
+// event is lost or delivered twice.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
+)
+
+// Errors an API answer maps to; an *APIError wraps one of them.
+var (
+	ErrBadRequest    = errors.New("bad request")
+	ErrUnauthorized  = errors.New("unauthorized")
+	ErrForbidden     = errors.New("forbidden")
+	ErrNotFound      = errors.New("not found")
+	ErrConflict      = errors.New("conflict")
+	ErrUnprocessable = errors.New("unprocessable")
+	ErrUnavailable   = errors.New("unavailable")
+)
+
+// APIError is an answer other than success: its status, the message the
+// gateway gave, and for a bad request the field it names.
+type APIError struct {
+	StatusCode int
+	Message    string
+	Field      string
+}
+
+func (e *APIError) Error() string {
+	msg := fmt.Sprintf("jetway: %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return msg
+}
+
+// Unwrap maps the status to one of the Err values.
+func (e *APIError) Unwrap() error {
+	switch e.StatusCode {
+	case http.StatusBadRequest:
+		return ErrBadRequest
+	case http.StatusUnauthorized:
+		return ErrUnauthorized
+	case http.StatusForbidden:
+		return ErrForbidden
+	case http.StatusNotFound:
+		return ErrNotFound
+	case http.StatusConflict:
+		return ErrConflict
+	case http.StatusUnprocessableEntity:
+		return ErrUnprocessable
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		return ErrUnavailable
+	}
+	return nil
+}
+
+// StepError is a step that ended without succeeding: failed (its exit
+// status), errored or aborted (the reason).
+type StepError struct {
+	Handle     string
+	Phase      steps.Phase
+	ExitStatus *int
+	Reason     string
+	Message    string
+}
+
+func (e *StepError) Error() string {
+	msg := fmt.Sprintf("step %s %s", e.Handle, e.Phase)
+	if e.ExitStatus != nil {
+		msg += fmt.Sprintf(" with exit status %d", *e.ExitStatus)
+	}
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return msg
+}
+
+// Options configure a Client.
+type Options struct {
+	// URL is the gateway's, say https://jetway.example.com.
+	URL string
+	// Token is a bearer token of the gateway's tokens file.
+	Token string
+	// HTTPClient carries the calls; default a client without a timeout
+	// (event streams are long), whose calls end with their contexts.
+	HTTPClient *http.Client
+	// Retry is the first pause before following events again after a
+	// dropped connection; it doubles to 5 s. Default 100 ms.
+	Retry time.Duration
+}
+
+// Client calls one gateway. It is safe for concurrent use.
+type Client struct {
+	base  *url.URL
+	token string
+	http  *http.Client
+	retry time.Duration
+}
+
+// New checks the options and builds a Client; it does not dial.
+func New(opts Options) (*Client, error) {
+	u, err := url.Parse(opts.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: URL %q is not an http(s) URL", opts.URL)
+	}
+	c := &Client{base: u, token: opts.Token, http: opts.HTTPClient, retry: opts.Retry}
+	if c.http == nil {
+		c.http = &http.Client{}
+	}
+	if c.retry <= 0 {
+		c.retry = 100 * time.Millisecond
+	}
+	return c, nil
+}
+
+// do sends one request; a non-2xx answer is an *APIError. The caller
+// closes the body of the response it gets.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	u := c.base.JoinPath(path)
+	u.RawQuery = query.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("jetway: %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, apiError(resp)
+	}
+	return resp, nil
+}
+
+func apiError(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Error  string `json:"error"`
+		Stderr string `json:"stderr"`
+		Field  string `json:"field"`
+	}
+	_ = json.Unmarshal(raw, &body)
+	msg := body.Error
+	if msg == "" {
+		msg = body.Stderr
+	}
+	return &APIError{StatusCode: resp.StatusCode, Message: msg, Field: body.Field}
+}
+
+// call sends a request and decodes a JSON answer into out (nil: none).
+func (c *Client) call(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	resp, err := c.do(ctx, method, path, query, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("jetway: %s %s: answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// Workers lists the workers the token sees, as fly does.
+func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
+	var out []api.Worker
+	return out, c.call(ctx, http.MethodGet, "/api/v1/workers", nil, nil, &out)
+}
+
+// Land lands a worker: it takes no new steps and lands once its running
+// steps end.
+func (c *Client) Land(ctx context.Context, worker string) error {
+	return c.call(ctx, http.MethodPut, "/api/v1/workers/"+url.PathEscape(worker)+"/land", nil, nil, nil)
+}
+
+// Retire retires a worker: it lands, then its step pods go and it is
+// forgotten.
+func (c *Client) Retire(ctx context.Context, worker string) error {
+	return c.call(ctx, http.MethodPut, "/api/v1/workers/"+url.PathEscape(worker)+"/retire", nil, nil, nil)
+}
+
+// Prune forgets a worker that is not running.
+func (c *Client) Prune(ctx context.Context, worker string) error {
+	return c.call(ctx, http.MethodPut, "/api/v1/workers/"+url.PathEscape(worker)+"/prune", nil, nil, nil)
+}
+
+// Stream copies a volume path between step pods, across clusters too.
+func (c *Client) Stream(ctx context.Context, req streams.Request) (streams.Result, error) {
+	var out streams.Result
+	return out, c.call(ctx, http.MethodPost, "/api/v1/streams", nil, req, &out)
+}
+
+func teamQuery(team string) url.Values {
+	q := url.Values{}
+	if team != "" {
+		q.Set("team", team)
+	}
+	return q
+}
+
+// SubmitStep submits a step; created is false when the team already had
+// the handle (the existing step is returned, nothing new runs).
+func (c *Client) SubmitStep(ctx context.Context, req steps.Request) (v steps.View, created bool, err error) {
+	resp, err := c.do(ctx, http.MethodPost, "/api/v1/steps", nil, req)
+	if err != nil {
+		return v, false, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return v, false, fmt.Errorf("jetway: submit step %s: answer: %w", req.Handle, err)
+	}
+	return v, resp.StatusCode == http.StatusAccepted, nil
+}
+
+// Step reads a step; team names it for an admin token ("" for a team
+// token, or an admin's team-less step).
+func (c *Client) Step(ctx context.Context, team, handle string) (steps.View, error) {
+	var v steps.View
+	return v, c.call(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle), teamQuery(team), nil, &v)
+}
+
+// Abort kills the step's process and releases its pod.
+func (c *Client) Abort(ctx context.Context, team, handle string) (steps.View, error) {
+	var v steps.View
+	return v, c.call(ctx, http.MethodDelete, "/api/v1/steps/"+url.PathEscape(handle), teamQuery(team), nil, &v)
+}
+
+// Follow calls fn with each of the step's events from since on, in
+// order, until the step's last event, ctx ends or fn fails. A dropped
+// connection, or a gateway that restarts, is asked again from the event
+// after the last delivered: none is lost or repeated. Answers that say
+// the step cannot be followed (not found, forbidden) end it at once.
+func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn func(steps.Event) error) error {
+	pause := c.retry
+	for {
+		next, done, err := c.follow(ctx, team, handle, since, fn)
+		if done {
+			return err
+		}
+		if next > since {
+			since, pause = next, c.retry
+		}
+		var apiErr *APIError
+		if ctx.Err() != nil || errors.As(err, &apiErr) && apiErr.StatusCode != http.StatusServiceUnavailable {
+			return cmpErr(ctx.Err(), err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// follow reads one events answer. It returns the number of the next
+// event wanted, and done when the step's last event was delivered or fn
+// failed (err is fn's).
+func (c *Client) follow(ctx context.Context, team, handle string, since int, fn func(steps.Event) error) (int, bool, error) {
+	q := teamQuery(team)
+	q.Set("since", strconv.Itoa(since))
+	resp, err := c.do(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle)+"/events", q, nil)
+	if err != nil {
+		return since, false, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e steps.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return since, false, fmt.Errorf("jetway: events of %s: %w", handle, err)
+		}
+		if e.N < since {
+			continue // already delivered
+		}
+		if err := fn(e); err != nil {
+			return e.N + 1, true, err
+		}
+		since = e.N + 1
+		if e.Type == steps.EventExited || e.Type == steps.EventFailed {
+			return since, true, nil
+		}
+	}
+	return since, false, cmpErr(sc.Err(), fmt.Errorf("jetway: events of %s ended before the step did", handle))
+}
+
+// Run submits a step (or takes the team's existing one of that handle),
+// follows its events into onEvent (nil: none) and returns its final view;
+// a step that did not succeed is a *StepError.
+func (c *Client) Run(ctx context.Context, req steps.Request, onEvent func(steps.Event)) (steps.View, error) {
+	v, _, err := c.SubmitStep(ctx, req)
+	if err != nil {
+		return v, err
+	}
+	err = c.Follow(ctx, v.Team, v.Handle, 0, func(e steps.Event) error {
+		if onEvent != nil {
+			onEvent(e)
+		}
+		return nil
+	})
+	if err != nil {
+		return v, err
+	}
+	if v, err = c.Step(ctx, v.Team, v.Handle); err != nil {
+		return v, err
+	}
+	if v.Phase != steps.Succeeded {
+		return v, &StepError{Handle: v.Handle, Phase: v.Phase, ExitStatus: v.ExitStatus, Reason: v.Reason, Message: v.Message}
+	}
+	return v, nil
+}

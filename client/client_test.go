@@ -1,0 +1,210 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var tokens = []api.Token{
+	{Name: "ops", Token: "admin-token-0123456789", Admin: true},
+	{Name: "main-ci", Token: "main-token-0123456789", Team: "main"},
+}
+
+// scripted is a step API whose one step, "s", has the given events and
+// ends in view.
+type scripted struct {
+	events []steps.Event
+	view   steps.View
+}
+
+func (s *scripted) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {
+	return s.view, true, nil
+}
+func (s *scripted) Get(_ steps.Caller, _, handle string) (steps.View, error) {
+	if handle != s.view.Handle {
+		return steps.View{}, steps.ErrNotFound
+	}
+	return s.view, nil
+}
+func (s *scripted) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
+	return s.view, nil
+}
+func (s *scripted) Events(ctx context.Context, _ steps.Caller, _, _ string, since int, send func([]steps.Event) error) error {
+	for _, e := range s.events[since:] {
+		if err := send([]steps.Event{e}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cutting drops the connection of the first cuts events answers after
+// every lines lines, as a gateway restart or a network blip would, and
+// records the since each answer was asked from.
+type cutting struct {
+	next        http.Handler
+	every, cuts int
+
+	mu     sync.Mutex
+	sinces []string
+}
+
+func (c *cutting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !strings.HasSuffix(r.URL.Path, "/events") {
+		c.next.ServeHTTP(w, r)
+		return
+	}
+	c.mu.Lock()
+	c.sinces = append(c.sinces, r.URL.Query().Get("since"))
+	cut := len(c.sinces) <= c.cuts
+	c.mu.Unlock()
+	if !cut {
+		c.next.ServeHTTP(w, r)
+		return
+	}
+	c.next.ServeHTTP(&cutWriter{ResponseWriter: w, left: c.every}, r)
+}
+
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (w *cutWriter) Write(p []byte) (int, error) {
+	if w.left == 0 {
+		panic(http.ErrAbortHandler) // the connection drops mid-answer
+	}
+	w.left -= strings.Count(string(p), "\n")
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func serve(t *testing.T, st api.Steps, wrap func(http.Handler) http.Handler) *Client {
+	t.Helper()
+	h := api.New(api.Options{Gatherer: prometheus.NewRegistry(), Steps: st, Tokens: tokens}).Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := New(Options{URL: srv.URL, Token: tokens[0].Token, Retry: time.Millisecond})
+	require.NoError(t, err)
+	return c
+}
+
+func lines(n int) []steps.Event {
+	var evs []steps.Event
+	for i := range n - 1 {
+		evs = append(evs, steps.Event{N: i, Type: steps.EventStdout, Data: fmt.Sprintf("line %d\n", i)})
+	}
+	code := 42
+	return append(evs, steps.Event{N: n - 1, Type: steps.EventExited, Phase: steps.Failed, ExitStatus: &code})
+}
+
+func TestFollowAcrossDroppedConnections(t *testing.T) {
+	st := &scripted{events: lines(10), view: steps.View{Handle: "s", Phase: steps.Failed}}
+	cut := &cutting{every: 3, cuts: 2}
+	c := serve(t, st, func(h http.Handler) http.Handler { cut.next = h; return cut })
+	var got []int
+	require.NoError(t, c.Follow(context.Background(), "", "s", 0, func(e steps.Event) error {
+		got = append(got, e.N)
+		return nil
+	}))
+	assert.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, got, "every event once, in order")
+	assert.Equal(t, []string{"0", "3", "6"}, cut.sinces, "each reconnect asks from the next event")
+}
+
+func TestRunReturnsTheStepsFailure(t *testing.T) {
+	code := 42
+	st := &scripted{events: lines(4), view: steps.View{Handle: "s", Phase: steps.Failed, ExitStatus: &code}}
+	c := serve(t, st, nil)
+	var out strings.Builder
+	_, err := c.Run(context.Background(), steps.Request{Handle: "s"}, func(e steps.Event) { out.WriteString(e.Data) })
+	var se *StepError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, steps.Failed, se.Phase)
+	assert.Equal(t, 42, *se.ExitStatus)
+	assert.EqualError(t, err, "step s failed with exit status 42")
+	assert.Equal(t, "line 0\nline 1\nline 2\n", out.String())
+}
+
+// noTargets is a registry without targets: steps wait.
+type noTargets struct{}
+
+func (noTargets) Snapshot() []targets.Status             { return nil }
+func (noTargets) Target(string) (*targets.Target, error) { return nil, targets.ErrNotFound }
+func (noTargets) Changed() <-chan struct{}               { return nil }
+
+func TestErrorsAreTyped(t *testing.T) {
+	m := steps.New(steps.Options{Registry: noTargets{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Start(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	c := serve(t, m, nil)
+	require.Eventually(t, func() bool {
+		_, _, err := c.SubmitStep(ctx, steps.Request{})
+		return !errors.Is(err, ErrUnavailable)
+	}, time.Second, time.Millisecond)
+
+	_, _, err := c.SubmitStep(ctx, steps.Request{Handle: "x", Type: "task", Image: "i"})
+	var apiErr *APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.ErrorIs(t, err, ErrBadRequest)
+	assert.Equal(t, "run.path", apiErr.Field)
+
+	_, err = c.Step(ctx, "", "nope")
+	assert.ErrorIs(t, err, ErrNotFound)
+
+	req := steps.Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: steps.Run{Path: "true"}}
+	v, created, err := c.SubmitStep(ctx, req)
+	require.NoError(t, err)
+	assert.True(t, created)
+	_, created, err = c.SubmitStep(ctx, req)
+	require.NoError(t, err)
+	assert.False(t, created, "the same handle: the existing step")
+
+	team, err := New(Options{URL: c.base.String(), Token: tokens[1].Token})
+	require.NoError(t, err)
+	_, _, err = team.SubmitStep(ctx, steps.Request{Handle: "y", Type: "task", Team: "other", Image: "i", Run: steps.Run{Path: "true"}})
+	assert.ErrorIs(t, err, ErrForbidden)
+
+	// A step that waits: Follow returns when ctx ends; Abort ends it.
+	fctx, fcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer fcancel()
+	err = c.Follow(fctx, v.Team, v.Handle, 0, func(steps.Event) error { return nil })
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	v, err = c.Abort(ctx, "main", "x")
+	require.NoError(t, err)
+	assert.Equal(t, steps.Aborted, v.Phase)
+	_, err = c.Run(ctx, req, nil)
+	var se *StepError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, steps.Aborted, se.Phase)
+}
+
+func TestNewRefusesABadURL(t *testing.T) {
+	for _, u := range []string{"", "localhost:8080", "ftp://x", "http://"} {
+		_, err := New(Options{URL: u})
+		assert.Error(t, err, u)
+	}
+}
