@@ -68,6 +68,7 @@ type Config struct {
 	StepAgentImage string        `mapstructure:"step-agent-image" help:"image holding jetway's step agent (make image builds it; push it to a registry the targets pull from): copied into every step pod by an init container, and its volume sidecar"`
 	ImagePullGrace time.Duration `mapstructure:"image-pull-grace" help:"how long a step's image pull may fail for a passing reason (rate limit, registry 5xx) before the step errors; pulls that cannot succeed fail at once"`
 	StepKillGrace  time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
+	ResourceDir    string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
@@ -102,6 +103,7 @@ func Default() Config {
 		StepAgentImage: "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
 		ImagePullGrace: 2 * time.Minute,
 		StepKillGrace:  10 * time.Second,
+		ResourceDir:    "/opt/resource",
 
 		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
 		CheckPlacementStrategy: selection.Chain{selection.Random},
@@ -204,6 +206,9 @@ func (c Config) Validate() error {
 	}
 	if c.ImagePullGrace < 0 {
 		add("image-pull-grace", "must not be negative, got %s", c.ImagePullGrace)
+	}
+	if !strings.HasPrefix(c.ResourceDir, "/") {
+		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)
 	}
 	if c.StepKillGrace <= 0 {
 		add("step-kill-grace", "must be positive, got %s", c.StepKillGrace)

@@ -68,9 +68,10 @@ type gatewayOptions struct {
 	gcGrace      time.Duration
 	tokens       []api.Token
 	// Steps: the placement chain and limits, and the pull and kill graces.
-	placement steps.PlacementOptions
-	pullGrace time.Duration
-	killGrace time.Duration
+	placement   steps.PlacementOptions
+	pullGrace   time.Duration
+	killGrace   time.Duration
+	resourceDir string
 }
 
 // Test tokens of gateways started with tokens.
@@ -125,7 +126,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
-		Logger: logger, Metrics: steps.NewMetrics(reg)})
+		ResourceDir: o.resourceDir,
+		Logger:      logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,

@@ -104,6 +104,9 @@ func (r *runner) replay(ctx context.Context, e end) {
 	r.s.update(func(v *View) {
 		v.Outputs = outputs(r.s.req.Outputs, r.t.Name(), r.pod)
 		v.StartedAt = e.StartedAt
+		if r.s.req.Resource != nil && e.Phase == Succeeded {
+			v.Result, _ = resourceResult(r.s.req.Type, r.answer)
+		}
 	})
 	r.s.finish(Event{Type: typ, Phase: e.Phase, ExitStatus: e.ExitStatus, Reason: e.Reason, Message: e.Message}, e.FinishedAt)
 }
@@ -115,6 +118,9 @@ func recovered(k key, p *corev1.Pod, target string) (*step, error) {
 		return nil, fmt.Errorf("annotation %s: %w", infoAnnotation, err)
 	}
 	req := Request{Handle: k.handle, Type: in.Type, Team: k.team, Outputs: in.Outputs, Inputs: in.Inputs, Timeout: in.Timeout}
+	if in.Resource {
+		req.Resource = &Resource{} // its answer is read from the log again
+	}
 	s := newStep(k, req, in.Caller, p.CreationTimestamp.UTC())
 	s.view.Phase, s.view.Target, s.view.Pod, s.view.PlacedAt = Starting, target, p.Name, in.PlacedAt
 	return s, nil

@@ -61,6 +61,9 @@ type Options struct {
 	// Retain is how long an ended step whose pod is gone stays visible;
 	// default 10m.
 	Retain time.Duration
+	// ResourceDir is where resource images keep their check, in and out
+	// scripts; default DefaultResourceDir.
+	ResourceDir string
 	// Exec runs agent commands in step pods; default pods/exec.
 	Exec    Exec
 	Logger  *slog.Logger
@@ -87,6 +90,7 @@ func New(opts Options) *Manager {
 	opts.ImagePullGrace = cmp.Or(opts.ImagePullGrace, 2*time.Minute)
 	opts.KillGrace = cmp.Or(opts.KillGrace, 10*time.Second)
 	opts.Retain = cmp.Or(opts.Retain, 10*time.Minute)
+	opts.ResourceDir = cmp.Or(opts.ResourceDir, DefaultResourceDir)
 	if opts.Exec == nil {
 		opts.Exec = execPod
 	}
@@ -180,6 +184,9 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 			return View{}, false, ErrForbidden
 		}
 		req.Team = caller.Team
+	}
+	if req.Resource != nil {
+		req.resourceRun(m.opts.ResourceDir)
 	}
 	k := key{req.Team, req.Handle}
 	m.mu.Lock()

@@ -52,6 +52,8 @@ type info struct {
 	Timeout  string      `json:"timeout,omitempty"`
 	PlacedAt time.Time   `json:"placed_at"`
 	Caller   callerLabel `json:"caller"`
+	// Resource marks a resource step: its stdout is its result.
+	Resource bool `json:"resource,omitempty"`
 }
 
 // callerLabel is who submitted the step, for the streams of its inputs.
@@ -103,7 +105,7 @@ func buildPod(req *Request, caller callerLabel, t *targets.Target, placedAt time
 		labels[ownership.TeamLabel] = req.Team
 	}
 	raw, _ := json.Marshal(info{Type: req.Type, Outputs: req.Outputs, Inputs: req.Inputs, Timeout: req.Timeout,
-		PlacedAt: placedAt.UTC(), Caller: caller})
+		PlacedAt: placedAt.UTC(), Caller: caller, Resource: req.Resource != nil})
 	meta := t.Config.Meta
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false

@@ -38,6 +38,9 @@ type Request struct {
 	// Timeout bounds the process's run, from its start ("1h30m"); waiting
 	// for a target or the scheduler does not count. Empty: none.
 	Timeout string `json:"timeout,omitempty"`
+	// Resource, for check, get and put steps, runs the resource's script
+	// in place of run (see Resource).
+	Resource *Resource `json:"resource,omitempty"`
 }
 
 // Run is the process.
@@ -103,7 +106,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // Validate reports the first problem of r, naming its field, and fills
 // defaults (input and output paths).
 func (r *Request) Validate() *FieldError {
-	checks := []func() *FieldError{r.checkHead, r.checkRun, r.checkVolumes, r.checkLimits}
+	checks := []func() *FieldError{r.checkHead, r.checkResource, r.checkRun, r.checkVolumes, r.checkLimits}
 	for _, check := range checks {
 		if err := check(); err != nil {
 			return err
@@ -141,7 +144,7 @@ func (r *Request) checkHead() *FieldError {
 }
 
 func (r *Request) checkRun() *FieldError {
-	if r.Run.Path == "" {
+	if r.Run.Path == "" && r.Resource == nil {
 		return fieldErr("run.path", "required")
 	}
 	if r.Run.Dir != "" {

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -85,4 +86,64 @@ func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
 	assert.Equal(t, "src", sp.Volumes[0].Path)
 	assert.Equal(t, "output-out", sp.Volumes[1].Handle)
 	assert.Equal(t, "build/out", sp.Volumes[1].Path)
+}
+
+func TestResourceStepsRunTheScripts(t *testing.T) {
+	res := func(typ string) Request {
+		return Request{Handle: "r", Type: typ, Image: "git-resource", Resource: &Resource{Source: json.RawMessage(`{"uri":"x"}`)}}
+	}
+	for _, tt := range []struct {
+		name   string
+		req    Request
+		change func(r *Request)
+		field  string
+	}{
+		{"get without resource", Request{Handle: "r", Type: "get", Image: "i"}, func(*Request) {}, "resource"},
+		{"task with resource", res("task"), func(r *Request) { r.Run.Path = "p" }, "resource"},
+		{"resource and run", res("check"), func(r *Request) { r.Run.Path = "/bin/sh" }, "run"},
+		{"resource and stdin", res("check"), func(r *Request) { r.Stdin = "x" }, "stdin"},
+		{"source not an object", res("check"), func(r *Request) { r.Resource.Source = json.RawMessage(`"x"`) }, "resource.source"},
+		{"get with two outputs", res("get"), func(r *Request) { r.Outputs = []Output{{Name: "a"}, {Name: "b"}} }, "outputs"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.change(&tt.req)
+			err := tt.req.Validate()
+			require.NotNil(t, err)
+			assert.Equal(t, tt.field, err.Field, err.Error())
+		})
+	}
+
+	get := res("get")
+	get.Resource.Version = json.RawMessage(`{"ref":"b"}`)
+	require.Nil(t, get.Validate())
+	get.resourceRun("/opt/resource")
+	assert.Equal(t, "/opt/resource/in", get.Run.Path)
+	assert.Equal(t, []string{"resource"}, get.Run.Args)
+	assert.Equal(t, []Output{{Name: "resource", Path: "resource"}}, get.Outputs)
+	assert.JSONEq(t, `{"source":{"uri":"x"},"version":{"ref":"b"},"params":{}}`, get.Stdin)
+	put := res("put")
+	put.resourceRun("/opt/resource")
+	assert.Equal(t, []string{"."}, put.Run.Args, "out gets the build dir holding the inputs")
+	assert.JSONEq(t, `{"source":{"uri":"x"},"params":{}}`, put.Stdin)
+}
+
+func TestResourceAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		typ, out, err string
+	}{
+		{"check", `[{"ref":"a"}]`, ""},
+		{"check", `[]`, ""},
+		{"check", `{"ref":"a"}`, `check printed "{\"ref\":\"a\"}", not a JSON array of versions`},
+		{"get", `{"version":{"ref":"a"},"metadata":[{"name":"n","value":"v"}]}`, ""},
+		{"get", `{"metadata":[]}`, `in printed "{\"metadata\":[]}", not {"version": {...}, "metadata": [...]}`},
+		{"put", "", `out printed "", not {"version": {...}, "metadata": [...]}`},
+		{"put", strings.Repeat("x", 300), `out printed "` + strings.Repeat("x", 200) + `", not {"version": {...}, "metadata": [...]}`},
+	} {
+		_, err := resourceResult(tt.typ, []byte(tt.out))
+		if tt.err == "" {
+			assert.NoError(t, err, tt.out)
+		} else {
+			assert.EqualError(t, err, tt.err)
+		}
+	}
 }

@@ -30,6 +30,9 @@ type runner struct {
 	offset  int64       // end of the last complete frame consumed
 	inputs  []stepagent.Input
 
+	// answer collects a resource step's stdout: its result, not its log.
+	answer []byte
+
 	mu        sync.Mutex
 	startedAt time.Time // the process's start, once the log says so
 
@@ -113,6 +116,9 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 		e.Type, e.Phase, e.Reason = EventExited, Succeeded, st.Signal
 		if code != 0 {
 			e.Phase = Failed
+		}
+		if code == 0 && r.s.req.Resource != nil {
+			return r.resourceOutcome(e)
 		}
 	case stepagent.ReasonAborted:
 		e.Type, e.Phase = EventFailed, Aborted
@@ -369,6 +375,10 @@ func (r *runner) consume(rd io.Reader) (stepagent.Status, bool, error) {
 func (r *runner) handle(f stepagent.Frame) {
 	switch f.Kind {
 	case stepagent.KindStdout:
+		if r.s.req.Resource != nil {
+			r.answer = append(r.answer, f.Payload[:min(len(f.Payload), resultLimit-len(r.answer))]...)
+			return
+		}
 		r.s.emit(Event{Type: EventStdout}.withData(f.Payload))
 	case stepagent.KindStderr:
 		r.s.emit(Event{Type: EventStderr}.withData(f.Payload))

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"encoding/json"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -89,8 +90,11 @@ type View struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	Outputs    []Volume  `json:"outputs,omitempty"`
 	Released   bool      `json:"released,omitempty"` // its pod, and so its outputs, are gone
-	Events     int       `json:"events"`
-	Waiting    string    `json:"waiting,omitempty"` // why a pending step is not placed yet
+	// Result is a resource step's answer: check's versions, in's and
+	// out's {version, metadata}.
+	Result  json.RawMessage `json:"result,omitempty"`
+	Events  int             `json:"events"`
+	Waiting string          `json:"waiting,omitempty"` // why a pending step is not placed yet
 }
 
 // Volume is an output of a step: a volume of its pod, which a later step

@@ -120,6 +120,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
+		ResourceDir:    cfg.ResourceDir,
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	})

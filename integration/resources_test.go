@@ -1,0 +1,108 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// resourceScripts writes a resource type's check, in and out, as a
+// resource image holds them at /opt/resource (a kwok node runs them from
+// the host, so the gateway's resource-dir points here).
+func resourceScripts(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	scripts := map[string]string{
+		"check": `input=$(cat); echo "check got $input" >&2
+case "$input" in
+  *broken*) echo "oops, not json"; exit 0 ;;
+  *fail*) echo "cannot reach the repository" >&2; exit 3 ;;
+esac
+echo '[{"ref":"a"},{"ref":"b"}]'`,
+		"in": `dest=$1; input=$(cat); echo "$input" > "$dest/input.json"; echo fetched > "$dest/file"
+echo "in wrote $dest" >&2
+echo '{"version":{"ref":"b"},"metadata":[{"name":"author","value":"me"}]}'`,
+		"out": `input=$(cat); echo "out got $input and $(cat src/file)" >&2
+echo '{"version":{"ref":"c"}}'`,
+	}
+	for name, body := range scripts {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755))
+	}
+	return dir
+}
+
+func resourceStep(handle, typ, source string) steps.Request {
+	return steps.Request{Handle: handle, Type: typ, Image: "concourse/git-resource",
+		Resource: &steps.Resource{Source: json.RawMessage(source)}}
+}
+
+// TestResourceSteps runs check, get and put through the resource scripts
+// with their JSON: the answer is the step's result, stderr its log; an
+// answer that is not the JSON expected errors the step, quoting it; a
+// non-zero exit fails it with the status.
+func TestResourceSteps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "res", "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t)})
+	g.waitTarget(t, "res", 10*time.Second, running)
+
+	g.run(t, resourceStep("check", "check", `{"uri":"git://x"}`))
+	evs := g.stepEvents(ctx, t, "check", "", 0)
+	v := g.step(t, "check")
+	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	assert.JSONEq(t, `[{"ref":"a"},{"ref":"b"}]`, string(v.Result))
+	assert.Equal(t, `check got {"source":{"uri":"git://x"},"version":null}`+"\n", outputOf(evs, steps.EventStderr))
+	assert.Empty(t, outputOf(evs, steps.EventStdout), "the answer is the result, not the log")
+
+	get := resourceStep("get", "get", `{"uri":"git://x"}`)
+	get.Resource.Version, get.Resource.Params = json.RawMessage(`{"ref":"b"}`), json.RawMessage(`{"depth":1}`)
+	g.run(t, get)
+	g.stepEvents(ctx, t, "get", "", 0)
+	v = g.step(t, "get")
+	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	assert.JSONEq(t, `{"version":{"ref":"b"},"metadata":[{"name":"author","value":"me"}]}`, string(v.Result))
+	require.Len(t, v.Outputs, 1)
+	assert.Equal(t, "resource", v.Outputs[0].Name)
+	input, err := os.ReadFile(filepath.Join(clusters[0].StepRoot("res", v.Pod), "build", "resource", "input.json"))
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"source":{"uri":"git://x"},"version":{"ref":"b"},"params":{"depth":1}}`, string(input))
+
+	put := resourceStep("put", "put", `{"uri":"git://x"}`)
+	put.Resource.Params = json.RawMessage(`{"repository":"src"}`)
+	put.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Step: "get", Output: "resource"}}}
+	g.run(t, put)
+	evs = g.stepEvents(ctx, t, "put", "", 0)
+	v = g.step(t, "put")
+	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	assert.JSONEq(t, `{"version":{"ref":"c"}}`, string(v.Result))
+	assert.Equal(t, `out got {"params":{"repository":"src"},"source":{"uri":"git://x"}} and fetched`+"\n", outputOf(evs, steps.EventStderr))
+
+	g.run(t, resourceStep("broken", "check", `{"uri":"broken"}`))
+	evs = g.stepEvents(ctx, t, "broken", "", 0)
+	last := evs[len(evs)-1]
+	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, "ResourceAnswerInvalid", last.Reason)
+	assert.Equal(t, `check printed "oops, not json\n", not a JSON array of versions`, last.Message)
+
+	g.run(t, resourceStep("unreachable", "check", `{"uri":"fail"}`))
+	evs = g.stepEvents(ctx, t, "unreachable", "", 0)
+	last = evs[len(evs)-1]
+	assert.Equal(t, steps.Failed, last.Phase)
+	require.NotNil(t, last.ExitStatus)
+	assert.Equal(t, 3, *last.ExitStatus)
+	assert.Contains(t, outputOf(evs, steps.EventStderr), "cannot reach the repository")
+
+	code, _, body := g.submitStep(t, "", steps.Request{Handle: "bad", Type: "get", Image: "i"})
+	assert.Equal(t, 400, code)
+	assert.Contains(t, body, `"field":"resource"`)
+}
