@@ -8,6 +8,10 @@
 // Following a step's events survives dropped connections: the client
 // asks again from the event after the last it delivered (?since=), so no
 // event is lost or delivered twice.
+//
+// The Orchestrator interface is the contract a CI core codes against:
+// RunTask, CheckResource, GetResource and PutResource, plus the workers'
+// lifecycle and volume streams.
 package client
 
 import (

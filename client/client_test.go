@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -207,4 +208,24 @@ func TestNewRefusesABadURL(t *testing.T) {
 		_, err := New(Options{URL: u})
 		assert.Error(t, err, u)
 	}
+}
+
+func TestResourceAnswersAreDecoded(t *testing.T) {
+	st := &scripted{events: []steps.Event{{N: 0, Type: steps.EventExited, Phase: steps.Succeeded}},
+		view: steps.View{Handle: "s", Phase: steps.Succeeded, Result: json.RawMessage(`{"version":{"ref":"b"},"metadata":[{"name":"a","value":"1"}]}`),
+			Outputs: []steps.Volume{{Name: "resource", Target: "east", Pod: "p", Handle: "output-resource"}}}}
+	c := serve(t, st, nil)
+	f, err := c.GetResource(context.Background(), ResourceStep{Handle: "s", Image: "git", Source: map[string]string{"uri": "x"}})
+	require.NoError(t, err)
+	assert.Equal(t, Version{"ref": "b"}, f.Version)
+	assert.Equal(t, []MetadataField{{Name: "a", Value: "1"}}, f.Metadata)
+	assert.Equal(t, "output-resource", f.Output.Handle)
+
+	st.view.Result = json.RawMessage(`[{"ref":"a"}]`)
+	versions, err := c.CheckResource(context.Background(), ResourceStep{Handle: "s", Image: "git", Source: map[string]string{}})
+	require.NoError(t, err)
+	assert.Equal(t, []Version{{"ref": "a"}}, versions)
+
+	_, err = c.CheckResource(context.Background(), ResourceStep{Handle: "s", Source: func() {}})
+	assert.ErrorContains(t, err, "source", "a source JSON cannot carry is refused before any call")
 }

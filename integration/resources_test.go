@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -105,4 +107,28 @@ func TestResourceSteps(t *testing.T) {
 	code, _, body := g.submitStep(t, "", steps.Request{Handle: "bad", Type: "get", Image: "i"})
 	assert.Equal(t, 400, code)
 	assert.Contains(t, body, `"field":"resource"`)
+
+	// The same through the Go client, as a CI core would.
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	source := map[string]string{"uri": "git://x"}
+	versions, err := c.CheckResource(ctx, client.ResourceStep{Handle: "c-check", Image: "git", Source: source})
+	require.NoError(t, err)
+	assert.Equal(t, []client.Version{{"ref": "a"}, {"ref": "b"}}, versions)
+	fetched, err := c.GetResource(ctx, client.ResourceStep{Handle: "c-get", Image: "git", Source: source, Version: versions[1]})
+	require.NoError(t, err)
+	assert.Equal(t, client.Version{"ref": "b"}, fetched.Version)
+	assert.Equal(t, []client.MetadataField{{Name: "author", Value: "me"}}, fetched.Metadata)
+	assert.Equal(t, "output-resource", fetched.Output.Handle)
+	var log strings.Builder
+	pushed, err := c.PutResource(ctx, client.ResourceStep{Handle: "c-put", Image: "git", Source: source,
+		Inputs:  []steps.Input{{Name: "src", From: steps.InputSource{Step: "c-get", Output: "resource"}}},
+		OnEvent: func(e steps.Event) { log.WriteString(e.Data) }})
+	require.NoError(t, err)
+	assert.Equal(t, client.Version{"ref": "c"}, pushed.Version)
+	assert.Contains(t, log.String(), "and fetched")
+	_, err = c.CheckResource(ctx, client.ResourceStep{Handle: "c-broken", Image: "git", Source: map[string]string{"uri": "broken"}})
+	var stepErr *client.StepError
+	require.ErrorAs(t, err, &stepErr)
+	assert.Equal(t, "ResourceAnswerInvalid", stepErr.Reason)
 }
