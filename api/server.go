@@ -60,6 +60,10 @@ type Server struct {
 	handler http.Handler
 	ready   atomic.Bool
 	addr    atomic.Pointer[net.Addr]
+	// draining is closed when the drain begins: requests that only
+	// follow (step events, which a client resumes from where it was) end
+	// then instead of holding the drain to its deadline.
+	draining chan struct{}
 }
 
 // New builds a Server; Start runs it.
@@ -67,7 +71,7 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, digests: tokenDigests(opts.Tokens)}
+	s := &Server{opts: opts, digests: tokenDigests(opts.Tokens), draining: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
@@ -147,6 +151,7 @@ func (s *Server) Start(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.ready.Store(false)
+	close(s.draining)
 	err := s.drain(srv, &inflight, cancelRequests)
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr

@@ -104,6 +104,17 @@ func (s *Server) stepEvents(w http.ResponseWriter, r *http.Request) {
 		since = n
 	}
 	c, team, handle := caller(r), r.URL.Query().Get("team"), r.PathValue("handle")
+	// A gateway that stops ends the stream; the client asks again from
+	// the next event, of this gateway's successor.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.draining:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if _, err := s.opts.Steps.Get(c, team, handle); err != nil {
 		s.stepError(w, err)
 		return
@@ -114,7 +125,7 @@ func (s *Server) stepEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.opts.Steps.Events(r.Context(), c, team, handle, since, func(evs []steps.Event) error {
+	err := s.opts.Steps.Events(ctx, c, team, handle, since, func(evs []steps.Event) error {
 		for _, e := range evs {
 			if err := enc.Encode(e); err != nil {
 				return err

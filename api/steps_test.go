@@ -21,6 +21,7 @@ import (
 // noTargets is a registry without targets: every step waits.
 type noTargets struct{}
 
+func (noTargets) Loaded() bool                           { return true }
 func (noTargets) Snapshot() []targets.Status             { return nil }
 func (noTargets) Target(string) (*targets.Target, error) { return nil, targets.ErrNotFound }
 func (noTargets) Changed() <-chan struct{}               { return nil }
@@ -37,7 +38,7 @@ func stepServer(t *testing.T) http.Handler {
 		require.NoError(t, <-done)
 	})
 	require.Eventually(t, func() bool {
-		_, _, err := m.Submit(steps.Caller{Admin: true}, steps.Request{})
+		_, err := m.Get(steps.Caller{Admin: true}, "", "none")
 		return err != steps.ErrUnavailable
 	}, time.Second, time.Millisecond)
 	return New(Options{Gatherer: prometheus.NewRegistry(), Steps: m, Tokens: tokens}).Handler()

@@ -244,8 +244,21 @@ func teamQuery(team string) url.Values {
 
 // SubmitStep submits a step; created is false when the team already had
 // the handle (the existing step is returned, nothing new runs).
+//
+// A gateway that is starting answers 503 until it has found its steps;
+// the submission is tried again then (it is idempotent), until ctx ends.
 func (c *Client) SubmitStep(ctx context.Context, req steps.Request) (v steps.View, created bool, err error) {
 	resp, err := c.do(ctx, http.MethodPost, "/api/v1/steps", nil, req)
+	for pause := c.retry; errors.Is(err, ErrUnavailable); pause = min(2*pause, 5*time.Second) {
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, false, ctx.Err()
+		case <-t.C:
+		}
+		resp, err = c.do(ctx, http.MethodPost, "/api/v1/steps", nil, req)
+	}
 	if err != nil {
 		return v, false, err
 	}

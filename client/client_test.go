@@ -151,6 +151,7 @@ func TestRunReturnsTheStepsFailure(t *testing.T) {
 // noTargets is a registry without targets: steps wait.
 type noTargets struct{}
 
+func (noTargets) Loaded() bool                           { return true }
 func (noTargets) Snapshot() []targets.Status             { return nil }
 func (noTargets) Target(string) (*targets.Target, error) { return nil, targets.ErrNotFound }
 func (noTargets) Changed() <-chan struct{}               { return nil }
@@ -163,7 +164,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	defer func() { cancel(); require.NoError(t, <-done) }()
 	c := serve(t, m, nil)
 	require.Eventually(t, func() bool {
-		_, _, err := c.SubmitStep(ctx, steps.Request{})
+		_, err := c.Step(ctx, "", "none")
 		return !errors.Is(err, ErrUnavailable)
 	}, time.Second, time.Millisecond)
 

@@ -132,3 +132,36 @@ func TestResourceSteps(t *testing.T) {
 	require.ErrorAs(t, err, &stepErr)
 	assert.Equal(t, "ResourceAnswerInvalid", stepErr.Reason)
 }
+
+// TestClientFollowsAcrossAGatewayRestart: the Go client follows a step's
+// events while its gateway restarts on the same address; it gets every
+// event once, in order, up to the exit status.
+func TestClientFollowsAcrossAGatewayRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, "cl-restart", "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, "cl-restart", 10*time.Second, running)
+	c, err := client.New(client.Options{URL: g.base, Retry: 20 * time.Millisecond})
+	require.NoError(t, err)
+
+	const lines = 60
+	v, created, err := c.SubmitStep(ctx, longStep("followed", lines))
+	require.NoError(t, err)
+	require.True(t, created)
+	var evs []steps.Event
+	followed := make(chan error, 1)
+	go func() {
+		followed <- c.Follow(ctx, v.Team, v.Handle, 0, func(e steps.Event) error {
+			evs = append(evs, e)
+			return nil
+		})
+	}()
+	g.waitEvents(t, "followed", 8)
+	addr := strings.TrimPrefix(g.base, "http://")
+	g.stop()
+	startGateway(t, dir, gatewayOptions{listen: addr})
+	require.NoError(t, <-followed)
+	checkLongStep(t, clusters[1], g.step(t, "followed"), evs, lines)
+}

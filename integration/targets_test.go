@@ -72,6 +72,8 @@ type gatewayOptions struct {
 	pullGrace   time.Duration
 	killGrace   time.Duration
 	resourceDir string
+	// listen, if set, is the API's address (a restarted gateway keeps it).
+	listen string
 }
 
 // Test tokens of gateways started with tokens.
@@ -128,7 +130,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
 		ResourceDir: o.resourceDir,
 		Logger:      logger, Metrics: steps.NewMetrics(reg)})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
 		Steps: stepper, Placement: o.placement,

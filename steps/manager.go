@@ -35,6 +35,8 @@ var (
 
 // Registry is what the manager reads of the targets.
 type Registry interface {
+	// Loaded reports whether the targets directory was read once.
+	Loaded() bool
 	Snapshot() []targets.Status
 	Target(name string) (*targets.Target, error)
 	Changed() <-chan struct{}
@@ -81,8 +83,14 @@ type Manager struct {
 	pending  []*step                      // in submission order
 	reserved map[string]map[string]string // target -> pod -> step type, until the watch shows the pod
 	scanned  map[*targets.Target]bool     // targets whose pods were adopted
-	kick     chan struct{}
-	wg       sync.WaitGroup // runners
+	// recovered is set once the step pods of every target were adopted
+	// (or recoverTimeout passed): until then a handle not known may be in
+	// a pod not read yet, so the API answers 503, never 404, and takes no
+	// new step (it might be a second one of a handle).
+	recovered bool
+	started   time.Time
+	kick      chan struct{}
+	wg        sync.WaitGroup // runners
 }
 
 // New builds a Manager; Start runs it.
@@ -115,13 +123,17 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.mu.Unlock()
 		return errors.New("steps: Start called twice")
 	}
-	m.ctx = ctx
+	m.ctx, m.started = ctx, m.opts.Now()
 	m.mu.Unlock()
 	sweep := time.NewTicker(time.Minute)
 	defer sweep.Stop()
+	recovering := time.NewTicker(time.Second) // until recovered
+	defer recovering.Stop()
 	for {
 		changed := m.opts.Registry.Changed()
-		m.adopt()
+		if m.adopt() {
+			recovering.Stop()
+		}
 		m.place()
 		m.sweep()
 		select {
@@ -131,9 +143,14 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-changed:
 		case <-m.kick:
 		case <-sweep.C:
+		case <-recovering.C:
 		}
 	}
 }
+
+// recoverTimeout bounds how long a start waits for unreachable targets'
+// step pods before it takes steps again.
+const recoverTimeout = 30 * time.Second
 
 func (m *Manager) wake() {
 	select {
@@ -163,7 +180,10 @@ func (m *Manager) visible(caller Caller, team, handle string) (*step, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.steps[key{team, handle}]
-	if !ok {
+	switch {
+	case !ok && !m.recovered:
+		return nil, ErrUnavailable
+	case !ok:
 		return nil, ErrNotFound
 	}
 	return s, nil
@@ -193,6 +213,9 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 	defer m.mu.Unlock()
 	if s, ok := m.steps[k]; ok {
 		return s.snapshot(), false, nil
+	}
+	if !m.recovered {
+		return View{}, false, ErrUnavailable
 	}
 	if err := m.resolveInputs(&req); err != nil {
 		return View{}, false, err

@@ -3,10 +3,12 @@ package steps
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -14,6 +16,7 @@ import (
 // emptyRegistry has no targets: every step waits.
 type emptyRegistry struct{ changed chan struct{} }
 
+func (emptyRegistry) Loaded() bool               { return true }
 func (emptyRegistry) Snapshot() []targets.Status { return nil }
 func (emptyRegistry) Target(string) (*targets.Target, error) {
 	return nil, targets.ErrNotFound
@@ -31,7 +34,7 @@ func startManager(t *testing.T) *Manager {
 		require.NoError(t, <-done)
 	})
 	require.Eventually(t, func() bool {
-		_, _, err := m.Submit(Caller{Admin: true}, Request{})
+		_, err := m.Get(Caller{Admin: true}, "", "none")
 		return err != ErrUnavailable
 	}, time.Second, time.Millisecond)
 	return m
@@ -130,4 +133,44 @@ func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
 	req.Inputs[0].From.Step = "nope"
 	_, _, err = m.Submit(Caller{Admin: true}, req)
 	assert.ErrorContains(t, err, `step "nope" not found`)
+}
+
+// unsyncedRegistry has one target whose watch never lists (its cluster
+// does not answer).
+type unsyncedRegistry struct{ t *targets.Target }
+
+func (unsyncedRegistry) Loaded() bool { return true }
+func (r unsyncedRegistry) Snapshot() []targets.Status {
+	return []targets.Status{{Name: r.t.Name(), State: targets.StateStalled}}
+}
+func (r unsyncedRegistry) Target(string) (*targets.Target, error) { return r.t, nil }
+func (unsyncedRegistry) Changed() <-chan struct{}                 { return nil }
+
+// TestUnknownStepsWaitForRecovery: until the step pods of every target
+// were read, a handle this gateway does not know may be in one of them,
+// so it answers "unavailable" (503), never "not found", and takes no new
+// step; an unreachable target holds that up for recoverTimeout at most.
+func TestUnknownStepsWaitForRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "jetway")
+		require.NoError(t, err)
+		m := New(Options{Registry: unsyncedRegistry{tgt}})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- m.Start(ctx) }()
+		synctest.Wait()
+		_, err = m.Get(Caller{Admin: true}, "", "build-1")
+		assert.ErrorIs(t, err, ErrUnavailable)
+		_, _, err = m.Submit(Caller{Admin: true}, validRequest())
+		assert.ErrorIs(t, err, ErrUnavailable)
+
+		time.Sleep(recoverTimeout + 2*time.Second)
+		_, err = m.Get(Caller{Admin: true}, "", "build-1")
+		assert.ErrorIs(t, err, ErrNotFound)
+		_, created, err := m.Submit(Caller{Admin: true}, validRequest())
+		require.NoError(t, err)
+		assert.True(t, created)
+		cancel()
+		require.NoError(t, <-done)
+	})
 }

@@ -165,13 +165,17 @@ func (m *Manager) start(s *step, t *targets.Target, pod string, adopted *corev1.
 
 // adopt picks up the step pods of each target the first time its watch
 // has listed them: a restarted gateway's steps.
-func (m *Manager) adopt() {
+// It reports whether the start's recovery is over: every target's pods
+// adopted, or recoverTimeout passed.
+func (m *Manager) adopt() bool {
+	all := m.opts.Registry.Loaded()
 	for _, st := range m.opts.Registry.Snapshot() {
 		t, err := m.opts.Registry.Target(st.Name)
 		if err != nil {
-			continue
+			continue // no clients: it has no pods to adopt
 		}
 		if ok, _ := t.Synced(); !ok {
+			all = false
 			continue
 		}
 		m.mu.Lock()
@@ -183,6 +187,13 @@ func (m *Manager) adopt() {
 		}
 		m.mu.Unlock()
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.recovered && (all || m.opts.Now().Sub(m.started) > recoverTimeout) {
+		m.recovered = true
+		m.opts.Logger.Info("steps recovered", "steps", len(m.steps), "complete", all)
+	}
+	return m.recovered
 }
 
 // adoptPod makes a step of a pod this gateway does not know. Called with

@@ -244,6 +244,12 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 		Run: steps.Run{Path: "sh", Args: []string{"-c", benchScript}}})
 	submit := time.Now()
 	resp, err := http.Post(base+"/api/v1/steps", "application/json", bytes.NewReader(body))
+	for err == nil && resp.StatusCode == http.StatusServiceUnavailable { // the gateway is finding its steps
+		resp.Body.Close()
+		time.Sleep(50 * time.Millisecond)
+		submit = time.Now()
+		resp, err = http.Post(base+"/api/v1/steps", "application/json", bytes.NewReader(body))
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
