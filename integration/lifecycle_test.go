@@ -175,8 +175,15 @@ func TestTwoReplicasAgreeAndActOnce(t *testing.T) {
 		}
 		return nil
 	})
+	// The pod can be gone (kwok deletes it at once) a moment before the
+	// replica that deleted it counts it.
 	gc := `jetway_step_pods_deleted_total{reason="gc"}`
-	assert.Equal(t, 1.0, metricValue(t, a, gc)+metricValue(t, b, gc), "one replica collected it")
+	eventually(t, 5*time.Second, func() error {
+		if n := metricValue(t, a, gc) + metricValue(t, b, gc); n != 1 {
+			return fmt.Errorf("%v replicas collected it, want one", n)
+		}
+		return nil
+	})
 }
 
 // TestRetireRemovesOnlyOwnObjects retires a target whose namespace also

@@ -68,8 +68,9 @@ type Cluster struct {
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
 
-	dir   string
-	admin *rest.Config
+	dir    string
+	probes int // kwok probe pods made, for their names
+	admin  *rest.Config
 
 	etcd, apiserver, scheduler, controllerManager, kwok *process
 
@@ -309,7 +310,29 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 		return err // at boot, kwok starts after the CRDs are installed
 	}
 	c.kwok.stop(0)
-	return c.kwok.start()
+	if err := c.kwok.start(); err != nil {
+		return err
+	}
+	return c.awaitKwok(ctx)
+}
+
+// awaitKwok waits until the (re)started kwok runs pods again: a probe pod
+// reaches Running. Without it a test right after an outage could find
+// pods that stay Pending until kwok's informers catch up.
+func (c *Cluster) awaitKwok(ctx context.Context) error {
+	c.probes++
+	name := fmt.Sprintf("kwok-probe-%d", c.probes)
+	pods := c.Client.CoreV1().Pods("default")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "probe", Image: "example.invalid/probe"}}}}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("kwok probe: %w", err)
+	}
+	defer func() { _ = pods.Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}) }()
+	return poll(ctx, c.kwok, "kwok running pods again", func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+	})
 }
 
 // StopAPIServer kills the API server at once, as a crash or a network cut

@@ -254,46 +254,14 @@ func execIn(ctx context.Context, c *Cluster, ns, pod string, cmd ...string) (str
 // volume port and finds its folder under the step root.
 func checkSidecar(t *testing.T, ctx context.Context, c *Cluster, ns, pod string) {
 	t.Helper()
-	rt, upgrader, err := spdy.RoundTripperFor(c.AdminConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(c.Server + "/api/v1/namespaces/" + ns + "/pods/" + pod + "/portforward")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", u)
-	stopCh, readyCh := make(chan struct{}), make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"},
-		[]string{"0:" + strconv.Itoa(stepagent.VolumePort)}, stopCh, readyCh, io.Discard, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- fw.ForwardPorts() }()
-	defer func() { close(stopCh); <-done }()
-	select {
-	case <-readyCh:
-	case err := <-done:
-		t.Fatalf("port-forward: %v", err)
-	case <-ctx.Done():
-		t.Fatal("port-forward never ready")
-	}
-	ports, err := fw.GetPorts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := "http://127.0.0.1:" + strconv.Itoa(int(ports[0].Local))
 	var status int
+	// A new port-forward per try: client-go's forwarder ends for good when
+	// kwok answers "no forward found", as it does until it has seen the
+	// pod's PortForward.
 	eventually(t, ctx, "POST /volumes through the port-forward", func() error {
-		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/volumes", strings.NewReader(`{"handle":"v1"}`))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		status = resp.StatusCode
-		return nil
+		code, err := postVolume(ctx, c, ns, pod)
+		status = code
+		return err
 	})
 	http.DefaultClient.CloseIdleConnections()
 	if status != http.StatusCreated {
@@ -302,4 +270,48 @@ func checkSidecar(t *testing.T, ctx context.Context, c *Cluster, ns, pod string)
 	if _, err := os.Stat(filepath.Join(c.StepRoot(ns, pod), stepagent.VolumesDir, "v1")); err != nil {
 		t.Fatalf("volume not under the step root: %v", err)
 	}
+}
+
+// postVolume creates volume v1 through a fresh port-forward to the pod's
+// volume port and returns the answer's status.
+func postVolume(ctx context.Context, c *Cluster, ns, pod string) (int, error) {
+	rt, upgrader, err := spdy.RoundTripperFor(c.AdminConfig())
+	if err != nil {
+		return 0, err
+	}
+	u, err := url.Parse(c.Server + "/api/v1/namespaces/" + ns + "/pods/" + pod + "/portforward")
+	if err != nil {
+		return 0, err
+	}
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", u)
+	stopCh, readyCh := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"},
+		[]string{"0:" + strconv.Itoa(stepagent.VolumePort)}, stopCh, readyCh, io.Discard, io.Discard)
+	if err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	defer func() { close(stopCh); <-done }()
+	select {
+	case <-readyCh:
+	case err := <-done:
+		return 0, fmt.Errorf("port-forward: %w", err)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(rctx, "POST", "http://127.0.0.1:"+strconv.Itoa(int(ports[0].Local))+"/volumes",
+		strings.NewReader(`{"handle":"v1"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
