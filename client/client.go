@@ -17,6 +17,7 @@ package client
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -299,7 +300,7 @@ func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn 
 		}
 		var apiErr *APIError
 		if ctx.Err() != nil || errors.As(err, &apiErr) && apiErr.StatusCode != http.StatusServiceUnavailable {
-			return cmpErr(ctx.Err(), err)
+			return cmp.Or(ctx.Err(), err)
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -310,13 +311,6 @@ func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn 
 		}
 		pause = min(2*pause, 5*time.Second)
 	}
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // follow reads one events answer. It returns the number of the next
@@ -348,7 +342,7 @@ func (c *Client) follow(ctx context.Context, team, handle string, since int, fn 
 			return since, true, nil
 		}
 	}
-	return since, false, cmpErr(sc.Err(), fmt.Errorf("jetway: events of %s ended before the step did", handle))
+	return since, false, cmp.Or(sc.Err(), fmt.Errorf("jetway: events of %s ended before the step did", handle))
 }
 
 // Run submits a step (or takes the team's existing one of that handle),

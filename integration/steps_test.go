@@ -33,28 +33,27 @@ import (
 )
 
 // submitStep posts a step with token ("" for a gateway without tokens),
-// again while the gateway answers 503 (it is finding its steps).
+// once the gateway has found the steps in its targets' pods (before, it
+// answers 503).
 func (g *gateway) submitStep(t *testing.T, token string, req steps.Request) (int, steps.View, string) {
 	t.Helper()
+	select {
+	case <-g.steps.Recovered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway did not find its steps within 10 s")
+	}
 	body, err := json.Marshal(req)
 	require.NoError(t, err)
-	var resp *http.Response
-	var raw bytes.Buffer
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		hreq, err := http.NewRequest(http.MethodPost, g.base+"/api/v1/steps", bytes.NewReader(body))
-		require.NoError(t, err)
-		if token != "" {
-			hreq.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err = http.DefaultClient.Do(hreq)
-		require.NoError(t, err)
-		raw.Reset()
-		_, _ = raw.ReadFrom(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
-			break
-		}
+	hreq, err := http.NewRequest(http.MethodPost, g.base+"/api/v1/steps", bytes.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		hreq.Header.Set("Authorization", "Bearer "+token)
 	}
+	resp, err := http.DefaultClient.Do(hreq)
+	require.NoError(t, err)
+	var raw bytes.Buffer
+	_, _ = raw.ReadFrom(resp.Body)
+	resp.Body.Close()
 	var v steps.View
 	if resp.StatusCode < 300 {
 		require.NoError(t, json.Unmarshal(raw.Bytes(), &v), raw.String())

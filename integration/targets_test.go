@@ -56,6 +56,7 @@ type gateway struct {
 	base     string
 	logs     *syncBuffer
 	registry *targets.Registry
+	steps    *steps.Manager
 	reg      *prometheus.Registry
 	stop     func()
 }
@@ -150,7 +151,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			t.Logf("gateway %s logs:\n%s", o.identity, logs.String())
 		}
 	})
-	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, reg: reg, stop: stop}
+	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop}
 	for _, tok := range o.tokens {
 		if tok.Admin {
 			g.token = tok.Token // what the test's own reads use

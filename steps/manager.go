@@ -87,10 +87,11 @@ type Manager struct {
 	// (or recoverTimeout passed): until then a handle not known may be in
 	// a pod not read yet, so the API answers 503, never 404, and takes no
 	// new step (it might be a second one of a handle).
-	recovered bool
-	started   time.Time
-	kick      chan struct{}
-	wg        sync.WaitGroup // runners
+	recovered   bool
+	recoveredCh chan struct{} // closed when recovered is set
+	started     time.Time
+	kick        chan struct{}
+	wg          sync.WaitGroup // runners
 }
 
 // New builds a Manager; Start runs it.
@@ -109,7 +110,7 @@ func New(opts Options) *Manager {
 		opts.Now = time.Now
 	}
 	return &Manager{opts: opts, steps: map[key]*step{}, reserved: map[string]map[string]string{},
-		scanned: map[*targets.Target]bool{}, kick: make(chan struct{}, 1)}
+		scanned: map[*targets.Target]bool{}, kick: make(chan struct{}, 1), recoveredCh: make(chan struct{})}
 }
 
 // Start places pending steps whenever a target may have room (the
@@ -135,7 +136,6 @@ func (m *Manager) Start(ctx context.Context) error {
 			recovering.Stop()
 		}
 		m.place()
-		m.sweep()
 		select {
 		case <-ctx.Done():
 			m.wg.Wait()
@@ -143,6 +143,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-changed:
 		case <-m.kick:
 		case <-sweep.C:
+			m.sweep() // retention only: no need to walk every step on every pod change
 		case <-recovering.C:
 		}
 	}
@@ -158,6 +159,10 @@ func (m *Manager) wake() {
 	default:
 	}
 }
+
+// Recovered is closed once a start has found the steps in its targets'
+// pods (see recovered): from then on the API takes steps.
+func (m *Manager) Recovered() <-chan struct{} { return m.recoveredCh }
 
 // running reports whether Start runs.
 func (m *Manager) running() bool {

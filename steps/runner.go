@@ -2,6 +2,7 @@ package steps
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -312,7 +313,7 @@ func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepag
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		execErr = r.m.opts.Exec(ctx, r.t, r.pod, cmd, stdin, pw)
-		pw.CloseWithError(cmpErr(execErr, io.EOF))
+		pw.CloseWithError(cmp.Or(execErr, io.EOF))
 	})
 	st, done, err := r.consume(pr)
 	if done {
@@ -341,13 +342,6 @@ func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepag
 		return st, false, execErr
 	}
 	return st, false, fmt.Errorf("the agent's output ended before the step's status: %w", err)
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // consume reads frames, turning each complete one into an event, until

@@ -191,6 +191,7 @@ func (m *Manager) adopt() bool {
 	defer m.mu.Unlock()
 	if !m.recovered && (all || m.opts.Now().Sub(m.started) > recoverTimeout) {
 		m.recovered = true
+		close(m.recoveredCh)
 		m.opts.Logger.Info("steps recovered", "steps", len(m.steps), "complete", all)
 	}
 	return m.recovered

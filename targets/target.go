@@ -49,14 +49,7 @@ type Target struct {
 
 // CachedPod returns a step pod as the watch last saw it, or nil. It is
 // shared: do not modify it.
-func (t *Target) CachedPod(name string) *corev1.Pod {
-	for _, p := range t.Pods() {
-		if p.Name == name {
-			return p
-		}
-	}
-	return nil
-}
+func (t *Target) CachedPod(name string) *corev1.Pod { return t.pods.view().(podSummary).byName[name] }
 
 // PodsChanged returns a channel closed at the next change of the cached
 // step pods.
@@ -244,15 +237,17 @@ func notOlder(have, want string) bool {
 // podSummary is what the pods cache serves, computed on every change.
 type podSummary struct {
 	pods    []*corev1.Pod
+	byName  map[string]*corev1.Pod // each step's runner looks its pod up on every change
 	counts  Counts
 	holding []string
 }
 
 func podsView(items []any) any {
-	s := podSummary{pods: make([]*corev1.Pod, 0, len(items))}
+	s := podSummary{pods: make([]*corev1.Pod, 0, len(items)), byName: make(map[string]*corev1.Pod, len(items))}
 	for _, it := range items {
 		p := it.(*corev1.Pod)
 		s.pods = append(s.pods, p)
+		s.byName[p.Name] = p
 		if p.DeletionTimestamp == nil {
 			for _, v := range p.Spec.Volumes {
 				if v.EmptyDir != nil {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
@@ -240,25 +241,17 @@ func withCore(cfg *rest.Config) *rest.Config {
 
 // jetwayStep submits the task to the gateway and follows its events.
 func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
-	body, _ := json.Marshal(steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", benchScript}}})
-	submit := time.Now()
-	resp, err := http.Post(base+"/api/v1/steps", "application/json", bytes.NewReader(body))
-	for err == nil && resp.StatusCode == http.StatusServiceUnavailable { // the gateway is finding its steps
-		resp.Body.Close()
-		time.Sleep(50 * time.Millisecond)
-		submit = time.Now()
-		resp, err = http.Post(base+"/api/v1/steps", "application/json", bytes.NewReader(body))
-	}
+	c, err := client.New(client.Options{URL: base})
 	if err != nil {
 		b.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		b.Fatalf("submit %s: %s", handle, resp.Status)
+	submit := time.Now()
+	if _, created, err := c.SubmitStep(ctx, steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
+		Run: steps.Run{Path: "sh", Args: []string{"-c", benchScript}}}); err != nil || !created {
+		b.Fatalf("submit %s: created %v, %v", handle, created, err)
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/steps/"+handle+"/events", nil)
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		b.Fatal(err)
 	}
