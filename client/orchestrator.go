@@ -49,6 +49,10 @@ type ResourceStep struct {
 	Params  any
 	// Inputs are a put's artifacts, under the build dir by name.
 	Inputs []steps.Input
+	// ReuseKey, for a check, runs it in a warm sandbox pod kept for the
+	// checks of the same team, image and key: say, the resource's name
+	// in its pipeline. Empty: a pod of its own.
+	ReuseKey string
 	// OnEvent, if set, gets the step's events (its stderr is the log).
 	OnEvent func(steps.Event)
 }
@@ -121,6 +125,6 @@ func (c *Client) resource(ctx context.Context, typ string, r ResourceStep) (step
 		}
 	}
 	req := steps.Request{Handle: r.Handle, Type: typ, Team: r.Team, Tags: r.Tags, Platform: r.Platform,
-		Image: r.Image, Inputs: r.Inputs, Resource: res}
+		Image: r.Image, Inputs: r.Inputs, Resource: res, ReuseKey: r.ReuseKey}
 	return c.Run(ctx, req, r.OnEvent)
 }

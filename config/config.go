@@ -65,10 +65,11 @@ type Config struct {
 	MaxActiveVolumesPerTarget    int             `mapstructure:"max-active-volumes-per-target" help:"step pod volumes on one target under limit-active-volumes (0: no limit)"`
 
 	// Steps.
-	StepAgentImage string        `mapstructure:"step-agent-image" help:"image holding jetway's step agent (make image builds it; push it to a registry the targets pull from): copied into every step pod by an init container, and its volume sidecar"`
-	ImagePullGrace time.Duration `mapstructure:"image-pull-grace" help:"how long a step's image pull may fail for a passing reason (rate limit, registry 5xx) before the step errors; pulls that cannot succeed fail at once"`
-	StepKillGrace  time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
-	ResourceDir    string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
+	StepAgentImage  string        `mapstructure:"step-agent-image" help:"image holding jetway's step agent (make image builds it; push it to a registry the targets pull from): copied into every step pod by an init container, and its volume sidecar"`
+	ImagePullGrace  time.Duration `mapstructure:"image-pull-grace" help:"how long a step's image pull may fail for a passing reason (rate limit, registry 5xx) before the step errors; pulls that cannot succeed fail at once"`
+	StepKillGrace   time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
+	ResourceDir     string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
+	CheckSandboxTTL time.Duration `mapstructure:"check-sandbox-ttl" help:"how long an idle check sandbox (the warm pod of checks with a reuse_key) is kept"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
@@ -100,10 +101,11 @@ func Default() Config {
 
 		MaxStreams: 64,
 
-		StepAgentImage: "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
-		ImagePullGrace: 2 * time.Minute,
-		StepKillGrace:  10 * time.Second,
-		ResourceDir:    "/opt/resource",
+		StepAgentImage:  "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
+		ImagePullGrace:  2 * time.Minute,
+		StepKillGrace:   10 * time.Second,
+		ResourceDir:     "/opt/resource",
+		CheckSandboxTTL: 10 * time.Minute,
 
 		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
 		CheckPlacementStrategy: selection.Chain{selection.Random},
@@ -209,6 +211,9 @@ func (c Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.ResourceDir, "/") {
 		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)
+	}
+	if c.CheckSandboxTTL <= 0 {
+		add("check-sandbox-ttl", "must be positive, got %s", c.CheckSandboxTTL)
 	}
 	if c.StepKillGrace <= 0 {
 		add("step-kill-grace", "must be positive, got %s", c.StepKillGrace)

@@ -73,6 +73,7 @@ type gatewayOptions struct {
 	pullGrace   time.Duration
 	killGrace   time.Duration
 	resourceDir string
+	sandboxTTL  time.Duration
 	// listen, if set, is the API's address (a restarted gateway keeps it).
 	listen string
 }
@@ -129,8 +130,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
-		ResourceDir: o.resourceDir,
-		Logger:      logger, Metrics: steps.NewMetrics(reg)})
+		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL,
+		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,

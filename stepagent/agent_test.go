@@ -392,3 +392,66 @@ func tarOf(t *testing.T, files map[string]string) []byte {
 	require.NoError(t, tw.Close())
 	return buf.Bytes()
 }
+
+func TestRunsOfASandboxAreApartAndForgotten(t *testing.T) {
+	root, _ := newStep(t, "")
+	specOf := func(script string) []byte {
+		raw, err := json.Marshal(stepagent.Spec{Handle: "h", Path: "sh", Args: []string{"-c", script}})
+		require.NoError(t, err)
+		return raw
+	}
+	results := map[string]string{}
+	for _, name := range []string{"check-1", "check-2"} {
+		spec := specOf("echo " + name + "; pwd")
+		out, code := agent(t, root, slices.Concat(spec, []byte("[]")),
+			"run", "--run", name, "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2")
+		require.Equal(t, 0, code, "%s", out)
+		stdout, _, st := outcome(t, frames(t, out))
+		require.Equal(t, 0, st.ExitStatus)
+		results[name] = stdout
+	}
+	for name, stdout := range results {
+		runRoot, err := stepagent.RunRoot(root, name)
+		require.NoError(t, err)
+		assert.Equal(t, name+"\n"+stepagent.Path(runRoot, stepagent.BuildDir)+"\n", stdout, "each run has its own build dir")
+		out, code := agent(t, root, nil, "forget", "--run", name)
+		require.Equal(t, 0, code, "%s", out)
+		assert.NoDirExists(t, runRoot)
+	}
+
+	out, code := agent(t, root, nil, "run", "--run", "../escape", "--inputs-bytes", "0")
+	assert.Equal(t, stepagent.ExitUsage, code)
+	assert.Contains(t, string(out), `run "../escape": not a folder name`)
+	out, code = agent(t, root, nil, "forget")
+	assert.Equal(t, stepagent.ExitUsage, code)
+	assert.Contains(t, string(out), "forget needs --run")
+}
+
+func TestARunningRunIsNotForgotten(t *testing.T) {
+	root, _ := newStep(t, "")
+	raw, err := json.Marshal(stepagent.Spec{Handle: "h", Path: "sh", Args: []string{"-c", "echo up; sleep 30"}, KillGrace: stepagent.Duration(time.Second)})
+	require.NoError(t, err)
+	runRoot, err := stepagent.RunRoot(root, "long")
+	require.NoError(t, err)
+	t.Cleanup(func() { killAll(runRoot) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, "run", "--run", "long", "--spec-bytes", strconv.Itoa(len(raw)), "--inputs-bytes", "2")
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	cmd.Stdin = bytes.NewReader(slices.Concat(raw, []byte("[]")))
+	pipe, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	r := bufio.NewReader(pipe)
+	for range 2 { // started, "up": the process runs
+		_, err := stepagent.ReadFrame(r)
+		require.NoError(t, err)
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	out, code := agent(t, root, nil, "forget", "--run", "long")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, string(out), "still runs")
+	assert.FileExists(t, stepagent.Path(runRoot, stepagent.SpecFile))
+}

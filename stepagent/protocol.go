@@ -61,6 +61,9 @@ const (
 	StatusFile  = "run/status.json"  // written last, atomically
 	BuildDir    = "build"            // the step's build dir: inputs and outputs live here
 	VolumesDir  = "volumes"          // volumes/<handle> -> ../build/<path>, served by the sidecar
+	// RunsDir holds a sandbox pod's runs: runs/<name> is a root of its own
+	// for each step run there (see RunRoot).
+	RunsDir = "runs"
 )
 
 // VolumePort is where the volume sidecar listens.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -206,6 +207,31 @@ func Abort(root string) error {
 		}
 		return finishUnstarted(root)
 	})
+}
+
+// RunRoot is the root of one run of a sandbox pod, where several steps
+// run one after another (or side by side), each in its own folder.
+func RunRoot(root, name string) (string, error) {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`) {
+		return "", fmt.Errorf("run %q: not a folder name", name)
+	}
+	return Path(root, RunsDir+"/"+name), nil
+}
+
+// Forget deletes an ended run's folder. A run whose supervisor still
+// lives stays: forget it once it has ended.
+func Forget(root string) error {
+	if !exists(Path(root, SpecFile)) || exists(Path(root, StatusFile)) {
+		return os.RemoveAll(root) // never prepared, forgotten already, or ended
+	}
+	var ended bool
+	if err := ifNoSupervisor(root, func() error { ended = true; return nil }); err != nil {
+		return err
+	}
+	if !ended {
+		return errors.New("the run's process still runs: abort it first")
+	}
+	return os.RemoveAll(root)
 }
 
 // ifNoSupervisor runs f holding the supervisor's lock, if no supervisor

@@ -23,6 +23,13 @@ import (
 // later.
 func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	now := r.m.opts.Now().UTC()
+	if r.s.sandbox != nil { // the pod is the sandbox's, not the step's
+		if r.s.finish(e, now) {
+			r.m.ended(r.s)
+		}
+		r.m.released(r.s)
+		return
+	}
 	if !keep {
 		// Gone before the end shows, so that whoever sees the end sees
 		// the pod released.
@@ -91,7 +98,7 @@ func (r *runner) replay(ctx context.Context, e end) {
 	}
 	if p.Status.Phase == corev1.PodRunning {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, _, err := r.attach(tctx, agent("tail", "--offset", "0"), nil)
+		_, _, err := r.attach(tctx, r.agent("tail", "--offset", "0"), nil)
 		cancel()
 		if err != nil {
 			r.m.opts.Logger.Warn("ended step's log not replayed", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
@@ -129,7 +136,7 @@ func recovered(k key, p *corev1.Pod, target string) (*step, error) {
 // release deletes the step's pod, and with it its outputs.
 func (m *Manager) release(ctx context.Context, s *step) error {
 	v := s.snapshot()
-	if v.Pod != "" && !v.Released {
+	if v.Pod != "" && !v.Released && s.sandbox == nil {
 		t, err := m.opts.Registry.Target(v.Target)
 		if err == nil {
 			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)

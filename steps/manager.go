@@ -63,6 +63,9 @@ type Options struct {
 	// Retain is how long an ended step whose pod is gone stays visible;
 	// default 10m.
 	Retain time.Duration
+	// SandboxTTL is how long an idle check sandbox is kept; default
+	// DefaultSandboxTTL.
+	SandboxTTL time.Duration
 	// ResourceDir is where resource images keep their check, in and out
 	// scripts; default DefaultResourceDir.
 	ResourceDir string
@@ -90,6 +93,7 @@ type Manager struct {
 	recovered   bool
 	recoveredCh chan struct{} // closed when recovered is set
 	started     time.Time
+	sandboxes   map[sandboxKey][]*sandbox
 	kick        chan struct{}
 	wg          sync.WaitGroup // runners
 }
@@ -100,6 +104,7 @@ func New(opts Options) *Manager {
 	opts.KillGrace = cmp.Or(opts.KillGrace, 10*time.Second)
 	opts.Retain = cmp.Or(opts.Retain, 10*time.Minute)
 	opts.ResourceDir = cmp.Or(opts.ResourceDir, DefaultResourceDir)
+	opts.SandboxTTL = cmp.Or(opts.SandboxTTL, DefaultSandboxTTL)
 	if opts.Exec == nil {
 		opts.Exec = execPod
 	}
@@ -110,7 +115,7 @@ func New(opts Options) *Manager {
 		opts.Now = time.Now
 	}
 	return &Manager{opts: opts, steps: map[key]*step{}, reserved: map[string]map[string]string{},
-		scanned: map[*targets.Target]bool{}, kick: make(chan struct{}, 1), recoveredCh: make(chan struct{})}
+		scanned: map[*targets.Target]bool{}, sandboxes: map[sandboxKey][]*sandbox{}, kick: make(chan struct{}, 1), recoveredCh: make(chan struct{})}
 }
 
 // Start places pending steps whenever a target may have room (the
@@ -126,7 +131,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.ctx, m.started = ctx, m.opts.Now()
 	m.mu.Unlock()
-	sweep := time.NewTicker(time.Minute)
+	sweep := time.NewTicker(min(time.Minute, m.opts.SandboxTTL/4))
 	defer sweep.Stop()
 	recovering := time.NewTicker(time.Second) // until recovered
 	defer recovering.Stop()
@@ -136,6 +141,9 @@ func (m *Manager) Start(ctx context.Context) error {
 			recovering.Stop()
 		}
 		m.place()
+		if m.hasSandboxes() {
+			m.tendSandboxes()
+		}
 		select {
 		case <-ctx.Done():
 			m.wg.Wait()
@@ -143,7 +151,8 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-changed:
 		case <-m.kick:
 		case <-sweep.C:
-			m.sweep() // retention only: no need to walk every step on every pod change
+			m.sweep() // retention and idle sandboxes: no need on every pod change
+			m.tendSandboxes()
 		case <-recovering.C:
 		}
 	}
@@ -379,4 +388,10 @@ func (m *Manager) podGone(target, pod string) bool {
 	}
 	ok, _ := t.Synced()
 	return ok && t.CachedPod(pod) == nil
+}
+
+func (m *Manager) hasSandboxes() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sandboxes) > 0
 }

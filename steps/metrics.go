@@ -10,6 +10,8 @@ type Metrics struct {
 	submissions *prometheus.CounterVec
 	endings     *prometheus.CounterVec
 	reattaches  prometheus.Counter
+	sandboxes   *prometheus.CounterVec
+	sandboxGone *prometheus.CounterVec
 }
 
 // NewMetrics registers the steps' metrics on reg.
@@ -27,8 +29,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_step_reattaches_total",
 			Help: "Times a step's output stream broke and jetway attached again from the last complete frame.",
 		}),
+		sandboxes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_check_sandbox_checks_total",
+			Help: "Checks with a reuse_key, by where they ran: warm (a live sandbox) or new (a sandbox made for them).",
+		}, []string{"sandbox"}),
+		sandboxGone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_check_sandboxes_deleted_total",
+			Help: "Check sandboxes deleted, by why: idle (past check-sandbox-ttl), broken, or target (it takes no new work).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.submissions, m.endings, m.reattaches)
+	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone)
 	return m
 }
 
@@ -47,5 +57,17 @@ func (m *Metrics) finished(typ string, phase Phase) {
 func (m *Metrics) reattached() {
 	if m != nil {
 		m.reattaches.Inc()
+	}
+}
+
+func (m *Metrics) sandboxUsed(warm bool) {
+	if m != nil {
+		m.sandboxes.WithLabelValues(map[bool]string{true: "warm", false: "new"}[warm]).Inc()
+	}
+}
+
+func (m *Metrics) sandboxDeleted(reason string) {
+	if m != nil {
+		m.sandboxGone.WithLabelValues(reason).Inc()
 	}
 }

@@ -41,6 +41,9 @@ type Request struct {
 	// Resource, for check, get and put steps, runs the resource's script
 	// in place of run (see Resource).
 	Resource *Resource `json:"resource,omitempty"`
+	// ReuseKey, for a check step, runs it in a warm sandbox pod kept for
+	// the checks of the same team, image and key (see SandboxLabel).
+	ReuseKey string `json:"reuse_key,omitempty"`
 }
 
 // Run is the process.
@@ -139,6 +142,14 @@ func (r *Request) checkHead() *FieldError {
 	}
 	if strings.TrimSpace(r.Image) == "" {
 		return fieldErr("image", "required")
+	}
+	switch {
+	case r.ReuseKey != "" && r.Type != selection.StepCheck:
+		return fieldErr("reuse_key", "only check steps run in a sandbox; a %s step gets a pod of its own", r.Type)
+	case len(r.ReuseKey) > 253:
+		return fieldErr("reuse_key", "%d bytes is too long (at most 253)", len(r.ReuseKey))
+	case r.ReuseKey != "" && len(r.Inputs)+len(r.Outputs) > 0:
+		return fieldErr("reuse_key", "a check in a sandbox has no inputs or outputs")
 	}
 	return nil
 }

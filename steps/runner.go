@@ -30,6 +30,7 @@ type runner struct {
 	adopted *corev1.Pod // the pod a restarted gateway found, or nil
 	offset  int64       // end of the last complete frame consumed
 	inputs  []stepagent.Input
+	run     string // the step's folder in its sandbox pod, if it runs in one
 
 	// answer collects a resource step's stdout: its result, not its log.
 	answer []byte
@@ -58,6 +59,9 @@ func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
 func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod string, adopted *corev1.Pod) {
 	defer close(s.done)
 	r := &runner{m: m, s: s, t: t, pod: pod, adopted: adopted}
+	if s.sandbox != nil {
+		r.run = runName(s)
+	}
 	defer func() {
 		if r.closing != nil {
 			r.closing()
@@ -70,6 +74,9 @@ func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod strin
 			return
 		}
 	} else if err := r.create(ctx); err != nil {
+		if s.sandbox != nil {
+			m.leaveSandbox(s.sandbox, false)
+		}
 		m.unreserve(t.Name(), pod)
 		if ctx.Err() == nil {
 			r.conclude(ctx, Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false)
@@ -93,6 +100,23 @@ func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod strin
 		log.Warn("step errored", "error", err.Error())
 	}
 	r.conclude(ctx, e, keep)
+	if s.sandbox != nil {
+		r.leave(ctx, err == nil && cause == nil)
+	}
+}
+
+// leave ends a check's use of its sandbox, deleting its folder there once
+// it ended by its script's exit; else the sandbox is broken and goes.
+func (r *runner) leave(ctx context.Context, healthy bool) {
+	if healthy {
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := r.m.opts.Exec(fctx, r.t, r.pod, r.agent("forget"), nil, nopWriter{})
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			r.m.opts.Logger.Warn("check's folder in its sandbox not deleted", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
+		}
+	}
+	r.m.leaveSandbox(r.s.sandbox, healthy)
 }
 
 // outcome is the step's last event, and whether its pod stays (its
@@ -135,9 +159,22 @@ func (r *runner) hasStarted() bool {
 	return !r.startedAt.IsZero()
 }
 
-// create makes the step's pod; one already there with the step's labels
+// create makes the step's pod; a check in a sandbox waits for the
+// sandbox's pod instead, made by the first check placed in it. A pod
+// already there with the step's labels
 // (a retry after a lost answer) is taken as made.
 func (r *runner) create(ctx context.Context) error {
+	if sb := r.s.sandbox; sb != nil {
+		if r.s.makes {
+			r.makeSandbox(ctx)
+		}
+		select {
+		case <-sb.ready:
+			return sb.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	pod := buildPod(&r.s.req, r.s.caller, r.t, r.s.snapshot().PlacedAt, r.m.opts.Pod)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -175,6 +212,15 @@ func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.S
 
 // agent builds an agent command line.
 func agent(args ...string) []string { return append([]string{agentCommand}, args...) }
+
+// agent builds an agent command line for the step: in a sandbox, in the
+// step's own folder.
+func (r *runner) agent(args ...string) []string {
+	if r.run != "" {
+		args = append(args, "--run", r.run)
+	}
+	return agent(args...)
+}
 
 // follow starts the process (once: the agent never runs it twice) and
 // reads its log to the end, attaching again from the last complete frame
@@ -214,7 +260,7 @@ func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
 			r.m.opts.Metrics.reattached()
 			r.m.opts.Logger.Warn("step output interrupted; attaching again", "target", r.t.Name(), "pod", r.pod,
 				"offset", r.offset, "error", err.Error())
-			cmd, stdin = agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
+			cmd, stdin = r.agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
 		default: // not started yet: the same start again (it never runs twice)
 			r.m.opts.Logger.Debug("step start failed; retrying", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
 		}
@@ -239,7 +285,7 @@ func nextRetry(last, failingFor time.Duration) time.Duration {
 // adopted one a tail of its log from the beginning.
 func (r *runner) first(ctx context.Context) ([]string, []byte, error) {
 	if r.adopted != nil {
-		return agent("tail", "--offset", "0"), nil, nil
+		return r.agent("tail", "--offset", "0"), nil, nil
 	}
 	return r.start(ctx)
 }
@@ -257,7 +303,7 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	// it is gone, and with it the step's environment and stdin).
 	if r.adopted == nil && len(r.s.req.Inputs) == 0 {
 		stdin := append(spec, "[]"...)
-		return agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2"), stdin, nil
+		return r.agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2"), stdin, nil
 	}
 	if r.adopted == nil {
 		if err := r.prepare(ctx, spec); err != nil {
@@ -269,7 +315,7 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 		return nil, nil, err
 	}
 	raw, _ := json.Marshal(inputs)
-	return agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
+	return r.agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
 }
 
 // lostAfter bounds how long jetway keeps trying to reach a step's agent
@@ -287,7 +333,7 @@ const firstRetry = 20 * time.Millisecond
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
 	backoff, since := firstRetry, r.m.opts.Now()
 	for {
-		err := r.m.opts.Exec(ctx, r.t, r.pod, agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
+		err := r.m.opts.Exec(ctx, r.t, r.pod, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
 		if err == nil {
 			return nil
 		}

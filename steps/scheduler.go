@@ -25,6 +25,11 @@ func (m *Manager) place() {
 	candidates := Candidates(m.opts.Registry.Snapshot(), extra)
 	var still []*step
 	for _, s := range m.pending {
+		if s.req.ReuseKey != "" {
+			if sb := m.takeSandbox(s, candidates); sb != nil && m.placeIn(s, sb) {
+				continue
+			}
+		}
 		name, why := m.decide(s, candidates)
 		if name == "" {
 			s.wait(why)
@@ -37,6 +42,10 @@ func (m *Manager) place() {
 			continue
 		}
 		pod := podName(s.key.team, s.key.handle)
+		if s.req.ReuseKey != "" {
+			s.sandbox, s.makes = m.newSandbox(s, name), true
+			pod = s.sandbox.pod
+		}
 		now := m.opts.Now().UTC()
 		s.update(func(v *View) { v.Phase, v.Target, v.Pod, v.PlacedAt, v.Waiting = Starting, name, pod, now, "" })
 		m.reserve(name, pod, s.req.Type)
@@ -48,6 +57,22 @@ func (m *Manager) place() {
 		m.start(s, t, pod, nil)
 	}
 	m.pending = still
+}
+
+// placeIn runs s in the live sandbox sb, which counts s already; false
+// (and sb left) when its target went since the snapshot. Called with
+// m.mu held.
+func (m *Manager) placeIn(s *step, sb *sandbox) bool {
+	t, err := m.opts.Registry.Target(sb.target)
+	if err != nil {
+		sb.busy--
+		return false
+	}
+	now := m.opts.Now().UTC()
+	s.update(func(v *View) { v.Phase, v.Target, v.Pod, v.PlacedAt, v.Waiting = Starting, sb.target, sb.pod, now, "" })
+	s.sandbox = sb
+	m.start(s, t, sb.pod, nil)
+	return true
 }
 
 // decide places one step; "" and why when no target may take it now.
@@ -200,6 +225,10 @@ func (m *Manager) adopt() bool {
 // adoptPod makes a step of a pod this gateway does not know. Called with
 // m.mu held.
 func (m *Manager) adoptPod(t *targets.Target, p *corev1.Pod) {
+	if p.Labels[SandboxLabel] != "" {
+		m.adoptSandbox(t, p)
+		return
+	}
 	handle := p.Labels[HandleLabel]
 	if handle == "" || p.DeletionTimestamp != nil {
 		return

@@ -125,6 +125,11 @@ type step struct {
 	aborted bool
 	done    chan struct{} // closed when the runner returned
 	forget  time.Time     // when an ended, released step is dropped
+
+	// sandbox is the check sandbox the step runs in, and makes whether its
+	// runner makes the sandbox's pod: set before the runner starts.
+	sandbox *sandbox
+	makes   bool
 }
 
 func newStep(k key, req Request, caller callerLabel, now time.Time) *step {

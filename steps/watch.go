@@ -152,7 +152,7 @@ func (r *runner) abort(ctx context.Context, reachable bool, cause error, stop co
 	defer deadline.Stop()
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := r.m.opts.Exec(actx, r.t, r.pod, agent("abort"), nil, nopWriter{})
+		err := r.m.opts.Exec(actx, r.t, r.pod, r.agent("abort"), nil, nopWriter{})
 		cancel()
 		if err == nil {
 			break

@@ -121,6 +121,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
 		ResourceDir:    cfg.ResourceDir,
+		SandboxTTL:     cfg.CheckSandboxTTL,
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	})

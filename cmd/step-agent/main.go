@@ -17,7 +17,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(stepagent.ExitUsage, errors.New("usage: step-agent install|pid1|prepare|run|tail|abort|supervise|volumes ..."))
+		fail(stepagent.ExitUsage, errors.New("usage: step-agent install|pid1|prepare|run|tail|abort|forget|supervise|volumes ..."))
 	}
 	if err := dispatch(os.Args[1], os.Args[2:]); err != nil {
 		code := 1
@@ -49,8 +49,15 @@ func dispatch(cmd string, args []string) error {
 	inputBytes := fs.Int("inputs-bytes", 0, "bytes of inputs JSON on stdin, after the spec")
 	offset := fs.Int64("offset", 0, "log offset to tail from")
 	listen := fs.String("listen", ":7788", "volume sidecar address")
+	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *run != "" {
+		var err error
+		if root, err = stepagent.RunRoot(root, *run); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
 	}
 	switch cmd {
 	case "install":
@@ -81,6 +88,11 @@ func dispatch(cmd string, args []string) error {
 		return stepagent.Tail(root, *offset, os.Stdout)
 	case "abort":
 		return stepagent.Abort(root)
+	case "forget":
+		if *run == "" {
+			return fmt.Errorf("%w: forget needs --run", errUsage)
+		}
+		return stepagent.Forget(root)
 	case "supervise":
 		return stepagent.Supervise(root)
 	case "volumes":

@@ -36,7 +36,8 @@ const StepContainer = "step"
 const stepCleanupTimeout = 10 * time.Second
 
 // RunStepPods plays the part of a kubelet for the step pods the gateway
-// makes (pods labelled steps.HandleLabel, whose kubelet no test plays, see
+// makes (pods labelled steps.HandleLabel, and check sandboxes, labelled
+// steps.SandboxLabel, whose kubelet no test plays, see
 // KubeletAnnotation; tests that make step-like pods by hand serve them
 // themselves) until ctx ends, then tears every pod down and returns
 // once all it started is gone. For each pod it:
@@ -58,16 +59,20 @@ const stepCleanupTimeout = 10 * time.Second
 // root. Errors setting a pod up are printed and returned at the end.
 func (c *Cluster) RunStepPods(ctx context.Context, agentBin string) error {
 	k := &stepKubelet{c: c, agentBin: agentBin, pods: map[string]*stepPod{}}
-	inf := coreinformers.NewFilteredPodInformer(c.Client, metav1.NamespaceAll, 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.LabelSelector = steps.HandleLabel })
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { k.sync(ctx, obj) },
-		UpdateFunc: func(_, obj any) { k.sync(ctx, obj) },
-		DeleteFunc: func(obj any) { k.gone(obj) },
-	}); err != nil {
-		return fmt.Errorf("step kubelet %s: watch pods: %w", c.Name, err)
+	var wg sync.WaitGroup
+	for _, selector := range []string{steps.HandleLabel, steps.SandboxLabel} {
+		inf := coreinformers.NewFilteredPodInformer(c.Client, metav1.NamespaceAll, 0, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.LabelSelector = selector })
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { k.sync(ctx, obj) },
+			UpdateFunc: func(_, obj any) { k.sync(ctx, obj) },
+			DeleteFunc: func(obj any) { k.gone(obj) },
+		}); err != nil {
+			return fmt.Errorf("step kubelet %s: watch pods: %w", c.Name, err)
+		}
+		wg.Go(func() { inf.RunWithContext(ctx) }) // returns once its handlers have
 	}
-	inf.RunWithContext(ctx) // returns once its handlers have
+	wg.Wait()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for key, p := range k.pods {
@@ -219,8 +224,13 @@ func (k *stepKubelet) teardown(p *stepPod) {
 }
 
 // killStepProcesses SIGKILLs the process groups of the supervisor and of
-// the step, and those processes themselves should they lead no group.
+// the step, and those processes themselves should they lead no group; in
+// a sandbox pod, those of every run.
 func killStepProcesses(root string) {
+	runs, _ := os.ReadDir(filepath.Join(root, stepagent.RunsDir))
+	for _, run := range runs {
+		killStepProcesses(filepath.Join(root, stepagent.RunsDir, run.Name()))
+	}
 	var pids []int
 	if b, err := os.ReadFile(stepagent.Path(root, stepagent.LockFile)); err == nil {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {

@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// TestCheckSandboxes runs checks with a reuse_key: many checks, one after
+// another and at once, run in one warm sandbox pod, each in its own folder
+// (deleted after); another key gets another sandbox; a restarted gateway
+// uses the sandbox it finds; a sandbox deleted by hand is replaced, never
+// reused; idle sandboxes go after the TTL.
+func TestCheckSandboxes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	const ns = "sandbox"
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
+	opts := gatewayOptions{resourceDir: resourceScripts(t), sandboxTTL: 3 * time.Second}
+	g := startGateway(t, dir, opts)
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+
+	check := func(handle, key string) steps.View {
+		t.Helper()
+		versions, err := api.CheckResource(ctx, client.ResourceStep{Handle: handle, Image: "git-resource",
+			Source: map[string]string{"uri": "git://x"}, ReuseKey: key})
+		require.NoError(t, err, handle)
+		assert.Equal(t, []client.Version{{"ref": "a"}, {"ref": "b"}}, versions, handle)
+		return g.step(t, handle)
+	}
+	live := func() []string {
+		t.Helper()
+		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: steps.SandboxLabel})
+		require.NoError(t, err)
+		var names []string
+		for _, p := range list.Items {
+			if p.DeletionTimestamp == nil {
+				names = append(names, p.Name)
+			}
+		}
+		return names
+	}
+
+	first := check("warm-0", "repo-x")
+	sandbox := first.Pod
+	require.True(t, strings.HasPrefix(sandbox, "check-"), sandbox)
+	for i := 1; i < 5; i++ {
+		assert.Equal(t, sandbox, check(fmt.Sprintf("warm-%d", i), "repo-x").Pod)
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() { assert.Equal(t, sandbox, check(fmt.Sprintf("together-%d", i), "repo-x").Pod) })
+	}
+	wg.Wait()
+	assert.Equal(t, []string{sandbox}, live(), "nine checks, one pod")
+	p, err := c.Client.CoreV1().Pods(ns).Get(ctx, sandbox, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotContains(t, p.Labels, steps.HandleLabel, "a sandbox is no step's pod")
+	assert.Len(t, p.Spec.Containers, 1, "no volume sidecar: checks have no volumes")
+	assert.Equal(t, float64(8), metricValue(t, g, `jetway_check_sandbox_checks_total{sandbox="warm"}`))
+	runs := filepath.Join(c.StepRoot(ns, sandbox), "runs")
+	require.Eventually(t, func() bool {
+		entries, err := os.ReadDir(runs)
+		return err == nil && len(entries) == 0
+	}, 10*time.Second, 50*time.Millisecond, "each check's folder is deleted after it")
+
+	other := check("other-0", "repo-y")
+	assert.NotEqual(t, sandbox, other.Pod, "another key, another sandbox")
+
+	// A restarted gateway finds the sandbox and uses it.
+	addr := strings.TrimPrefix(g.base, "http://")
+	g.stop()
+	opts.listen = addr
+	g = startGateway(t, dir, opts)
+	g.waitTarget(t, ns, 10*time.Second, running)
+	assert.Equal(t, sandbox, check("after-restart", "repo-x").Pod)
+
+	// Deleted by hand: the next check gets a new sandbox.
+	require.NoError(t, c.Client.CoreV1().Pods(ns).Delete(ctx, sandbox, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, sandbox, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 30*time.Second, 50*time.Millisecond)
+	replaced := check("after-delete", "repo-x").Pod
+	assert.NotEqual(t, sandbox, replaced)
+	assert.Equal(t, replaced, check("after-delete-2", "repo-x").Pod)
+	assert.Contains(t, live(), replaced)
+
+	// Idle past the TTL, every sandbox goes.
+	require.Eventually(t, func() bool { return len(live()) == 0 }, 30*time.Second, 100*time.Millisecond)
+	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="idle"}`), float64(1))
+	assert.Equal(t, float64(1), metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="broken"}`))
+
+	code, _, body := g.submitStep(t, "", steps.Request{Handle: "task-reuse", Type: "task", Image: "i",
+		Run: steps.Run{Path: "true"}, ReuseKey: "k"})
+	assert.Equal(t, 400, code)
+	assert.Contains(t, body, `"field":"reuse_key"`)
+}
+
+// TestLandingDeletesIdleSandboxes: a landing target's idle sandbox goes at
+// once, so the target lands without waiting out the sandbox TTL.
+func TestLandingDeletesIdleSandboxes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[1]
+	const ns = "sandbox-land"
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t)}) // the default TTL, ten minutes
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	_, err = api.CheckResource(ctx, client.ResourceStep{Handle: "c", Image: "git-resource",
+		Source: map[string]string{"uri": "git://x"}, ReuseKey: "repo"})
+	require.NoError(t, err)
+	sandbox := g.step(t, "c").Pod
+
+	g.land(t, ns)
+	g.waitTarget(t, ns, 30*time.Second, inState("landed"))
+	_, err = c.Client.CoreV1().Pods(ns).Get(ctx, sandbox, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the sandbox is gone: %v", err)
+	assert.Equal(t, float64(1), metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="target"}`))
+}
