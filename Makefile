@@ -140,7 +140,9 @@ bench-placement:
 # bench-steps: 100 short tasks (BENCH_STEPS changes it) on a local cluster,
 # jetway against the floor a bare client-go program reaches (create a pod,
 # wait for Running, exec), alternating, in one run: p50/p99 from submit to
-# process start and from process exit to the exited event.
+# process start and from process exit to the exited event; then 100 checks
+# of one resource, a fresh pod each against a warm sandbox: p50/p99 from
+# call to answer.
 .PHONY: bench-steps
 bench-steps: tools
-	$(GO) test -run '^$$' -bench '^BenchmarkSteps$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^Benchmark(Steps|CheckSandboxes)$$' -benchtime 1x -timeout 30m -v ./integration/bench/

@@ -54,6 +54,27 @@ func BenchmarkSteps(b *testing.B) {
 func runStepsBench(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	c, restCfg, gw, stop := stepsGateway(ctx, b)
+	defer stop()
+
+	var floor, jetway latencies
+	for i := range benchSteps {
+		floor.add(b, floorStep(ctx, b, c, restCfg, fmt.Sprintf("floor-%d", i)))
+		jetway.add(b, jetwayStep(ctx, b, gw.base, fmt.Sprintf("jetway-%d", i)))
+	}
+	floor.report(b, "floor")
+	jetway.report(b, "jetway")
+	for _, q := range []float64{0.5, 0.99} {
+		name := "p" + strconv.Itoa(int(q*100))
+		b.ReportMetric(ratio(jetway.start, floor.start, q), "start-"+name+"-ratio")
+		b.ReportMetric(ratio(jetway.exit, floor.exit, q), "exit-"+name+"-ratio")
+	}
+}
+
+// stepsGateway starts a local cluster's step kubelet, a target on it
+// (namespace bench-steps) and a gateway over it with flags, and waits for
+// the target to run.
+func stepsGateway(ctx context.Context, b *testing.B, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
 	c := cluster.ForTest(b, 1)[0]
 	agent := buildStepAgent(b)
 	kctx, stopKubelet := context.WithCancel(ctx)
@@ -63,7 +84,7 @@ func runStepsBench(b *testing.B) {
 			b.Error(err)
 		}
 	})
-	defer func() { stopKubelet(); kwg.Wait() }()
+	stop := func() { stopKubelet(); kwg.Wait() }
 
 	dir := b.TempDir()
 	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps", Rules: targets.RBACRules(targets.Required)})
@@ -80,8 +101,7 @@ func runStepsBench(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	gw := startGateway(b, buildGateway(b), dir)
-	defer gw.stop(b)
+	gw := startGateway(b, buildGateway(b), dir, flags...)
 	waitFor(b, time.Minute, func() error {
 		for _, t := range gw.targets(b) {
 			if t.State == "running" {
@@ -90,19 +110,7 @@ func runStepsBench(b *testing.B) {
 		}
 		return fmt.Errorf("target not running yet")
 	})
-
-	var floor, jetway latencies
-	for i := range benchSteps {
-		floor.add(b, floorStep(ctx, b, c, restCfg, fmt.Sprintf("floor-%d", i)))
-		jetway.add(b, jetwayStep(ctx, b, gw.base, fmt.Sprintf("jetway-%d", i)))
-	}
-	floor.report(b, "floor")
-	jetway.report(b, "jetway")
-	for _, q := range []float64{0.5, 0.99} {
-		name := "p" + strconv.Itoa(int(q*100))
-		b.ReportMetric(ratio(jetway.start, floor.start, q), "start-"+name+"-ratio")
-		b.ReportMetric(ratio(jetway.exit, floor.exit, q), "exit-"+name+"-ratio")
-	}
+	return c, restCfg, gw, func() { gw.stop(b); stop() }
 }
 
 // sample is one task's latencies; made is jetway's alone: from the

@@ -260,9 +260,9 @@ func buildGateway(b *testing.B) string {
 	return bin
 }
 
-func startGateway(b *testing.B, bin, dir string) *gatewayProc {
-	cmd := exec.Command(bin, "run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--no-auth",
-		"--health-interval", benchInterval.String())
+func startGateway(b *testing.B, bin, dir string, flags ...string) *gatewayProc {
+	cmd := exec.Command(bin, append([]string{"run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--no-auth",
+		"--health-interval", benchInterval.String()}, flags...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
