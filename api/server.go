@@ -98,6 +98,8 @@ func New(opts Options) *Server {
 		mux.HandleFunc("GET /api/v1/steps/{handle}", s.authenticate(s.getStep))
 		mux.HandleFunc("GET /api/v1/steps/{handle}/events", s.authenticate(s.stepEvents))
 		mux.HandleFunc("DELETE /api/v1/steps/{handle}", s.authenticate(s.abortStep))
+		mux.HandleFunc("PUT /api/v1/steps/{handle}/inputs/{name}", s.authenticate(s.uploadInput))
+		mux.HandleFunc("GET /api/v1/steps/{handle}/outputs/{name}", s.authenticate(s.downloadOutput))
 	}
 	s.handler = mux
 	return s

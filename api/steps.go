@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -17,6 +19,8 @@ type Steps interface {
 	Get(caller steps.Caller, team, handle string) (steps.View, error)
 	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error
 	Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error)
+	Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error)
+	Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error)
 }
 
 // stepBodyLimit bounds a step's body: its stdin is small (resources pass
@@ -70,6 +74,8 @@ func (s *Server) stepError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrForbidden):
 		writeJSON(w, http.StatusForbidden, errorBody{Error: err.Error()})
+	case errors.Is(err, steps.ErrConflict):
+		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrInput):
 		writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrUnavailable):
@@ -151,5 +157,44 @@ func (s *Server) abortStep(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, view)
 	default:
 		s.stepError(w, err)
+	}
+}
+
+// encoding is a transfer's ?encoding=, default gzip.
+func encoding(r *http.Request) string {
+	if e := r.URL.Query().Get("encoding"); e != "" {
+		return e
+	}
+	return "gzip"
+}
+
+// uploadInput streams the body, a tar in ?encoding= (raw, gzip or zstd;
+// default gzip), into an input the step declared {from: {upload: true}},
+// once the step's pod is ready for it: 200 with its size and SHA-256.
+func (s *Server) uploadInput(w http.ResponseWriter, r *http.Request) {
+	got, err := s.opts.Steps.Upload(r.Context(), caller(r), r.URL.Query().Get("team"), r.PathValue("handle"),
+		r.PathValue("name"), encoding(r), r.Body)
+	if err != nil {
+		s.stepError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, got)
+}
+
+// downloadOutput streams an output of an ended step as a tar in
+// ?encoding= (default gzip).
+func (s *Server) downloadOutput(w http.ResponseWriter, r *http.Request) {
+	enc := encoding(r)
+	body, err := s.opts.Steps.Download(r.Context(), caller(r), r.URL.Query().Get("team"), r.PathValue("handle"),
+		r.PathValue("name"), enc)
+	if err != nil {
+		s.stepError(w, err)
+		return
+	}
+	defer body.Close()
+	w.Header().Set("Content-Type", map[string]string{"raw": "application/x-tar", "gzip": "application/gzip", "zstd": "application/zstd"}[enc])
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, body); err != nil && r.Context().Err() == nil {
+		s.opts.Logger.Warn("output download cut", "handle", r.PathValue("handle"), "output", r.PathValue("name"), "error", err.Error())
 	}
 }

@@ -140,16 +140,22 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// do sends one request; a non-2xx answer is an *APIError. The caller
-// closes the body of the response it gets.
+// do sends one request, with body as JSON or, an io.Reader, as it is; a
+// non-2xx answer is an *APIError. The caller closes the body of the
+// response it gets.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (*http.Response, error) {
 	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+	contentType := "application/json"
+	switch b := body.(type) {
+	case nil:
+	case io.Reader:
+		rd, contentType = b, "application/octet-stream"
+	default:
+		raw, err := json.Marshal(body)
 		if err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(raw)
 	}
 	u := c.base.JoinPath(path)
 	u.RawQuery = query.Encode()
@@ -158,7 +164,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return nil, err
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)

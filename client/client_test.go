@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -30,10 +34,39 @@ var tokens = []api.Token{
 }
 
 // scripted is a step API whose one step, "s", has the given events and
-// ends in view.
+// ends in view; its inputs are unpacked into, and its outputs packed
+// from, dir/<name>.
 type scripted struct {
 	events []steps.Event
 	view   steps.View
+	dir    string
+}
+
+func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encoding string, body io.Reader) (stepagent.Input, error) {
+	if encoding != "gzip" {
+		return stepagent.Input{}, fmt.Errorf("encoding %q", encoding)
+	}
+	counted := &countingReader{r: body}
+	_, err := unpack(counted, filepath.Join(s.dir, input))
+	return stepagent.Input{Name: input, Bytes: counted.n}, err
+}
+func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ string) (io.ReadCloser, error) {
+	dir := filepath.Join(s.dir, output)
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("%w: no output %s", steps.ErrNotFound, output)
+	}
+	return packDir(dir), nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (s *scripted) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {

@@ -14,8 +14,8 @@ import (
 )
 
 // oneStep stands in for a gateway's steps: a task that prints a line
-// and exits 3.
-type oneStep struct{}
+// and exits 3. (It has no inputs or outputs to transfer.)
+type oneStep struct{ api.Steps }
 
 func (oneStep) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {
 	return steps.View{Handle: "unit-1", Phase: steps.Pending}, true, nil

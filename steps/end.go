@@ -166,6 +166,14 @@ func (r *runner) streamInputs(ctx context.Context) ([]stepagent.Input, error) {
 	caller := streams.Caller{Admin: r.s.caller.Admin, Team: r.s.key.team}
 	out := []stepagent.Input{}
 	for _, in := range r.s.req.Inputs {
+		if in.From.Upload {
+			got, err := r.awaitUpload(ctx, in.Name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, got)
+			continue
+		}
 		req := streams.Request{
 			From:     streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
 			To:       streams.Endpoint{Target: r.t.Name(), Pod: r.pod, Handle: inputVolume(in.Name)},

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -31,6 +32,9 @@ var (
 	ErrUnavailable = errors.New("steps are not accepted now: the gateway is starting or stopping")
 	// ErrInput: an input names a step output that cannot be used.
 	ErrInput = errors.New("input not available")
+	// ErrConflict: an upload or download the step's state does not allow
+	// (an input uploaded already, an output of a step still running).
+	ErrConflict = errors.New("conflict")
 )
 
 // Registry is what the manager reads of the targets.
@@ -45,6 +49,8 @@ type Registry interface {
 // Streamer copies volumes between pods: the streams package.
 type Streamer interface {
 	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error)
+	PutVolume(ctx context.Context, to streams.Endpoint, encoding string, body io.Reader) error
+	OpenVolume(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error)
 }
 
 // Options configure a Manager.

@@ -68,8 +68,11 @@ type Input struct {
 }
 
 // InputSource names where an input comes from: Target, Pod and Handle
-// (and Path inside the volume), or Step and Output.
+// (and Path inside the volume), Step and Output, or Upload: the caller
+// sends it with PUT /api/v1/steps/{handle}/inputs/{name} once the step's
+// pod is ready (gateway execute's local directories).
 type InputSource struct {
+	Upload bool   `json:"upload,omitempty"`
 	Target string `json:"target,omitempty"`
 	Pod    string `json:"pod,omitempty"`
 	Handle string `json:"handle,omitempty"`
@@ -231,6 +234,10 @@ func (s InputSource) check(field string) *FieldError {
 	byStep := s.Step != "" || s.Output != ""
 	byPod := s.Target != "" || s.Pod != "" || s.Handle != "" || s.Path != ""
 	switch {
+	case s.Upload && (byStep || byPod):
+		return fieldErr(field, "an uploaded input names no step or pod")
+	case s.Upload:
+		return nil
 	case byStep && byPod:
 		return fieldErr(field, "either {target, pod, handle, path} or {step, output}, not both")
 	case byStep && (s.Step == "" || s.Output == ""):

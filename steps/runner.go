@@ -128,6 +128,8 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 		return Event{Type: EventFailed, Phase: Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
 	case errors.Is(cause, errAborted):
 		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true
+	case errors.Is(err, errAborted):
+		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted while waiting for its inputs"}, false
 	case errors.Is(cause, errTimedOut):
 		return Event{Type: EventFailed, Phase: Errored, Reason: stepagent.ReasonTimeout,
 			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.s.req.Timeout)}, false
@@ -310,6 +312,7 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 			return nil, nil, err
 		}
 	}
+	r.s.readyForUploads()
 	inputs, err := r.streamInputs(ctx)
 	if err != nil {
 		return nil, nil, err

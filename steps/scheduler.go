@@ -79,6 +79,9 @@ func (m *Manager) placeIn(s *step, sb *sandbox) bool {
 func (m *Manager) decide(s *step, candidates []selection.Candidate) (string, string) {
 	st := selection.Step{Type: s.req.Type, Team: s.req.Team, Tags: s.req.Tags, Platform: s.req.Platform}
 	for _, in := range s.req.Inputs {
+		if in.From.Upload {
+			continue // from outside: no target holds it
+		}
 		if st.Inputs == nil {
 			st.Inputs = map[string]int{}
 		}

@@ -63,6 +63,14 @@ type Event struct {
 	Message    string `json:"message,omitempty"`
 }
 
+// Output is a stdout or stderr event's chunk, as the process wrote it.
+func (e Event) Output() []byte {
+	if e.DataBase64 != nil {
+		return e.DataBase64
+	}
+	return []byte(e.Data)
+}
+
 // withData sets a chunk of output.
 func (e Event) withData(b []byte) Event {
 	if utf8.Valid(b) {
@@ -130,12 +138,25 @@ type step struct {
 	// runner makes the sandbox's pod: set before the runner starts.
 	sandbox *sandbox
 	makes   bool
+
+	// uploads are the inputs the caller uploads, by name; ready is closed
+	// once the pod takes them.
+	uploads map[string]*upload
+	ready   chan struct{}
 }
 
 func newStep(k key, req Request, caller callerLabel, now time.Time) *step {
 	s := &step{key: k, req: req, caller: caller, changed: make(chan struct{}),
 		abort: make(chan struct{}), done: make(chan struct{})}
 	s.view = View{Handle: req.Handle, Team: req.Team, Type: req.Type, Phase: Pending, CreatedAt: now}
+	for _, in := range req.Inputs {
+		if in.From.Upload {
+			if s.uploads == nil {
+				s.uploads, s.ready = map[string]*upload{}, make(chan struct{})
+			}
+			s.uploads[in.Name] = &upload{done: make(chan struct{})}
+		}
+	}
 	return s
 }
 

@@ -270,3 +270,16 @@ func (w *watchdog) stop() int32 {
 	<-w.exited
 	return w.stalled.Load()
 }
+
+// PutVolume uploads body, a volume stream of encoding (raw, gzip or
+// zstd: a tar, compressed or not), into a pod's volume. It checks no
+// caller: the steps package does, for the step whose inputs it fills.
+func (s *Streamer) PutVolume(ctx context.Context, to Endpoint, encoding string, body io.Reader) error {
+	return s.put(ctx, Request{To: to, Encoding: encoding}, body)
+}
+
+// OpenVolume opens a pod volume's stream-out in encoding. It checks no
+// caller: the steps package does, for the step whose outputs it serves.
+func (s *Streamer) OpenVolume(ctx context.Context, from Endpoint, encoding string) (io.ReadCloser, error) {
+	return s.open(ctx, Request{From: from, Encoding: encoding})
+}

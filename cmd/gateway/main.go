@@ -47,13 +47,16 @@ func execute(args []string, stdout, stderr io.Writer) int {
 			"Forget a worker that is not running, until its kubeconfig changes or it is resumed"),
 		lifecycleCommand("resume", "/api/v1/targets/%s/resume", "resumed",
 			"Undo land, an unfinished retire or prune: the worker takes work again once healthy"),
-		streamCommand(), placeCommand(),
+		streamCommand(), placeCommand(), executeCommand(),
 		versionCommand())
 
 	err := root.Execute()
+	var status exitStatus
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &status):
+		return int(status)
 	case errors.Is(err, config.ErrInvalid), errors.As(err, new(usageError)):
 		fmt.Fprintf(stderr, "gateway: %v\n", err)
 		return exitUsage

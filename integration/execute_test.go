@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// executeTask is a task config of two inputs (one at a path of its own)
+// and an output; ((code)) is its exit status.
+const executeTask = `platform: linux
+image_resource:
+  type: registry-image
+  source: {repository: busybox, tag: ((tag))}
+inputs:
+- name: src
+- name: lib
+  path: deps/lib
+outputs:
+- name: out
+caches:
+- path: .cache
+params:
+  GREETING: hi
+  OVERRIDDEN: from-config
+  SLEEP:
+run:
+  path: sh
+  args:
+  - -c
+  - |
+    cat src/hello.txt deps/lib/version
+    echo "$GREETING $OVERRIDDEN"
+    echo to-stderr >&2
+    mkdir -p out/sub && cat src/hello.txt deps/lib/version > out/sub/both
+    [ -n "$SLEEP" ] && echo running && sleep "$SLEEP"
+    exit ((code))
+`
+
+// execute runs `gateway execute` against g in work, returning its exit
+// status, stdout and stderr.
+func (g *gateway) execute(ctx context.Context, t *testing.T, work string, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, gatewayBinary(t), append([]string{"execute", "--url", g.base}, args...)...)
+	cmd.Dir, cmd.Env = work, append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), stdout.String(), stderr.String()
+	}
+	require.NoError(t, err)
+	return 0, stdout.String(), stderr.String()
+}
+
+// executeWork lays out a task.yml and two input folders.
+func executeWork(t *testing.T) string {
+	t.Helper()
+	work := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(work, "task.yml"), []byte(executeTask), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "src"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "lib"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "src", "hello.txt"), []byte("hello\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "lib", "version"), []byte("1.2\n"), 0o644))
+	return work
+}
+
+// TestGatewayExecute runs a task config from local folders as fly execute
+// does: two inputs uploaded, the output streamed live, an output
+// downloaded, params overridden from the environment, the exit status
+// passed through, and Ctrl-C aborting the step with status 130.
+func TestGatewayExecute(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, "execute", "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, "execute", 10*time.Second, running)
+	work := executeWork(t)
+
+	code, stdout, stderr := g.execute(ctx, t, work, []string{"OVERRIDDEN=from-env"},
+		"-c", "task.yml", "-i", "src=src", "-i", "lib=lib", "-o", "out=got", "-v", "tag=1.37", "-v", "code=0")
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Equal(t, "hello\n1.2\nhi from-env\n", stdout)
+	assert.Contains(t, stderr, "to-stderr\n")
+	assert.Contains(t, stderr, "warning: caches are not supported by jetway; ignoring cache .cache")
+	assert.Contains(t, stderr, "uploaded input src from src")
+	assert.Contains(t, stderr, "output out: 1 files into got")
+	both, err := os.ReadFile(filepath.Join(work, "got", "sub", "both"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n1.2\n", string(both))
+	handle := regexp.MustCompile(`executing step (\S+)`).FindStringSubmatch(stderr)
+	require.Len(t, handle, 2)
+	v := g.step(t, handle[1])
+	assert.Equal(t, steps.Succeeded, v.Phase)
+	assert.True(t, v.Released, "execute releases the step's pod")
+
+	code, stdout, stderr = g.execute(ctx, t, work, nil,
+		"-c", "task.yml", "-i", "src=src", "-i", "lib=lib", "-o", "out=failed", "-v", "tag=1.37", "-v", "code=7")
+	assert.Equal(t, 7, code, "the task's exit status: stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stderr, "not downloading outputs: the task failed")
+	assert.NoDirExists(t, filepath.Join(work, "failed"))
+
+	// Ctrl-C while the task runs: the step is aborted, the status 130.
+	cmd := exec.CommandContext(ctx, gatewayBinary(t), "execute", "--url", g.base,
+		"-c", "task.yml", "-i", "src=src", "-i", "lib=lib", "-v", "tag=1.37", "-v", "code=0")
+	cmd.Dir, cmd.Env = work, append(os.Environ(), "SLEEP=60")
+	errOut := &syncBuffer{}
+	cmd.Stderr = errOut
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && sc.Text() != "running" {
+	}
+	require.Equal(t, "running", sc.Text(), errOut.String())
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, errOut.String())
+	assert.Equal(t, 130, ee.ExitCode(), errOut.String())
+	assert.Contains(t, errOut.String(), "interrupted: aborting the step")
+	handle = regexp.MustCompile(`executing step (\S+)`).FindStringSubmatch(errOut.String())
+	require.Len(t, handle, 2)
+	v = g.step(t, handle[1])
+	assert.Equal(t, steps.Aborted, v.Phase, "%+v", v)
+	assert.True(t, v.Released)
+}
