@@ -91,6 +91,15 @@ type StepError struct {
 	Message    string
 }
 
+// NoTargetError is a step no target could run (its team, tags or
+// platform), aborted by Run.
+type NoTargetError struct {
+	Handle  string
+	Message string // the gateway's: what the step asks of a target
+}
+
+func (e *NoTargetError) Error() string { return "step " + e.Handle + ": " + e.Message }
+
 func (e *StepError) Error() string {
 	msg := fmt.Sprintf("step %s %s", e.Handle, e.Phase)
 	if e.ExitStatus != nil {
@@ -114,6 +123,11 @@ type Options struct {
 	// Retry is the first pause before following events again after a
 	// dropped connection; it doubles to 5 s. Default 100 ms.
 	Retry time.Duration
+	// WaitForTarget makes Run (and the Orchestrator's calls) wait for a
+	// target to appear when none fits a step; by default they abort the
+	// step and return a *NoTargetError, as Concourse fails a step no
+	// worker satisfies.
+	WaitForTarget bool
 }
 
 // Client calls one gateway. It is safe for concurrent use.
@@ -122,6 +136,7 @@ type Client struct {
 	token string
 	http  *http.Client
 	retry time.Duration
+	wait  bool
 }
 
 // New checks the options and builds a Client; it does not dial.
@@ -130,7 +145,7 @@ func New(opts Options) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("client: URL %q is not an http(s) URL", opts.URL)
 	}
-	c := &Client{base: u, token: opts.Token, http: opts.HTTPClient, retry: opts.Retry}
+	c := &Client{base: u, token: opts.Token, http: opts.HTTPClient, retry: opts.Retry, wait: opts.WaitForTarget}
 	if c.http == nil {
 		c.http = &http.Client{}
 	}
@@ -359,12 +374,28 @@ func (c *Client) Run(ctx context.Context, req steps.Request, onEvent func(steps.
 	if err != nil {
 		return v, err
 	}
+	var noTarget *NoTargetError
 	err = c.Follow(ctx, v.Team, v.Handle, 0, func(e steps.Event) error {
 		if onEvent != nil {
 			onEvent(e)
 		}
+		if e.Type != steps.EventWaiting || e.Reason != steps.ReasonNoTargetFits || c.wait {
+			return nil
+		}
+		// Only if it still waits for that: a replayed event of a step
+		// placed since is history.
+		if cur, err := c.Step(ctx, v.Team, v.Handle); err == nil && cur.Phase == steps.Pending && cur.Waiting == e.Message {
+			noTarget = &NoTargetError{Handle: v.Handle, Message: e.Message}
+			return noTarget
+		}
 		return nil
 	})
+	if noTarget != nil {
+		if _, err := c.Abort(ctx, v.Team, v.Handle); err != nil {
+			return v, fmt.Errorf("%w (and aborting it: %v)", noTarget, err)
+		}
+		return v, noTarget
+	}
 	if err != nil {
 		return v, err
 	}

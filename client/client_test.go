@@ -40,6 +40,7 @@ type scripted struct {
 	events []steps.Event
 	view   steps.View
 	dir    string
+	aborts int
 }
 
 func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encoding string, body io.Reader) (stepagent.Input, error) {
@@ -79,6 +80,7 @@ func (s *scripted) Get(_ steps.Caller, _, handle string) (steps.View, error) {
 	return s.view, nil
 }
 func (s *scripted) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
+	s.aborts++
 	return s.view, nil
 }
 func (s *scripted) Events(ctx context.Context, _ steps.Caller, _, _ string, since int, send func([]steps.Event) error) error {
@@ -262,4 +264,23 @@ func TestResourceAnswersAreDecoded(t *testing.T) {
 
 	_, err = c.CheckResource(context.Background(), ResourceStep{Handle: "s", Source: func() {}})
 	assert.ErrorContains(t, err, "source", "a source JSON cannot carry is refused before any call")
+}
+
+func TestRunAbortsAStepNoTargetFits(t *testing.T) {
+	why := "no target satisfies team 'main', tags 'gpu'"
+	st := &scripted{events: []steps.Event{{N: 0, Type: steps.EventWaiting, Reason: steps.ReasonNoTargetFits, Message: why}},
+		view: steps.View{Handle: "s", Phase: steps.Pending, Waiting: why}}
+	c := serve(t, st, nil)
+	_, err := c.Run(context.Background(), steps.Request{Handle: "s"}, nil)
+	var nt *NoTargetError
+	require.ErrorAs(t, err, &nt)
+	assert.Equal(t, why, nt.Message)
+	assert.Equal(t, 1, st.aborts, "the step is aborted, not left waiting")
+
+	st = &scripted{events: []steps.Event{{N: 0, Type: steps.EventWaiting, Reason: steps.ReasonTargetsAtLimit, Message: "every compatible target is at a limit"},
+		{N: 1, Type: steps.EventExited, Phase: steps.Succeeded}}, view: steps.View{Handle: "s", Phase: steps.Succeeded}}
+	c = serve(t, st, nil)
+	_, err = c.Run(context.Background(), steps.Request{Handle: "s"}, nil)
+	require.NoError(t, err, "a step waiting for room is waited for")
+	assert.Zero(t, st.aborts)
 }

@@ -131,6 +131,15 @@ func TestResourceSteps(t *testing.T) {
 	var stepErr *client.StepError
 	require.ErrorAs(t, err, &stepErr)
 	assert.Equal(t, "ResourceAnswerInvalid", stepErr.Reason)
+
+	// A step no target fits: a typed error, and the step is not left
+	// waiting.
+	_, err = c.RunTask(ctx, steps.Request{Handle: "no-fit", Type: "task", Image: "busybox", Tags: []string{"gpu"},
+		Run: steps.Run{Path: "true"}}, nil)
+	var noTarget *client.NoTargetError
+	require.ErrorAs(t, err, &noTarget)
+	assert.Equal(t, "no target satisfies tags 'gpu'", noTarget.Message)
+	assert.Equal(t, steps.Aborted, g.step(t, "no-fit").Phase)
 }
 
 // TestClientFollowsAcrossAGatewayRestart: the Go client follows a step's

@@ -75,6 +75,15 @@ func (m *Manager) placeIn(s *step, sb *sandbox) bool {
 	return true
 }
 
+// Reasons of a waiting event: why no target takes the step yet.
+const (
+	// ReasonNoTargetFits: no target could ever run the step as things
+	// are (its team, tags or platform); it waits for one to appear.
+	ReasonNoTargetFits = "NoTargetFits"
+	// ReasonTargetsAtLimit: compatible targets are all at a limit.
+	ReasonTargetsAtLimit = "TargetsAtLimit"
+)
+
 // decide places one step; "" and why when no target may take it now.
 func (m *Manager) decide(s *step, candidates []selection.Candidate) (string, string) {
 	st := selection.Step{Type: s.req.Type, Team: s.req.Team, Tags: s.req.Tags, Platform: s.req.Platform}
@@ -93,7 +102,7 @@ func (m *Manager) decide(s *step, candidates []selection.Candidate) (string, str
 		return d.Order[0], ""
 	}
 	if !d.Compatible {
-		return "", "no target satisfies " + describe(s.req)
+		return "", noTargetPrefix + describe(s.req)
 	}
 	return "", "every compatible target is at a limit (" + describe(s.req) + "); placed as soon as one has room"
 }
@@ -127,9 +136,15 @@ func (s *step) wait(why string) {
 	s.view.Waiting = why
 	s.mu.Unlock()
 	if !same {
-		s.emit(Event{Type: EventWaiting, Message: why})
+		reason := ReasonTargetsAtLimit
+		if strings.HasPrefix(why, noTargetPrefix) {
+			reason = ReasonNoTargetFits
+		}
+		s.emit(Event{Type: EventWaiting, Reason: reason, Message: why})
 	}
 }
+
+const noTargetPrefix = "no target satisfies "
 
 // count adds one step of typ to a candidate's counts.
 func count(c *selection.Candidate, typ string) {
