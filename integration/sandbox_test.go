@@ -2,11 +2,14 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // TestCheckSandboxes runs checks with a reuse_key: many checks, one after
@@ -137,4 +141,72 @@ func TestLandingDeletesIdleSandboxes(t *testing.T) {
 	_, err = c.Client.CoreV1().Pods(ns).Get(ctx, sandbox, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "the sandbox is gone: %v", err)
 	assert.Equal(t, float64(1), metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="target"}`))
+}
+
+// cutAfter passes n bytes on, then drops the exec they come from, as a
+// broken connection does.
+type cutAfter struct {
+	w    io.Writer
+	n    int
+	drop context.CancelFunc
+}
+
+func (c *cutAfter) Write(p []byte) (int, error) {
+	if len(p) > c.n {
+		if c.n > 0 {
+			_, _ = c.w.Write(p[:c.n])
+		}
+		c.n = 0
+		c.drop()
+		return 0, errors.New("cut by the test")
+	}
+	c.n -= len(p)
+	return c.w.Write(p)
+}
+
+// TestCheckSurvivesABrokenSession: every sandbox session breaks after its
+// first bytes; each check goes on by exec from the last complete frame it
+// had, and ends once, with its answer and its whole log.
+func TestCheckSurvivesABrokenSession(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	const ns = "sandbox-cut"
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
+	// The first session breaks inside the first frame, the next ones
+	// after it: checks go on from offset 0 and from further on.
+	var sessions atomic.Int32
+	cutting := func(ctx context.Context, tg *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
+		ctx, drop := context.WithCancel(ctx)
+		defer drop()
+		n := []int{40, 150, 300}[min(sessions.Add(1)-1, 2)]
+		return steps.ExecPod(ctx, tg, pod, cmd, stdin, &cutAfter{w: stdout, n: n, drop: drop})
+	}
+	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t), execStream: cutting})
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	var pod string
+	for i := range 3 {
+		var log strings.Builder
+		handle := fmt.Sprintf("cut-%d", i)
+		versions, err := api.CheckResource(ctx, client.ResourceStep{Handle: handle, Image: "git-resource",
+			Source: map[string]string{"uri": "git://x"}, ReuseKey: "repo", OnEvent: func(e steps.Event) {
+				if e.Type == steps.EventStderr {
+					log.WriteString(e.Data)
+				}
+			}})
+		require.NoError(t, err)
+		assert.Equal(t, []client.Version{{"ref": "a"}, {"ref": "b"}}, versions)
+		assert.Equal(t, `check got {"source":{"uri":"git://x"},"version":null}`+"\n", log.String(), "the log once, whole")
+		v := g.step(t, handle)
+		if i == 0 {
+			pod = v.Pod
+		}
+		assert.Equal(t, pod, v.Pod, "a broken session does not break its sandbox")
+	}
+	assert.Equal(t, 3, strings.Count(g.logs.String(), "check's session broke; going on by exec"))
+	assert.Contains(t, g.logs.String(), `"offset":0`)
+	assert.Regexp(t, `going on by exec[^\n]*"offset":[1-9]`, g.logs.String())
 }

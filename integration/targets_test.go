@@ -74,6 +74,7 @@ type gatewayOptions struct {
 	killGrace   time.Duration
 	resourceDir string
 	sandboxTTL  time.Duration
+	execStream  steps.ExecStream // wraps the sandbox sessions' exec, if set
 	// listen, if set, is the API's address (a restarted gateway keeps it).
 	listen string
 }
@@ -130,7 +131,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
-		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL,
+		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
 	require.NoError(t, err)

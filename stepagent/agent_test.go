@@ -85,7 +85,7 @@ func newStep(t *testing.T, script string, change ...func(*stepagent.Spec)) (stri
 
 // killAll kills what a test left running in root, as pod deletion would.
 func killAll(root string) {
-	for _, f := range []string{stepagent.LockFile, stepagent.StartedFile} {
+	for _, f := range []string{stepagent.LockFile, stepagent.StartedFile, stepagent.DaemonLock} {
 		b, _ := os.ReadFile(stepagent.Path(root, f))
 		var st stepagent.Started
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -454,4 +454,80 @@ func TestARunningRunIsNotForgotten(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, string(out), "still runs")
 	assert.FileExists(t, stepagent.Path(runRoot, stepagent.SpecFile))
+}
+
+// request writes a sandbox session request for a run of script.
+func request(t *testing.T, w io.Writer, run, script string) {
+	t.Helper()
+	spec, err := json.Marshal(stepagent.Spec{Handle: run, Path: "sh", Args: []string{"-c", script}})
+	require.NoError(t, err)
+	head, err := json.Marshal(stepagent.Request{Run: run, SpecBytes: len(spec), InputsBytes: 2})
+	require.NoError(t, err)
+	require.NoError(t, stepagent.WriteFrame(w, stepagent.KindRequest, head))
+	_, err = w.Write(slices.Concat(spec, []byte("[]")))
+	require.NoError(t, err)
+}
+
+func TestServeMuxesRunsOfOneSession(t *testing.T) {
+	root, _ := newStep(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, "serve")
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+
+	require.NoError(t, stepagent.WriteFrame(stdin, stepagent.KindPing, nil))
+	for i := range 3 {
+		request(t, stdin, fmt.Sprintf("check-%d", i), fmt.Sprintf(`i=0; while [ $i -lt 300 ]; do echo "run %d line $i"; i=$((i+1)); done; exit %d`, i, i))
+	}
+	request(t, stdin, "../bad", "true")
+	logs := map[string]*bytes.Buffer{}
+	ended := map[string]bool{}
+	var runErr string
+	r := bufio.NewReader(stdout)
+	for len(ended) < 3 || runErr == "" {
+		f, err := stepagent.ReadFrame(r)
+		require.NoError(t, err)
+		run := string(f.Payload[1 : 1+f.Payload[0]])
+		chunk := f.Payload[1+f.Payload[0]:]
+		switch f.Kind {
+		case stepagent.KindRunError:
+			runErr = run + ": " + string(chunk)
+		case stepagent.KindMux:
+			if logs[run] == nil {
+				logs[run] = &bytes.Buffer{}
+			}
+			logs[run].Write(chunk)
+			// The agent logs a status frame, and tail adds the trailer:
+			// two in a row end a run's log.
+			if b := logs[run].Bytes(); isComplete(b) {
+				fs := frames(t, b)
+				if len(fs) > 1 && fs[len(fs)-1].Kind == stepagent.KindStatus && fs[len(fs)-2].Kind == stepagent.KindStatus {
+					ended[run] = true
+				}
+			}
+		}
+	}
+	assert.Equal(t, `../bad: run "../bad": not a folder name`, runErr)
+	for i := range 3 {
+		stdout, _, st := outcome(t, frames(t, logs[fmt.Sprintf("check-%d", i)].Bytes()))
+		assert.Equal(t, i, st.ExitStatus)
+		assert.Equal(t, 300, strings.Count(stdout, fmt.Sprintf("run %d line", i)))
+	}
+	require.NoError(t, stdin.Close())
+	require.NoError(t, cmd.Wait(), "the session ends with its stdin")
+}
+
+// isComplete reports whether b is whole frames.
+func isComplete(b []byte) bool {
+	r := bytes.NewReader(b)
+	for {
+		if _, err := stepagent.ReadFrame(r); err != nil {
+			return errors.Is(err, io.EOF)
+		}
+	}
 }

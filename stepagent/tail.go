@@ -23,7 +23,19 @@ const tailPoll = 200 * time.Millisecond
 // with the inputs it writes to the log first, and returns once a
 // supervisor holds the step (or it has ended). Starting twice runs the
 // process once.
-func Start(root string, inputs []byte) error {
+func Start(root string, inputs []byte) error { return start(root, inputs, spawnSupervisor) }
+
+// startHere is Start with the supervisor a goroutine of this process, a
+// sandbox session's: a check starts without a process of the agent's
+// own (~10 ms here), and is lost if the session's process dies.
+func startHere(root string, inputs []byte) error {
+	return start(root, inputs, func(root string) error {
+		go func() { _ = Supervise(root) }()
+		return nil
+	})
+}
+
+func start(root string, inputs []byte, spawn func(root string) error) error {
 	if _, err := ReadSpec(root); err != nil {
 		return err
 	}
@@ -31,7 +43,7 @@ func Start(root string, inputs []byte) error {
 		if err := writeAtomic(Path(root, InputsFile), inputs); err != nil {
 			return err
 		}
-		if err := spawnSupervisor(root); err != nil {
+		if err := spawn(root); err != nil {
 			return err
 		}
 	}
@@ -219,20 +231,31 @@ func RunRoot(root, name string) (string, error) {
 }
 
 // Forget deletes an ended run's folder. A run whose supervisor still
-// lives stays: forget it once it has ended.
+// lives after forgetWait stays: forget it once it has ended. (The log's
+// status frame comes a moment before status.json and the supervisor's
+// exit: a reader of the log may ask that early.)
 func Forget(root string) error {
-	if !exists(Path(root, SpecFile)) || exists(Path(root, StatusFile)) {
-		return os.RemoveAll(root) // never prepared, forgotten already, or ended
+	deadline := time.Now().Add(forgetWait)
+	for {
+		if !exists(Path(root, SpecFile)) || exists(Path(root, StatusFile)) {
+			return os.RemoveAll(root) // never prepared, forgotten already, or ended
+		}
+		var ended bool
+		if err := ifNoSupervisor(root, func() error { ended = true; return nil }); err != nil {
+			return err
+		}
+		if ended {
+			return os.RemoveAll(root)
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the run's process still runs: abort it first")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	var ended bool
-	if err := ifNoSupervisor(root, func() error { ended = true; return nil }); err != nil {
-		return err
-	}
-	if !ended {
-		return errors.New("the run's process still runs: abort it first")
-	}
-	return os.RemoveAll(root)
 }
+
+// forgetWait is how long forget waits for a run's end.
+const forgetWait = 2 * time.Second
 
 // ifNoSupervisor runs f holding the supervisor's lock, if no supervisor
 // holds it.

@@ -25,9 +25,23 @@ type Exec func(ctx context.Context, t *targets.Target, pod string, cmd []string,
 // stderrLimit bounds what is kept of an agent command's stderr for errors.
 const stderrLimit = 4 << 10
 
-// execPod speaks WebSocket to the API server, falling back to SPDY where
-// an older server or a proxy refuses the upgrade, as kubectl does.
+// ExecStream is Exec with a stdin that streams: a sandbox's session.
+type ExecStream func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error
+
+// execPod is ExecPod with all of stdin at once (nil: none).
 func execPod(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin []byte, stdout io.Writer) error {
+	var in io.Reader
+	if stdin != nil {
+		in = bytes.NewReader(stdin)
+	}
+	return ExecPod(ctx, t, pod, cmd, in, stdout)
+}
+
+// ExecPod runs a command in a step pod's step container (the default
+// ExecStream), returning when it ends. It speaks WebSocket to the API
+// server, falling back to SPDY where an older server or a proxy refuses
+// the upgrade, as kubectl does.
+func ExecPod(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
 	req := t.Core.RESTClient().Post().Namespace(t.Namespace()).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: StepContainer, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
@@ -46,10 +60,7 @@ func execPod(ctx context.Context, t *targets.Target, pod string, cmd []string, s
 		return fmt.Errorf("exec in %s: %w", pod, err)
 	}
 	stderr := &capped{limit: stderrLimit}
-	opts := remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr}
-	if stdin != nil {
-		opts.Stdin = bytes.NewReader(stdin)
-	}
+	opts := remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	if err := ex.StreamWithContext(ctx, opts); err != nil {
 		if msg := strings.TrimSpace(stderr.String()); msg != "" {
 			return fmt.Errorf("agent said %q: %w", msg, err)

@@ -75,11 +75,13 @@ type Options struct {
 	// ResourceDir is where resource images keep their check, in and out
 	// scripts; default DefaultResourceDir.
 	ResourceDir string
-	// Exec runs agent commands in step pods; default pods/exec.
-	Exec    Exec
-	Logger  *slog.Logger
-	Metrics *Metrics
-	Now     func() time.Time
+	// Exec runs agent commands in step pods, and ExecStream a sandbox's
+	// session; default pods/exec.
+	Exec       Exec
+	ExecStream ExecStream
+	Logger     *slog.Logger
+	Metrics    *Metrics
+	Now        func() time.Time
 }
 
 // Manager holds every step this gateway runs or has recovered.
@@ -113,6 +115,9 @@ func New(opts Options) *Manager {
 	opts.SandboxTTL = cmp.Or(opts.SandboxTTL, DefaultSandboxTTL)
 	if opts.Exec == nil {
 		opts.Exec = execPod
+	}
+	if opts.ExecStream == nil {
+		opts.ExecStream = ExecPod
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

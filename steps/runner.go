@@ -228,6 +228,18 @@ func (r *runner) agent(args ...string) []string {
 // reads its log to the end, attaching again from the last complete frame
 // whenever the exec breaks: a dropped connection, an API server restart.
 func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
+	if r.s.sandbox != nil && r.adopted == nil {
+		spec, err := r.spec()
+		if err != nil {
+			return stepagent.Status{}, err
+		}
+		if st, ok := r.viaSession(ctx, spec); ok {
+			return st, nil
+		}
+		if ctx.Err() != nil {
+			return stepagent.Status{}, ctx.Err()
+		}
+	}
 	cmd, stdin, err := r.first(ctx)
 	if err != nil {
 		return stepagent.Status{}, err
@@ -295,9 +307,7 @@ func (r *runner) first(ctx context.Context) ([]string, []byte, error) {
 // start prepares the step in its pod, streams its inputs in and returns
 // the run command. Without inputs one exec does it all.
 func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
-	sp := r.s.req.spec()
-	sp.KillGrace = stepagent.Duration(r.m.opts.KillGrace)
-	spec, err := json.Marshal(sp)
+	spec, err := r.spec()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -305,7 +315,9 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	// it is gone, and with it the step's environment and stdin).
 	if r.adopted == nil && len(r.s.req.Inputs) == 0 {
 		stdin := append(spec, "[]"...)
-		return r.agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2"), stdin, nil
+		// From the last byte had: a check whose session broke got some.
+		return r.agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2",
+			"--offset", strconv.FormatInt(r.offset, 10)), stdin, nil
 	}
 	if r.adopted == nil {
 		if err := r.prepare(ctx, spec); err != nil {
@@ -319,6 +331,13 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 	}
 	raw, _ := json.Marshal(inputs)
 	return r.agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
+}
+
+// spec is the step's spec as the agent takes it.
+func (r *runner) spec() ([]byte, error) {
+	sp := r.s.req.spec()
+	sp.KillGrace = stepagent.Duration(r.m.opts.KillGrace)
+	return json.Marshal(sp)
 }
 
 // lostAfter bounds how long jetway keeps trying to reach a step's agent

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -56,6 +57,7 @@ type sandbox struct {
 	made     time.Time // when this gateway asked for it; zero if adopted
 	seen     bool      // the target's watch has shown it
 	broken   bool      // never used again; deleted once idle
+	sess     *session  // the checks' session, once one ran
 }
 
 // sandboxPodName is unique per sandbox: a replacement never meets the pod
@@ -198,6 +200,9 @@ func (m *Manager) tendSandboxes() {
 			if reason == "" {
 				kept = append(kept, sb)
 				continue
+			}
+			if sb.sess != nil {
+				sb.sess.close(errors.New("sandbox deleted"))
 			}
 			m.opts.Metrics.sandboxDeleted(reason)
 			m.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", k.team, "why", reason)

@@ -17,7 +17,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(stepagent.ExitUsage, errors.New("usage: step-agent install|pid1|prepare|run|tail|abort|forget|supervise|volumes ..."))
+		fail(stepagent.ExitUsage, errors.New("usage: step-agent install|pid1|prepare|run|tail|abort|forget|serve|serve-daemon|supervise|volumes ..."))
 	}
 	if err := dispatch(os.Args[1], os.Args[2:]); err != nil {
 		code := 1
@@ -88,6 +88,10 @@ func dispatch(cmd string, args []string) error {
 		return stepagent.Tail(root, *offset, os.Stdout)
 	case "abort":
 		return stepagent.Abort(root)
+	case "serve":
+		return stepagent.Connect(root, os.Stdin, os.Stdout)
+	case "serve-daemon":
+		return stepagent.Daemon(root)
 	case "forget":
 		if *run == "" {
 			return fmt.Errorf("%w: forget needs --run", errUsage)

@@ -232,6 +232,11 @@ func killStepProcesses(root string) {
 		killStepProcesses(filepath.Join(root, stepagent.RunsDir, run.Name()))
 	}
 	var pids []int
+	if b, err := os.ReadFile(stepagent.Path(root, stepagent.DaemonLock)); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			pids = append(pids, pid) // a sandbox's session daemon
+		}
+	}
 	if b, err := os.ReadFile(stepagent.Path(root, stepagent.LockFile)); err == nil {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 			pids = append(pids, pid)

@@ -1,0 +1,205 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A session is one long exec into a sandbox pod (step-agent serve) that
+// carries its checks: a check sends a request and reads its log, muxed
+// with the others', instead of opening an exec of its own. The session's
+// exec is the expensive part of a check (an upgrade through the API
+// server to the kubelet); a warm check then costs its process alone. A
+// check whose session breaks goes on by the exec path, from the last
+// byte it had.
+type session struct {
+	in     *io.PipeWriter // frames to the agent
+	wmu    sync.Mutex     // one request at a time on in
+	cancel context.CancelFunc
+
+	mu   sync.Mutex
+	runs map[string]*io.PipeWriter // each run's log, as it comes
+	err  error                     // why the session ended; nil while it runs
+}
+
+// sessionPing keeps a session alive: the agent ends one silent for
+// stepagent.ServeIdle.
+const sessionPing = stepagent.ServeIdle / 3
+
+// session is sb's live session, opened if it has none. Called with m.mu
+// held.
+func (m *Manager) session(sb *sandbox, t *targets.Target) *session {
+	if s := sb.sess; s != nil && s.alive() {
+		return s
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	s := &session{in: inW, cancel: cancel, runs: map[string]*io.PipeWriter{}}
+	sb.sess = s
+	m.wg.Go(func() {
+		err := m.opts.ExecStream(ctx, t, sb.pod, agent("serve"), inR, outW)
+		outW.CloseWithError(cmpErr(err, errors.New("the session's exec ended")))
+	})
+	m.wg.Go(func() {
+		err := s.demux(outR)
+		s.end(err)
+		inR.CloseWithError(err) // the exec's stdin copier returns
+		outR.CloseWithError(err)
+		m.opts.Logger.Debug("sandbox session ended", "target", t.Name(), "pod", sb.pod, "error", err.Error())
+	})
+	m.wg.Go(func() { s.ping(ctx) })
+	return s
+}
+
+func cmpErr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
+
+func (s *session) alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err == nil
+}
+
+// close ends the session; its runs' readers get err.
+func (s *session) close(err error) {
+	s.end(err)
+	s.cancel()
+}
+
+// end records why the session ended and ends every run's log with it.
+func (s *session) end(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return
+	}
+	s.err = err
+	for run, w := range s.runs {
+		w.CloseWithError(fmt.Errorf("sandbox session: %w", err))
+		delete(s.runs, run)
+	}
+}
+
+func (s *session) ping(ctx context.Context) {
+	t := time.NewTicker(sessionPing)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.close(ctx.Err())
+			return
+		case <-t.C:
+			s.wmu.Lock()
+			err := stepagent.WriteFrame(s.in, stepagent.KindPing, nil)
+			s.wmu.Unlock()
+			if err != nil {
+				s.close(err)
+				return
+			}
+		}
+	}
+}
+
+// demux hands each chunk of log to its run, until the agent's output ends.
+func (s *session) demux(out io.Reader) error {
+	for {
+		f, err := stepagent.ReadFrame(out)
+		if err != nil {
+			return err
+		}
+		if len(f.Payload) == 0 || len(f.Payload) < 1+int(f.Payload[0]) {
+			return fmt.Errorf("sandbox session: %w: a muxed frame without its run", stepagent.ErrFrame)
+		}
+		run, chunk := string(f.Payload[1:1+f.Payload[0]]), f.Payload[1+f.Payload[0]:]
+		s.mu.Lock()
+		w := s.runs[run]
+		s.mu.Unlock()
+		if w == nil {
+			continue // a run that gave up reading
+		}
+		switch f.Kind {
+		case stepagent.KindMux:
+			if _, err := w.Write(chunk); err != nil {
+				s.forget(run) // its reader is done
+			}
+		case stepagent.KindRunError:
+			w.CloseWithError(fmt.Errorf("step agent: %s", chunk))
+			s.forget(run)
+		}
+	}
+}
+
+// start asks the agent for a run and returns its log's reader, which the
+// caller closes (then forget) when done with it.
+func (s *session) start(run string, spec, inputs []byte) (*io.PipeReader, error) {
+	r, w := io.Pipe()
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil, s.err
+	}
+	s.runs[run] = w
+	s.mu.Unlock()
+	head, _ := json.Marshal(stepagent.Request{Run: run, SpecBytes: len(spec), InputsBytes: len(inputs)})
+	s.wmu.Lock()
+	err := stepagent.WriteFrame(s.in, stepagent.KindRequest, head)
+	if err == nil {
+		_, err = s.in.Write(append(spec[:len(spec):len(spec)], inputs...))
+	}
+	s.wmu.Unlock()
+	if err != nil {
+		s.close(err)
+		return nil, err
+	}
+	return r, nil
+}
+
+// forget drops a run's reader.
+func (s *session) forget(run string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.runs[run]; w != nil {
+		w.CloseWithError(io.ErrClosedPipe)
+		delete(s.runs, run)
+	}
+}
+
+// viaSession runs a check through its sandbox's session; false when the
+// session could not carry it to its end (the caller goes on by exec, from
+// r.offset).
+func (r *runner) viaSession(ctx context.Context, spec []byte) (stepagent.Status, bool) {
+	r.m.mu.Lock()
+	if r.m.ctx == nil || r.m.ctx.Err() != nil {
+		r.m.mu.Unlock()
+		return stepagent.Status{}, false
+	}
+	s := r.m.session(r.s.sandbox, r.t)
+	r.m.mu.Unlock()
+	log, err := s.start(r.run, spec, []byte("[]"))
+	if err != nil {
+		return stepagent.Status{}, false
+	}
+	stop := context.AfterFunc(ctx, func() { log.CloseWithError(ctx.Err()) })
+	defer stop()
+	st, done, err := r.consume(log)
+	log.Close()
+	s.forget(r.run)
+	if !done {
+		r.m.opts.Logger.Debug("check's session broke; going on by exec", "target", r.t.Name(), "pod", r.pod,
+			"offset", r.offset, "error", fmt.Sprint(err))
+	}
+	return st, done
+}
