@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -139,4 +140,50 @@ func TestGatewayExecute(t *testing.T) {
 	v = g.step(t, handle[1])
 	assert.Equal(t, steps.Aborted, v.Phase, "%+v", v)
 	assert.True(t, v.Released)
+}
+
+// TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow: an input the step
+// does not upload is a 404, an input uploaded twice a 409, an output of a
+// step still running a 409 and one it does not have a 404.
+func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "uploads", "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, "uploads", 10*time.Second, running)
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	_, _, err = c.SubmitStep(ctx, steps.Request{Handle: "up", Type: "task", Image: "busybox",
+		Run:     steps.Run{Path: "sh", Args: []string{"-c", "cat src/f; sleep 60"}},
+		Inputs:  []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}},
+		Outputs: []steps.Output{{Name: "out"}}})
+	require.NoError(t, err)
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), []byte("uploaded\n"), 0o644))
+
+	_, err = c.UploadInput(ctx, "", "up", "nope", src)
+	assert.ErrorIs(t, err, client.ErrNotFound)
+	got, err := c.UploadInput(ctx, "", "up", "src", src)
+	require.NoError(t, err)
+	assert.Positive(t, got.Bytes)
+	_, err = c.UploadInput(ctx, "", "up", "src", src)
+	assert.ErrorIs(t, err, client.ErrConflict)
+	g.waitPhase(t, "up", steps.Running)
+	_, err = c.DownloadOutput(ctx, "", "up", "out", t.TempDir())
+	assert.ErrorIs(t, err, client.ErrConflict, "the step still runs")
+	_, err = c.DownloadOutput(ctx, "", "up", "nope", t.TempDir())
+	assert.ErrorIs(t, err, client.ErrNotFound)
+	_, err = c.Abort(ctx, "", "up")
+	require.NoError(t, err)
+	evs := g.stepEvents(ctx, t, "up", "", 0)
+	assert.Equal(t, "uploaded\n", outputOf(evs, steps.EventStdout), "the upload reached the process")
+	var inputs []steps.Event
+	for _, e := range evs {
+		if e.Type == steps.EventInput {
+			inputs = append(inputs, e)
+		}
+	}
+	require.Len(t, inputs, 1)
+	assert.Equal(t, got.SHA256, inputs[0].SHA256, "the input event has the upload's hash")
 }
