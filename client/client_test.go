@@ -48,7 +48,7 @@ func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encodi
 		return stepagent.Input{}, fmt.Errorf("encoding %q", encoding)
 	}
 	counted := &countingReader{r: body}
-	_, err := unpack(counted, filepath.Join(s.dir, input))
+	_, err := Untar(counted, filepath.Join(s.dir, input))
 	return stepagent.Input{Name: input, Bytes: counted.n}, err
 }
 func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ string) (io.ReadCloser, error) {
@@ -56,7 +56,7 @@ func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ s
 	if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("%w: no output %s", steps.ErrNotFound, output)
 	}
-	return packDir(dir), nil
+	return TarDir(dir), nil
 }
 
 type countingReader struct {

@@ -27,6 +27,8 @@ import (
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 )
 
 // Encodings, as in Accept-Encoding / Content-Encoding.
@@ -366,7 +368,13 @@ func writeTar(w io.Writer, root string) error {
 		if err != nil || rel == "." {
 			return err
 		}
-		hdr, err := tar.FileInfoHeader(info, "")
+		link := ""
+		if info.Mode()&os.ModeSymlink != 0 {
+			if link, err = os.Readlink(path); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
 		if err != nil {
 			return err
 		}
@@ -395,6 +403,13 @@ func writeTar(w io.Writer, root string) error {
 // whole one, so truncation is caught by the encoding and HTTP framing
 // around it (see streamIn), never by the tar alone.
 func untar(r io.Reader, dir string) error {
+	// Files and links are made through root, which never leaves dir, even
+	// by a link made earlier in the stream.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -408,16 +423,27 @@ func untar(r io.Reader, dir string) error {
 		if rel, err := filepath.Rel(dir, path); err != nil || strings.HasPrefix(rel, "..") {
 			return fmt.Errorf("tar entry %q leaves the volume", hdr.Name)
 		}
+		name := filepath.ToSlash(filepath.Clean(filepath.FromSlash(hdr.Name)))
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(path, 0o755); err != nil {
+			if err := root.MkdirAll(name, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if !tarsafe.LinkInside(name, hdr.Linkname) {
+				return fmt.Errorf("tar entry %q links to %q, outside the volume", hdr.Name, hdr.Linkname)
+			}
+			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+				return err
+			}
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return err
 			}
 		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
 				return err
 			}
-			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode)&0o777)
+			f, err := root.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode)&0o777)
 			if err != nil {
 				return err
 			}

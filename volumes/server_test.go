@@ -1,6 +1,7 @@
 package volumes
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -164,4 +165,47 @@ func TestRateChangesWhileServing(t *testing.T) {
 	s.SetRate(1 << 30)
 	s.SetRate(0)
 	require.NoError(t, <-done)
+}
+
+// TestLinksCrossAsLinks: a symbolic link in a volume streams out as a link
+// (with its target) and lands as one; a link pointing out of the volume,
+// and a file written through a link, are refused.
+func TestLinksCrossAsLinks(t *testing.T) {
+	src, srcURL := start(t)
+	dst, dstURL := start(t)
+	volume(t, srcURL, "a")
+	volume(t, dstURL, "b")
+	out := filepath.Join(src.Path("a"), "out")
+	require.NoError(t, os.MkdirAll(filepath.Join(out, "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(out, "tool"), []byte("#!/bin/sh\n"), 0o755))
+	require.NoError(t, os.Symlink("../tool", filepath.Join(out, "bin", "tool")))
+	resp, tarball := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out?path=out", nil, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, body := do(t, http.MethodPut, dstURL+"/volumes/b/stream-in?path=in", nil, bytes.NewReader(tarball))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	link, err := os.Readlink(filepath.Join(dst.Path("b"), "in", "bin", "tool"))
+	require.NoError(t, err)
+	assert.Equal(t, "../tool", link)
+
+	outside := t.TempDir()
+	for name, entries := range map[string][]*tar.Header{
+		"../../x": {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "../../x"}},
+		outside:   {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside}},
+		"up/..":   {{Name: "d/up", Typeflag: tar.TypeSymlink, Linkname: ".."}, {Name: "d/l", Typeflag: tar.TypeSymlink, Linkname: "up/.."}},
+	} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range entries {
+			require.NoError(t, tw.WriteHeader(h))
+		}
+		require.NoError(t, tw.Close())
+		volume(t, dstURL, "c")
+		resp, body := do(t, http.MethodPut, dstURL+"/volumes/c/stream-in?path=in", nil, &buf)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, name)
+		var answer struct{ Error string }
+		require.NoError(t, json.Unmarshal(body, &answer))
+		assert.Contains(t, answer.Error, `links to "`+name+`", outside the volume`)
+		entries, _ := os.ReadDir(outside)
+		assert.Empty(t, entries)
+	}
 }

@@ -1,0 +1,203 @@
+package client
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
+)
+
+// TarDir streams dir's contents as a gzip-compressed tar, the format of
+// step inputs and outputs: directories (each before its contents), files
+// and symbolic links (kept as links), named relative to dir, with their
+// modes and modification times. Read returns any error, naming the path:
+// a missing dir, a device, socket or pipe. Close stops the writer.
+func TarDir(dir string) io.ReadCloser {
+	pr, pw := io.Pipe()
+	s := &tarStream{PipeReader: pr, done: make(chan struct{})}
+	// The trailing separator makes a dir given as a symbolic link count
+	// as the folder it points to.
+	root := filepath.Clean(dir) + string(filepath.Separator)
+	go func() {
+		defer close(s.done)
+		zw := gzip.NewWriter(pw)
+		tw := tar.NewWriter(zw)
+		err := filepath.WalkDir(root, func(file string, d fs.DirEntry, err error) error {
+			if err != nil || file == root {
+				return err
+			}
+			return tarEntry(tw, root, file, d)
+		})
+		// A failed walk must not end like a whole archive.
+		if err == nil {
+			err = tw.Close()
+		}
+		if err == nil {
+			err = zw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	return s
+}
+
+// tarStream is TarDir's reader; done is closed once its writer returned.
+type tarStream struct {
+	*io.PipeReader
+	done chan struct{}
+}
+
+// Close stops the writer and waits for it. Calling it again does nothing.
+func (s *tarStream) Close() error {
+	err := s.PipeReader.Close()
+	<-s.done
+	return err
+}
+
+func tarEntry(tw *tar.Writer, root, file string, d fs.DirEntry) error {
+	fi, err := d.Info()
+	if err != nil {
+		return err
+	}
+	link := ""
+	switch mode := fi.Mode(); {
+	case mode.IsRegular(), mode.IsDir():
+	case mode&fs.ModeSymlink != 0:
+		if link, err = os.Readlink(file); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("tar %s: not a regular file, directory or symbolic link (mode %s)", file, mode)
+	}
+	rel, err := filepath.Rel(root, file)
+	if err != nil {
+		return err
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return err
+	}
+	hdr.Name = filepath.ToSlash(rel)
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Mode = int64(fi.Mode().Perm()) // no setuid, setgid or sticky bit
+	if err := tw.WriteHeader(hdr); err != nil || !fi.Mode().IsRegular() {
+		return err
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// Exactly the size in the header, even if the file grows meanwhile.
+	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		return fmt.Errorf("tar %s: %w", file, err)
+	}
+	return nil
+}
+
+// Untar extracts a gzip-compressed tar stream into dir, created if
+// missing, and returns how many regular files it wrote. It takes regular
+// files, directories and symbolic links, with their permission bits; an
+// entry of any other type, or that would land outside dir (an absolute
+// name, "..", a link pointing out or a path through one), is an error
+// naming it.
+func Untar(r io.Reader, dir string) (int, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	// Every write goes through root, which refuses to leave dir, even
+	// by a link that was there before.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer root.Close()
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return 0, fmt.Errorf("untar into %s: %w", dir, err)
+	}
+	tr := tar.NewReader(zr)
+	files := 0
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			// Read on to the gzip trailer, whose checksum covers it all.
+			if _, err = io.Copy(io.Discard, zr); err == nil {
+				return files, nil
+			}
+		}
+		if err != nil {
+			return files, fmt.Errorf("untar into %s: %w", dir, err)
+		}
+		if err := untarEntry(root, tr, hdr); err != nil {
+			return files, fmt.Errorf("untar %q into %s: %w", hdr.Name, dir, err)
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			files++
+		}
+	}
+}
+
+func untarEntry(root *os.Root, r io.Reader, hdr *tar.Header) error {
+	if !filepath.IsLocal(hdr.Name) {
+		return errors.New("the name leaves the folder")
+	}
+	name := path.Clean(hdr.Name)
+	perm := fs.FileMode(hdr.Mode).Perm()
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if name == "." {
+			return nil // dir itself keeps its mode
+		}
+		if err := root.MkdirAll(name, 0o755); err != nil {
+			return err
+		}
+		// The owner keeps write access: the folder's entries come next.
+		return root.Chmod(name, perm|0o700)
+	case tar.TypeReg:
+		if err := replace(root, name); err != nil {
+			return err
+		}
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, r)
+		if err == nil {
+			err = f.Chmod(perm) // not narrowed by the umask
+		}
+		return errors.Join(err, f.Close())
+	case tar.TypeSymlink:
+		if hdr.Linkname == "" {
+			return errors.New("symbolic link without a target")
+		}
+		if !tarsafe.LinkInside(name, hdr.Linkname) {
+			return fmt.Errorf("symbolic link to %q leaves the folder", hdr.Linkname)
+		}
+		if err := replace(root, name); err != nil {
+			return err
+		}
+		return root.Symlink(hdr.Linkname, name)
+	}
+	return fmt.Errorf("type %q is not a regular file, directory or symbolic link", hdr.Typeflag)
+}
+
+// replace makes way for a new file or link at name: its folder exists and
+// nothing is at name, so the new one is never written through a link.
+func replace(root *os.Root, name string) error {
+	if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+		return err
+	}
+	if err := root.Remove(name); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+package client
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/rand"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// archiveTree writes nested folders, an empty one, an executable, links
+// and a 1 MiB file of random bytes.
+func archiveTree(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "a", "b"), 0o755))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "empty"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a", "b", "run.sh"), []byte("#!/bin/sh\necho hi\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a", "note"), []byte("note"), 0o600))
+	require.NoError(t, os.Symlink("b/run.sh", filepath.Join(dir, "a", "run")))
+	require.NoError(t, os.Symlink("../note", filepath.Join(dir, "a", "b", "note")))
+	big := make([]byte, 1<<20)
+	_, _ = rand.Read(big)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "big"), big, 0o644))
+	return dir
+}
+
+// requireSameTree checks that got holds what want holds: same names,
+// modes, link targets and contents.
+func requireSameTree(t *testing.T, want, got string) {
+	t.Helper()
+	names := func(dir string) []string {
+		var all []string
+		require.NoError(t, filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+			rel, _ := filepath.Rel(dir, p)
+			all = append(all, rel)
+			return err
+		}))
+		return all
+	}
+	require.Equal(t, names(want), names(got))
+	for _, rel := range names(want) {
+		w, g := filepath.Join(want, rel), filepath.Join(got, rel)
+		wi, err := os.Lstat(w)
+		require.NoError(t, err)
+		gi, err := os.Lstat(g)
+		require.NoError(t, err)
+		require.Equal(t, wi.Mode(), gi.Mode(), rel)
+		switch {
+		case wi.Mode()&fs.ModeSymlink != 0:
+			wl, _ := os.Readlink(w)
+			gl, _ := os.Readlink(g)
+			require.Equal(t, wl, gl, rel)
+		case wi.Mode().IsRegular():
+			wb, _ := os.ReadFile(w)
+			gb, _ := os.ReadFile(g)
+			require.True(t, bytes.Equal(wb, gb), rel)
+		}
+	}
+}
+
+func TestTarDirUntarRoundTrip(t *testing.T) {
+	src := archiveTree(t)
+	out := filepath.Join(t.TempDir(), "new", "out")
+	r := TarDir(src)
+	n, err := Untar(r, out)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	assert.Equal(t, 3, n)
+	requireSameTree(t, src, out)
+}
+
+func TestTarDirHeaders(t *testing.T) {
+	src := archiveTree(t)
+	when := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	require.NoError(t, os.Chtimes(filepath.Join(src, "a", "note"), when, when))
+	// A dir given as a link is the folder it points to.
+	link := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.Symlink(src, link))
+
+	r := TarDir(link)
+	defer r.Close()
+	zr, err := gzip.NewReader(r)
+	require.NoError(t, err)
+	tr := tar.NewReader(zr)
+	var names []string
+	headers := map[string]*tar.Header{}
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		names = append(names, hdr.Name)
+		headers[hdr.Name] = hdr
+	}
+	assert.Equal(t, []string{"a/", "a/b/", "a/b/note", "a/b/run.sh", "a/note", "a/run", "big", "empty/"}, names)
+	assert.Equal(t, "../note", headers["a/b/note"].Linkname)
+	assert.Equal(t, int64(0o755), headers["a/b/run.sh"].Mode)
+	assert.Equal(t, int64(0o700), headers["empty/"].Mode)
+	assert.True(t, when.Equal(headers["a/note"].ModTime), headers["a/note"].ModTime)
+}
+
+func TestTarDirNamesWhatItCannotRead(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	fifo := t.TempDir()
+	require.NoError(t, syscall.Mkfifo(filepath.Join(fifo, "pipe"), 0o644))
+	for dir, want := range map[string]string{
+		missing: missing,
+		fifo:    filepath.Join(fifo, "pipe") + ": not a regular file, directory or symbolic link",
+	} {
+		r := TarDir(dir)
+		_, err := io.ReadAll(r)
+		assert.ErrorContains(t, err, want)
+		require.NoError(t, r.Close())
+	}
+}
+
+func TestTarDirCloseStopsTheWriter(t *testing.T) {
+	r := TarDir(archiveTree(t))
+	_, err := r.Read(make([]byte, 10))
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close())
+	goleak.VerifyNone(t)
+}
+
+// gzipTar builds a gzip-compressed tar of hdrs, each file holding "x".
+func gzipTar(t *testing.T, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for _, h := range hdrs {
+		if h.Typeflag == tar.TypeReg {
+			h.Size = 1
+		}
+		require.NoError(t, tw.WriteHeader(h))
+		if h.Typeflag == tar.TypeReg {
+			_, err := tw.Write([]byte("x"))
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, tw.Close())
+	require.NoError(t, zw.Close())
+	return buf.Bytes()
+}
+
+func TestUntarRefusesWhatLeavesTheFolder(t *testing.T) {
+	outside := t.TempDir()
+	file := func(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644} }
+	link := func(name, to string) *tar.Header {
+		return &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: to}
+	}
+	for _, tc := range []struct {
+		name    string
+		before  func(dir string) // prepares dir
+		entries []*tar.Header
+		want    string
+	}{
+		{name: "dotdot", entries: []*tar.Header{file("../x")}, want: `"../x"`},
+		{name: "dotdot inside", entries: []*tar.Header{file("a/../../x")}, want: `"a/../../x"`},
+		{name: "absolute", entries: []*tar.Header{file(filepath.Join(outside, "x"))}, want: filepath.Join(outside, "x")},
+		{name: "link up", entries: []*tar.Header{link("a/l", "../../x")}, want: `"a/l"`},
+		{name: "link absolute", entries: []*tar.Header{link("l", outside)}, want: `"l"`},
+		{name: "link through link", entries: []*tar.Header{link("d/up", ".."), link("d/l", "up/..")}, want: `"d/l"`},
+		{name: "link without target", entries: []*tar.Header{link("l", "")}, want: `"l"`},
+		{name: "link then file", entries: []*tar.Header{link("a", outside), file("a/passwd")}, want: `"a"`},
+		{name: "relative link then file", entries: []*tar.Header{link("a", "../.."), file("a/passwd")}, want: `"a"`},
+		{
+			name:    "file through a link already there",
+			before:  func(dir string) { require.NoError(t, os.Symlink(outside, filepath.Join(dir, "a"))) },
+			entries: []*tar.Header{file("a/passwd")},
+			want:    `"a/passwd"`,
+		},
+		{name: "hard link", entries: []*tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "x"}}, want: `"h"`},
+		{name: "device", entries: []*tar.Header{{Name: "dev", Typeflag: tar.TypeChar}}, want: `"dev"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.before != nil {
+				tc.before(dir)
+			}
+			_, err := Untar(bytes.NewReader(gzipTar(t, tc.entries...)), dir)
+			assert.ErrorContains(t, err, tc.want)
+			entries, _ := os.ReadDir(outside)
+			assert.Empty(t, entries)
+		})
+	}
+}
+
+func TestUntarReplacesALinkWithoutWritingThroughIt(t *testing.T) {
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("keep"), 0o644))
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink(victim, filepath.Join(dir, "l")))
+
+	n, err := Untar(bytes.NewReader(gzipTar(t, &tar.Header{Name: "l", Typeflag: tar.TypeReg, Mode: 0o644})), dir)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	b, _ := os.ReadFile(victim)
+	assert.Equal(t, "keep", string(b))
+	b, _ = os.ReadFile(filepath.Join(dir, "l"))
+	assert.Equal(t, "x", string(b))
+}
+
+func TestUntarRefusesATruncatedStream(t *testing.T) {
+	whole := gzipTar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})
+	_, err := Untar(bytes.NewReader(whole[:len(whole)-4]), t.TempDir())
+	assert.ErrorContains(t, err, "unexpected EOF")
+}
