@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,9 +48,12 @@ func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encodi
 	if encoding != "gzip" {
 		return stepagent.Input{}, fmt.Errorf("encoding %q", encoding)
 	}
-	counted := &countingReader{r: body}
-	_, err := Untar(counted, filepath.Join(s.dir, input))
-	return stepagent.Input{Name: input, Bytes: counted.n}, err
+	data, err := io.ReadAll(body)
+	if err != nil {
+		return stepagent.Input{}, err
+	}
+	_, err = Untar(bytes.NewReader(data), filepath.Join(s.dir, input))
+	return stepagent.Input{Name: input, Bytes: int64(len(data))}, err
 }
 func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ string) (io.ReadCloser, error) {
 	dir := filepath.Join(s.dir, output)
@@ -57,17 +61,6 @@ func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ s
 		return nil, fmt.Errorf("%w: no output %s", steps.ErrNotFound, output)
 	}
 	return TarDir(dir), nil
-}
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
 
 func (s *scripted) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {

@@ -22,24 +22,14 @@ func (c *Client) UploadInput(ctx context.Context, team, handle, name, dir string
 	body := TarDir(dir)
 	defer body.Close()
 	var got stepagent.Input
-	query := teamQuery(team)
-	if query == nil {
-		query = url.Values{}
-	}
-	query.Set("encoding", "gzip")
-	err := c.call(ctx, http.MethodPut, "/api/v1/steps/"+url.PathEscape(handle)+"/inputs/"+url.PathEscape(name), query, io.Reader(body), &got)
+	err := c.call(ctx, http.MethodPut, "/api/v1/steps/"+url.PathEscape(handle)+"/inputs/"+url.PathEscape(name), gzipQuery(team), io.Reader(body), &got)
 	return got, err
 }
 
 // DownloadOutput writes the output name of an ended step into dir
 // (created if missing) and returns how many files it wrote.
 func (c *Client) DownloadOutput(ctx context.Context, team, handle, name, dir string) (int, error) {
-	query := teamQuery(team)
-	if query == nil {
-		query = url.Values{}
-	}
-	query.Set("encoding", "gzip")
-	resp, err := c.do(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle)+"/outputs/"+url.PathEscape(name), query, nil)
+	resp, err := c.do(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle)+"/outputs/"+url.PathEscape(name), gzipQuery(team), nil)
 	if err != nil {
 		return 0, err
 	}
@@ -49,4 +39,11 @@ func (c *Client) DownloadOutput(ctx context.Context, team, handle, name, dir str
 		return n, fmt.Errorf("jetway: output %s: %w", name, err)
 	}
 	return n, nil
+}
+
+// gzipQuery asks for a transfer of team's step as a gzip-compressed tar.
+func gzipQuery(team string) url.Values {
+	q := teamQuery(team)
+	q.Set("encoding", "gzip")
+	return q
 }

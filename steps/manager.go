@@ -152,9 +152,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			recovering.Stop()
 		}
 		m.place()
-		if m.hasSandboxes() {
-			m.tendSandboxes()
-		}
+		m.tendSandboxes()
 		select {
 		case <-ctx.Done():
 			m.wg.Wait()
@@ -399,10 +397,4 @@ func (m *Manager) podGone(target, pod string) bool {
 	}
 	ok, _ := t.Synced()
 	return ok && t.CachedPod(pod) == nil
-}
-
-func (m *Manager) hasSandboxes() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.sandboxes) > 0
 }

@@ -174,29 +174,13 @@ func (m *Manager) leaveSandbox(sb *sandbox, healthy bool) {
 // landing target must not wait ten minutes for them. A stalled target's
 // sandboxes stay: its API may be back in a moment.
 func (m *Manager) tendSandboxes() {
-	leaving := map[string]bool{}
-	for _, st := range m.opts.Registry.Snapshot() {
-		switch st.State {
-		case targets.StateLanding, targets.StateLanded, targets.StateRetiring, targets.StateRetired:
-			leaving[st.Name] = true
-		}
-	}
 	now := m.opts.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, list := range m.sandboxes {
 		kept := list[:0]
 		for _, sb := range list {
-			idle := sb.busy == 0
-			reason := ""
-			switch {
-			case idle && (sb.broken || !m.usable(sb)):
-				reason = "broken"
-			case idle && now.Sub(sb.lastUsed) > m.opts.SandboxTTL:
-				reason = "idle"
-			case idle && leaving[sb.target]:
-				reason = "target"
-			}
+			reason := m.expired(sb, now)
 			if reason == "" {
 				kept = append(kept, sb)
 				continue
@@ -214,6 +198,28 @@ func (m *Manager) tendSandboxes() {
 			m.sandboxes[k] = kept
 		}
 	}
+}
+
+// expired says why a sandbox goes now (broken, idle or target), or ""
+// while it stays. Called with m.mu held.
+func (m *Manager) expired(sb *sandbox, now time.Time) string {
+	switch {
+	case sb.busy > 0:
+		return ""
+	case sb.broken || !m.usable(sb):
+		return "broken"
+	case now.Sub(sb.lastUsed) > m.opts.SandboxTTL:
+		return "idle"
+	}
+	t, err := m.opts.Registry.Target(sb.target)
+	if err != nil {
+		return "target"
+	}
+	switch life, _ := t.Lifecycle(); life.State {
+	case targets.StateLanding, targets.StateLanded, targets.StateRetiring, targets.StateRetired:
+		return "target"
+	}
+	return ""
 }
 
 // deleteSandbox deletes a sandbox's pod, once it was made.

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,7 +48,7 @@ func (m *Manager) session(sb *sandbox, t *targets.Target) *session {
 	sb.sess = s
 	m.wg.Go(func() {
 		err := m.opts.ExecStream(ctx, t, sb.pod, agent("serve"), inR, outW)
-		outW.CloseWithError(cmpErr(err, errors.New("the session's exec ended")))
+		outW.CloseWithError(cmp.Or(err, errors.New("the session's exec ended")))
 	})
 	m.wg.Go(func() {
 		err := s.demux(outR)
@@ -58,13 +59,6 @@ func (m *Manager) session(sb *sandbox, t *targets.Target) *session {
 	})
 	m.wg.Go(func() { s.ping(ctx) })
 	return s
-}
-
-func cmpErr(err, otherwise error) error {
-	if err != nil {
-		return err
-	}
-	return otherwise
 }
 
 func (s *session) alive() bool {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -210,14 +211,14 @@ func (c *taskConfig) validate() error {
 	}
 	for i := range c.Inputs {
 		in := &c.Inputs[i]
-		in.Path = cmpOr(in.Path, in.Name)
+		in.Path = cmp.Or(in.Path, in.Name)
 		if err := claim("input", in.Name, in.Path); err != nil {
 			return err
 		}
 	}
 	for i := range c.Outputs {
 		out := &c.Outputs[i]
-		out.Path = cmpOr(out.Path, out.Name)
+		out.Path = cmp.Or(out.Path, out.Name)
 		if err := claim("output", out.Name, out.Path); err != nil {
 			return err
 		}
@@ -231,13 +232,6 @@ func (c *taskConfig) validate() error {
 }
 
 var envVar = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
 
 func localPath(p string) bool {
 	return !path.IsAbs(p) && path.Clean(p) == p && p != ".." && !strings.HasPrefix(p, "../")
