@@ -2,16 +2,30 @@ package steps
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	gws "github.com/gorilla/websocket"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/websocket"
+	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -45,29 +59,165 @@ func ExecPod(ctx context.Context, t *targets.Target, pod string, cmd []string, s
 	req := t.Core.RESTClient().Post().Namespace(t.Namespace()).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: StepContainer, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(t.Config.REST, "GET", req.URL().String())
-	if err != nil {
-		return fmt.Errorf("exec in %s: %w", pod, err)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(t.Config.REST, "POST", req.URL())
-	if err != nil {
-		return fmt.Errorf("exec in %s: %w", pod, err)
-	}
-	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
-	if err != nil {
-		return fmt.Errorf("exec in %s: %w", pod, err)
-	}
 	stderr := &capped{limit: stderrLimit}
-	opts := remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: stderr}
-	if err := ex.StreamWithContext(ctx, opts); err != nil {
+	err := execWebSocket(ctx, t.Config.REST, req.URL(), stdin, stdout, stderr)
+	if httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err) {
+		var spdy remotecommand.Executor
+		if spdy, err = remotecommand.NewSPDYExecutor(t.Config.REST, "POST", req.URL()); err == nil {
+			err = spdy.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+		}
+	}
+	if err != nil {
 		if msg := strings.TrimSpace(stderr.String()); msg != "" {
 			return fmt.Errorf("agent said %q: %w", msg, err)
 		}
 		return err
 	}
 	return nil
+}
+
+// The exec WebSocket protocol (v5.channel.k8s.io): each binary message
+// starts with the stream it belongs to.
+const (
+	execProtocol = "v5.channel.k8s.io"
+	streamStdin  = 0
+	streamStdout = 1
+	streamStderr = 2
+	streamError  = 3
+	streamClose  = 255 // v5: closes the stream named by the next byte
+	// execPing keeps the connection alive and execIdle bounds a silence:
+	// an API server gone without closing the connection is noticed.
+	execPing = 5 * time.Second
+	execIdle = 12*execPing + time.Second
+)
+
+// execWebSocket runs an exec over one WebSocket connection. It is
+// client-go's WebSocket executor without its leak: that one, cancelled
+// between the upgrade and the start of its read loop, left its stream
+// readers blocked forever. Here one loop reads everything, and the
+// context ending closes the connection, which ends the loop.
+func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, stdin io.Reader, stdout, stderr io.Writer) error {
+	rt, holder, err := websocket.RoundTripperFor(cfg)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	conn, err := websocket.Negotiate(rt, holder, req, execProtocol)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if conn.Subprotocol() != execProtocol {
+		return &httpstream.UpgradeFailureError{Cause: fmt.Errorf("the API server speaks exec protocol %q, not %q", conn.Subprotocol(), execProtocol)}
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		conn.Close()
+		wg.Wait()
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(execIdle))
+	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(execIdle)) })
+	wg.Go(func() {
+		tick := time.NewTicker(execPing)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if conn.WriteControl(gws.PingMessage, nil, time.Now().Add(execPing)) != nil {
+					return
+				}
+			}
+		}
+	})
+	if stdin != nil {
+		// Not waited for: it returns when stdin does, which the caller
+		// ends (a session's stdin ends after its exec).
+		go copyStdin(conn, stdin)
+	}
+	var status []byte
+	for {
+		typ, msg, err := conn.ReadMessage()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if gws.IsCloseError(err, gws.CloseNormalClosure) {
+				return execStatus(status)
+			}
+			return fmt.Errorf("exec stream: %w", err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(execIdle))
+		if typ != gws.BinaryMessage || len(msg) == 0 {
+			continue
+		}
+		switch msg[0] {
+		case streamStdout:
+			if stdout != nil && len(msg) > 1 {
+				if _, err := stdout.Write(msg[1:]); err != nil {
+					stdout = nil // its reader is gone: the rest is dropped, as the exec goes on
+				}
+			}
+		case streamStderr:
+			_, _ = stderr.Write(msg[1:])
+		case streamError:
+			status = append(status, msg[1:]...)
+		}
+	}
+}
+
+// copyStdin sends stdin to the exec, then closes the exec's stdin.
+func copyStdin(conn *gws.Conn, stdin io.Reader) {
+	buf := make([]byte, 32<<10)
+	buf[0] = streamStdin
+	for {
+		n, err := stdin.Read(buf[1:])
+		if n > 0 {
+			if conn.WriteMessage(gws.BinaryMessage, buf[:1+n]) != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = conn.WriteMessage(gws.BinaryMessage, []byte{streamClose, streamStdin})
+			return
+		}
+	}
+}
+
+// execStatus reads the exec's error stream, a metav1.Status, as client-go
+// does: nothing or Success is a success; a NonZeroExitCode failure is a
+// CodeExitError with the exit code.
+func execStatus(raw []byte) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	var st metav1.Status
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return fmt.Errorf("exec status %q: %w", raw, err)
+	}
+	switch {
+	case st.Status == metav1.StatusSuccess:
+		return nil
+	case st.Reason == remotecommandconsts.NonZeroExitCodeReason && st.Details != nil:
+		for _, c := range st.Details.Causes {
+			if c.Type == remotecommandconsts.ExitCodeCauseType {
+				code, err := strconv.ParseUint(c.Message, 10, 8)
+				if err != nil {
+					return fmt.Errorf("exec status: invalid exit code %q", c.Message)
+				}
+				return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: int(code)}
+			}
+		}
+	}
+	return errors.New(cmp.Or(st.Message, "exec failed with status "+string(raw)))
 }
 
 // capped keeps the first limit bytes written to it. client-go may still
