@@ -109,19 +109,17 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, stdin io.R
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
 	if conn.Subprotocol() != execProtocol {
+		conn.Close()
 		return &httpstream.UpgradeFailureError{Cause: fmt.Errorf("the API server speaks exec protocol %q, not %q", conn.Subprotocol(), execProtocol)}
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	done := make(chan struct{})
+	// The context ending closes the connection: the read loop below ends.
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer func() {
-		close(done)
-		conn.Close()
-		wg.Wait()
-	}()
+	defer wg.Wait()
+	defer cancel()
+	defer conn.Close()
+	defer context.AfterFunc(ctx, func() { conn.Close() })()
 	_ = conn.SetReadDeadline(time.Now().Add(execIdle))
 	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(execIdle)) })
 	wg.Go(func() {
@@ -129,7 +127,7 @@ func execWebSocket(ctx context.Context, cfg *rest.Config, u *url.URL, stdin io.R
 		defer tick.Stop()
 		for {
 			select {
-			case <-done:
+			case <-ctx.Done():
 				return
 			case <-tick.C:
 				if conn.WriteControl(gws.PingMessage, nil, time.Now().Add(execPing)) != nil {
