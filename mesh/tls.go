@@ -1,0 +1,190 @@
+package mesh
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// Identity is a gateway's mesh TLS material: its certificate and key and
+// the mesh CA. The files are read again whenever one of them changed, at
+// the next handshake, so certificates rotate without a restart; a
+// rotation that does not load (a half-written file, a key that does not
+// match) keeps the last good material and is reported by Reload.
+type Identity struct {
+	caFile, certFile, keyFile string
+	now                       func() time.Time
+
+	mu    sync.Mutex
+	stamp [3]stamp
+	cert  *tls.Certificate
+	pool  *x509.CertPool
+	name  string
+}
+
+// stamp is what tells a file changed.
+type stamp struct {
+	mod  time.Time
+	size int64
+}
+
+// Reasons a peer is refused at the handshake.
+const (
+	RefusedNoCertificate = "no-certificate"
+	RefusedUnknownCA     = "unknown-authority"
+	RefusedExpired       = "expired"
+	RefusedNoName        = "no-name"
+)
+
+// RefusedError is a peer refused at the handshake, with the reason (one of
+// the Refused values) and the detail.
+type RefusedError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RefusedError) Error() string { return "peer refused (" + e.Reason + "): " + e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// LoadIdentity reads the mesh CA, the certificate and its key; an error
+// names the file at fault.
+func LoadIdentity(caFile, certFile, keyFile string) (*Identity, error) {
+	id := &Identity{caFile: caFile, certFile: certFile, keyFile: keyFile, now: time.Now}
+	if err := id.Reload(); err != nil {
+		return nil, err
+	}
+	return id, nil
+}
+
+// Name is this gateway's mesh name: its certificate's.
+func (id *Identity) Name() string {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.name
+}
+
+// Reload reads the files again if any changed since the last good read.
+func (id *Identity) Reload() error {
+	var now [3]stamp
+	for i, f := range []string{id.caFile, id.certFile, id.keyFile} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return fmt.Errorf("mesh: %w", err)
+		}
+		now[i] = stamp{fi.ModTime(), fi.Size()}
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.cert != nil && now == id.stamp {
+		return nil
+	}
+	caPEM, err := os.ReadFile(id.caFile)
+	if err != nil {
+		return fmt.Errorf("mesh: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("mesh: CA file %s holds no PEM certificate", id.caFile)
+	}
+	cert, err := tls.LoadX509KeyPair(id.certFile, id.keyFile)
+	if err != nil {
+		return fmt.Errorf("mesh: certificate %s with key %s: %w", id.certFile, id.keyFile, err)
+	}
+	name := certName(cert.Leaf)
+	if name == "" {
+		return fmt.Errorf("mesh: certificate %s names no one (no common name or DNS name)", id.certFile)
+	}
+	id.stamp, id.cert, id.pool, id.name = now, &cert, pool, name
+	return nil
+}
+
+// certName is a certificate's mesh name: its common name, else its first
+// DNS name.
+func certName(c *x509.Certificate) string {
+	if c == nil {
+		return ""
+	}
+	if c.Subject.CommonName != "" {
+		return c.Subject.CommonName
+	}
+	if len(c.DNSNames) > 0 {
+		return c.DNSNames[0]
+	}
+	return ""
+}
+
+// current reloads if needed (a failed reload keeps the last good
+// material) and returns the certificate and CA pool.
+func (id *Identity) current() (*tls.Certificate, *x509.CertPool) {
+	_ = id.Reload()
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.cert, id.pool
+}
+
+// ServerConfig accepts mesh peers: TLS 1.3, a client certificate from the
+// mesh CA required.
+func (id *Identity) ServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAnyClientCert, // verified by verify, against the CA as it is now
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			cert, _ := id.current()
+			return cert, nil
+		},
+		VerifyConnection: id.verify,
+	}
+}
+
+// ClientConfig dials mesh peers. The peer is known by the name in its
+// certificate from the mesh CA, not by the address dialed (a headless
+// Service's addresses name no one), so verify checks it.
+func (id *Identity) ClientConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true, // verify below does the whole check
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			cert, _ := id.current()
+			return cert, nil
+		},
+		VerifyConnection: id.verify,
+	}
+}
+
+// verify checks the peer's chain against the mesh CA.
+func (id *Identity) verify(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return &RefusedError{RefusedNoCertificate, errors.New("the peer presented no certificate")}
+	}
+	_, pool := id.current()
+	leaf := cs.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	now := id.now()
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
+		return &RefusedError{RefusedExpired, fmt.Errorf("certificate of %q: %w", certName(leaf), err)}
+	case err != nil:
+		return &RefusedError{RefusedUnknownCA, fmt.Errorf("certificate of %q: %w", certName(leaf), err)}
+	case certName(leaf) == "":
+		return &RefusedError{RefusedNoName, errors.New("the peer's certificate names no one")}
+	}
+	return nil
+}
+
+// PeerName is the verified peer's mesh name of a finished handshake.
+func PeerName(cs tls.ConnectionState) string {
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	return certName(cs.PeerCertificates[0])
+}
