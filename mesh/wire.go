@@ -1,0 +1,101 @@
+package mesh
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the mesh wire version this gateway speaks (docs/mesh.md).
+const Version = 1
+
+// MaxMessage caps a control message: a route table of thousands of
+// targets fits; a length beyond it is a malformed frame, which closes the
+// session that sent it.
+const MaxMessage = 1 << 20
+
+// ErrMalformed is a control frame that cannot be read: too long, cut
+// short, or not the JSON its type needs.
+var ErrMalformed = errors.New("malformed mesh frame")
+
+// writeMessage writes v as one control frame: a 4-byte big-endian length,
+// then v as JSON.
+func writeMessage(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxMessage {
+		return fmt.Errorf("mesh message of %d bytes exceeds %d", len(b), MaxMessage)
+	}
+	frame := make([]byte, 4+len(b))
+	binary.BigEndian.PutUint32(frame, uint32(len(b)))
+	copy(frame[4:], b)
+	_, err = w.Write(frame)
+	return err
+}
+
+// readMessage reads one control frame into v. io.EOF means the stream
+// ended between frames.
+func readMessage(r io.Reader, v any) error {
+	var head [4]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(head[:])
+	if n > MaxMessage {
+		return fmt.Errorf("%w: length %d exceeds %d", ErrMalformed, n, MaxMessage)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("%w: cut short: %v", ErrMalformed, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return nil
+}
+
+// Kinds of mesh member.
+const (
+	KindGateway = "gateway"
+	KindAgent   = "agent"
+)
+
+// hello is the first message each side sends on the control stream.
+type hello struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	Kind    string `json:"kind"`
+}
+
+// ErrVersion is a peer speaking another mesh version.
+var ErrVersion = errors.New("mesh version mismatch")
+
+// greet sends our hello and reads the peer's, which must speak our version
+// and name itself as its certificate does (certName). Both sides write
+// first, so the write runs aside; on an error the caller closes rw (with a
+// deadline set, the session's), which ends it.
+func greet(rw io.ReadWriter, ours hello, certName string) (hello, error) {
+	errc := make(chan error, 1)
+	go func() { errc <- writeMessage(rw, ours) }()
+	var theirs hello
+	err := readMessage(rw, &theirs)
+	if err == nil {
+		err = <-errc
+	}
+	switch {
+	case err != nil:
+		return theirs, fmt.Errorf("mesh hello: %w", err)
+	case theirs.Version != Version:
+		return theirs, fmt.Errorf("%w: peer %q speaks mesh version %d, this gateway %d; run the same jetway version on both",
+			ErrVersion, theirs.Name, theirs.Version, Version)
+	case theirs.Name != certName:
+		return theirs, fmt.Errorf("mesh hello: peer calls itself %q, its certificate %q", theirs.Name, certName)
+	case theirs.Kind != KindGateway && theirs.Kind != KindAgent:
+		return theirs, fmt.Errorf("mesh hello: peer %q is of unknown kind %q", theirs.Name, theirs.Kind)
+	}
+	return theirs, nil
+}
