@@ -1,0 +1,530 @@
+package mesh
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Options configure a Mesh.
+type Options struct {
+	// Identity is this member's certificate, key and mesh CA. Its name is
+	// the member's name in the mesh.
+	Identity *Identity
+	// Kind is KindGateway (the default) or KindAgent.
+	Kind string
+	// Listen is the address to accept peers on; empty: accept none (a
+	// member behind NAT only dials out, and is a full member).
+	Listen string
+	// Peers are the addresses to dial: host:port, or dns:NAME:PORT for
+	// every address NAME resolves to (a headless Service), resolved again
+	// every ResolveEvery.
+	Peers []string
+	// ResolveEvery is how often dns: peers are resolved again; default 30s.
+	ResolveEvery time.Duration
+	// Resolve looks a host's addresses up; default net.DefaultResolver.
+	Resolve func(ctx context.Context, host string) ([]string, error)
+	// HTTP serves the HTTP requests peers send over the mesh; the peer's
+	// name is in the request's context (Peer).
+	HTTP http.Handler
+	// Local is what this member announces: the targets it owns.
+	Local Local
+	// StallAfter is how long a lost peer's targets keep their last state
+	// before they are listed stalled; default 15s.
+	StallAfter time.Duration
+	// Now is the clock; default time.Now.
+	Now     func() time.Time
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Timeouts of the session setup; keepalives find a dead peer within
+// keepAliveInterval + keepAliveTimeout.
+const (
+	dialTimeout       = 10 * time.Second
+	handshakeTimeout  = 10 * time.Second
+	keepAliveInterval = 5 * time.Second
+	keepAliveTimeout  = 5 * time.Second
+	minBackoff        = 100 * time.Millisecond
+	maxBackoff        = 30 * time.Second
+	// stableSession is how long a session must last for the next dial
+	// to start again from minBackoff.
+	stableSession = time.Minute
+)
+
+// streamWindow is each stream's receive window: it must cover the
+// bandwidth-delay product of the links between gateways, else one stream
+// is capped at window/RTT (yamux's default 256 KiB is about 6 MB/s at a
+// 40 ms round trip).
+const streamWindow = 16 << 20
+
+func yamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = true
+	c.KeepAliveInterval = keepAliveInterval
+	c.ConnectionWriteTimeout = keepAliveTimeout
+	c.MaxStreamWindowSize = streamWindow
+	c.StreamOpenTimeout = handshakeTimeout
+	c.LogOutput = io.Discard
+	return c
+}
+
+// Mesh is this member's side of the mesh: the sessions with its peers,
+// the routes they announced, and the streams between them.
+type Mesh struct {
+	opts Options
+	name string
+
+	mu       sync.Mutex
+	ctx      context.Context
+	sessions map[string]*session  // live, by peer name
+	lost     map[string]time.Time // peers whose session ended, and when
+	learned  map[string][]Route   // what each peer announced, by peer
+	addrs    map[string]string    // dialed address -> the peer found there
+	changed  chan struct{}        // closed on any change of peers or routes
+	wg       sync.WaitGroup
+
+	conns     chan net.Conn // HTTP streams for this member, to serve
+	transport *http.Transport
+	ready     chan struct{} // closed once Start listens
+	addr      net.Addr
+}
+
+// New returns a Mesh; Start runs it.
+func New(opts Options) (*Mesh, error) {
+	if opts.Identity == nil {
+		return nil, errors.New("mesh: no identity (--mesh-ca, --mesh-cert, --mesh-key)")
+	}
+	if opts.Kind == "" {
+		opts.Kind = KindGateway
+	}
+	if opts.ResolveEvery <= 0 {
+		opts.ResolveEvery = 30 * time.Second
+	}
+	if opts.Resolve == nil {
+		opts.Resolve = net.DefaultResolver.LookupHost
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = 15 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.HTTP == nil {
+		opts.HTTP = http.NotFoundHandler()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, p := range opts.Peers {
+		if _, _, _, err := splitPeer(p); err != nil {
+			return nil, err
+		}
+	}
+	m := &Mesh{
+		opts: opts, name: opts.Identity.Name(),
+		sessions: map[string]*session{}, lost: map[string]time.Time{}, addrs: map[string]string{},
+		learned: map[string][]Route{},
+		changed: make(chan struct{}), conns: make(chan net.Conn), ready: make(chan struct{}),
+	}
+	m.transport = m.newTransport()
+	return m, nil
+}
+
+// Name is this member's name in the mesh.
+func (m *Mesh) Name() string { return m.name }
+
+// Start listens and dials until ctx ends, then closes every session and
+// returns once all its goroutines have.
+func (m *Mesh) Start(ctx context.Context) error {
+	m.mu.Lock()
+	if m.ctx != nil {
+		m.mu.Unlock()
+		return errors.New("mesh: Start called twice")
+	}
+	m.ctx = ctx
+	m.mu.Unlock()
+	var ln net.Listener
+	if m.opts.Listen != "" {
+		var err error
+		if ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", m.opts.Listen); err != nil {
+			return fmt.Errorf("mesh: listen on %s: %w", m.opts.Listen, err)
+		}
+		m.opts.Logger.Info("mesh listening", "address", ln.Addr().String(), "name", m.name)
+		m.addr = ln.Addr()
+		m.wg.Go(func() { m.accept(ctx, ln) })
+	}
+	close(m.ready)
+	for _, p := range m.opts.Peers {
+		host, port, dns, _ := splitPeer(p)
+		if dns {
+			m.wg.Go(func() { m.resolveLoop(ctx, host, port) })
+			continue
+		}
+		m.wg.Go(func() { m.dialLoop(ctx, net.JoinHostPort(host, port)) })
+	}
+	m.wg.Go(func() { m.announceLoop(ctx) })
+	m.wg.Go(func() { m.serve(ctx) })
+	<-ctx.Done()
+	m.transport.CloseIdleConnections()
+	if ln != nil {
+		ln.Close()
+	}
+	m.mu.Lock()
+	for _, s := range m.sessions {
+		s.close()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	return nil
+}
+
+// Ready is closed once Start listens (and Addr answers).
+func (m *Mesh) Ready() <-chan struct{} { return m.ready }
+
+// Addr is where the mesh listens, once Ready; nil without --mesh-listen.
+func (m *Mesh) Addr() net.Addr { return m.addr }
+
+func (m *Mesh) accept(ctx context.Context, ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() == nil {
+				m.opts.Logger.Error("mesh listener failed", "error", err.Error())
+			}
+			return
+		}
+		m.wg.Go(func() {
+			if _, err := m.establish(ctx, tls.Server(conn, m.opts.Identity.ServerConfig()), false); err != nil {
+				m.opts.Logger.Warn("mesh peer refused", "remote", conn.RemoteAddr().String(), "error", err.Error())
+			}
+		})
+	}
+}
+
+// dialLoop keeps a session with the peer at addr: it dials while there is
+// none with whoever answers there, with jittered exponential backoff.
+func (m *Mesh) dialLoop(ctx context.Context, addr string) {
+	backoff := minBackoff
+	for {
+		if name := m.peerAt(addr); name == m.name {
+			m.opts.Logger.Debug("mesh peer address is this member; not dialing it", "address", addr)
+			return
+		} else if name != "" {
+			m.waitDown(ctx, name) // whichever side dialed it
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		start := m.opts.Now()
+		s, err := m.dial(ctx, addr)
+		if err != nil && ctx.Err() == nil {
+			m.opts.Logger.Warn("mesh dial failed", "address", addr, "error", err.Error(), "retry_in", backoff.String())
+		}
+		if s != nil {
+			select {
+			case <-s.done:
+			case <-ctx.Done():
+			}
+		}
+		if m.opts.Now().Sub(start) > stableSession {
+			backoff = minBackoff
+		}
+		if !sleep(ctx, jitter(backoff)) {
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// dial connects to addr and sets a session up.
+func (m *Mesh) dial(ctx context.Context, addr string) (*session, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	conn, err := (&net.Dialer{KeepAlive: keepAliveInterval}).DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.establish(ctx, tls.Client(conn, m.opts.Identity.ClientConfig()), true)
+	if s != nil || errors.Is(err, errSelf) {
+		name := m.name
+		if s != nil {
+			name = s.peer
+		}
+		m.mu.Lock()
+		m.addrs[addr] = name
+		m.mu.Unlock()
+	}
+	if errors.Is(err, errSelf) {
+		return nil, nil
+	}
+	return s, err
+}
+
+// errSelf is a dial that reached this member.
+var errSelf = errors.New("mesh: dialed this member itself")
+
+// establish runs the TLS handshake on conn, then sets the session up.
+// dialed says this side dialed.
+func (m *Mesh) establish(ctx context.Context, conn *tls.Conn, dialed bool) (*session, error) {
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	if err := conn.HandshakeContext(hctx); err != nil {
+		conn.Close()
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			m.opts.Metrics.handshakeFailed(refused.Reason)
+			return nil, err
+		}
+		m.opts.Metrics.handshakeFailed("tls")
+		return nil, fmt.Errorf("TLS handshake with %s: %w", conn.RemoteAddr(), err)
+	}
+	return m.setup(ctx, conn, PeerName(conn.ConnectionState()), dialed)
+}
+
+// setup runs yamux and the hello over conn, whose peer is authenticated as
+// certName, and registers the session.
+func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed bool) (*session, error) {
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	fail := func(reason string, err error) (*session, error) {
+		conn.Close()
+		m.opts.Metrics.handshakeFailed(reason)
+		return nil, err
+	}
+	mux, err := newMux(conn, dialed)
+	if err != nil {
+		return fail("yamux", err)
+	}
+	var ctrl net.Conn
+	if dialed {
+		ctrl, err = mux.OpenStream()
+	} else {
+		ctrl, err = mux.AcceptStreamWithContext(hctx)
+	}
+	if err != nil {
+		mux.Close()
+		return fail("hello", fmt.Errorf("mesh control stream with %q: %w", certName, err))
+	}
+	ctrl.SetDeadline(time.Now().Add(handshakeTimeout))
+	theirs, err := greet(ctrl, hello{Version: Version, Name: m.name, Kind: m.opts.Kind}, certName)
+	ctrl.SetDeadline(time.Time{})
+	switch {
+	case err == nil && theirs.Name == m.name:
+		mux.Close()
+		return nil, errSelf
+	case errors.Is(err, ErrVersion):
+		mux.Close()
+		return fail("version", err)
+	case err != nil:
+		mux.Close()
+		return fail("hello", err)
+	}
+	dialer := certName
+	if dialed {
+		dialer = m.name
+	}
+	s := &session{m: m, peer: theirs.Name, kind: theirs.Kind, dialer: dialer, mux: mux, ctrl: ctrl,
+		since: m.opts.Now(), done: make(chan struct{})}
+	if !m.register(s) {
+		return nil, fmt.Errorf("mesh: a session with %q exists already", s.peer)
+	}
+	return s, nil
+}
+
+func newMux(conn net.Conn, dialed bool) (*yamux.Session, error) {
+	if dialed {
+		return yamux.Client(conn, yamuxConfig())
+	}
+	return yamux.Server(conn, yamuxConfig())
+}
+
+// register makes s the session with its peer, unless another live one
+// wins: of two sessions dialed by each side at once, both sides keep the
+// one dialed by the member whose name sorts first; a session dialed by the
+// same side as the one it finds replaces it (that side lost the old one).
+func (m *Mesh) register(s *session) bool {
+	m.mu.Lock()
+	old := m.sessions[s.peer]
+	m.mu.Unlock()
+	if old != nil && old.dialer != s.dialer {
+		if _, err := old.mux.Ping(); err != nil {
+			old.close()
+			<-old.done
+		}
+	}
+	m.mu.Lock()
+	if m.ctx.Err() != nil {
+		m.mu.Unlock()
+		s.mux.Close()
+		return false
+	}
+	old = m.sessions[s.peer]
+	if old != nil && old.dialer != s.dialer && old.dialer < s.dialer {
+		m.mu.Unlock()
+		s.mux.Close()
+		return false
+	}
+	m.sessions[s.peer] = s
+	delete(m.lost, s.peer)
+	m.notify()
+	m.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	m.opts.Logger.Info("mesh peer joined", "peer", s.peer, "kind", s.kind, "dialed_by", s.dialer)
+	m.opts.Metrics.sessionsChanged(m)
+	m.wg.Go(s.run)
+	return true
+}
+
+// ended drops s, if it is still the session with its peer.
+func (m *Mesh) ended(s *session, err error) {
+	m.mu.Lock()
+	current := m.sessions[s.peer] == s
+	if current {
+		delete(m.sessions, s.peer)
+		m.lost[s.peer] = m.opts.Now()
+		m.notify()
+	}
+	m.mu.Unlock()
+	if current {
+		m.opts.Logger.Warn("mesh peer lost", "peer", s.peer, "error", err.Error())
+		m.opts.Metrics.sessionsChanged(m)
+	}
+}
+
+// notify wakes whoever waits on a change. Called with m.mu held.
+func (m *Mesh) notify() {
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// Changed is closed at the next change of peers or routes.
+func (m *Mesh) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+func (m *Mesh) peerAt(addr string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addrs[addr]
+}
+
+// waitDown returns once there is no live session with peer.
+func (m *Mesh) waitDown(ctx context.Context, peer string) {
+	for {
+		m.mu.Lock()
+		s := m.sessions[peer]
+		m.mu.Unlock()
+		if s == nil {
+			return
+		}
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Peers are the members with a live session now, by name.
+func (m *Mesh) Peers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.sessions))
+	for name := range m.sessions {
+		out = append(out, name)
+	}
+	return out
+}
+
+func (m *Mesh) session(peer string) *session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[peer]
+}
+
+// resolveLoop dials every address host resolves to, resolving it again
+// every ResolveEvery: a new address gets a dial loop, a gone one's ends.
+func (m *Mesh) resolveLoop(ctx context.Context, host, port string) {
+	loops := map[string]context.CancelFunc{}
+	defer func() {
+		for _, cancel := range loops {
+			cancel()
+		}
+	}()
+	tick := time.NewTicker(m.opts.ResolveEvery)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, dialTimeout)
+		addrs, err := m.opts.Resolve(rctx, host)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			m.opts.Logger.Warn("mesh peers not resolved", "name", host, "error", err.Error())
+		}
+		if err == nil {
+			seen := map[string]bool{}
+			for _, a := range addrs {
+				addr := net.JoinHostPort(a, port)
+				seen[addr] = true
+				if loops[addr] == nil {
+					lctx, cancel := context.WithCancel(ctx)
+					loops[addr] = cancel
+					m.wg.Go(func() { m.dialLoop(lctx, addr) })
+				}
+			}
+			for addr, cancel := range loops {
+				if !seen[addr] {
+					cancel()
+					delete(loops, addr)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// splitPeer checks a --mesh-peers entry: host:port, or dns:NAME:PORT
+// (dns).
+func splitPeer(p string) (host, port string, dns bool, err error) {
+	rest, dns := strings.CutPrefix(p, "dns:")
+	host, port, err = net.SplitHostPort(rest)
+	if err != nil || host == "" || port == "" {
+		return "", "", false, fmt.Errorf("mesh peer %q: want host:port or dns:NAME:PORT", p)
+	}
+	return host, port, dns, nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d unless ctx ends first (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,107 @@
+package mesh
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the mesh's. A nil *Metrics records nothing.
+type Metrics struct {
+	peers           *prometheus.GaugeVec
+	handshakes      *prometheus.CounterVec
+	malformedFrames prometheus.Counter
+	refused         *prometheus.CounterVec
+	streams         prometheus.Counter
+	bytesIn         prometheus.Counter
+	bytesOut        prometheus.Counter
+	forwarded       *prometheus.CounterVec
+}
+
+// NewMetrics registers the mesh's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_mesh_stream_bytes_total",
+		Help: "Bytes carried on mesh streams, by direction (in, out).",
+	}, []string{"direction"})
+	m := &Metrics{
+		bytesIn:  bytes.WithLabelValues("in"),
+		bytesOut: bytes.WithLabelValues("out"),
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "jetway_mesh_peers",
+			Help: "Mesh peers by session state: up (a live session) or lost (it ended, and its targets are kept, stalled after the stall threshold).",
+		}, []string{"state"}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_mesh_handshake_failures_total",
+			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, tls, version, hello, yamux).",
+		}, []string{"reason"}),
+		malformedFrames: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_mesh_malformed_frames_total",
+			Help: "Malformed control frames received; each closed the session that sent it.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_mesh_routes_refused_total",
+			Help: "Announced routes refused, by reason (claims-this-member, agent-not-itself, invalid).",
+		}, []string{"reason"}),
+		streams: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_mesh_streams_opened_total",
+			Help: "Streams this member opened over the mesh (API calls and volume streams).",
+		}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_mesh_forwarded_calls_total",
+			Help: "API calls forwarded to the owner of their target, by result (ok, client-error, server-error, unreachable).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.peers, m.handshakes, m.malformedFrames, m.refused, m.streams, bytes, m.forwarded)
+	return m
+}
+
+func (m *Metrics) sessionsChanged(mesh *Mesh) {
+	if m == nil {
+		return
+	}
+	mesh.mu.Lock()
+	up, lost := len(mesh.sessions), len(mesh.lost)
+	mesh.mu.Unlock()
+	m.peers.WithLabelValues("up").Set(float64(up))
+	m.peers.WithLabelValues("lost").Set(float64(lost))
+}
+
+func (m *Metrics) handshakeFailed(reason string) {
+	if m != nil {
+		m.handshakes.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) malformed() {
+	if m != nil {
+		m.malformedFrames.Inc()
+	}
+}
+
+func (m *Metrics) routesRefused(reason string, n int) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+func (m *Metrics) streamOpened() {
+	if m != nil {
+		m.streams.Inc()
+	}
+}
+
+func (m *Metrics) read(n int) {
+	if m != nil && n > 0 {
+		m.bytesIn.Add(float64(n))
+	}
+}
+
+func (m *Metrics) wrote(n int) {
+	if m != nil && n > 0 {
+		m.bytesOut.Add(float64(n))
+	}
+}
+
+// Forwarded counts a forwarded API call by its result.
+func (m *Metrics) Forwarded(result string) {
+	if m != nil {
+		m.forwarded.WithLabelValues(result).Inc()
+	}
+}

@@ -1,0 +1,329 @@
+package mesh
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Stream types (docs/mesh.md). Every stream but the control stream starts
+// with a header naming its type and the member it is for.
+const streamHTTP = "http"
+
+// header opens a stream.
+type header struct {
+	Type string `json:"type"`
+	// To is the member the stream is for: the peer that accepts it, or a
+	// member it relays to (one hop).
+	To string `json:"to"`
+}
+
+// ErrUnreachable is a member no live session leads to.
+var ErrUnreachable = errors.New("unreachable over the mesh")
+
+// UnreachableError names the member that cannot be reached, and since when.
+type UnreachableError struct {
+	Member string
+	Since  time.Time // zero: never reached
+}
+
+func (e *UnreachableError) Error() string {
+	if e.Since.IsZero() {
+		return fmt.Sprintf("mesh member %q is unreachable: no session leads to it", e.Member)
+	}
+	return fmt.Sprintf("mesh member %q is unreachable since %s", e.Member, e.Since.UTC().Format(time.RFC3339))
+}
+
+func (e *UnreachableError) Unwrap() error { return ErrUnreachable }
+
+// route picks the live session that leads to member: its own, else that
+// of a peer that relays its routes.
+func (m *Mesh) route(member string) (*session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sessions[member]; s != nil {
+		return s, nil
+	}
+	for via, routes := range m.learned {
+		if s := m.sessions[via]; s != nil && s.kind == KindGateway {
+			for _, r := range routes {
+				if r.Owner == member {
+					return s, nil
+				}
+			}
+		}
+	}
+	return nil, &UnreachableError{Member: member, Since: m.lost[member]}
+}
+
+// open opens an HTTP stream to member.
+func (m *Mesh) open(ctx context.Context, member string) (net.Conn, error) {
+	s, err := m.route(member)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(ctx, header{Type: streamHTTP, To: member})
+}
+
+// open opens a stream on the session and writes its header; it honours
+// ctx while it waits for the stream to be accepted.
+func (s *session) open(ctx context.Context, h header) (net.Conn, error) {
+	octx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	type opened struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		st, err := s.mux.OpenStream()
+		if err == nil {
+			st.SetWriteDeadline(time.Now().Add(handshakeTimeout))
+			if err = writeMessage(st, h); err != nil {
+				st.Close()
+			}
+			st.SetWriteDeadline(time.Time{})
+		}
+		done <- opened{&counted{Conn: st, m: s.m.opts.Metrics}, err}
+	}()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			return nil, fmt.Errorf("mesh stream to %q: %w", h.To, o.err)
+		}
+		s.m.opts.Metrics.streamOpened()
+		return o.c, nil
+	case <-octx.Done():
+		go func() {
+			if o := <-done; o.err == nil {
+				o.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("mesh stream to %q: %w", h.To, octx.Err())
+	}
+}
+
+// serveStream reads a stream's header and serves it: an HTTP exchange
+// for this member, or a relay to the member it is for.
+func (m *Mesh) serveStream(ctx context.Context, s *session, st net.Conn) {
+	st.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	var h header
+	err := readMessage(st, &h)
+	st.SetReadDeadline(time.Time{})
+	if err != nil {
+		m.opts.Logger.Warn("mesh stream without a header; closed", "peer", s.peer, "error", err.Error())
+		st.Close()
+		return
+	}
+	c := &counted{Conn: st, m: m.opts.Metrics}
+	switch {
+	case h.Type != streamHTTP:
+		m.opts.Logger.Warn("mesh stream of an unknown type; closed", "peer", s.peer, "type", h.Type)
+		st.Close()
+	case h.To == m.name || h.To == "":
+		m.serveHTTP(ctx, s.peer, c)
+	default:
+		m.relay(ctx, s, h, c)
+	}
+}
+
+// relay carries a stream on to the member it is for, when this member has
+// a session with it; else it answers 502 naming who is unreachable.
+func (m *Mesh) relay(ctx context.Context, from *session, h header, in net.Conn) {
+	defer in.Close()
+	to := m.session(h.To)
+	if to == nil || from.kind != KindGateway {
+		err := &UnreachableError{Member: h.To, Since: m.lostSince(h.To)}
+		writeHTTPError(in, http.StatusBadGateway, fmt.Sprintf("mesh: %s, from %s: %v", h.To, m.name, err))
+		return
+	}
+	out, err := to.open(ctx, h)
+	if err != nil {
+		writeHTTPError(in, http.StatusBadGateway, fmt.Sprintf("mesh: relay from %s: %v", m.name, err))
+		return
+	}
+	defer out.Close()
+	splice(in, out)
+}
+
+func (m *Mesh) lostSince(member string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lost[member]
+}
+
+// splice copies both ways until both directions ended, half-closing each
+// after its copy.
+func splice(a, b net.Conn) {
+	var wg sync.WaitGroup
+	one := func(dst, src net.Conn) {
+		_, err := io.Copy(dst, src)
+		if err != nil {
+			a.Close()
+			b.Close()
+			return
+		}
+		closeWrite(dst)
+	}
+	wg.Go(func() { one(a, b) })
+	wg.Go(func() { one(b, a) })
+	wg.Wait()
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+// writeHTTPError answers an HTTP request that cannot be carried on.
+func writeHTTPError(c net.Conn, code int, msg string) {
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	br := bufio.NewReader(c)
+	if req, err := http.ReadRequest(br); err == nil {
+		req.Body.Close()
+	}
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	body := string(b) + "\n"
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+}
+
+// counted counts a stream's bytes in the metrics.
+type counted struct {
+	net.Conn
+	m *Metrics
+}
+
+func (c *counted) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.m.read(n)
+	return n, err
+}
+
+func (c *counted) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.m.wrote(n)
+	return n, err
+}
+
+func (c *counted) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// peerKey carries the peer's name in an HTTP request's context.
+type peerKey struct{}
+
+// Peer is the mesh member that sent an HTTP request served over the mesh,
+// if it came that way.
+func Peer(ctx context.Context) (string, bool) {
+	p, ok := ctx.Value(peerKey{}).(string)
+	return p, ok
+}
+
+// peerConn is an HTTP stream and the peer it came from.
+type peerConn struct {
+	net.Conn
+	peer string
+}
+
+// serveHTTP hands an HTTP stream to the mesh's HTTP server.
+func (m *Mesh) serveHTTP(ctx context.Context, peer string, c net.Conn) {
+	select {
+	case m.conns <- &peerConn{Conn: c, peer: peer}:
+	case <-ctx.Done():
+		c.Close()
+	}
+}
+
+// connListener is the HTTP server's listener: the HTTP streams peers open.
+type connListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return meshAddr{} }
+
+type meshAddr struct{}
+
+func (meshAddr) Network() string { return "mesh" }
+func (meshAddr) String() string  { return "mesh" }
+
+// serve runs the HTTP server of the mesh's streams until ctx ends; the
+// requests under way get stopGrace to finish.
+func (m *Mesh) serve(ctx context.Context) {
+	l := &connListener{conns: m.conns, closed: make(chan struct{})}
+	srv := &http.Server{
+		Handler:           m.opts.HTTP,
+		ReadHeaderTimeout: handshakeTimeout,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if pc, ok := c.(*peerConn); ok {
+				return context.WithValue(ctx, peerKey{}, pc.peer)
+			}
+			return ctx
+		},
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(l)
+	}()
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
+	defer cancel()
+	if srv.Shutdown(sctx) != nil {
+		srv.Close()
+	}
+	<-served
+}
+
+// stopGrace is what requests under way get to finish at stop.
+const stopGrace = 5 * time.Second
+
+// Client is an HTTP client whose requests go over the mesh: the URL's host
+// is the member the request is for (http://NAME/path).
+func (m *Mesh) Client() *http.Client {
+	return &http.Client{Transport: m.transport}
+}
+
+func (m *Mesh) newTransport() *http.Transport {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				host = addr
+			}
+			return m.open(ctx, host)
+		},
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+}
