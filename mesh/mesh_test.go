@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -58,6 +59,14 @@ func (l *fakeLocal) set(state targets.State) {
 	l.changed = make(chan struct{})
 }
 
+// tWriter logs to the test.
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
 // member is a started Mesh and what it was given.
 type member struct {
 	*Mesh
@@ -86,6 +95,7 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	reg := prometheus.NewRegistry()
 	mb := &member{local: newLocal(owns...), metrics: NewMetrics(reg), reg: reg}
 	opts := Options{Identity: id, Kind: o.kind, Peers: o.peers, Local: mb.local, Now: o.now, Metrics: mb.metrics,
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", name),
 		HTTP: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			peer, _ := Peer(r.Context())
 			body, _ := io.ReadAll(r.Body)
@@ -225,9 +235,8 @@ func TestAMalformedFrameClosesThatSessionOnly(t *testing.T) {
 		s := a.session("b")
 		require.NotNil(t, s)
 		s.wmu.Lock()
-		_, err := s.ctrl.Write([]byte{0xff, 0xff, 0xff, 0xff})
+		_, _ = s.ctrl.Write([]byte{0xff, 0xff, 0xff, 0xff}) // b may close the session before Write returns
 		s.wmu.Unlock()
-		require.NoError(t, err)
 
 		eventually(t, b, "a's session closed", func() bool { return b.session("a") == nil })
 		assert.NotNil(t, b.session("d"), "d's session is not touched")
@@ -237,4 +246,210 @@ func TestAMalformedFrameClosesThatSessionOnly(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 	})
+}
+
+func TestSimultaneousDialsResolveToOneSession(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	// Each listens and dials the other: both keep the same session.
+	a := startMember(t, c, "a", memberOpts{listen: true}, "a1")
+	b := startMember(t, c, "b", memberOpts{listen: true, peers: []string{a.Addr().String()}}, "b1")
+	// a learns b's address only now, as an operator adding it would.
+	a2 := startMember(t, c, "c", memberOpts{peers: []string{a.Addr().String(), b.Addr().String()}}, "c1")
+	eventually(t, a2, "c sees every target", func() bool { return len(a2.Remotes()) == 2 })
+	eventually(t, a, "a has both peers", func() bool { return len(a.Peers()) == 2 })
+	sa, sb := a.session("b"), b.session("a")
+	require.NotNil(t, sa)
+	require.NotNil(t, sb)
+	assert.Equal(t, sa.dialer, sb.dialer, "both sides keep the session one side dialed")
+}
+
+func TestDialsEachOtherAtOnce(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	for range 5 {
+		// Listeners first, then two members dialing each other at once.
+		la, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		lb, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addrA, addrB := la.Addr().String(), lb.Addr().String()
+		la.Close()
+		lb.Close()
+		ida, idb := c.member(t, "a", time.Now().Add(time.Hour)), c.member(t, "b", time.Now().Add(time.Hour))
+		a := startAt(t, ida, addrA, addrB)
+		b := startAt(t, idb, addrB, addrA)
+		eventually(t, a, "a and b joined", func() bool { return a.session("b") != nil && b.session("a") != nil })
+		// Whatever raced, they settle on one session, and stay on it.
+		eventually(t, a, "one session", func() bool {
+			sa, sb := a.session("b"), b.session("a")
+			return sa != nil && sb != nil && sa.dialer == sb.dialer
+		})
+		resp, err := a.Client().Get("http://b/x")
+		require.NoError(t, err)
+		resp.Body.Close()
+		a.stop()
+		b.stop()
+	}
+}
+
+// startAt starts a member with id listening on listen and dialing peers.
+func startAt(t *testing.T, id *Identity, listen string, peers ...string) *member {
+	t.Helper()
+	m, err := New(Options{Identity: id, Listen: listen, Peers: peers})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	select {
+	case <-m.Ready():
+	case err := <-done:
+		t.Fatalf("start: %v", err)
+	}
+	var once sync.Once
+	mb := &member{Mesh: m, stop: func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}}
+	t.Cleanup(mb.stop)
+	return mb
+}
+
+func TestStrangersAreRefusedAndSeeNoTarget(t *testing.T) {
+	c, foreign := newCA(t, "mesh-ca"), newCA(t, "foreign-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+	cases := map[string]struct {
+		id     *Identity
+		reason string
+	}{
+		"foreign CA": {foreign.memberTrusting(t, c, "intruder", time.Now().Add(time.Hour)), RefusedUnknownCA},
+		"expired":    {c.member(t, "late", time.Now().Add(-time.Minute)), RefusedExpired},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := startMember(t, c, "x", memberOpts{identity: tc.id, peers: []string{hub.Addr().String()}}, "x1")
+			eventually(t, hub, "the refusal counted", func() bool {
+				return testutil.ToFloat64(hub.metrics.handshakes.WithLabelValues(tc.reason)) >= 1
+			})
+			assert.Empty(t, m.Remotes(), "a refused peer learns no target")
+			assert.Empty(t, hub.Peers())
+			m.stop()
+		})
+	}
+}
+
+func TestALostPeerRedialsAndItsTargetsStallMeanwhile(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	hubID := c.member(t, "hub", time.Now().Add(time.Hour))
+	hub := startMember(t, c, "hub", memberOpts{listen: true, identity: hubID}, "h1")
+	addr := hub.Addr().String()
+	spoke := startMember(t, c, "spoke", memberOpts{peers: []string{addr}, now: clock}, "s1")
+	eventually(t, spoke, "the hub's targets", func() bool { return len(spoke.Remotes()) == 1 })
+
+	hub.stop()
+	eventually(t, spoke, "the hub lost", func() bool { return len(spoke.Peers()) == 0 })
+	r := spoke.Remotes()
+	require.Len(t, r, 1)
+	assert.Equal(t, "running", r[0].Target.State, "within the stall threshold a lost peer's targets keep their state")
+	assert.False(t, r[0].Reachable)
+	_, err := spoke.Client().Get("http://hub/x")
+	assert.ErrorIs(t, err, ErrUnreachable, "a call to a lost member fails at once")
+	assert.ErrorContains(t, err, `"hub" is unreachable since`)
+
+	mu.Lock()
+	now = now.Add(16 * time.Second)
+	mu.Unlock()
+	r = spoke.Remotes()
+	require.Len(t, r, 1)
+	assert.Equal(t, StateStalled, r[0].Target.State)
+	assert.Contains(t, r[0].Target.Error, "its owner hub is unreachable")
+
+	// The hub comes back on its address; the spoke dials it again.
+	startAt(t, hubID, addr)
+	eventually(t, spoke, "the hub back", func() bool { return len(spoke.Peers()) == 1 })
+	resp, err := spoke.Client().Get("http://hub/x")
+	require.NoError(t, err)
+	resp.Body.Close()
+}
+
+func TestAStarListsEveryTargetAndRelaysCalls(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+	a := startMember(t, c, "a", memberOpts{peers: []string{hub.Addr().String()}}, "a1")
+	b := startMember(t, c, "b", memberOpts{peers: []string{hub.Addr().String()}}, "b1", "b2")
+	for _, m := range []*member{hub, a, b} {
+		eventually(t, m, m.Name()+" lists every target", func() bool { return len(m.Remotes())+len(m.local.ts) == 4 })
+	}
+	assert.Equal(t, []string{"b/b1=running", "b/b2=running", "hub/h1=running"}, remoteNames(a))
+	for _, r := range a.Remotes() {
+		assert.Equal(t, "hub", r.Via)
+	}
+
+	resp, err := a.Client().Post("http://b/steps", "text/plain", strings.NewReader("through the hub"))
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "b /steps from hub: through the hub", string(body))
+
+	// A spoke gone: the other's call through the hub fails, naming it.
+	b.stop()
+	eventually(t, hub, "b lost at the hub", func() bool { return hub.session("b") == nil })
+	resp, err = a.Client().Get("http://b/x")
+	if err == nil {
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		assert.Contains(t, string(body), `mesh member \"b\" is unreachable`)
+	} else {
+		assert.ErrorIs(t, err, ErrUnreachable)
+	}
+}
+
+func TestAPeerSpeakingANewerVersionIsRefused(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	a := startMember(t, c, "a", memberOpts{}, "a1")
+	p, q := net.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.setup(context.Background(), p, "b", false)
+		errc <- err
+	}()
+	mux, err := newMux(q, true)
+	require.NoError(t, err)
+	defer mux.Close()
+	ctrl, err := mux.OpenStream()
+	require.NoError(t, err)
+	// The fake peer's side may see the session closed before a's hello.
+	_, _ = greet(ctrl, hello{Version: Version + 1, Name: "b", Kind: KindGateway}, "a")
+	err = <-errc
+	assert.ErrorIs(t, err, ErrVersion)
+	assert.ErrorContains(t, err, `peer "b" speaks mesh version 2`)
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.handshakes.WithLabelValues("version")))
+}
+
+func TestAnnouncementsAPeerMayNotMakeAreRefused(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	a := startMember(t, c, "a", memberOpts{}, "a1")
+	b := startMember(t, c, "b", memberOpts{}, "b1")
+	p, q := net.Pipe()
+	connect(t, a, b, p, q)
+	eventually(t, a, "b's target", func() bool { return len(a.Remotes()) == 1 })
+	s := b.session("a")
+	s.announce([]Route{
+		{Owner: "b", Target: Target{Name: "b1", State: "running"}},
+		{Owner: "a", Target: Target{Name: "a1", State: "stalled"}}, // a's own
+		{Owner: "b", Target: Target{}},                            // no name
+	})
+	eventually(t, a, "refusals counted", func() bool {
+		return testutil.ToFloat64(a.metrics.refused.WithLabelValues(refusedOurs)) == 1 &&
+			testutil.ToFloat64(a.metrics.refused.WithLabelValues(refusedInvalid)) == 1
+	})
+	assert.Equal(t, []string{"b/b1=running"}, remoteNames(a))
 }
