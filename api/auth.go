@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/jetway-ci/jetway/mesh"
 )
 
 // Token is one bearer token the API accepts. An admin sees and acts on
@@ -101,6 +103,9 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 }
 
 func (s *Server) identify(r *http.Request) (identity, bool) {
+	if _, fromPeer := mesh.Peer(r.Context()); fromPeer {
+		return meshIdentity(r)
+	}
 	if s.opts.NoAuth {
 		return identity{name: "anonymous", admin: true}, true
 	}

@@ -43,6 +43,9 @@ type Options struct {
 	// Placement configures POST /api/v1/placements, served with Targets.
 	Placement        steps.PlacementOptions
 	PlacementMetrics *PlacementMetrics
+	// Mesh, if set, lists every gateway's targets and carries calls on
+	// targets other gateways own to them.
+	Mesh Mesh
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token
 	NoAuth bool
@@ -80,15 +83,15 @@ func New(opts Options) *Server {
 	if opts.Targets != nil {
 		mux.HandleFunc("GET /api/v1/workers", s.authenticate(s.listWorkers))
 		mux.HandleFunc("GET /api/v1/targets", s.authenticate(s.listTargets))
-		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.getTarget))
+		mux.HandleFunc("GET /api/v1/targets/{name}", s.authenticate(s.forwardable(s.getTarget)))
 		mux.HandleFunc("POST /api/v1/placements", s.authenticate(s.place))
 	}
 	if opts.Targets != nil && opts.Lifecycle != nil {
-		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.workerAction(opts.Targets.Get, opts.Lifecycle.Land)))
-		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.workerAction(opts.Targets.Get, opts.Lifecycle.Retire)))
-		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.prune))
-		mux.HandleFunc("PUT /api/v1/targets/{name}/resume", s.authenticate(s.workerAction(opts.Targets.Find, opts.Lifecycle.Resume)))
-		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.syncTarget))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Get, opts.Lifecycle.Land))))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Get, opts.Lifecycle.Retire))))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.forwardable(s.prune)))
+		mux.HandleFunc("PUT /api/v1/targets/{name}/resume", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Find, opts.Lifecycle.Resume))))
+		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.forwardable(s.syncTarget)))
 	}
 	if opts.Targets != nil && opts.Streams != nil {
 		mux.HandleFunc("POST /api/v1/streams", s.authenticate(s.createStream))

@@ -69,23 +69,32 @@ type Target struct {
 	BuildContainers  int `json:"build_containers"`
 	ActiveTasks      int `json:"active_tasks"`
 	ActiveVolumes    int `json:"active_volumes"`
+	// Owner is the gateway that owns the target, with a mesh.
+	Owner string `json:"owner,omitempty"`
+	// ConflictingOwners, when set, are the gateways that announce this
+	// name for different clusters or namespaces.
+	ConflictingOwners []string `json:"conflicting_owners,omitempty"`
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, visible(r, s.opts.Targets, worker))
+	writeJSON(w, http.StatusOK, visible(r, s.everything(), func(l listed) Worker { return worker(l.st) }))
 }
 
 func (s *Server) listTargets(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, visible(r, s.opts.Targets, target))
+	writeJSON(w, http.StatusOK, visible(r, s.everything(), func(l listed) Target {
+		t := target(l.st)
+		t.Owner, t.ConflictingOwners = l.owner, l.conflicts
+		return t
+	}))
 }
 
 // visible renders, with view, the targets the request's identity may see.
-func visible[T any](r *http.Request, ts Targets, view func(targets.Status) T) []T {
+func visible[T any](r *http.Request, all []listed, view func(listed) T) []T {
 	id := requestIdentity(r)
 	out := []T{}
-	for _, st := range ts.Snapshot() {
-		if id.sees(st.Meta.Team) {
-			out = append(out, view(st))
+	for _, l := range all {
+		if id.sees(l.st.Meta.Team) {
+			out = append(out, view(l))
 		}
 	}
 	return out

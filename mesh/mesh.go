@@ -142,6 +142,9 @@ func New(opts Options) (*Mesh, error) {
 	return m, nil
 }
 
+// Metrics are the mesh's, for the API's forwarded calls.
+func (m *Mesh) Metrics() *Metrics { return m.opts.Metrics }
+
 // Name is this member's name in the mesh.
 func (m *Mesh) Name() string { return m.name }
 

@@ -327,3 +327,9 @@ func (m *Mesh) newTransport() *http.Transport {
 		DisableCompression:  true,
 	}
 }
+
+// WithPeer marks ctx as that of a request peer sent over the mesh, as the
+// mesh's own HTTP server does; for tests of handlers behind it.
+func WithPeer(ctx context.Context, peer string) context.Context {
+	return context.WithValue(ctx, peerKey{}, peer)
+}

@@ -1,0 +1,220 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+
+	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// Mesh is what the API uses of the mesh: the targets other gateways own,
+// and the client that carries calls to them.
+type Mesh interface {
+	Name() string
+	Remotes() []mesh.Remote
+	Client() *http.Client
+	Metrics() *mesh.Metrics
+}
+
+// CallerHeader carries, on a call forwarded over the mesh, who made it:
+// the forwarding gateway authenticated the caller, and the owner checks
+// the caller's team as if called directly. It is believed only on a
+// request that came over the mesh (from a peer with a certificate of the
+// mesh CA); on the API's own listener it is ignored. Tokens never cross
+// the mesh.
+const CallerHeader = "Jetway-Mesh-Caller"
+
+type meshCaller struct {
+	Name  string `json:"name"`
+	Team  string `json:"team,omitempty"`
+	Admin bool   `json:"admin,omitempty"`
+}
+
+// meshIdentity is the identity a peer asserts for the caller of a call it
+// forwards.
+func meshIdentity(r *http.Request) (identity, bool) {
+	var c meshCaller
+	if err := json.Unmarshal([]byte(r.Header.Get(CallerHeader)), &c); err != nil || c.Name == "" || c.Admin == (c.Team != "") {
+		return identity{}, false
+	}
+	return identity{name: c.Name, admin: c.Admin, team: c.Team}, true
+}
+
+// listed is one entry of the mesh-wide target list.
+type listed struct {
+	st        targets.Status
+	owner     string   // the gateway that owns it; "" without a mesh
+	conflicts []string // owners that announce the same name for another cluster or namespace
+}
+
+// everything lists this gateway's targets and, with a mesh, every other
+// gateway's. Two gateways holding the same kubeconfig (replicas sharing a
+// Secret) own one target, listed once (this gateway's first); the same
+// name for another cluster or namespace is a conflict: both are listed,
+// each naming the owners that disagree.
+func (s *Server) everything() []listed {
+	var out []listed
+	me := ""
+	if s.opts.Mesh != nil {
+		me = s.opts.Mesh.Name()
+	}
+	for _, st := range s.opts.Targets.Snapshot() {
+		out = append(out, listed{st: st, owner: me})
+	}
+	if s.opts.Mesh == nil {
+		return out
+	}
+	for _, r := range s.opts.Mesh.Remotes() {
+		st := r.Target.Status()
+		if !slices.ContainsFunc(out, func(l listed) bool { return l.st.Name == st.Name && sameCluster(l.st, st) }) {
+			out = append(out, listed{st: st, owner: r.Owner})
+		}
+	}
+	for i := range out {
+		for _, o := range out {
+			if o.st.Name == out[i].st.Name && !sameCluster(o.st, out[i].st) {
+				out[i].conflicts = append(out[i].conflicts, o.owner)
+			}
+		}
+		if out[i].conflicts != nil {
+			out[i].conflicts = append(out[i].conflicts, out[i].owner)
+			slices.Sort(out[i].conflicts)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b listed) int {
+		switch {
+		case a.st.Name < b.st.Name:
+			return -1
+		case a.st.Name > b.st.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func sameCluster(a, b targets.Status) bool {
+	return a.Server == b.Server && a.Meta.Namespace == b.Meta.Namespace
+}
+
+// remote finds the target name among those other gateways own, when this
+// gateway has none of that name and the caller may see it.
+func (s *Server) remote(r *http.Request, name string) (mesh.Remote, error) {
+	if s.opts.Mesh == nil {
+		return mesh.Remote{}, targets.ErrNotFound
+	}
+	if _, err := s.opts.Targets.Find(name); err == nil {
+		return mesh.Remote{}, targets.ErrNotFound
+	}
+	var found []mesh.Remote
+	for _, rt := range s.opts.Mesh.Remotes() {
+		if rt.Target.Name == name && requestIdentity(r).sees(rt.Target.Team) &&
+			!slices.ContainsFunc(found, func(f mesh.Remote) bool { return sameCluster(f.Target.Status(), rt.Target.Status()) }) {
+			found = append(found, rt)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return mesh.Remote{}, targets.ErrNotFound
+	case 1:
+		return found[0], nil
+	}
+	owners := make([]string, len(found))
+	for i, f := range found {
+		owners[i] = f.Owner
+	}
+	return mesh.Remote{}, fmt.Errorf("%w: gateways %v announce worker %s for different clusters; fix their kubeconfigs",
+		errAmbiguous, owners, name)
+}
+
+var errAmbiguous = errors.New("ambiguous worker")
+
+// forwardable serves a call on a target this gateway owns with next, and
+// forwards a call on a target another gateway owns to that gateway. A
+// call that came over the mesh is never forwarded again.
+func (s *Server) forwardable(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if _, fromPeer := mesh.Peer(r.Context()); fromPeer {
+			next(w, r)
+			return
+		}
+		rt, err := s.remote(r, r.PathValue("name"))
+		switch {
+		case errors.Is(err, targets.ErrNotFound):
+			next(w, r)
+		case err != nil:
+			writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
+		default:
+			s.forward(w, r, rt)
+		}
+	}
+}
+
+// forward carries the call to the target's owner, as the caller, and
+// relays its answer. An owner the mesh cannot reach answers 503 at once,
+// naming it.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote) {
+	metrics := s.opts.Mesh.Metrics()
+	if !rt.Reachable {
+		metrics.Forwarded("unreachable")
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: fmt.Sprintf(
+			"worker %s is owned by gateway %s, which this gateway cannot reach over the mesh", rt.Target.Name, rt.Owner)})
+		return
+	}
+	id := requestIdentity(r)
+	who, _ := json.Marshal(meshCaller{Name: id.name, Team: id.team, Admin: id.admin})
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+rt.Owner+r.URL.RequestURI(), r.Body)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
+		return
+	}
+	out.ContentLength = r.ContentLength
+	for _, h := range []string{"Content-Type", "Content-Encoding", "Accept", "Accept-Encoding"} {
+		if v := r.Header.Values(h); v != nil {
+			out.Header[h] = v
+		}
+	}
+	out.Header.Set(CallerHeader, string(who))
+	resp, err := s.opts.Mesh.Client().Do(out)
+	if err != nil {
+		code := http.StatusBadGateway
+		if errors.Is(err, mesh.ErrUnreachable) {
+			code = http.StatusServiceUnavailable
+		}
+		metrics.Forwarded("unreachable")
+		writeJSON(w, code, errorBody{Error: fmt.Sprintf("worker %s: its owner, gateway %s: %v", rt.Target.Name, rt.Owner, err)})
+		return
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 500:
+		metrics.Forwarded("server-error")
+	case resp.StatusCode >= 400:
+		metrics.Forwarded("client-error")
+	default:
+		metrics.Forwarded("ok")
+	}
+	for k, v := range resp.Header {
+		if k != "Connection" && k != "Keep-Alive" && k != "Transfer-Encoding" {
+			w.Header()[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(flushing{w}, resp.Body)
+}
+
+// flushing flushes each write, for answers that stream.
+type flushing struct{ w http.ResponseWriter }
+
+func (f flushing) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+	return n, err
+}

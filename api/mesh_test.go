@@ -1,0 +1,177 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// fakeMesh carries calls in-process to the API of the member they are
+// for, as the mesh's HTTP server would serve them.
+type fakeMesh struct {
+	name    string
+	remotes []mesh.Remote
+	members map[string]http.Handler
+}
+
+func (f *fakeMesh) Name() string           { return f.name }
+func (f *fakeMesh) Remotes() []mesh.Remote { return f.remotes }
+func (f *fakeMesh) Metrics() *mesh.Metrics { return nil }
+func (f *fakeMesh) Client() *http.Client {
+	return &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+		h := f.members[r.URL.Host]
+		if h == nil {
+			return nil, &mesh.UnreachableError{Member: r.URL.Host}
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r.WithContext(mesh.WithPeer(r.Context(), f.name)))
+		return rec.Result(), nil
+	})}
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func announcedBy(owner string, reachable bool, sts ...targets.Status) []mesh.Remote {
+	var out []mesh.Remote
+	for _, st := range sts {
+		out = append(out, mesh.Remote{Owner: owner, Via: owner, Reachable: reachable, Target: announcedTarget(st)})
+	}
+	return out
+}
+
+func announcedTarget(st targets.Status) mesh.Target {
+	return mesh.Target{Name: st.Name, Server: st.Server, Namespace: st.Meta.Namespace, Team: st.Meta.Team,
+		Platform: st.Meta.Platform, State: string(st.State)}
+}
+
+// twoGateways is gateway a, owning "global" and "main-gpu", and gateway b,
+// owning its own fleet, joined by a fake mesh.
+func twoGateways(t *testing.T, fleetB fakeTargets) (a http.Handler, lifeB *fakeLifecycle) {
+	t.Helper()
+	lifeB = &fakeLifecycle{}
+	meshA := &fakeMesh{name: "a", remotes: announcedBy("b", true, fleetB...), members: map[string]http.Handler{}}
+	meshB := &fakeMesh{name: "b"}
+	b := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleetB, Lifecycle: lifeB, Tokens: tokens, Mesh: meshB}).Handler()
+	meshA.members["b"] = b
+	a = New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet[:2], Lifecycle: &fakeLifecycle{}, Tokens: tokens,
+		Mesh: meshA}).Handler()
+	return a, lifeB
+}
+
+var fleetB = fakeTargets{
+	{Name: "b-main", Server: "https://b:6443", State: targets.StateRunning, Meta: targets.Metadata{Team: "main", Platform: "linux", Namespace: "ci"}},
+	{Name: "b-other", Server: "https://b:6443", State: targets.StateRunning, Meta: targets.Metadata{Team: "other", Platform: "linux", Namespace: "o"}},
+}
+
+func TestAnyGatewayListsTheWholeMesh(t *testing.T) {
+	a, _ := twoGateways(t, fleetB)
+	var workers []Worker
+	rec := request(t, a, "/api/v1/workers", "main-token-0123456789")
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &workers))
+	var names []string
+	for _, w := range workers {
+		names = append(names, w.Name)
+	}
+	assert.Equal(t, []string{"b-main", "global", "main-gpu"}, names, "a team token sees no other team's target, wherever it is")
+
+	var ts []Target
+	rec = request(t, a, "/api/v1/targets", "admin-token-0123456789")
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &ts))
+	owners := map[string]string{}
+	for _, tg := range ts {
+		owners[tg.Name] = tg.Owner
+	}
+	assert.Equal(t, map[string]string{"b-main": "b", "b-other": "b", "global": "a", "main-gpu": "a"}, owners)
+}
+
+func TestSameNameDifferentClusterIsAConflict(t *testing.T) {
+	replica := fleet[0] // the same kubeconfig: one target, no conflict
+	clash := fleet[1]   // the same name for another cluster
+	clash.Server = "https://elsewhere:6443"
+	a, _ := twoGateways(t, fakeTargets{replica, clash})
+	var ts []Target
+	rec := request(t, a, "/api/v1/targets", "admin-token-0123456789")
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &ts))
+	var got []string
+	for _, tg := range ts {
+		got = append(got, fmt.Sprintf("%s@%s %v", tg.Name, tg.Owner, tg.ConflictingOwners))
+	}
+	assert.Equal(t, []string{"global@a []", "main-gpu@a [a b]", "main-gpu@b [a b]"}, got)
+
+	// A call on the conflicting name stays here, where it is owned.
+	rec = put(a, "/api/v1/workers/main-gpu/land", "admin-token-0123456789", "")
+	assert.Equal(t, http.StatusOK, rec.Code)
+}
+
+func TestCallsOnAnotherGatewaysTargetGoToItAsTheCaller(t *testing.T) {
+	a, lifeB := twoGateways(t, fleetB)
+	rec := put(a, "/api/v1/workers/b-main/land", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	rec = put(a, "/api/v1/workers/b-main/prune", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	assert.Equal(t, "installation", rec.Header().Get(PruneScopeHeader), "the owner's answer, headers too")
+	rec = serve(a, http.MethodPut, "/api/v1/targets/b-main/sync", "main-token-0123456789", `{"handles":["x"]}`)
+	assert.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	assert.JSONEq(t, `{"deleted":["old"]}`, rec.Body.String())
+
+	// Another team's target: as unknown as anywhere, and never forwarded.
+	rec = put(a, "/api/v1/workers/b-other/retire", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusNotFound, rec.Code)
+	assert.NotContains(t, rec.Body.String(), "b-other")
+
+	// The admin may.
+	rec = put(a, "/api/v1/workers/b-other/retire", "admin-token-0123456789", "")
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, []string{"land b-main", "prune b-main", "sync b-main [x]", "retire b-other"}, lifeB.calls)
+}
+
+func TestAnUnreachableOwnerAnswersAtOnceNamingIt(t *testing.T) {
+	m := &fakeMesh{name: "a", remotes: announcedBy("b", false, fleetB...)}
+	a := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet[:2], Lifecycle: &fakeLifecycle{}, Tokens: tokens, Mesh: m}).Handler()
+	rec := put(a, "/api/v1/workers/b-main/land", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Contains(t, rec.Body.String(), "owned by gateway b, which this gateway cannot reach")
+
+	// Reachable as far as the routes say, but the session is gone.
+	m.remotes = announcedBy("b", true, fleetB...)
+	rec = put(a, "/api/v1/workers/b-main/land", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Contains(t, rec.Body.String(), `its owner, gateway b: `)
+}
+
+func TestTheCallerHeaderIsBelievedOnlyFromThePeers(t *testing.T) {
+	life := &fakeLifecycle{}
+	h := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet, Lifecycle: life, Tokens: tokens,
+		Mesh: &fakeMesh{name: "b"}}).Handler()
+	req := httptest.NewRequest(http.MethodPut, "/api/v1/workers/main-gpu/land", nil)
+	req.Header.Set(CallerHeader, `{"name":"mallory","admin":true}`)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusUnauthorized, rec.Code, "off the mesh, the header is no credential")
+
+	// Over the mesh, without a caller: refused too.
+	req = httptest.NewRequest(http.MethodPut, "/api/v1/workers/main-gpu/land", nil)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req.WithContext(mesh.WithPeer(req.Context(), "a")))
+	assert.Equal(t, http.StatusUnauthorized, rec.Code)
+
+	// The owner checks the caller's team as if called directly.
+	req = httptest.NewRequest(http.MethodPut, "/api/v1/workers/global/land", nil)
+	req.Header.Set(CallerHeader, `{"name":"main-ci","team":"main"}`)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req.WithContext(mesh.WithPeer(req.Context(), "a")))
+	assert.Equal(t, http.StatusForbidden, rec.Code)
+	assert.Empty(t, life.calls)
+}
