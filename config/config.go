@@ -71,6 +71,15 @@ type Config struct {
 	ResourceDir     string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
 	CheckSandboxTTL time.Duration `mapstructure:"check-sandbox-ttl" help:"how long an idle check sandbox (the warm pod of checks with a reuse_key) is kept"`
 
+	// Mesh (docs/mesh.md): set mesh-listen or mesh-peers to join one.
+	MeshListen     string        `mapstructure:"mesh-listen" help:"address to accept mesh peers on (host:port); empty: accept none (a gateway that only dials out is a full member)"`
+	MeshPeers      []string      `mapstructure:"mesh-peers" help:"mesh peers to dial: host:port, or dns:NAME:PORT for every address NAME resolves to (a headless Service), resolved again every 30s"`
+	MeshCA         string        `mapstructure:"mesh-ca" help:"PEM file of the mesh CA: peers must present a certificate it issued"`
+	MeshCert       string        `mapstructure:"mesh-cert" help:"PEM file of this gateway's mesh certificate (its CN, else first DNS name, is its mesh name); re-read when it changes"`
+	MeshKey        string        `mapstructure:"mesh-key" help:"PEM file of the mesh certificate's key; re-read when it changes"`
+	MeshName       string        `mapstructure:"mesh-name" help:"this gateway's mesh name; default: its certificate's; when given it must match it"`
+	MeshStallAfter time.Duration `mapstructure:"mesh-stall-after" help:"how long a lost peer's targets keep their last state before they are listed stalled"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -106,6 +115,8 @@ func Default() Config {
 		StepKillGrace:   10 * time.Second,
 		ResourceDir:     "/opt/resource",
 		CheckSandboxTTL: 10 * time.Minute,
+
+		MeshStallAfter: 30 * time.Second,
 
 		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
 		CheckPlacementStrategy: selection.Chain{selection.Random},
@@ -222,6 +233,7 @@ func (c Config) Validate() error {
 		add("max-streams", "must not be negative (0: no bound), got %d", c.MaxStreams)
 	}
 	probs = append(probs, c.placementProblems()...)
+	probs = append(probs, c.meshProblems()...)
 	switch {
 	case c.AuthTokensFile == "" && !c.NoAuth:
 		add("auth-tokens-file", "required: name a tokens file, or pass --no-auth to serve without authentication")
@@ -232,6 +244,45 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return &Error{Problems: probs}
+}
+
+// MeshEnabled says the gateway joins a mesh.
+func (c Config) MeshEnabled() bool { return c.MeshListen != "" || len(c.MeshPeers) > 0 }
+
+// meshProblems checks the mesh settings; the files are read at start.
+func (c Config) meshProblems() []Problem {
+	var probs []Problem
+	add := func(key, format string, args ...any) {
+		probs = append(probs, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	if !c.MeshEnabled() {
+		for _, kv := range [][2]string{{"mesh-ca", c.MeshCA}, {"mesh-cert", c.MeshCert}, {"mesh-key", c.MeshKey}, {"mesh-name", c.MeshName}} {
+			if kv[1] != "" {
+				add(kv[0], "set, but no mesh-listen or mesh-peers: this gateway joins no mesh")
+			}
+		}
+		return probs
+	}
+	for _, kv := range [][2]string{{"mesh-ca", c.MeshCA}, {"mesh-cert", c.MeshCert}, {"mesh-key", c.MeshKey}} {
+		if kv[1] == "" {
+			add(kv[0], "required to join a mesh")
+		}
+	}
+	if c.MeshListen != "" {
+		if _, _, err := net.SplitHostPort(c.MeshListen); err != nil {
+			add("mesh-listen", "%q is not host:port", c.MeshListen)
+		}
+	}
+	for _, p := range c.MeshPeers {
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(p, "dns:"))
+		if err != nil || host == "" || port == "" {
+			add("mesh-peers", "%q is neither host:port nor dns:NAME:PORT", p)
+		}
+	}
+	if c.MeshStallAfter <= 0 {
+		add("mesh-stall-after", "must be positive, got %s", c.MeshStallAfter)
+	}
+	return probs
 }
 
 // placementProblems checks the chains Load could parse and the limits. An

@@ -142,6 +142,10 @@ func New(opts Options) (*Mesh, error) {
 	return m, nil
 }
 
+// SetHTTP sets the handler of the calls peers send, before Start; for a
+// handler that needs the Mesh first (the API forwards through it).
+func (m *Mesh) SetHTTP(h http.Handler) { m.opts.HTTP = h }
+
 // Metrics are the mesh's, for the API's forwarded calls.
 func (m *Mesh) Metrics() *Metrics { return m.opts.Metrics }
 

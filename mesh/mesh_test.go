@@ -445,7 +445,7 @@ func TestAnnouncementsAPeerMayNotMakeAreRefused(t *testing.T) {
 	s.announce([]Route{
 		{Owner: "b", Target: Target{Name: "b1", State: "running"}},
 		{Owner: "a", Target: Target{Name: "a1", State: "stalled"}}, // a's own
-		{Owner: "b", Target: Target{}},                            // no name
+		{Owner: "b", Target: Target{}},                             // no name
 	})
 	eventually(t, a, "refusals counted", func() bool {
 		return testutil.ToFloat64(a.metrics.refused.WithLabelValues(refusedOurs)) == 1 &&

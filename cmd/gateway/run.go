@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/lifecycle"
+	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
@@ -125,6 +126,15 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	})
+	var meshNode *mesh.Mesh
+	var meshView api.Mesh
+	if cfg.MeshEnabled() {
+		var err error
+		if meshNode, err = newMesh(cfg, registry, reg, logger); err != nil {
+			return err
+		}
+		meshView = meshNode
+	}
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -136,6 +146,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Steps:            stepper,
 		Placement:        placement,
 		PlacementMetrics: api.NewPlacementMetrics(reg),
+		Mesh:             meshView,
 		Tokens:           tokens,
 		NoAuth:           cfg.NoAuth,
 		Ready:            registry.Loaded,
@@ -146,11 +157,39 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	// Stop order: the API drains its requests while the steps, the
 	// streams, the dialer and the targets they use still work; then each
 	// goes after the parts that use it. Steps keep running in their pods.
-	err := runAll(ctx, cfg.ShutdownTimeout, server, stepper, closer(streamer.Close), dialer, source, registry)
+	components := []component{server}
+	if meshNode != nil {
+		meshNode.SetHTTP(server.Handler())
+		components = append(components, meshNode) // serves calls peers forward, with what follows
+	}
+	components = append(components, stepper, closer(streamer.Close), dialer, source, registry)
+	err := runAll(ctx, cfg.ShutdownTimeout, components...)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}
 	return err
+}
+
+// newMesh joins the gateway to the mesh of cfg, announcing registry's
+// targets.
+func newMesh(cfg config.Config, registry *targets.Registry, reg prometheus.Registerer, logger *slog.Logger) (*mesh.Mesh, error) {
+	id, err := mesh.LoadIdentity(cfg.MeshCA, cfg.MeshCert, cfg.MeshKey)
+	if err != nil {
+		return nil, &config.Error{Problems: []config.Problem{{Key: "mesh-cert", Message: err.Error()}}}
+	}
+	if cfg.MeshName != "" && cfg.MeshName != id.Name() {
+		return nil, &config.Error{Problems: []config.Problem{{Key: "mesh-name", Message: fmt.Sprintf(
+			"%q differs from the name in mesh-cert (%q): peers know a gateway by its certificate", cfg.MeshName, id.Name())}}}
+	}
+	return mesh.New(mesh.Options{
+		Identity:   id,
+		Listen:     cfg.MeshListen,
+		Peers:      cfg.MeshPeers,
+		Local:      registry,
+		StallAfter: cfg.MeshStallAfter,
+		Logger:     logger.With("component", "mesh"),
+		Metrics:    mesh.NewMetrics(reg),
+	})
 }
 
 // identity names this replica in the Leases that pick who acts on a
