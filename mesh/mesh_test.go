@@ -90,7 +90,7 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	t.Helper()
 	id := o.identity
 	if id == nil {
-		id = c.member(t, name, time.Now().Add(time.Hour))
+		id = issued(t, c, name, time.Now().Add(time.Hour))
 	}
 	reg := prometheus.NewRegistry()
 	mb := &member{local: newLocal(owns...), metrics: NewMetrics(reg), reg: reg}
@@ -274,7 +274,7 @@ func TestDialsEachOtherAtOnce(t *testing.T) {
 		addrA, addrB := la.Addr().String(), lb.Addr().String()
 		la.Close()
 		lb.Close()
-		ida, idb := c.member(t, "a", time.Now().Add(time.Hour)), c.member(t, "b", time.Now().Add(time.Hour))
+		ida, idb := issued(t, c, "a", time.Now().Add(time.Hour)), issued(t, c, "b", time.Now().Add(time.Hour))
 		a := startAt(t, ida, addrA, addrB)
 		b := startAt(t, idb, addrB, addrA)
 		eventually(t, a, "a and b joined", func() bool { return a.session("b") != nil && b.session("a") != nil })
@@ -322,8 +322,8 @@ func TestStrangersAreRefusedAndSeeNoTarget(t *testing.T) {
 		id     *Identity
 		reason string
 	}{
-		"foreign CA": {foreign.memberTrusting(t, c, "intruder", time.Now().Add(time.Hour)), RefusedUnknownCA},
-		"expired":    {c.member(t, "late", time.Now().Add(-time.Minute)), RefusedExpired},
+		"foreign CA": {memberTrusting(t, foreign, c, "intruder", time.Now().Add(time.Hour)), RefusedUnknownCA},
+		"expired":    {issued(t, c, "late", time.Now().Add(-time.Minute)), RefusedExpired},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -347,7 +347,7 @@ func TestALostPeerRedialsAndItsTargetsStallMeanwhile(t *testing.T) {
 		defer mu.Unlock()
 		return now
 	}
-	hubID := c.member(t, "hub", time.Now().Add(time.Hour))
+	hubID := issued(t, c, "hub", time.Now().Add(time.Hour))
 	hub := startMember(t, c, "hub", memberOpts{listen: true, identity: hubID}, "h1")
 	addr := hub.Addr().String()
 	spoke := startMember(t, c, "spoke", memberOpts{peers: []string{addr}, now: clock}, "s1")

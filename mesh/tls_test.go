@@ -1,20 +1,14 @@
 package mesh
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -23,60 +17,19 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // ca is a test certificate authority.
-type ca struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
+type ca = meshtest.CA
 
-func newCA(t *testing.T, name string) *ca {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &ca{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
+var newCA = meshtest.NewCA
 
-// issue writes a certificate for name, valid until notAfter, and its key
-// into dir, and returns the files.
-func (c *ca) issue(t *testing.T, dir, name string, notAfter time.Time) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		KeyUsage:    x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644))
-	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
-	return certFile, keyFile
-}
-
-// member writes CA, certificate and key for name and loads them.
-func (c *ca) member(t *testing.T, name string, notAfter time.Time) *Identity {
-	return c.memberTrusting(t, c, name, notAfter)
+// issued writes CA, certificate and key for name and loads them.
+func issued(t *testing.T, c *ca, name string, notAfter time.Time) *Identity {
+	return memberTrusting(t, c, c, name, notAfter)
 }
 
 // memberTrusting is a member with a certificate of c that trusts trust.
-func (c *ca) memberTrusting(t *testing.T, trust *ca, name string, notAfter time.Time) *Identity {
+func memberTrusting(t *testing.T, c, trust *ca, name string, notAfter time.Time) *Identity {
 	t.Helper()
-	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.crt")
-	require.NoError(t, os.WriteFile(caFile, trust.pem, 0o644))
-	certFile, keyFile := c.issue(t, dir, name, notAfter)
-	id, err := LoadIdentity(caFile, certFile, keyFile)
+	id, err := LoadIdentity(c.Files(t, trust, t.TempDir(), name, notAfter))
 	require.NoError(t, err)
 	return id
 }
@@ -143,7 +96,7 @@ func handshake(t *testing.T, dialer, listener *Identity) (clientErr, serverErr e
 
 func TestMeshPeersKnowEachOtherByTheirCertificates(t *testing.T) {
 	mesh := newCA(t, "mesh-ca")
-	a, b := mesh.member(t, "gw-a", time.Now().Add(time.Hour)), mesh.member(t, "gw-b", time.Now().Add(time.Hour))
+	a, b := issued(t, mesh, "gw-a", time.Now().Add(time.Hour)), issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
 	assert.Equal(t, "gw-a", a.Name())
 	cerr, serr, clientSaw, serverSaw := handshake(t, a, b)
 	require.NoError(t, cerr)
@@ -154,13 +107,13 @@ func TestMeshPeersKnowEachOtherByTheirCertificates(t *testing.T) {
 
 func TestMeshRefusesStrangers(t *testing.T) {
 	mesh, other := newCA(t, "mesh-ca"), newCA(t, "other-ca")
-	b := mesh.member(t, "gw-b", time.Now().Add(time.Hour))
+	b := issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
 	for name, tt := range map[string]struct {
 		dialer *Identity
 		reason string
 	}{
-		"foreign CA": {other.memberTrusting(t, mesh, "intruder", time.Now().Add(time.Hour)), RefusedUnknownCA},
-		"expired":    {mesh.member(t, "stale", time.Now().Add(-time.Hour)), RefusedExpired},
+		"foreign CA": {memberTrusting(t, other, mesh, "intruder", time.Now().Add(time.Hour)), RefusedUnknownCA},
+		"expired":    {issued(t, mesh, "stale", time.Now().Add(-time.Hour)), RefusedExpired},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cerr, serr, _, _ := handshake(t, tt.dialer, b)
@@ -187,7 +140,7 @@ func TestMeshRefusesStrangers(t *testing.T) {
 		assert.ErrorContains(t, err, "client didn't provide a certificate")
 	})
 	t.Run("a listener of another CA", func(t *testing.T) {
-		cerr, _, _, _ := handshake(t, b, other.memberTrusting(t, mesh, "fake-hub", time.Now().Add(time.Hour)))
+		cerr, _, _, _ := handshake(t, b, memberTrusting(t, other, mesh, "fake-hub", time.Now().Add(time.Hour)))
 		var refused *RefusedError
 		require.ErrorAs(t, cerr, &refused, "the dialer refuses")
 		assert.Equal(t, RefusedUnknownCA, refused.Reason)
@@ -198,15 +151,15 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 	mesh := newCA(t, "mesh-ca")
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.crt")
-	require.NoError(t, os.WriteFile(caFile, mesh.pem, 0o644))
-	certFile, keyFile := mesh.issue(t, dir, "gw-a", time.Now().Add(time.Hour))
+	require.NoError(t, os.WriteFile(caFile, mesh.PEM, 0o644))
+	certFile, keyFile := mesh.Issue(t, dir, "gw-a", time.Now().Add(time.Hour))
 	a, err := LoadIdentity(caFile, certFile, keyFile)
 	require.NoError(t, err)
-	b := mesh.member(t, "gw-b", time.Now().Add(time.Hour))
+	b := issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
 
 	// A new certificate (here with another name, to see it) in place of the
 	// old one: the next handshake presents it.
-	newCert, newKey := mesh.issue(t, t.TempDir(), "gw-a2", time.Now().Add(2*time.Hour))
+	newCert, newKey := mesh.Issue(t, t.TempDir(), "gw-a2", time.Now().Add(2*time.Hour))
 	for src, dst := range map[string]string{newCert: certFile, newKey: keyFile} {
 		b, err := os.ReadFile(src)
 		require.NoError(t, err)
@@ -219,7 +172,7 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 
 	// A broken rotation (a key that is not the certificate's) keeps the
 	// last good material, and says so.
-	other, _ := mesh.issue(t, t.TempDir(), "gw-x", time.Now().Add(time.Hour))
+	other, _ := mesh.Issue(t, t.TempDir(), "gw-x", time.Now().Add(time.Hour))
 	raw, err := os.ReadFile(other)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(certFile, raw, 0o644))
@@ -235,7 +188,7 @@ func TestLoadIdentityNamesTheBadFile(t *testing.T) {
 	caFile := filepath.Join(dir, "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, []byte("not pem"), 0o644))
 	mesh := newCA(t, "mesh-ca")
-	certFile, keyFile := mesh.issue(t, dir, "gw", time.Now().Add(time.Hour))
+	certFile, keyFile := mesh.Issue(t, dir, "gw", time.Now().Add(time.Hour))
 	_, err := LoadIdentity(caFile, certFile, keyFile)
 	assert.ErrorContains(t, err, "CA file "+caFile+" holds no PEM certificate")
 	_, err = LoadIdentity(filepath.Join(dir, "missing"), certFile, keyFile)

@@ -1,0 +1,79 @@
+// Package meshtest makes mesh certificates for tests: a CA, and members'
+// certificates and keys written to files, as an operator's would be.
+package meshtest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// CA is a test certificate authority.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	// PEM is the CA certificate, as a --mesh-ca file holds it.
+	PEM []byte
+}
+
+// NewCA makes a CA named name, valid for an hour either side of now.
+func NewCA(t testing.TB, name string) *CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	check(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	check(t, err)
+	cert, err := x509.ParseCertificate(der)
+	check(t, err)
+	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// Issue writes a certificate for name, valid until notAfter, and its key
+// into dir, and returns the files.
+func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	check(t, err)
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	check(t, err)
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		KeyUsage:    x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+	check(t, err)
+	kder, err := x509.MarshalECPrivateKey(key)
+	check(t, err)
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	check(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644))
+	check(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+	return certFile, keyFile
+}
+
+// Files writes, into dir, the CA of trust and a certificate of c for name,
+// valid until notAfter: what --mesh-ca, --mesh-cert and --mesh-key name.
+func (c *CA) Files(t testing.TB, trust *CA, dir, name string, notAfter time.Time) (caFile, certFile, keyFile string) {
+	t.Helper()
+	caFile = filepath.Join(dir, "ca.crt")
+	check(t, os.WriteFile(caFile, trust.PEM, 0o644))
+	certFile, keyFile = c.Issue(t, dir, name, notAfter)
+	return caFile, certFile, keyFile
+}
+
+func check(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
