@@ -24,6 +24,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/lifecycle"
+	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
@@ -59,6 +60,8 @@ type gateway struct {
 	steps    *steps.Manager
 	reg      *prometheus.Registry
 	stop     func()
+	mesh     *mesh.Mesh // nil: not in a mesh
+	meshAddr string     // where it accepts peers, if it does
 }
 
 // gatewayOptions vary the in-process gateway; zero values are test defaults.
@@ -77,6 +80,16 @@ type gatewayOptions struct {
 	execStream  steps.ExecStream // wraps the sandbox sessions' exec, if set
 	// listen, if set, is the API's address (a restarted gateway keeps it).
 	listen string
+	// mesh, if set, joins the gateway to a mesh.
+	mesh *meshOptions
+}
+
+// meshOptions are a gateway's mesh flags.
+type meshOptions struct {
+	caFile, certFile, keyFile string
+	listen                    string // "127.0.0.1:0" for any port
+	peers                     []string
+	stallAfter                time.Duration
 }
 
 // Test tokens of gateways started with tokens.
@@ -135,14 +148,30 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
 	require.NoError(t, err)
-	server := api.New(api.Options{Listener: ln, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
+	var node *mesh.Mesh
+	var meshView api.Mesh
+	if m := o.mesh; m != nil {
+		id, err := mesh.LoadIdentity(m.caFile, m.certFile, m.keyFile)
+		require.NoError(t, err)
+		node, err = mesh.New(mesh.Options{Identity: id, Listen: m.listen, Peers: m.peers, Local: registry,
+			StallAfter: cmp.Or(m.stallAfter, 2*time.Second), Logger: logger.With("component", "mesh"),
+			Metrics: mesh.NewMetrics(reg)})
+		require.NoError(t, err)
+		meshView = node
+	}
+	server := api.New(api.Options{Listener: ln, Mesh: meshView, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
 		Steps: stepper, Placement: o.placement,
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
+	components := []interface{ Start(context.Context) error }{registry, source, dialer, stepper, server}
+	if node != nil {
+		node.SetHTTP(server.Handler())
+		components = append(components, node)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, c := range []interface{ Start(context.Context) error }{registry, source, dialer, stepper, server} {
+	for _, c := range components {
 		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
 	}
 	var once sync.Once
@@ -153,7 +182,14 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			t.Logf("gateway %s logs:\n%s", o.identity, logs.String())
 		}
 	})
-	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop}
+	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop,
+		mesh: node}
+	if node != nil {
+		<-node.Ready()
+		if a := node.Addr(); a != nil {
+			g.meshAddr = a.String()
+		}
+	}
 	for _, tok := range o.tokens {
 		if tok.Admin {
 			g.token = tok.Token // what the test's own reads use

@@ -401,6 +401,14 @@ func TestAStarListsEveryTargetAndRelaysCalls(t *testing.T) {
 	// A spoke gone: the other's call through the hub fails, naming it.
 	b.stop()
 	eventually(t, hub, "b lost at the hub", func() bool { return hub.session("b") == nil })
+	eventually(t, a, "b unreachable at a", func() bool {
+		for _, r := range a.Remotes() {
+			if r.Owner == "b" && r.Reachable {
+				return false
+			}
+		}
+		return true
+	})
 	resp, err = a.Client().Get("http://b/x")
 	if err == nil {
 		body, _ = io.ReadAll(resp.Body)

@@ -22,6 +22,9 @@ type Local interface {
 type Route struct {
 	Owner  string `json:"owner"`
 	Target Target `json:"target"`
+	// Unreachable, on a relayed route, says the relaying gateway has lost
+	// its session with the owner: calls would not get through it.
+	Unreachable bool `json:"unreachable,omitempty"`
 }
 
 // Target is a target's announced state (docs/mesh.md).
@@ -100,7 +103,7 @@ func (m *Mesh) Remotes() []Remote {
 				t.Error = "mesh: its owner " + r.Owner + " is unreachable since " + lost.UTC().Format(time.RFC3339)
 				t.State = StateStalled
 			}
-			rt := Remote{Owner: r.Owner, Via: via, Reachable: live, Target: t}
+			rt := Remote{Owner: r.Owner, Via: via, Reachable: live && !r.Unreachable, Target: t}
 			key := [2]string{r.Owner, t.Name}
 			if old, ok := best[key]; !ok || better(rt, old) {
 				best[key] = rt
@@ -189,7 +192,7 @@ func (m *Mesh) offer(peer string) []Route {
 	}
 	for _, r := range m.Remotes() {
 		if r.Via == r.Owner && r.Owner != peer {
-			routes = append(routes, Route{Owner: r.Owner, Target: r.Target})
+			routes = append(routes, Route{Owner: r.Owner, Target: r.Target, Unreachable: !r.Reachable})
 		}
 	}
 	return routes
