@@ -96,7 +96,8 @@ type Mesh struct {
 	wg       sync.WaitGroup
 
 	conns     chan net.Conn // HTTP streams for this member, to serve
-	transport *http.Transport
+	transport *http.Transport // API calls
+	bulk      *http.Transport // volume streams
 	ready     chan struct{} // closed once Start listens
 	addr      net.Addr
 }
@@ -138,7 +139,7 @@ func New(opts Options) (*Mesh, error) {
 		learned: map[string][]Route{},
 		changed: make(chan struct{}), conns: make(chan net.Conn), ready: make(chan struct{}),
 	}
-	m.transport = m.newTransport()
+	m.transport, m.bulk = m.newTransport(streamHTTP), m.newTransport(streamVolume)
 	return m, nil
 }
 
@@ -185,6 +186,7 @@ func (m *Mesh) Start(ctx context.Context) error {
 	m.wg.Go(func() { m.serve(ctx) })
 	<-ctx.Done()
 	m.transport.CloseIdleConnections()
+	m.bulk.CloseIdleConnections()
 	if ln != nil {
 		ln.Close()
 	}

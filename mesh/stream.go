@@ -14,8 +14,13 @@ import (
 )
 
 // Stream types (docs/mesh.md). Every stream but the control stream starts
-// with a header naming its type and the member it is for.
-const streamHTTP = "http"
+// with a header naming its type and the member it is for. Both carry one
+// HTTP exchange: streamHTTP an API call, streamVolume a volume stream's
+// bytes (bulk, which must not hold calls up).
+const (
+	streamHTTP   = "http"
+	streamVolume = "volume"
+)
 
 // header opens a stream.
 type header struct {
@@ -63,13 +68,13 @@ func (m *Mesh) route(member string) (*session, error) {
 	return nil, &UnreachableError{Member: member, Since: m.lost[member]}
 }
 
-// open opens an HTTP stream to member.
-func (m *Mesh) open(ctx context.Context, member string) (net.Conn, error) {
+// open opens a stream of type typ to member.
+func (m *Mesh) open(ctx context.Context, typ, member string) (net.Conn, error) {
 	s, err := m.route(member)
 	if err != nil {
 		return nil, err
 	}
-	return s.open(ctx, header{Type: streamHTTP, To: member})
+	return s.open(ctx, header{Type: typ, To: member})
 }
 
 // open opens a stream on the session and writes its header; it honours
@@ -124,7 +129,7 @@ func (m *Mesh) serveStream(ctx context.Context, s *session, st net.Conn) {
 	}
 	c := &counted{Conn: st, m: m.opts.Metrics}
 	switch {
-	case h.Type != streamHTTP:
+	case h.Type != streamHTTP && h.Type != streamVolume:
 		m.opts.Logger.Warn("mesh stream of an unknown type; closed", "peer", s.peer, "type", h.Type)
 		st.Close()
 	case h.To == m.name || h.To == "":
@@ -313,14 +318,20 @@ func (m *Mesh) Client() *http.Client {
 	return &http.Client{Transport: m.transport}
 }
 
-func (m *Mesh) newTransport() *http.Transport {
+// BulkClient is Client for volume streams: requests whose bodies are
+// large, carried on streams of type volume.
+func (m *Mesh) BulkClient() *http.Client {
+	return &http.Client{Transport: m.bulk}
+}
+
+func (m *Mesh) newTransport(typ string) *http.Transport {
 	return &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, err := net.SplitHostPort(addr)
 			if err != nil {
 				host = addr
 			}
-			return m.open(ctx, host)
+			return m.open(ctx, typ, host)
 		},
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
