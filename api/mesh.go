@@ -18,6 +18,8 @@ type Mesh interface {
 	Name() string
 	Remotes() []mesh.Remote
 	Client() *http.Client
+	// BulkClient carries volume streams' bytes.
+	BulkClient() *http.Client
 	Metrics() *mesh.Metrics
 }
 
@@ -162,12 +164,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote)
 	metrics := s.opts.Mesh.Metrics()
 	if !rt.Reachable {
 		metrics.Forwarded("unreachable")
-		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: fmt.Sprintf(
-			"worker %s is owned by gateway %s, which this gateway cannot reach over the mesh", rt.Target.Name, rt.Owner)})
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: unreachableOwner(rt)})
 		return
 	}
-	id := requestIdentity(r)
-	who, _ := json.Marshal(meshCaller{Name: id.name, Team: id.team, Admin: id.admin})
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+rt.Owner+r.URL.RequestURI(), r.Body)
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
@@ -179,7 +178,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote)
 			out.Header[h] = v
 		}
 	}
-	out.Header.Set(CallerHeader, string(who))
+	out.Header.Set(CallerHeader, callerHeader(r))
 	resp, err := s.opts.Mesh.Client().Do(out)
 	if err != nil {
 		code := http.StatusBadGateway
@@ -206,6 +205,18 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote)
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(flushing{w}, resp.Body)
+}
+
+// unreachableOwner says that rt's owner cannot be reached.
+func unreachableOwner(rt mesh.Remote) string {
+	return fmt.Sprintf("worker %s is owned by gateway %s, which this gateway cannot reach over the mesh", rt.Target.Name, rt.Owner)
+}
+
+// callerHeader is the CallerHeader of a call made for r's caller.
+func callerHeader(r *http.Request) string {
+	id := requestIdentity(r)
+	who, _ := json.Marshal(meshCaller{Name: id.name, Team: id.team, Admin: id.admin})
+	return string(who)
 }
 
 // flushing flushes each write, for answers that stream.

@@ -38,6 +38,8 @@ func (f *fakeMesh) Client() *http.Client {
 	})}
 }
 
+func (f *fakeMesh) BulkClient() *http.Client { return f.Client() }
+
 type roundTrip func(*http.Request) (*http.Response, error)
 
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -95,6 +95,7 @@ func New(opts Options) *Server {
 	}
 	if opts.Targets != nil && opts.Streams != nil {
 		mux.HandleFunc("POST /api/v1/streams", s.authenticate(s.createStream))
+		mux.HandleFunc("PUT "+meshStreamOutPath, s.authenticate(s.streamOut))
 	}
 	if opts.Steps != nil {
 		mux.HandleFunc("POST /api/v1/steps", s.authenticate(s.submitStep))

@@ -167,6 +167,10 @@ func (s *slowStreamer) Stream(ctx context.Context, _ streams.Request, _ *streams
 	}
 }
 
+func (s *slowStreamer) Send(context.Context, streams.Caller, streams.Endpoint, string, func() io.Writer) (int64, error) {
+	return 0, errors.New("slowStreamer sends nothing")
+}
+
 type drainResult struct {
 	code int
 	body string

@@ -1,13 +1,16 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -15,6 +18,7 @@ import (
 // Streamer is what the API asks of the streams package.
 type Streamer interface {
 	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error)
+	Send(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string, begin func() io.Writer) (int64, error)
 }
 
 // NDJSON is the media type of a stream's progress answer: with
@@ -26,16 +30,27 @@ const NDJSON = "application/x-ndjson"
 
 const progressEvery = 500 * time.Millisecond
 
+// streamBodyLimit bounds a stream request's body.
+const streamBodyLimit = 1 << 20
+
 // createStream copies a volume between step pods and answers with the
 // bytes carried and their SHA-256, or an error naming the side that failed.
 // The request is checked whole before any target is looked up, and a
 // stream refused (bad request, unknown target or pod, too many streams)
 // gets its status code in NDJSON mode too.
+//
+// In a mesh, the gateway that owns the destination runs the stream: a
+// stream into another gateway's target is forwarded to it, and a source
+// another gateway owns is sent by that gateway over the mesh.
 func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, streamBodyLimit))
 	var req streams.Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&req)
+	}
+	if err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "body must be {\"from\": {target, pod, handle, path}, \"to\": {...}, \"encoding\": \"raw|gzip|zstd\"}: " + err.Error()})
 		return
 	}
@@ -44,12 +59,43 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := requestIdentity(r)
-	for _, name := range []string{req.From.Target, req.To.Target} {
-		st, err := s.opts.Targets.Get(name)
-		if err != nil || !id.sees(st.Meta.Team) {
+	var owners [2]*mesh.Remote // nil: this gateway's
+	for i, name := range []string{req.From.Target, req.To.Target} {
+		if st, err := s.opts.Targets.Get(name); err == nil {
+			if !id.sees(st.Meta.Team) {
+				writeJSON(w, http.StatusNotFound, errorBody{Error: "unknown target " + name})
+				return
+			}
+			continue
+		}
+		rt, err := s.remote(r, name)
+		switch {
+		case errors.Is(err, targets.ErrNotFound):
 			writeJSON(w, http.StatusNotFound, errorBody{Error: "unknown target " + name})
 			return
+		case err != nil:
+			writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
+			return
 		}
+		owners[i] = &rt
+	}
+	if dst := owners[1]; dst != nil {
+		if _, fromPeer := mesh.Peer(r.Context()); fromPeer {
+			// The forwarding gateway saw this one own it; it no longer does.
+			writeJSON(w, http.StatusNotFound, errorBody{Error: "unknown target " + req.To.Target})
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		s.forward(w, r, *dst)
+		return
+	}
+	if src := owners[0]; src != nil {
+		if !src.Reachable {
+			s.opts.Mesh.Metrics().Forwarded("unreachable")
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: unreachableOwner(*src)})
+			return
+		}
+		req.Source = &streams.Remote{Gateway: src.Owner, Open: s.meshSource(r, src.Owner)}
 	}
 	req.Caller = streams.Caller{Admin: id.admin, Team: id.team}
 	if strings.Contains(r.Header.Get("Accept"), NDJSON) {
@@ -79,15 +125,16 @@ func (s *Server) answerStream(w http.ResponseWriter, res streams.Result, err err
 		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: err.Error()})
 	case errors.As(err, &serr):
 		s.opts.Logger.Warn("stream failed", "side", serr.Side, "error", err.Error())
-		writeJSON(w, http.StatusBadGateway, streamError{Error: serr.Err.Error(), Side: serr.Side})
+		writeJSON(w, http.StatusBadGateway, streamError{Error: serr.Err.Error(), Side: serr.Side, Gateway: serr.Gateway})
 	default:
 		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
 	}
 }
 
 type streamError struct {
-	Error string `json:"error"`
-	Side  string `json:"side"`
+	Error   string `json:"error"`
+	Side    string `json:"side"`
+	Gateway string `json:"gateway,omitempty"`
 }
 
 // ProgressLine is one line of an NDJSON stream answer.
@@ -97,6 +144,7 @@ type ProgressLine struct {
 	Result  *streams.Result `json:"result,omitempty"`
 	Error   string          `json:"error,omitempty"`
 	Side    string          `json:"side,omitempty"`
+	Gateway string          `json:"gateway,omitempty"`
 }
 
 // streamWithProgress answers 200 only once the stream has begun; a
@@ -148,7 +196,7 @@ func (s *Server) streamWithProgress(w http.ResponseWriter, r *http.Request, req 
 		flush(ProgressLine{Result: &res})
 	case errors.As(err, &serr):
 		s.opts.Logger.Warn("stream failed", "side", serr.Side, "error", err.Error())
-		flush(ProgressLine{Error: serr.Err.Error(), Side: serr.Side})
+		flush(ProgressLine{Error: serr.Err.Error(), Side: serr.Side, Gateway: serr.Gateway})
 	default:
 		flush(ProgressLine{Error: err.Error()})
 	}

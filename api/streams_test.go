@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,14 +20,18 @@ import (
 )
 
 // fakeStreamer answers every stream with err, or a result once it has
-// started; it records who asked.
+// started; it records who asked. A stream whose source another gateway
+// owns reads it whole. Send sends sends, then fails with sendErr.
 type fakeStreamer struct {
-	err error
-	mu  sync.Mutex
-	got []streams.Request
+	err     error
+	sends   string
+	sendErr error
+	mu      sync.Mutex
+	got     []streams.Request
+	sent    []streams.Caller
 }
 
-func (f *fakeStreamer) Stream(_ context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error) {
+func (f *fakeStreamer) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error) {
 	f.mu.Lock()
 	f.got = append(f.got, req)
 	f.mu.Unlock()
@@ -34,7 +39,33 @@ func (f *fakeStreamer) Stream(_ context.Context, req streams.Request, progress *
 		return streams.Result{}, f.err
 	}
 	progress.Start()
+	if req.Source != nil {
+		return f.readSource(ctx, req)
+	}
 	return streams.Result{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, nil
+}
+
+func (f *fakeStreamer) readSource(ctx context.Context, req streams.Request) (streams.Result, error) {
+	src, err := req.Source.Open(ctx, req.From, req.Encoding)
+	if err == nil {
+		defer src.Close()
+		var b []byte
+		if b, err = io.ReadAll(src); err == nil {
+			return streams.Result{Mode: streams.ModeMesh, Bytes: int64(len(b)), SHA256: string(b)}, nil
+		}
+	}
+	return streams.Result{}, &streams.Error{Side: streams.SideSource, Gateway: req.Source.Gateway, Err: err}
+}
+
+func (f *fakeStreamer) Send(_ context.Context, c streams.Caller, from streams.Endpoint, _ string, begin func() io.Writer) (int64, error) {
+	f.mu.Lock()
+	f.sent = append(f.sent, c)
+	f.mu.Unlock()
+	if from.Pod == "missing" {
+		return 0, &streams.Error{Side: streams.SideSource, Err: fmt.Errorf(`pod "missing" %w on target %q`, streams.ErrNotFound, from.Target)}
+	}
+	n, _ := io.WriteString(begin(), f.sends)
+	return int64(n), f.sendErr
 }
 
 func (f *fakeStreamer) requests() []streams.Request {

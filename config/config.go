@@ -52,6 +52,9 @@ type Config struct {
 	// 1 MiB buffer and two port-forward streams); past it the API answers
 	// 429 with Retry-After. 0 means no bound.
 	MaxStreams int `mapstructure:"max-streams" help:"volume streams running at once; past it POST /api/v1/streams answers 429 (0: no bound)"`
+	// StreamStallTimeout aborts a volume stream that moves no bytes for
+	// this long.
+	StreamStallTimeout time.Duration `mapstructure:"stream-stall-timeout" help:"abort a volume stream that moves no bytes for this long (a dead volume server behind a port-forward that stays open)"`
 
 	// Placement, with Concourse's names and defaults: a chain is a comma
 	// list of strategies, the first the primary key (selection.ParseChain).
@@ -108,7 +111,8 @@ func Default() Config {
 		LandTimeout:  30 * time.Minute,
 		GCGrace:      10 * time.Minute,
 
-		MaxStreams: 64,
+		MaxStreams:         64,
+		StreamStallTimeout: 10 * time.Second,
 
 		StepAgentImage:  "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
 		ImagePullGrace:  2 * time.Minute,
@@ -228,6 +232,9 @@ func (c Config) Validate() error {
 	}
 	if c.StepKillGrace <= 0 {
 		add("step-kill-grace", "must be positive, got %s", c.StepKillGrace)
+	}
+	if c.StreamStallTimeout <= 0 {
+		add("stream-stall-timeout", "must be positive, got %s", c.StreamStallTimeout)
 	}
 	if c.MaxStreams < 0 {
 		add("max-streams", "must not be negative (0: no bound), got %d", c.MaxStreams)

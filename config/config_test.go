@@ -138,6 +138,8 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 		{name: "no stream bound", mutate: func(c *Config) { c.MaxStreams = 0 }},
 		{name: "negative stream bound", mutate: func(c *Config) { c.MaxStreams = -1 },
 			want: []string{"max-streams: must not be negative (0: no bound), got -1"}},
+		{name: "no stall timeout", mutate: func(c *Config) { c.StreamStallTimeout = 0 },
+			want: []string{"stream-stall-timeout: must be positive, got 0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -95,10 +95,10 @@ type Mesh struct {
 	changed  chan struct{}        // closed on any change of peers or routes
 	wg       sync.WaitGroup
 
-	conns     chan net.Conn // HTTP streams for this member, to serve
+	conns     chan net.Conn   // HTTP streams for this member, to serve
 	transport *http.Transport // API calls
 	bulk      *http.Transport // volume streams
-	ready     chan struct{} // closed once Start listens
+	ready     chan struct{}   // closed once Start listens
 	addr      net.Addr
 }
 

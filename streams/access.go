@@ -18,22 +18,26 @@ const podLookupTimeout = 10 * time.Second
 // each; it returns the destination pod, whose IP serves a direct stream.
 // A pod missing or not the caller's fails with ErrNotFound; a pod that
 // cannot be read fails with an *Error naming its side.
+// A source owned by another gateway is checked there (Send).
 func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, error) {
-	var dst *corev1.Pod
-	for _, side := range []struct {
-		name string
-		e    Endpoint
-	}{{SideSource, req.From}, {SideDestination, req.To}} {
-		pod, err := s.pod(ctx, side.e)
-		if err != nil {
-			return nil, &Error{Side: side.name, Err: err}
+	if req.Source == nil {
+		if _, err := s.check(ctx, req.Caller, SideSource, req.From); err != nil {
+			return nil, err
 		}
-		if !s.mayTouch(req.Caller, side.e.Target, pod) {
-			return nil, &Error{Side: side.name, Err: notFound(side.e)}
-		}
-		dst = pod
 	}
-	return dst, nil
+	return s.check(ctx, req.Caller, SideDestination, req.To)
+}
+
+// check reads the pod of one side and checks the caller may touch it.
+func (s *Streamer) check(ctx context.Context, c Caller, side string, e Endpoint) (*corev1.Pod, error) {
+	pod, err := s.pod(ctx, e)
+	if err != nil {
+		return nil, &Error{Side: side, Err: err}
+	}
+	if !s.mayTouch(c, e.Target, pod) {
+		return nil, &Error{Side: side, Err: notFound(e)}
+	}
+	return pod, nil
 }
 
 // pod reads a pod of an endpoint; a missing one is ErrNotFound.

@@ -46,9 +46,9 @@ func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (
 	defer cancel()
 	srcCtx, cancelSrc := context.WithCancelCause(ctx)
 	defer cancelSrc(nil)
-	src, err := s.open(srcCtx, req)
+	src, err := s.openSource(srcCtx, req)
 	if err != nil {
-		return Result{Mode: ModeRelay}, &Error{Side: SideSource, Err: err}
+		return Result{Mode: mode(req)}, &Error{Side: SideSource, Err: err}
 	}
 	defer src.Close()
 
@@ -77,7 +77,7 @@ func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (
 	cancelSrc(errDestinationDone)         // a pending Read returns now
 	pr.CloseWithError(errDestinationDone) // and so does a pending Write
 	<-copied
-	res := Result{Mode: ModeRelay, Bytes: n}
+	res := Result{Mode: mode(req), Bytes: n}
 	switch stalled := wd.stop(); {
 	case stalled == phaseReading:
 		return res, &Error{Side: SideSource, Err: fmt.Errorf("stalled: no data from stream-out for %s", s.opts.StallTimeout)}
@@ -92,6 +92,23 @@ func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (
 	}
 	res.SHA256 = hex.EncodeToString(hash.Sum(nil))
 	return res, nil
+}
+
+// mode is a relay's mode: mesh when the source's bytes come over the mesh.
+func mode(req Request) string {
+	if req.Source != nil {
+		return ModeMesh
+	}
+	return ModeRelay
+}
+
+// openSource opens the source's stream-out: through the gateway that owns
+// it, or here.
+func (s *Streamer) openSource(ctx context.Context, req Request) (io.ReadCloser, error) {
+	if req.Source != nil {
+		return req.Source.Open(ctx, req.From, req.Encoding)
+	}
+	return s.open(ctx, req)
 }
 
 // p2p asks the source pod to push the volume straight to the destination
@@ -224,6 +241,10 @@ const (
 	phaseWriting
 )
 
+// watchdogTicks is how many times per timeout the watchdog looks: it fires
+// at most timeout/watchdogTicks late.
+const watchdogTicks = 8
+
 // watchdog cancels a stream whose relay makes no progress for timeout.
 type watchdog struct {
 	timeout time.Duration
@@ -240,7 +261,7 @@ func newWatchdog(timeout time.Duration, cancel context.CancelFunc) *watchdog {
 	w.phase.Store(phaseReading)
 	go func() {
 		defer close(w.exited)
-		tick := time.NewTicker(timeout / 4)
+		tick := time.NewTicker(timeout / watchdogTicks)
 		defer tick.Stop()
 		for {
 			select {

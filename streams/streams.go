@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -47,6 +48,20 @@ type Request struct {
 	// Caller is who asks. The API sets it from the request's token; it is
 	// never read from a body, and its zero value may touch no pod.
 	Caller Caller `json:"-"`
+	// Source, set by the API, is the gateway that owns From when another
+	// gateway of the mesh does; never read from a body.
+	Source *Remote `json:"-"`
+}
+
+// Remote is a stream's source owned by another gateway of the mesh. That
+// gateway checks the caller may touch the source pod, port-forwards to it
+// and sends its bytes over the mesh (Send).
+type Remote struct {
+	Gateway string
+	// Open asks Gateway for From's stream-out, as the stream's caller. The
+	// body it returns fails, rather than ends, unless Gateway said it sent
+	// everything.
+	Open func(ctx context.Context, from Endpoint, encoding string) (io.ReadCloser, error)
 }
 
 // Caller is who asks for a stream: an admin, or a team.
@@ -66,10 +81,13 @@ type Result struct {
 	Seconds float64 `json:"seconds"`
 }
 
-// Stream modes.
+// Stream modes. A mesh stream's source is owned by another gateway, which
+// sends the bytes over the mesh; the source's side counts as mesh_send.
 const (
-	ModeRelay = "relay"
-	ModeP2P   = "p2p"
+	ModeRelay    = "relay"
+	ModeP2P      = "p2p"
+	ModeMesh     = "mesh"
+	modeMeshSend = "mesh_send"
 )
 
 // Sides of a stream, as Error names them.
@@ -78,13 +96,20 @@ const (
 	SideDestination = "destination"
 )
 
-// Error says which side of a stream failed.
+// Error says which side of a stream failed and, in a mesh, on which
+// gateway.
 type Error struct {
-	Side string // SideSource or SideDestination
-	Err  error
+	Side    string // SideSource or SideDestination
+	Gateway string // the gateway that reached that side; "" outside a mesh
+	Err     error
 }
 
-func (e *Error) Error() string { return e.Side + ": " + e.Err.Error() }
+func (e *Error) Error() string {
+	if e.Gateway == "" {
+		return e.Side + ": " + e.Err.Error()
+	}
+	return e.Side + " (gateway " + e.Gateway + "): " + e.Err.Error()
+}
 func (e *Error) Unwrap() error { return e.Err }
 
 // Errors of a stream refused before it starts.
@@ -98,6 +123,13 @@ var (
 	// ErrBusy marks a stream refused because MaxStreams are running.
 	ErrBusy = errors.New("too many streams")
 )
+
+// DefaultStallTimeout is how long a stream may move no bytes before it is
+// aborted. A volume server's tar stream never pauses this long while it
+// works; a dead one behind a port-forward that stays open sends nothing.
+// At 10 s (and the watchdog's tick) a stalled stream is reported within
+// 12 s.
+const DefaultStallTimeout = 10 * time.Second
 
 // Options configure a Streamer.
 type Options struct {
@@ -120,10 +152,13 @@ type Options struct {
 	BufferSize int
 	// StallTimeout aborts a stream when no bytes move for this long (a hung
 	// volume server, or a port-forward that stays open after the process
-	// behind it died); default 2m.
+	// behind it died); default DefaultStallTimeout.
 	StallTimeout time.Duration
-	Metrics      *Metrics
-	Logger       *slog.Logger
+	// Gateway is this gateway's name in the mesh, for errors to name it;
+	// "" outside a mesh.
+	Gateway string
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // Streamer carries streams.
@@ -145,7 +180,7 @@ func New(opts Options) *Streamer {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.StallTimeout <= 0 {
-		opts.StallTimeout = 2 * time.Minute
+		opts.StallTimeout = DefaultStallTimeout
 	}
 	if opts.Transport == nil {
 		opts.Transport = opts.Dialer.RoundTripper()
@@ -242,12 +277,14 @@ func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) 
 		s.opts.Metrics.reject(reasonNotFound)
 	}
 	if err != nil {
+		s.nameGateway(req, err)
 		return Result{}, err
 	}
 	progress.Start()
 	start := time.Now()
 	res, err := s.run(ctx, req, dst, progress)
 	res.Seconds = time.Since(start).Seconds()
+	s.nameGateway(req, err)
 	s.opts.Metrics.finished(res, outcome(ctx, err))
 	if err != nil {
 		return Result{}, err
@@ -268,9 +305,26 @@ func (s *Streamer) acquire() (release func(), err error) {
 	}
 }
 
+// nameGateway names, in a stream's error, the gateway that reached the
+// side that failed: the source's owner for a source over the mesh, else
+// this one.
+func (s *Streamer) nameGateway(req Request, err error) {
+	var serr *Error
+	if !errors.As(err, &serr) || serr.Gateway != "" {
+		return
+	}
+	serr.Gateway = s.opts.Gateway
+	if serr.Side == SideSource && req.Source != nil {
+		serr.Gateway = req.Source.Gateway
+	}
+}
+
 // run streams directly within one target when it can, else relays. The
 // result names the mode tried last, and bytes relayed even on failure.
 func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progress *Progress) (Result, error) {
+	if req.Source != nil {
+		return s.relay(ctx, req, progress)
+	}
 	if req.From.Target == req.To.Target {
 		res, err := s.p2p(ctx, req, dst.Status.PodIP)
 		if err == nil {

@@ -104,11 +104,22 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Metrics: portforward.NewMetrics(reg),
 		Logger:  logger.With("component", "portforward"),
 	})
+	var meshNode *mesh.Mesh
+	var meshView api.Mesh
+	if cfg.MeshEnabled() {
+		var err error
+		if meshNode, err = newMesh(cfg, registry, reg, logger); err != nil {
+			return err
+		}
+		meshView = meshNode
+	}
 	streamer := streams.New(streams.Options{
 		Dialer:       dialer,
 		Installation: cfg.Installation,
 		Target:       registry.Target,
 		MaxStreams:   cfg.MaxStreams,
+		StallTimeout: cfg.StreamStallTimeout,
+		Gateway:      meshName(meshNode),
 		Metrics:      streams.NewMetrics(reg),
 		Logger:       logger.With("component", "streams"),
 	})
@@ -126,15 +137,6 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	})
-	var meshNode *mesh.Mesh
-	var meshView api.Mesh
-	if cfg.MeshEnabled() {
-		var err error
-		if meshNode, err = newMesh(cfg, registry, reg, logger); err != nil {
-			return err
-		}
-		meshView = meshNode
-	}
 	server := api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -168,6 +170,14 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		logger.Info("gateway stopped")
 	}
 	return err
+}
+
+// meshName is this gateway's name in the mesh; "" outside one.
+func meshName(m *mesh.Mesh) string {
+	if m == nil {
+		return ""
+	}
+	return m.Name()
 }
 
 // newMesh joins the gateway to the mesh of cfg, announcing registry's
