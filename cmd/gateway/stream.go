@@ -110,7 +110,10 @@ func followStream(body io.Reader, stdout, stderr io.Writer, total int64) error {
 			if live {
 				fmt.Fprint(stderr, "\r\033[K")
 			}
-			if line.Side != "" {
+			switch {
+			case line.Side != "" && line.Gateway != "":
+				return fmt.Errorf("stream failed on the %s side (gateway %s): %s", line.Side, line.Gateway, line.Error)
+			case line.Side != "":
 				return fmt.Errorf("stream failed on the %s side: %s", line.Side, line.Error)
 			}
 			return fmt.Errorf("stream failed: %s", line.Error)
@@ -163,7 +166,11 @@ func summary(r streams.Result) string {
 	if r.Seconds > 0 {
 		rate = float64(r.Bytes) / r.Seconds
 	}
-	return fmt.Sprintf("streamed %s in %.1fs (%s/s), sha256 %s", humanBytes(float64(r.Bytes)), r.Seconds, humanBytes(rate), r.SHA256)
+	how := "streamed"
+	if r.Mode == streams.ModeMesh {
+		how = "streamed across the mesh"
+	}
+	return fmt.Sprintf("%s %s in %.1fs (%s/s), sha256 %s", how, humanBytes(float64(r.Bytes)), r.Seconds, humanBytes(rate), r.SHA256)
 }
 
 func humanBytes(n float64) string {

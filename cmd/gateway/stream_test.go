@@ -42,8 +42,15 @@ func TestFollowStream(t *testing.T) {
 	err := followStream(strings.NewReader(`{"error":"stream-out x: 404 Not Found: volume \"x\" not found","side":"source"}`+"\n"), &out, &errOut, 0)
 	assert.EqualError(t, err, `stream failed on the source side: stream-out x: 404 Not Found: volume "x" not found`)
 
+	err = followStream(strings.NewReader(`{"error":"stalled: no data from stream-out a/h for 10s","side":"source","gateway":"gw-b"}`+"\n"), &out, &errOut, 0)
+	assert.EqualError(t, err, `stream failed on the source side (gateway gw-b): stalled: no data from stream-out a/h for 10s`)
+
 	err = followStream(strings.NewReader(`{"bytes":5}`+"\n"), &out, &errOut, 0)
 	assert.EqualError(t, err, "stream answer ended without a result", "a cut answer is a failure")
+
+	out.Reset()
+	require.NoError(t, followStream(strings.NewReader(`{"result":{"mode":"mesh","bytes":1024,"sha256":"abc","seconds":1}}`+"\n"), &out, &errOut, 0))
+	assert.Equal(t, "streamed across the mesh 1.0 KiB in 1.0s (1.0 KiB/s), sha256 abc\n", out.String())
 
 	out.Reset()
 	require.NoError(t, followStream(strings.NewReader(`{"result":{"mode":"p2p","seconds":3.14}}`+"\n"), &out, &errOut, 0))
