@@ -55,6 +55,8 @@ func (s *Server) meshSource(r *http.Request, gateway string) func(context.Contex
 		var answer errorBody
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&answer)
 		switch resp.StatusCode {
+		case http.StatusBadGateway: // the source's volume server failed: its words
+			return nil, errors.New(answer.Error)
 		case http.StatusNotFound:
 			return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, answer.Error)
 		case http.StatusTooManyRequests:

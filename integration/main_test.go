@@ -40,7 +40,8 @@ func runMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), cluster.StartupTimeout)
 	defer cancel()
 	var err error
-	clusters, err = cluster.StartN(ctx, 2, "it")
+	// Two clusters for most tests; the mesh's three gateways own one each.
+	clusters, err = cluster.StartN(ctx, 3, "it")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1

@@ -82,6 +82,15 @@ type gatewayOptions struct {
 	listen string
 	// mesh, if set, joins the gateway to a mesh.
 	mesh *meshOptions
+	// streamStall is the streams' stall timeout; default 3s.
+	streamStall time.Duration
+}
+
+func meshName(m *mesh.Mesh) string {
+	if m == nil {
+		return ""
+	}
+	return m.Name()
 }
 
 // meshOptions are a gateway's mesh flags.
@@ -136,18 +145,6 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			}
 			return tg.Config.REST, nil
 		}})
-	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: 3 * time.Second,
-		Installation: o.installation,
-		Target:       registry.Target,
-		Metrics:      streams.NewMetrics(reg)})
-	t.Cleanup(streamer.Close)
-	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
-		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
-		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
-		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
-		Logger: logger, Metrics: steps.NewMetrics(reg)})
-	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
-	require.NoError(t, err)
 	var node *mesh.Mesh
 	var meshView api.Mesh
 	if m := o.mesh; m != nil {
@@ -159,6 +156,18 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		require.NoError(t, err)
 		meshView = node
 	}
+	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: cmp.Or(o.streamStall, 3*time.Second),
+		Installation: o.installation, Gateway: meshName(node),
+		Target:       registry.Target,
+		Metrics:      streams.NewMetrics(reg)})
+	t.Cleanup(streamer.Close)
+	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
+		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
+		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
+		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
+		Logger: logger, Metrics: steps.NewMetrics(reg)})
+	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
+	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Mesh: meshView, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
 		Steps: stepper, Placement: o.placement,
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
