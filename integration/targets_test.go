@@ -158,8 +158,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	}
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: cmp.Or(o.streamStall, 3*time.Second),
 		Installation: o.installation, Gateway: meshName(node),
-		Target:       registry.Target,
-		Metrics:      streams.NewMetrics(reg)})
+		Target:  registry.Target,
+		Metrics: streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
