@@ -3,7 +3,14 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -246,4 +254,175 @@ func meshStreams(ctx context.Context, t *testing.T, hub, a, b *gateway, src, dst
 	code, _, body = postStreamAs(t, hub, mainToken.Token, "", strings.Replace(meshStream("art", dst, "other"), `"mesh-a"`, `"mesh-b"`, 1))
 	assert.Equal(t, http.StatusNotFound, code)
 	assert.Equal(t, `{"error":"unknown target mesh-b"}`+"\n", body)
+}
+
+// TestMeshFull: three gateways, each owning a target on its own cluster,
+// all dialing each other. Every gateway lists every target with one
+// session per pair, also after a restart where both sides dial at once; a
+// stream between two gateways' targets asked of the third is checked by
+// SHA-256; a member with a good certificate sending a malformed frame
+// loses its own session only; an expired certificate is refused; a
+// certificate rotated while its gateway runs is used from the next
+// session on, without a restart.
+func TestMeshFull(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	tokens := []api.Token{adminToken, mainToken}
+	var dirs [3]string
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+		placeTarget(ctx, t, clusters[i], dirs[i], fmt.Sprintf("full-%d", i), "team: main\n", "")
+	}
+	src := labelledVolumePod(ctx, t, clusters[0], "full-0", "src", teamLabels("full-0", "jetway", "main"))
+	dst := labelledVolumePod(ctx, t, clusters[2], "full-2", "dst", teamLabels("full-2", "jetway", "main"))
+
+	// g2's certificate expires soon; it is rotated while g2 runs.
+	expiry := time.Now().Add(30 * time.Second)
+	m0 := meshMember(t, ca, ca, "g0", "127.0.0.1:0")
+	g0 := startGateway(t, dirs[0], gatewayOptions{identity: "g0", tokens: tokens, mesh: m0})
+	m1 := meshMember(t, ca, ca, "g1", "127.0.0.1:0", g0.meshAddr)
+	g1 := startGateway(t, dirs[1], gatewayOptions{identity: "g1", tokens: tokens, mesh: m1})
+	certDir := t.TempDir()
+	caFile, certFile, keyFile := ca.Files(t, ca, certDir, "g2", expiry)
+	m2 := &meshOptions{caFile: caFile, certFile: certFile, keyFile: keyFile, listen: "127.0.0.1:0", peers: []string{g0.meshAddr, g1.meshAddr}}
+	g2 := startGateway(t, dirs[2], gatewayOptions{identity: "g2", tokens: tokens, mesh: m2})
+	all := map[string]string{"full-0": "g0/running", "full-1": "g1/running", "full-2": "g2/running"}
+	gateways := []*gateway{g0, g1, g2}
+	waitFullMesh(t, gateways, all)
+
+	// g1 asks for a stream from g0's target into g2's: g2 runs it and asks
+	// g0 for the source, each over their own session.
+	body := func(into string) string {
+		os.MkdirAll(dst.Path(into), 0o755)
+		b, _ := json.Marshal(streams.Request{
+			From: streams.Endpoint{Target: "full-0", Pod: "src", Handle: "art", Path: "out"},
+			To:   streams.Endpoint{Target: "full-2", Pod: "dst", Handle: into, Path: "in"}, Encoding: "zstd"})
+		return string(b)
+	}
+	var res streams.Result
+	eventually(t, 20*time.Second, func() error { // kwok picks the PortForward objects up
+		code, _, b := postStreamAs(t, g1, mainToken.Token, "", body("full"))
+		if code != http.StatusOK {
+			return errorf("%d %s", code, b)
+		}
+		return json.Unmarshal([]byte(b), &res)
+	})
+	assert.Equal(t, streams.ModeMesh, res.Mode)
+	assert.Equal(t, directSHA(t, src, "art", "zstd"), res.SHA256)
+	assert.Equal(t, fileSHA(t, filepath.Join(src.Path("art"), "out", "artifact.bin")),
+		fileSHA(t, filepath.Join(dst.Path("full"), "in", "artifact.bin")), "the volume landed whole")
+
+	// A member with a certificate of the mesh CA that sends a malformed
+	// control frame: its session closes, and nothing else changes.
+	require.NoError(t, malformedPeer(ctx, t, ca, g0.meshAddr))
+	assert.Equal(t, 1.0, metricValue(t, g0, "jetway_mesh_malformed_frames_total"))
+	waitFullMesh(t, gateways, all)
+
+	// An expired certificate is refused, and its gateway sees nothing.
+	xDir := t.TempDir()
+	xca, xcert, xkey := ca.Files(t, ca, t.TempDir(), "x", time.Now().Add(-time.Minute))
+	x := startGateway(t, xDir, gatewayOptions{identity: "x", tokens: tokens,
+		mesh: &meshOptions{caFile: xca, certFile: xcert, keyFile: xkey, peers: []string{g0.meshAddr}}})
+	eventually(t, 10*time.Second, func() error {
+		if v := metricValue(t, g0, `jetway_mesh_handshake_failures_total{reason="expired"}`); v < 1 {
+			return errorf("expired refusals %v", v)
+		}
+		return nil
+	})
+	assert.Empty(t, x.targetsByName(t))
+	x.stop()
+
+	// g2's certificate is replaced while it runs. Once the old one has
+	// expired, g0 restarts on its address and dials both others while
+	// they dial it: g2 joins with the new certificate, one session per
+	// pair.
+	ca.Issue(t, certDir, "g2", time.Now().Add(time.Hour))
+	time.Sleep(time.Until(expiry)) // the old certificate would be refused now
+	g0.stop()
+	m0.listen, m0.peers = g0.meshAddr, []string{g1.meshAddr, g2.meshAddr}
+	g0 = startGateway(t, dirs[0], gatewayOptions{identity: "g0", tokens: tokens, mesh: m0})
+	gateways[0] = g0
+	waitFullMesh(t, gateways, all)
+	assert.Zero(t, metricValue(t, g0, `jetway_mesh_handshake_failures_total{reason="expired"}`), "g2 never showed the expired certificate")
+}
+
+// waitFullMesh waits until every gateway lists want and has a session
+// with each of the others.
+func waitFullMesh(t *testing.T, gateways []*gateway, want map[string]string) {
+	t.Helper()
+	for _, g := range gateways {
+		waitOwners(t, g, want)
+		eventually(t, 10*time.Second, func() error {
+			if up := metricValue(t, g, `jetway_mesh_peers{state="up"}`); up != float64(len(gateways)-1) {
+				return errorf("%v sessions up", up)
+			}
+			return nil
+		})
+	}
+}
+
+func fileSHA(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// malformedPeer joins the mesh at addr as "rogue", with a certificate of
+// ca, speaking the wire format of docs/mesh.md by hand: the hello, then a
+// frame whose JSON is cut. It returns once the peer closed the session.
+func malformedPeer(ctx context.Context, t *testing.T, ca *meshtest.CA, addr string) error {
+	_, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "rogue", time.Now().Add(time.Hour))
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	require.NoError(t, err)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+		InsecureSkipVerify: true}} // the rogue does not care who answers
+	conn, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	sess, err := yamux.Client(conn, nil)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	ctrl, err := sess.OpenStream()
+	if err != nil {
+		return err
+	}
+	frame := func(b string) []byte {
+		return append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...)
+	}
+	if _, err := ctrl.Write(frame(`{"version": 1, "name": "rogue", "kind": "gateway"}`)); err != nil {
+		return err
+	}
+	var head [4]byte
+	if _, err := io.ReadFull(ctrl, head[:]); err != nil {
+		return fmt.Errorf("no hello back: %w", err)
+	}
+	theirs := make([]byte, binary.BigEndian.Uint32(head[:]))
+	if _, err := io.ReadFull(ctrl, theirs); err != nil {
+		return err
+	}
+	if !strings.Contains(string(theirs), `"version":1`) {
+		return fmt.Errorf("hello %s", theirs)
+	}
+	if _, err := ctrl.Write(frame(`{"type": "routes", "routes": [`)); err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, ctrl); err != nil && !errors.Is(err, yamux.ErrConnectionReset) && !errors.Is(err, yamux.ErrSessionShutdown) {
+		return fmt.Errorf("waiting for the session to close: %w", err)
+	}
+	select {
+	case <-sess.CloseChan():
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("the session stayed open")
+	}
 }
