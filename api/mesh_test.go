@@ -177,3 +177,20 @@ func TestTheCallerHeaderIsBelievedOnlyFromThePeers(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, rec.Code)
 	assert.Empty(t, life.calls)
 }
+
+// Placement weighs every target of the mesh the caller sees, and names
+// the chosen one's owner; a name two gateways announce for different
+// clusters is rejected, saying who disagrees.
+func TestPlacementWeighsTheWholeMesh(t *testing.T) {
+	clash := fleetB[0]
+	clash.Name = "global" // as a's, but another cluster
+	a, _ := twoGateways(t, fakeTargets{fleetB[0], fleetB[1], clash})
+	rec := postPlacement(t, a, "main-token-0123456789", `{"type": "task", "team": "main"}`)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var p Placement
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &p))
+	assert.Equal(t, []string{"b-main"}, p.Order)
+	assert.Equal(t, "b", p.Owner)
+	assert.Equal(t, "gateways a, b announce it for different clusters", p.Rejected["global"])
+	assert.NotContains(t, rec.Body.String(), "b-other", "another team's target, wherever it is, is not mentioned")
+}

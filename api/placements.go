@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,7 +48,10 @@ type PlacementInput struct {
 // one best first; on 422 and 503 an error. Rejected holds, in every
 // answer, each target the caller may see that fell out, with its reason.
 type Placement struct {
-	Target   string            `json:"target,omitempty"`
+	Target string `json:"target,omitempty"`
+	// Owner is the gateway that owns Target, when gateways form a mesh:
+	// placement weighs every target of the mesh the caller may see.
+	Owner    string            `json:"owner,omitempty"`
 	Order    []string          `json:"order,omitempty"`
 	Error    string            `json:"error,omitempty"`
 	Rejected map[string]string `json:"rejected"`
@@ -84,22 +88,32 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusForbidden, errorBody{Error: "a team token places only its own team's steps"})
 		return
 	}
+	// Every target of the mesh the caller sees; a name two gateways
+	// announce for different clusters cannot be placed on by name.
 	var visible []targets.Status
-	for _, st := range s.opts.Targets.Snapshot() {
-		if id.sees(st.Meta.Team) {
-			visible = append(visible, st)
+	owners := map[string]string{}
+	conflicts := map[string]string{}
+	for _, l := range s.everything() {
+		switch {
+		case !id.sees(l.st.Meta.Team):
+		case l.conflicts != nil:
+			conflicts[l.st.Name] = fmt.Sprintf("gateways %s announce it for different clusters", strings.Join(l.conflicts, ", "))
+		default:
+			visible = append(visible, l.st)
+			owners[l.st.Name] = l.owner
 		}
 	}
 	start := time.Now()
 	d := decide(step(req), visible, selection.Options{Chain: chain, Limits: s.opts.Placement.Limits,
 		WorkerVersion: s.opts.WorkerVersion})
 	elapsed := time.Since(start)
+	maps.Copy(d.rejected, conflicts)
 
 	answer := Placement{Rejected: d.rejected}
 	status, result := http.StatusOK, resultPlaced
 	switch {
 	case len(d.order) > 0:
-		answer.Target, answer.Order = d.order[0], d.order
+		answer.Target, answer.Order, answer.Owner = d.order[0], d.order, owners[d.order[0]]
 	case !d.compatible:
 		status, result = http.StatusUnprocessableEntity, resultNoTarget
 		answer.Error = "no target satisfies " + describe(req)
