@@ -167,7 +167,14 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote)
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: unreachableOwner(rt)})
 		return
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+rt.Owner+r.URL.RequestURI(), r.Body)
+	s.forwardTo(w, r, rt.Owner, "worker "+rt.Target.Name)
+}
+
+// forwardTo carries the call to gateway owner, as the caller, and relays
+// its answer; what names the thing the call is about, for errors.
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, owner, what string) {
+	metrics := s.opts.Mesh.Metrics()
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+owner+r.URL.RequestURI(), r.Body)
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
 		return
@@ -186,7 +193,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt mesh.Remote)
 			code = http.StatusServiceUnavailable
 		}
 		metrics.Forwarded("unreachable")
-		writeJSON(w, code, errorBody{Error: fmt.Sprintf("worker %s: its owner, gateway %s: %v", rt.Target.Name, rt.Owner, err)})
+		writeJSON(w, code, errorBody{Error: fmt.Sprintf("%s: its owner, gateway %s: %v", what, owner, err)})
 		return
 	}
 	defer resp.Body.Close()

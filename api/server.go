@@ -98,12 +98,12 @@ func New(opts Options) *Server {
 		mux.HandleFunc("PUT "+meshStreamOutPath, s.authenticate(s.streamOut))
 	}
 	if opts.Steps != nil {
-		mux.HandleFunc("POST /api/v1/steps", s.authenticate(s.submitStep))
-		mux.HandleFunc("GET /api/v1/steps/{handle}", s.authenticate(s.getStep))
-		mux.HandleFunc("GET /api/v1/steps/{handle}/events", s.authenticate(s.stepEvents))
-		mux.HandleFunc("DELETE /api/v1/steps/{handle}", s.authenticate(s.abortStep))
-		mux.HandleFunc("PUT /api/v1/steps/{handle}/inputs/{name}", s.authenticate(s.uploadInput))
-		mux.HandleFunc("GET /api/v1/steps/{handle}/outputs/{name}", s.authenticate(s.downloadOutput))
+		mux.HandleFunc("POST /api/v1/steps", s.authenticate(s.submitAnywhere))
+		mux.HandleFunc("GET /api/v1/steps/{handle}", s.authenticate(s.stepForwardable(s.getStep)))
+		mux.HandleFunc("GET /api/v1/steps/{handle}/events", s.authenticate(s.stepForwardable(s.stepEvents)))
+		mux.HandleFunc("DELETE /api/v1/steps/{handle}", s.authenticate(s.stepForwardable(s.abortStep)))
+		mux.HandleFunc("PUT /api/v1/steps/{handle}/inputs/{name}", s.authenticate(s.stepForwardable(s.uploadInput)))
+		mux.HandleFunc("GET /api/v1/steps/{handle}/outputs/{name}", s.authenticate(s.stepForwardable(s.downloadOutput)))
 	}
 	s.handler = mux
 	return s
