@@ -14,8 +14,9 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 )
 
-// runningManager starts a steps manager without targets of its own (its
-// steps wait): what the API's routing is tested against.
+// runningManager starts a steps manager without targets (its steps
+// wait), once it has recovered: what the API's step routes are tested
+// against.
 func runningManager(t *testing.T) *steps.Manager {
 	t.Helper()
 	m := steps.New(steps.Options{Registry: noTargets{}})

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -29,19 +28,7 @@ func (noTargets) Changed() <-chan struct{}               { return nil }
 // stepServer serves the step API over a running steps.Manager.
 func stepServer(t *testing.T) http.Handler {
 	t.Helper()
-	m := steps.New(steps.Options{Registry: noTargets{}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	require.Eventually(t, func() bool {
-		_, err := m.Get(steps.Caller{Admin: true}, "", "none")
-		return err != steps.ErrUnavailable
-	}, time.Second, time.Millisecond)
-	return New(Options{Gatherer: prometheus.NewRegistry(), Steps: m, Tokens: tokens}).Handler()
+	return New(Options{Gatherer: prometheus.NewRegistry(), Steps: runningManager(t), Tokens: tokens}).Handler()
 }
 
 func stepCall(h http.Handler, method, path, token, body string) *httptest.ResponseRecorder {
