@@ -13,9 +13,13 @@ package mesh
 // MESH_BENCH_BYTES (e.g. 256MiB) shrinks the transfers, MESH_BENCH_ROUNDS
 // (default 2) sets how many mesh/TLS pairs each throughput case runs (the
 // medians are reported), MESH_BENCH_INFLIGHT (e.g. 32MiB) changes the
-// link's window.
+// link's window. To measure what each setting gains: MESH_BENCH_POOL sets
+// Options.BulkConns (-1: none), MESH_BENCH_COALESCE=0 writes frame
+// headers apart from their bodies, MESH_BENCH_BULK_WINDOW and
+// MESH_BENCH_CALL_WINDOW set the streams' windows.
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -81,6 +85,19 @@ type benchResult struct {
 
 func BenchmarkMesh(b *testing.B) {
 	n := envSize(b, "MESH_BENCH_BYTES", 1<<30)
+	pool = int(envSize(b, "MESH_BENCH_POOL", 0))
+	if w := envSize(b, "MESH_BENCH_BULK_WINDOW", 0); w > 0 {
+		defer func(old uint32) { bulkWindow = old }(bulkWindow)
+		bulkWindow = uint32(w)
+	}
+	if w := envSize(b, "MESH_BENCH_CALL_WINDOW", 0); w > 0 {
+		defer func(old uint32) { callWindow = old }(callWindow)
+		callWindow = uint32(w)
+	}
+	if os.Getenv("MESH_BENCH_COALESCE") == "0" {
+		coalesceFrames = false
+		defer func() { coalesceFrames = true }()
+	}
 	rounds := int(envSize(b, "MESH_BENCH_ROUNDS", 2))
 	var rows []benchResult
 	for _, l := range benchLinks(b) {
@@ -105,8 +122,9 @@ func BenchmarkMesh(b *testing.B) {
 
 func printTable(rows []benchResult, inFlight int64) {
 	var s strings.Builder
-	fmt.Fprintf(&s, "\nBenchmarkMesh, link window %s in flight per direction (delayproxy), GOMAXPROCS %d\n\n",
-		sizeName(inFlight), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(&s, "\nBenchmarkMesh, link window %s in flight per direction (delayproxy), GOMAXPROCS %d, bulk sessions %d, coalesced frames %v, windows %s (calls) and %s (bulk)\n\n",
+		sizeName(inFlight), runtime.GOMAXPROCS(0), cmp.Or(pool, defaultBulkConns), coalesceFrames,
+		sizeName(int64(callWindow)), sizeName(int64(bulkWindow)))
 	fmt.Fprintln(&s, "| link | case | mesh MB/s | TLS MB/s | mesh/TLS | CPU/byte mesh/TLS |")
 	fmt.Fprintln(&s, "|---|---|---|---|---|---|")
 	for _, r := range rows {
@@ -165,7 +183,7 @@ func startBenchEnv(b *testing.B, l benchLink) *benchEnv {
 		return m
 	}
 	env.dst = start(Options{Identity: ids["dst"], Listen: "127.0.0.1:0", HTTP: benchHandler()})
-	env.src = start(Options{Identity: ids["src"], Peers: []string{proxy(env.dst.Addr().String())}})
+	env.src = start(Options{Identity: ids["src"], Peers: []string{proxy(env.dst.Addr().String())}, BulkConns: pool})
 
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", ids["dst"].ServerConfig())
 	require.NoError(b, err)
@@ -189,9 +207,13 @@ func startBenchEnv(b *testing.B, l benchLink) *benchEnv {
 	return env
 }
 
-// ready says src has its session with dst.
+// pool is Options.BulkConns of the benchmark's members.
+var pool int
+
+// ready says src has its session with dst, and its bulk sessions.
 func (e *benchEnv) ready() bool {
-	return slices.Contains(e.src.Peers(), "dst")
+	s := e.src.session("dst")
+	return s != nil && s.bulkSessions() == e.src.opts.BulkConns
 }
 
 // benchHandler serves dst's side of the mesh cases: a sink for uploads, a
