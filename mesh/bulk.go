@@ -140,8 +140,8 @@ func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, certName string) e
 	case err != nil:
 		return fail("hello", err)
 	}
-	s := m.session(certName)
-	if theirs.Bulk == "" || s == nil || s.ours != theirs.Bulk || s.dialer != certName || !s.attach(mux) {
+	s := m.bulkSessionOf(ctx, certName, theirs.Bulk)
+	if s == nil || !s.attach(mux) {
 		err := fmt.Errorf("%q named a session it did not dial with %q", certName, m.name)
 		refuse(ctrl, err)
 		return fail("bulk", fmt.Errorf("%w: %v", errBulkRefused, err))
@@ -151,6 +151,33 @@ func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, certName string) e
 		return fmt.Errorf("mesh bulk session with %q: %w", certName, err)
 	}
 	return nil
+}
+
+// attachWait bounds how long a bulk connection waits for the session it
+// names: the dialer starts its pool as soon as it has registered the
+// session, maybe before this side has.
+const attachWait = time.Second
+
+// bulkSessionOf is the live session with peer, which peer dialed, whose
+// id (this side's) is id; it waits up to attachWait for it. nil: there is
+// none.
+func (m *Mesh) bulkSessionOf(ctx context.Context, peer, id string) *session {
+	if id == "" {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, attachWait)
+	defer cancel()
+	for {
+		changed := m.Changed()
+		if s := m.session(peer); s != nil && s.ours == id && s.dialer == peer {
+			return s
+		}
+		select {
+		case <-changed:
+		case <-wctx.Done():
+			return nil
+		}
+	}
 }
 
 // refuse answers a bulk hello with why it was refused, and waits (within
