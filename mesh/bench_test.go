@@ -14,8 +14,7 @@ package mesh
 // (default 2) sets how many mesh/TLS pairs each throughput case runs (the
 // medians are reported), MESH_BENCH_INFLIGHT (e.g. 32MiB) changes the
 // link's window. To measure what each setting gains: MESH_BENCH_POOL sets
-// Options.BulkConns (-1: none), MESH_BENCH_COALESCE=0 writes frame
-// headers apart from their bodies, MESH_BENCH_BULK_WINDOW and
+// Options.BulkConns (-1: none), MESH_BENCH_BULK_WINDOW and
 // MESH_BENCH_CALL_WINDOW set the streams' windows.
 
 import (
@@ -94,10 +93,6 @@ func BenchmarkMesh(b *testing.B) {
 		defer func(old uint32) { callWindow = old }(callWindow)
 		callWindow = uint32(w)
 	}
-	if os.Getenv("MESH_BENCH_COALESCE") == "0" {
-		coalesceFrames = false
-		defer func() { coalesceFrames = true }()
-	}
 	rounds := int(envSize(b, "MESH_BENCH_ROUNDS", 2))
 	var rows []benchResult
 	for _, l := range benchLinks(b) {
@@ -122,8 +117,8 @@ func BenchmarkMesh(b *testing.B) {
 
 func printTable(rows []benchResult, inFlight int64) {
 	var s strings.Builder
-	fmt.Fprintf(&s, "\nBenchmarkMesh, link window %s in flight per direction (delayproxy), GOMAXPROCS %d, bulk sessions %d, coalesced frames %v, windows %s (calls) and %s (bulk)\n\n",
-		sizeName(inFlight), runtime.GOMAXPROCS(0), cmp.Or(pool, defaultBulkConns), coalesceFrames,
+	fmt.Fprintf(&s, "\nBenchmarkMesh, link window %s in flight per direction (delayproxy), GOMAXPROCS %d, bulk sessions %d, windows %s (calls) and %s (bulk)\n\n",
+		sizeName(inFlight), runtime.GOMAXPROCS(0), cmp.Or(pool, defaultBulkConns),
 		sizeName(int64(callWindow)), sizeName(int64(bulkWindow)))
 	fmt.Fprintln(&s, "| link | case | mesh MB/s | TLS MB/s | mesh/TLS | CPU/byte mesh/TLS |")
 	fmt.Fprintln(&s, "|---|---|---|---|---|---|")

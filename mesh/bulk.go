@@ -71,7 +71,7 @@ func (s *session) dialBulk(ctx context.Context) (*yamux.Session, error) {
 		conn.Close()
 		return nil, fmt.Errorf("mesh bulk connection reached %q, not %q", certName, s.peer)
 	}
-	mux, err := yamux.Client(coalesce(conn), yamuxConfig(bulkWindow))
+	mux, err := yamux.Client(conn, yamuxConfig(bulkWindow))
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -114,7 +114,7 @@ func (s *session) bulkHello(mux *yamux.Session, certName string) error {
 // acceptBulk takes a bulk connection from certName: its hello must name
 // the session this member has with certName, which certName dialed.
 func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, certName string) error {
-	mux, err := yamux.Server(coalesce(conn), yamuxConfig(bulkWindow))
+	mux, err := yamux.Server(conn, yamuxConfig(bulkWindow))
 	if err != nil {
 		conn.Close()
 		m.opts.Metrics.handshakeFailed("yamux")

@@ -246,7 +246,7 @@ func (m *Mesh) accept(ctx context.Context, ln net.Listener) {
 			return
 		}
 		m.wg.Go(func() {
-			if _, err := m.establish(ctx, tls.Server(&batchConn{Conn: conn}, m.opts.Identity.ServerConfig()), nil); err != nil {
+			if _, err := m.establish(ctx, tls.Server(conn, m.opts.Identity.ServerConfig()), nil); err != nil {
 				m.opts.Logger.Warn("mesh peer refused", "remote", conn.RemoteAddr().String(), "error", err.Error())
 			}
 		})
@@ -310,8 +310,8 @@ func (m *Mesh) dial(ctx context.Context, addr string) (*session, error) {
 	return s, err
 }
 
-// dialTLS connects to addr, TLS over a batchConn (conn.go), offering
-// the ALPN protocol alpn: alpnSession or alpnBulk.
+// dialTLS connects to addr, TLS offering the ALPN protocol alpn:
+// alpnSession or alpnBulk.
 func (m *Mesh) dialTLS(ctx context.Context, addr, alpn string) (*tls.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
@@ -321,7 +321,7 @@ func (m *Mesh) dialTLS(ctx context.Context, addr, alpn string) (*tls.Conn, error
 	}
 	cfg := m.opts.Identity.ClientConfig()
 	cfg.NextProtos = []string{alpn}
-	return tls.Client(&batchConn{Conn: conn}, cfg), nil
+	return tls.Client(conn, cfg), nil
 }
 
 // bulkDialer makes the connections of bulk sessions with the peer at
@@ -382,7 +382,7 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 		m.opts.Metrics.handshakeFailed(reason)
 		return nil, err
 	}
-	mux, err := newMux(coalesce(conn), dialed)
+	mux, err := newMux(conn, dialed)
 	if err != nil {
 		return fail("yamux", err)
 	}

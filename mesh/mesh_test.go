@@ -204,7 +204,7 @@ func (k connKind) connect(t *testing.T, a, b *member) {
 	accepting.Go(func() {
 		var err error
 		if k.tls {
-			_, err = b.establish(context.Background(), tls.Server(&batchConn{Conn: cb}, b.opts.Identity.ServerConfig()), nil)
+			_, err = b.establish(context.Background(), tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
 		} else {
 			_, err = b.setup(context.Background(), cb, a.Name(), false, nil)
 		}
@@ -212,7 +212,7 @@ func (k connKind) connect(t *testing.T, a, b *member) {
 	})
 	redial := k.redial(a, b, &accepting)
 	if k.tls {
-		_, err = a.establish(context.Background(), tls.Client(&batchConn{Conn: ca}, a.clientConfig(alpnSession)), redial)
+		_, err = a.establish(context.Background(), tls.Client(ca, a.clientConfig(alpnSession)), redial)
 	} else {
 		_, err = a.setup(context.Background(), ca, b.Name(), true, redial)
 	}
@@ -233,9 +233,9 @@ func (k connKind) redial(a, b *member, accepting *sync.WaitGroup) redialFunc {
 			return ca, b.Name(), nil
 		}
 		accepting.Go(func() {
-			_, _ = b.establish(ctx, tls.Server(&batchConn{Conn: cb}, b.opts.Identity.ServerConfig()), nil)
+			_, _ = b.establish(ctx, tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
 		})
-		c := tls.Client(&batchConn{Conn: ca}, a.clientConfig(alpnBulk))
+		c := tls.Client(ca, a.clientConfig(alpnBulk))
 		if err := c.HandshakeContext(ctx); err != nil {
 			c.Close()
 			return nil, "", err
