@@ -33,6 +33,26 @@ type redialFunc func(ctx context.Context) (conn net.Conn, certName string, err e
 // the session it named is not the one it has with this member.
 var errBulkRefused = errors.New("mesh: bulk connection refused")
 
+// bulkDialer makes the connections of bulk sessions with the peer at
+// addr.
+func (m *Mesh) bulkDialer(addr string) redialFunc {
+	return func(ctx context.Context) (net.Conn, string, error) {
+		c, err := m.dialTLS(ctx, addr, alpnBulk)
+		if err != nil {
+			return nil, "", err
+		}
+		if err := c.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, "", fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		if p := c.ConnectionState().NegotiatedProtocol; p != alpnBulk {
+			c.Close()
+			return nil, "", fmt.Errorf("mesh peer at %s takes no bulk connection (ALPN %q)", addr, p)
+		}
+		return c, PeerName(c.ConnectionState()), nil
+	}
+}
+
 // keepBulk keeps one bulk session of s up until s ends, dialing again
 // with backoff when one ends or a dial fails.
 func (s *session) keepBulk() {

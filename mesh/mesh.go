@@ -324,26 +324,6 @@ func (m *Mesh) dialTLS(ctx context.Context, addr, alpn string) (*tls.Conn, error
 	return tls.Client(conn, cfg), nil
 }
 
-// bulkDialer makes the connections of bulk sessions with the peer at
-// addr.
-func (m *Mesh) bulkDialer(addr string) redialFunc {
-	return func(ctx context.Context) (net.Conn, string, error) {
-		c, err := m.dialTLS(ctx, addr, alpnBulk)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := c.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, "", fmt.Errorf("TLS handshake with %s: %w", addr, err)
-		}
-		if p := c.ConnectionState().NegotiatedProtocol; p != alpnBulk {
-			c.Close()
-			return nil, "", fmt.Errorf("mesh peer at %s takes no bulk connection (ALPN %q)", addr, p)
-		}
-		return c, PeerName(c.ConnectionState()), nil
-	}
-}
-
 // errSelf is a dial that reached this member.
 var errSelf = errors.New("mesh: dialed this member itself")
 
