@@ -146,3 +146,12 @@ bench-placement:
 .PHONY: bench-steps
 bench-steps: tools
 	$(GO) test -run '^$$' -bench '^Benchmark(Steps|CheckSandboxes)$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+
+# bench-mesh: real mesh members against plain TLS 1.3 connections with the
+# same certificates, at RTT 0 and 40 ms through a delay proxy, in one run:
+# one 1 GiB stream, 8 streams of 1 GiB in all, and an API call's p50/p99
+# beside 4 volume streams (MESH_BENCH_BYTES, MESH_BENCH_ROUNDS and
+# MESH_BENCH_INFLIGHT change it; mesh/bench_test.go).
+.PHONY: bench-mesh
+bench-mesh:
+	$(GO) test -run '^$$' -bench '^BenchmarkMesh$$' -benchtime 1x -timeout 30m ./mesh/

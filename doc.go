@@ -26,7 +26,9 @@
 //     sessions between the gateways of one installation.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API,
 //     /metrics and the probes.
-//   - internal/...: small, narrowly named helpers (buildinfo, ownership).
+//   - internal/...: small, narrowly named helpers (buildinfo, ownership,
+//     tarsafe), and delayproxy, a loopback TCP proxy that adds a fixed
+//     delay each way for tests and benchmarks at a real round-trip time.
 //   - integration: tests against real local clusters; integration/cluster
 //     starts them (etcd, kube-apiserver, kube-scheduler,
 //     kube-controller-manager built from source, kwok for kubelets).

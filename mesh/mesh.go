@@ -2,12 +2,13 @@ package mesh
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
+	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -44,9 +45,19 @@ type Options struct {
 	// before they are listed stalled; default 15s.
 	StallAfter time.Duration
 	// Now is the clock; default time.Now.
-	Now     func() time.Time
-	Logger  *slog.Logger
-	Metrics *Metrics
+	Now func() time.Time
+	// Dial connects to a peer's address; default a net.Dialer with TCP
+	// keepalives.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// BulkConns is how many bulk sessions (docs/mesh.md) this member
+	// dials beside each session it dialed, for volume streams; default 8.
+	// Negative: none, volume streams share the session with calls.
+	BulkConns int
+	// MinBackoff and MaxBackoff bound the wait before a peer or a bulk
+	// session is dialed again; default 100ms and 30s.
+	MinBackoff, MaxBackoff time.Duration
+	Logger                 *slog.Logger
+	Metrics                *Metrics
 }
 
 // Timeouts of the session setup; keepalives find a dead peer within
@@ -56,25 +67,31 @@ const (
 	handshakeTimeout  = 10 * time.Second
 	keepAliveInterval = 5 * time.Second
 	keepAliveTimeout  = 5 * time.Second
-	minBackoff        = 100 * time.Millisecond
-	maxBackoff        = 30 * time.Second
 	// stableSession is how long a session must last for the next dial
 	// to start again from minBackoff.
 	stableSession = time.Minute
 )
 
-// streamWindow is each stream's receive window: it must cover the
-// bandwidth-delay product of the links between gateways, else one stream
-// is capped at window/RTT (yamux's default 256 KiB is about 6 MB/s at a
-// 40 ms round trip).
-const streamWindow = 16 << 20
+// Each stream's receive window. One stream carries at most about
+// window/2 per RTT, as yamux returns credit in half-window steps
+// (/work/notes/mesh-tuning.md, finding 1), so a volume stream's must be
+// twice the bandwidth-delay product of the links between gateways: 16 MiB
+// keeps up with a Linux-default TCP window (~4 MiB) at any RTT, and is 190
+// MB/s at 40 ms. A session's own streams carry calls: a small window
+// bounds what one large answer queues ahead of the others and the memory
+// a slow reader pins.
+// (Variables, so that the benchmark can measure others.)
+var (
+	callWindow uint32 = 1 << 20
+	bulkWindow uint32 = 16 << 20
+)
 
-func yamuxConfig() *yamux.Config {
+func yamuxConfig(window uint32) *yamux.Config {
 	c := yamux.DefaultConfig()
 	c.EnableKeepAlive = true
 	c.KeepAliveInterval = keepAliveInterval
 	c.ConnectionWriteTimeout = keepAliveTimeout
-	c.MaxStreamWindowSize = streamWindow
+	c.MaxStreamWindowSize = window
 	c.StreamOpenTimeout = handshakeTimeout
 	c.LogOutput = io.Discard
 	return c
@@ -128,6 +145,20 @@ func New(opts Options) (*Mesh, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Dial == nil {
+		opts.Dial = (&net.Dialer{KeepAlive: keepAliveInterval}).DialContext
+	}
+	if opts.BulkConns == 0 {
+		opts.BulkConns = defaultBulkConns
+	}
+	opts.BulkConns = max(opts.BulkConns, 0)
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	opts.MaxBackoff = max(opts.MaxBackoff, opts.MinBackoff)
 	for _, p := range opts.Peers {
 		if _, _, _, err := splitPeer(p); err != nil {
 			return nil, err
@@ -215,7 +246,7 @@ func (m *Mesh) accept(ctx context.Context, ln net.Listener) {
 			return
 		}
 		m.wg.Go(func() {
-			if _, err := m.establish(ctx, tls.Server(conn, m.opts.Identity.ServerConfig()), false); err != nil {
+			if _, err := m.establish(ctx, tls.Server(conn, m.opts.Identity.ServerConfig()), nil); err != nil {
 				m.opts.Logger.Warn("mesh peer refused", "remote", conn.RemoteAddr().String(), "error", err.Error())
 			}
 		})
@@ -225,7 +256,7 @@ func (m *Mesh) accept(ctx context.Context, ln net.Listener) {
 // dialLoop keeps a session with the peer at addr: it dials while there is
 // none with whoever answers there, with jittered exponential backoff.
 func (m *Mesh) dialLoop(ctx context.Context, addr string) {
-	backoff := minBackoff
+	backoff := m.opts.MinBackoff
 	for {
 		if name := m.peerAt(addr); name == m.name {
 			m.opts.Logger.Debug("mesh peer address is this member; not dialing it", "address", addr)
@@ -248,24 +279,22 @@ func (m *Mesh) dialLoop(ctx context.Context, addr string) {
 			}
 		}
 		if m.opts.Now().Sub(start) > stableSession {
-			backoff = minBackoff
+			backoff = m.opts.MinBackoff
 		}
 		if !sleep(ctx, jitter(backoff)) {
 			return
 		}
-		backoff = min(2*backoff, maxBackoff)
+		backoff = min(2*backoff, m.opts.MaxBackoff)
 	}
 }
 
 // dial connects to addr and sets a session up.
 func (m *Mesh) dial(ctx context.Context, addr string) (*session, error) {
-	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	conn, err := (&net.Dialer{KeepAlive: keepAliveInterval}).DialContext(dctx, "tcp", addr)
+	conn, err := m.dialTLS(ctx, addr, alpnSession)
 	if err != nil {
 		return nil, err
 	}
-	s, err := m.establish(ctx, tls.Client(conn, m.opts.Identity.ClientConfig()), true)
+	s, err := m.establish(ctx, conn, m.bulkDialer(addr))
 	if s != nil || errors.Is(err, errSelf) {
 		name := m.name
 		if s != nil {
@@ -281,12 +310,28 @@ func (m *Mesh) dial(ctx context.Context, addr string) (*session, error) {
 	return s, err
 }
 
+// dialTLS connects to addr, TLS offering the ALPN protocol alpn:
+// alpnSession or alpnBulk.
+func (m *Mesh) dialTLS(ctx context.Context, addr, alpn string) (*tls.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	conn, err := m.opts.Dial(dctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := m.opts.Identity.ClientConfig()
+	cfg.NextProtos = []string{alpn}
+	return tls.Client(conn, cfg), nil
+}
+
 // errSelf is a dial that reached this member.
 var errSelf = errors.New("mesh: dialed this member itself")
 
 // establish runs the TLS handshake on conn, then sets the session up.
-// dialed says this side dialed.
-func (m *Mesh) establish(ctx context.Context, conn *tls.Conn, dialed bool) (*session, error) {
+// redial is set when this side dialed: it makes the connections of bulk
+// sessions. On the accepting side, a connection whose ALPN protocol is
+// alpnBulk is a bulk session's.
+func (m *Mesh) establish(ctx context.Context, conn *tls.Conn, redial redialFunc) (*session, error) {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	if err := conn.HandshakeContext(hctx); err != nil {
@@ -299,12 +344,17 @@ func (m *Mesh) establish(ctx context.Context, conn *tls.Conn, dialed bool) (*ses
 		m.opts.Metrics.handshakeFailed("tls")
 		return nil, fmt.Errorf("TLS handshake with %s: %w", conn.RemoteAddr(), err)
 	}
-	return m.setup(ctx, conn, PeerName(conn.ConnectionState()), dialed)
+	certName := PeerName(conn.ConnectionState())
+	if redial == nil && conn.ConnectionState().NegotiatedProtocol == alpnBulk {
+		return nil, m.acceptBulk(ctx, conn, certName)
+	}
+	return m.setup(ctx, conn, certName, redial != nil, redial)
 }
 
 // setup runs yamux and the hello over conn, whose peer is authenticated as
-// certName, and registers the session.
-func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed bool) (*session, error) {
+// certName, and registers the session. dialed says this side dialed;
+// redial, if set, makes its bulk sessions' connections.
+func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed bool, redial redialFunc) (*session, error) {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	fail := func(reason string, err error) (*session, error) {
@@ -327,7 +377,8 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 		return fail("hello", fmt.Errorf("mesh control stream with %q: %w", certName, err))
 	}
 	ctrl.SetDeadline(time.Now().Add(handshakeTimeout))
-	theirs, err := greet(ctrl, hello{Version: Version, Name: m.name, Kind: m.opts.Kind}, certName)
+	ours := hello{Version: Version, Name: m.name, Kind: m.opts.Kind, Session: rand.Text()}
+	theirs, err := greet(ctrl, ours, certName)
 	ctrl.SetDeadline(time.Time{})
 	switch {
 	case err == nil && theirs.Name == m.name:
@@ -336,6 +387,9 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 	case errors.Is(err, ErrVersion):
 		mux.Close()
 		return fail("version", err)
+	case err == nil && theirs.Session == "":
+		err = fmt.Errorf("mesh hello: peer %q names no session", theirs.Name)
+		fallthrough
 	case err != nil:
 		mux.Close()
 		return fail("hello", err)
@@ -345,7 +399,8 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 		dialer = m.name
 	}
 	s := &session{m: m, peer: theirs.Name, kind: theirs.Kind, dialer: dialer, mux: mux, ctrl: ctrl,
-		since: m.opts.Now(), done: make(chan struct{})}
+		since: m.opts.Now(), done: make(chan struct{}), ours: ours.Session, theirs: theirs.Session, redial: redial}
+	s.ctx, s.cancel = context.WithCancel(m.ctx)
 	if !m.register(s) {
 		return nil, fmt.Errorf("mesh: a session with %q exists already", s.peer)
 	}
@@ -354,9 +409,9 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 
 func newMux(conn net.Conn, dialed bool) (*yamux.Session, error) {
 	if dialed {
-		return yamux.Client(conn, yamuxConfig())
+		return yamux.Client(conn, yamuxConfig(callWindow))
 	}
-	return yamux.Server(conn, yamuxConfig())
+	return yamux.Server(conn, yamuxConfig(callWindow))
 }
 
 // register makes s the session with its peer, unless another live one
@@ -374,15 +429,11 @@ func (m *Mesh) register(s *session) bool {
 		}
 	}
 	m.mu.Lock()
-	if m.ctx.Err() != nil {
-		m.mu.Unlock()
-		s.mux.Close()
-		return false
-	}
 	old = m.sessions[s.peer]
-	if old != nil && old.dialer != s.dialer && old.dialer < s.dialer {
+	if m.ctx.Err() != nil || old != nil && old.dialer != s.dialer && old.dialer < s.dialer {
 		m.mu.Unlock()
 		s.mux.Close()
+		s.cancel()
 		return false
 	}
 	m.sessions[s.peer] = s
@@ -523,7 +574,7 @@ func splitPeer(p string) (host, port string, dns bool, err error) {
 }
 
 func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
+	return d/2 + mathrand.N(d/2+1)
 }
 
 // sleep waits d unless ctx ends first (false).

@@ -82,6 +82,10 @@ type memberOpts struct {
 	now      func() time.Time
 	identity *Identity
 	kind     string
+	bulk     int                                                               // Options.BulkConns
+	backoff  time.Duration                                                     // Options.MinBackoff and MaxBackoff
+	handler  http.Handler                                                      // instead of the echo
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error) // Options.Dial
 }
 
 // startMember starts a member named name of the mesh of c, owning the
@@ -95,12 +99,16 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	reg := prometheus.NewRegistry()
 	mb := &member{local: newLocal(owns...), metrics: NewMetrics(reg), reg: reg}
 	opts := Options{Identity: id, Kind: o.kind, Peers: o.peers, Local: mb.local, Now: o.now, Metrics: mb.metrics,
-		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", name),
-		HTTP: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Logger:    slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", name),
+		BulkConns: o.bulk, MinBackoff: o.backoff, MaxBackoff: o.backoff, Dial: o.dial,
+		HTTP: o.handler}
+	if opts.HTTP == nil {
+		opts.HTTP = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			peer, _ := Peer(r.Context())
 			body, _ := io.ReadAll(r.Body)
 			fmt.Fprintf(w, "%s %s from %s: %s", name, r.URL.Path, peer, body)
-		})}
+		})
+	}
 	if o.listen {
 		opts.Listen = "127.0.0.1:0"
 	}
@@ -152,50 +160,134 @@ func remoteNames(m *member) []string {
 // testConnTypes runs f with a session between two members over each kind
 // of connection yamux's own tests use: net.Pipe, loopback TCP, and TLS
 // over it (the only kind the mesh dials; the others show the sessions do
-// not depend on it).
+// not depend on it). a dials; its bulk sessions' connections are of the
+// same kind.
 func testConnTypes(t *testing.T, f func(t *testing.T, a, b *member)) {
-	kinds := map[string]func(t *testing.T, a, b *member){
-		"pipe": func(t *testing.T, a, b *member) {
-			ca, cb := net.Pipe()
-			connect(t, a, b, ca, cb)
-		},
-		"tcp": func(t *testing.T, a, b *member) {
-			ca, cb := connPair(t)
-			connect(t, a, b, ca, cb)
-		},
-		"tls": func(t *testing.T, a, b *member) {
-			ca, cb := connPair(t)
-			errc := make(chan error, 1)
-			go func() {
-				_, err := b.establish(context.Background(), tls.Server(cb, b.opts.Identity.ServerConfig()), false)
-				errc <- err
-			}()
-			_, err := a.establish(context.Background(), tls.Client(ca, a.opts.Identity.ClientConfig()), true)
-			require.NoError(t, err)
-			require.NoError(t, <-errc)
-		},
-	}
-	for _, kind := range []string{"pipe", "tcp", "tls"} {
-		t.Run(kind, func(t *testing.T) {
+	for _, kind := range []connKind{pipeConns, tcpConns, tlsConns} {
+		t.Run(kind.name, func(t *testing.T) {
 			c := newCA(t, "mesh-ca")
 			a := startMember(t, c, "a", memberOpts{}, "a1")
 			b := startMember(t, c, "b", memberOpts{}, "b1", "b2")
-			kinds[kind](t, a, b)
+			kind.connect(t, a, b)
 			f(t, a, b)
 		})
 	}
 }
 
+// A connKind connects two members, a dialing, over one kind of
+// connection.
+type connKind struct {
+	name string
+	// pair makes a connection: a's end, b's end.
+	pair func() (net.Conn, net.Conn, error)
+	tls  bool
+}
+
+var (
+	pipeConns = connKind{name: "pipe", pair: func() (net.Conn, net.Conn, error) {
+		p, q := net.Pipe()
+		return p, q, nil
+	}}
+	tcpConns = connKind{name: "tcp", pair: tcpPair}
+	tlsConns = connKind{name: "tls", pair: tcpPair, tls: true}
+)
+
+// connect sets a session up from a to b; its bulk sessions connect the
+// same way.
+func (k connKind) connect(t *testing.T, a, b *member) {
+	t.Helper()
+	ca, cb, err := k.pair()
+	require.NoError(t, err)
+	var accepting sync.WaitGroup
+	t.Cleanup(accepting.Wait)
+	errc := make(chan error, 1)
+	accepting.Go(func() {
+		var err error
+		if k.tls {
+			_, err = b.establish(context.Background(), tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
+		} else {
+			_, err = b.setup(context.Background(), cb, a.Name(), false, nil)
+		}
+		errc <- err
+	})
+	redial := k.redial(a, b, &accepting)
+	if k.tls {
+		_, err = a.establish(context.Background(), tls.Client(ca, a.clientConfig(alpnSession)), redial)
+	} else {
+		_, err = a.setup(context.Background(), ca, b.Name(), true, redial)
+	}
+	require.NoError(t, err)
+	require.NoError(t, <-errc)
+}
+
+// redial makes a's bulk connections to b; b takes each in a goroutine of
+// accepting.
+func (k connKind) redial(a, b *member, accepting *sync.WaitGroup) redialFunc {
+	return func(ctx context.Context) (net.Conn, string, error) {
+		ca, cb, err := k.pair()
+		if err != nil {
+			return nil, "", err
+		}
+		if !k.tls {
+			accepting.Go(func() { _ = b.acceptBulk(ctx, cb, a.Name()) })
+			return ca, b.Name(), nil
+		}
+		accepting.Go(func() {
+			_, _ = b.establish(ctx, tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
+		})
+		c := tls.Client(ca, a.clientConfig(alpnBulk))
+		if err := c.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, "", err
+		}
+		return c, PeerName(c.ConnectionState()), nil
+	}
+}
+
+func (m *member) clientConfig(alpn string) *tls.Config {
+	cfg := m.opts.Identity.ClientConfig()
+	cfg.NextProtos = []string{alpn}
+	return cfg
+}
+
+// tcpPair is connPair without a test to fail.
+func tcpPair() (net.Conn, net.Conn, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	acc := make(chan accepted, 1)
+	go func() {
+		c, err := ln.Accept()
+		acc <- accepted{c, err}
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	b := <-acc
+	if b.err != nil {
+		a.Close()
+		return nil, nil, b.err
+	}
+	return a, b.c, nil
+}
+
 // connect sets a session up over a plain connection, each side taking the
-// other's name as authenticated.
+// other's name as authenticated; it has no bulk sessions.
 func connect(t *testing.T, a, b *member, ca, cb net.Conn) {
 	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := b.setup(context.Background(), cb, a.Name(), false)
+		_, err := b.setup(context.Background(), cb, a.Name(), false, nil)
 		errc <- err
 	}()
-	_, err := a.setup(context.Background(), ca, b.Name(), true)
+	_, err := a.setup(context.Background(), ca, b.Name(), true, nil)
 	require.NoError(t, err)
 	require.NoError(t, <-errc)
 }
@@ -278,10 +370,12 @@ func TestDialsEachOtherAtOnce(t *testing.T) {
 		a := startAt(t, ida, addrA, addrB)
 		b := startAt(t, idb, addrB, addrA)
 		eventually(t, a, "a and b joined", func() bool { return a.session("b") != nil && b.session("a") != nil })
-		// Whatever raced, they settle on one session, and stay on it.
+		// Whatever raced, they settle on one session, and stay on it: a's,
+		// as a sorts first. (b's may be the only one for a moment, at both
+		// sides, while a's dial is still under way.)
 		eventually(t, a, "one session", func() bool {
 			sa, sb := a.session("b"), b.session("a")
-			return sa != nil && sb != nil && sa.dialer == sb.dialer
+			return sa != nil && sb != nil && sa.dialer == "a" && sb.dialer == "a"
 		})
 		resp, err := a.Client().Get("http://b/x")
 		require.NoError(t, err)
@@ -294,7 +388,8 @@ func TestDialsEachOtherAtOnce(t *testing.T) {
 // startAt starts a member with id listening on listen and dialing peers.
 func startAt(t *testing.T, id *Identity, listen string, peers ...string) *member {
 	t.Helper()
-	m, err := New(Options{Identity: id, Listen: listen, Peers: peers})
+	m, err := New(Options{Identity: id, Listen: listen, Peers: peers,
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", id.Name())})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -426,7 +521,7 @@ func TestAPeerSpeakingANewerVersionIsRefused(t *testing.T) {
 	p, q := net.Pipe()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := a.setup(context.Background(), p, "b", false)
+		_, err := a.setup(context.Background(), p, "b", false, nil)
 		errc <- err
 	}()
 	mux, err := newMux(q, true)

@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"state"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_mesh_handshake_failures_total",
-			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, tls, version, hello, yamux).",
+			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, tls, version, hello, yamux, bulk: a bulk connection naming no session of its dialer).",
 		}, []string{"reason"}),
 		malformedFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_mesh_malformed_frames_total",

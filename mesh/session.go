@@ -13,7 +13,8 @@ import (
 
 // A session is the yamux session with one peer: its control stream
 // carries route announcements both ways; every other stream is opened for
-// one HTTP exchange (docs/mesh.md).
+// HTTP exchanges (docs/mesh.md). Volume streams go on the session's bulk
+// sessions when any is up (bulk.go).
 type session struct {
 	m      *Mesh
 	peer   string // the peer's name, from its certificate
@@ -23,33 +24,51 @@ type session struct {
 	ctrl   net.Conn
 	since  time.Time
 	done   chan struct{} // closed once the session ended
+	// ours and theirs are the session ids each side sent in its hello; a
+	// bulk connection names the accepting side's.
+	ours, theirs string
+	// redial makes another connection to the peer, for bulk sessions; set
+	// on the side that dialed this session, nil on the other.
+	redial redialFunc
 
 	wmu sync.Mutex // one message at a time on ctrl
 
 	sent string // routesKey of the last announcement sent; announceLoop's
+
+	ctx    context.Context // ends when the session does
+	cancel context.CancelFunc
+	bmu    sync.Mutex
+	bulk   []*bulkSession // live bulk sessions
+	ended  bool           // no bulk session attaches any more
+	wg     sync.WaitGroup // the session's goroutines: streams, bulk sessions
 }
 
 func (s *session) close() { s.mux.Close() }
 
 // run serves the session until it ends: announces this member's routes,
-// reads the peer's, and serves the streams it opens.
+// reads the peer's, serves the streams it opens, and on the side that
+// dialed keeps the bulk sessions up. Its bulk sessions end with it.
 func (s *session) run() {
 	defer close(s.done)
-	ctx, cancel := context.WithCancel(s.m.ctx)
-	defer cancel()
+	defer s.cancel()
 	go func() {
 		select {
 		case <-s.mux.CloseChan():
-		case <-ctx.Done():
+		case <-s.ctx.Done():
 			s.mux.Close()
 		}
 	}()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.acceptStreams(ctx, &wg) })
+	s.wg.Go(func() { s.acceptStreams(s.mux) })
+	if s.redial != nil {
+		for range s.m.opts.BulkConns {
+			s.wg.Go(s.keepBulk)
+		}
+	}
 	err := s.readControl()
 	s.mux.Close()
-	cancel()
-	wg.Wait()
+	s.cancel()
+	s.endBulk()
+	s.wg.Wait()
 	s.m.ended(s, err)
 }
 
@@ -89,22 +108,32 @@ func (s *session) announce(routes []Route) {
 	}
 }
 
-// acceptStreams serves the streams the peer opens.
-func (s *session) acceptStreams(ctx context.Context, wg *sync.WaitGroup) {
+// acceptStreams serves the streams the peer opens on mux: the session's
+// own, or one of its bulk sessions.
+func (s *session) acceptStreams(mux *yamux.Session) {
 	for {
-		st, err := s.mux.AcceptStreamWithContext(ctx)
+		st, err := mux.AcceptStreamWithContext(s.ctx)
 		if err != nil {
 			return
 		}
-		wg.Go(func() { s.m.serveStream(ctx, s, st) })
+		s.wg.Go(func() { s.m.serveStream(s.ctx, s, st) })
 	}
 }
 
 // Control message types.
-const msgRoutes = "routes"
+const (
+	msgRoutes = "routes"
+	// msgAttached answers a bulk connection's hello: the accepting side
+	// took it as a bulk session of the session it named.
+	msgAttached = "attached"
+	// msgRefused answers a bulk connection's hello that names no session
+	// the accepting side has with its dialer.
+	msgRefused = "refused"
+)
 
 // control is a message on the control stream.
 type control struct {
 	Type   string  `json:"type"`
 	Routes []Route `json:"routes,omitempty"`
+	Error  string  `json:"error,omitempty"` // of msgRefused
 }

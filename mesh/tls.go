@@ -137,8 +137,17 @@ func (id *Identity) ServerConfig() *tls.Config {
 			return cert, nil
 		},
 		VerifyConnection: id.verify,
+		NextProtos:       []string{alpnSession, alpnBulk},
 	}
 }
+
+// ALPN protocols of mesh connections: a session's, or a bulk session's
+// (docs/mesh.md). The accepting side needs to know which before yamux
+// starts, as the two run with different windows.
+const (
+	alpnSession = "jetway-mesh/1"
+	alpnBulk    = "jetway-mesh-bulk/1"
+)
 
 // ClientConfig dials mesh peers. The peer is known by the name in its
 // certificate from the mesh CA, not by the address dialed (a headless

@@ -69,6 +69,12 @@ type hello struct {
 	Version int    `json:"version"`
 	Name    string `json:"name"`
 	Kind    string `json:"kind"`
+	// Session is the id the sender gives the session, on a session's
+	// hello (not a bulk connection's).
+	Session string `json:"session,omitempty"`
+	// Bulk, on the hello of a bulk connection's dialer, is the id the
+	// accepting side gave the session the bulk connection belongs to.
+	Bulk string `json:"bulk,omitempty"`
 }
 
 // ErrVersion is a peer speaking another mesh version.

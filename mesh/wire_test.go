@@ -41,10 +41,10 @@ func TestGreetChecksVersionNameAndKind(t *testing.T) {
 		certName string
 		err      string
 	}{
-		"agreed":        {hello{Version, "gw-b", KindGateway}, "gw-b", ""},
-		"newer version": {hello{Version + 1, "gw-b", KindGateway}, "gw-b", `peer "gw-b" speaks mesh version 2, this gateway 1`},
-		"another name":  {hello{Version, "gw-c", KindGateway}, "gw-b", `peer calls itself "gw-c", its certificate "gw-b"`},
-		"unknown kind":  {hello{Version, "gw-b", "robot"}, "gw-b", `unknown kind "robot"`},
+		"agreed":        {hello{Version: Version, Name: "gw-b", Kind: KindGateway}, "gw-b", ""},
+		"newer version": {hello{Version: Version + 1, Name: "gw-b", Kind: KindGateway}, "gw-b", `peer "gw-b" speaks mesh version 2, this gateway 1`},
+		"another name":  {hello{Version: Version, Name: "gw-c", Kind: KindGateway}, "gw-b", `peer calls itself "gw-c", its certificate "gw-b"`},
+		"unknown kind":  {hello{Version: Version, Name: "gw-b", Kind: "robot"}, "gw-b", `unknown kind "robot"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a, b := net.Pipe()
@@ -55,7 +55,7 @@ func TestGreetChecksVersionNameAndKind(t *testing.T) {
 				_, err := greet(b, tt.theirs, "gw-a")
 				done <- err
 			}()
-			got, err := greet(a, hello{Version, "gw-a", KindGateway}, tt.certName)
+			got, err := greet(a, hello{Version: Version, Name: "gw-a", Kind: KindGateway}, tt.certName)
 			require.NoError(t, <-done)
 			if tt.err == "" {
 				require.NoError(t, err)
