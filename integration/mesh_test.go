@@ -380,6 +380,7 @@ func malformedPeer(ctx context.Context, t *testing.T, ca *meshtest.CA, addr stri
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	d := tls.Dialer{Config: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+		NextProtos:         []string{"jetway-mesh/1"},
 		InsecureSkipVerify: true}} // the rogue does not care who answers
 	conn, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
@@ -399,7 +400,7 @@ func malformedPeer(ctx context.Context, t *testing.T, ca *meshtest.CA, addr stri
 	frame := func(b string) []byte {
 		return append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...)
 	}
-	if _, err := ctrl.Write(frame(`{"version": 1, "name": "rogue", "kind": "gateway"}`)); err != nil {
+	if _, err := ctrl.Write(frame(`{"version": 1, "name": "rogue", "kind": "gateway", "session": "ROGUESESSION0000000000000A"}`)); err != nil {
 		return err
 	}
 	var head [4]byte
