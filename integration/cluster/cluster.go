@@ -97,20 +97,38 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	dir, err := os.MkdirTemp(root, "jetway-"+opts.Name+"-")
-	if err != nil {
-		return nil, err
+	return retryTakenPorts(ctx, func() (*Cluster, error) {
+		dir, err := os.MkdirTemp(root, "jetway-"+opts.Name+"-")
+		if err != nil {
+			return nil, err
+		}
+		c := &Cluster{Name: opts.Name, dir: dir}
+		if err := c.configure(bin, opts); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("configure cluster %s: %w", opts.Name, err)
+		}
+		if err := c.boot(ctx, opts.Nodes); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("start cluster %s: %w", opts.Name, err)
+		}
+		return c, nil
+	})
+}
+
+// startAttempts bounds the starts of one cluster.
+const startAttempts = 3
+
+// retryTakenPorts starts again, on new ports, a cluster one of whose
+// processes found its port taken: freePorts releases the ports before the
+// processes bind them, and meanwhile the kernel may hand one out as the
+// source port of an outgoing connection (a busy machine makes many).
+func retryTakenPorts(ctx context.Context, start func() (*Cluster, error)) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := start()
+		if err == nil || attempt == startAttempts || ctx.Err() != nil || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
 	}
-	c := &Cluster{Name: opts.Name, dir: dir}
-	if err := c.configure(bin, opts); err != nil {
-		c.Stop()
-		return nil, fmt.Errorf("configure cluster %s: %w", opts.Name, err)
-	}
-	if err := c.boot(ctx, opts.Nodes); err != nil {
-		c.Stop()
-		return nil, fmt.Errorf("start cluster %s: %w", opts.Name, err)
-	}
-	return c, nil
 }
 
 // configure writes certificates and kubeconfigs and lays out every process.
