@@ -23,10 +23,7 @@ import (
 func TestExecsCancelledWhileStartingLeaveNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[0], dir, "exec-cancel", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "exec-cancel", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[0], "exec-cancel", "{}\n", gatewayOptions{})
 	g.run(t, shStep("idle", "exec sleep 600"))
 	eventually(t, 20*time.Second, func() error {
 		if v := g.step(t, "idle"); v.Phase != steps.Running {

@@ -87,10 +87,7 @@ func executeWork(t *testing.T) string {
 func TestGatewayExecute(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[1], dir, "execute", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "execute", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[1], "execute", "{}\n", gatewayOptions{})
 	work := executeWork(t)
 
 	code, stdout, stderr := g.execute(ctx, t, work, []string{"OVERRIDDEN=from-env"},
@@ -148,10 +145,7 @@ func TestGatewayExecute(t *testing.T) {
 func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[0], dir, "uploads", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "uploads", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[0], "uploads", "{}\n", gatewayOptions{})
 	c, err := client.New(client.Options{URL: g.base})
 	require.NoError(t, err)
 	_, _, err = c.SubmitStep(ctx, steps.Request{Handle: "up", Type: "task", Image: "busybox",

@@ -116,6 +116,17 @@ func placeTarget(ctx context.Context, t *testing.T, c *cluster.Cluster, dir, nam
 	writeFile(t, filepath.Join(dir, name, "target.yaml"), []byte(targetYAML))
 }
 
+// targetGateway places target name (with targetYAML) on c and starts a
+// gateway with o owning it alone, returned once the target runs.
+func targetGateway(ctx context.Context, t *testing.T, c *cluster.Cluster, name, targetYAML string, o gatewayOptions) *gateway {
+	t.Helper()
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, name, targetYAML, "")
+	g := startGateway(t, dir, o)
+	g.waitTarget(t, name, 10*time.Second, running)
+	return g
+}
+
 // place asks g where step would run, with token, and decodes the answer.
 func (g *gateway) place(t *testing.T, token string, step api.PlacementRequest) (int, api.Placement, http.Header) {
 	t.Helper()

@@ -53,10 +53,7 @@ func resourceStep(handle, typ, source string) steps.Request {
 func TestResourceSteps(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[0], dir, "res", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t)})
-	g.waitTarget(t, "res", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[0], "res", "{}\n", gatewayOptions{resourceDir: resourceScripts(t)})
 
 	g.run(t, resourceStep("check", "check", `{"uri":"git://x"}`))
 	evs := g.stepEvents(ctx, t, "check", "", 0)

@@ -148,10 +148,7 @@ func shStep(handle, script string) steps.Request {
 func TestStepOutputAndExitStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[0], dir, "st-out", "team: main\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, "st-out", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[0], "st-out", "team: main\n", gatewayOptions{})
 
 	for _, code := range []int{0, 1, 42} {
 		handle := "exit-" + strconv.Itoa(code)
@@ -404,10 +401,7 @@ func TestStepSurvivesACutExecAndAGatewayRestart(t *testing.T) {
 func TestStepAbortAndTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[1], dir, "st-abort", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{tokens: []api.Token{adminToken, mainToken}})
-	g.waitTarget(t, "st-abort", 10*time.Second, running)
+	g := targetGateway(ctx, t, clusters[1], "st-abort", "{}\n", gatewayOptions{tokens: []api.Token{adminToken, mainToken}})
 
 	g.run(t, shStep("abort", `echo started; exec sleep 600`))
 	eventually(t, 20*time.Second, func() error {
