@@ -107,15 +107,21 @@ func sameCluster(a, b targets.Status) bool {
 // remote finds the target name among those other gateways own, when this
 // gateway has none of that name and the caller may see it.
 func (s *Server) remote(r *http.Request, name string) (mesh.Remote, error) {
-	if s.opts.Mesh == nil {
+	return findRemote(s.opts.Targets, s.opts.Mesh, requestIdentity(r), name)
+}
+
+// findRemote finds the target name among those other gateways of m own,
+// when reg has none of that name and id may see it.
+func findRemote(reg Targets, m Mesh, id identity, name string) (mesh.Remote, error) {
+	if m == nil {
 		return mesh.Remote{}, targets.ErrNotFound
 	}
-	if _, err := s.opts.Targets.Find(name); err == nil {
+	if _, err := reg.Find(name); err == nil {
 		return mesh.Remote{}, targets.ErrNotFound
 	}
 	var found []mesh.Remote
-	for _, rt := range s.opts.Mesh.Remotes() {
-		if rt.Target.Name == name && requestIdentity(r).sees(rt.Target.Team) &&
+	for _, rt := range m.Remotes() {
+		if rt.Target.Name == name && id.sees(rt.Target.Team) &&
 			!slices.ContainsFunc(found, func(f mesh.Remote) bool { return sameCluster(f.Target.Status(), rt.Target.Status()) }) {
 			found = append(found, rt)
 		}
@@ -220,8 +226,10 @@ func unreachableOwner(rt mesh.Remote) string {
 }
 
 // callerHeader is the CallerHeader of a call made for r's caller.
-func callerHeader(r *http.Request) string {
-	id := requestIdentity(r)
+func callerHeader(r *http.Request) string { return id2header(requestIdentity(r)) }
+
+// id2header is the CallerHeader of a call made for id.
+func id2header(id identity) string {
 	who, _ := json.Marshal(meshCaller{Name: id.name, Team: id.team, Admin: id.admin})
 	return string(who)
 }

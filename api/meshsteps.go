@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -98,11 +99,55 @@ func (s *Server) submitAnywhere(w http.ResponseWriter, r *http.Request) {
 		s.submitStep(w, r) // answers what is wrong
 		return
 	}
-	if owner := s.stepOwner(r, req); owner != "" {
+	owner := s.stepOwner(r, req)
+	changed, err := s.elsewhereInputs(r, &req, owner != "")
+	if err != nil {
+		s.stepError(w, err)
+		return
+	}
+	if changed {
+		body, _ = json.Marshal(req)
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
+	if owner != "" {
 		s.forwardTo(w, r, owner, "step "+req.Handle)
 		return
 	}
 	s.submitStep(w, r)
+}
+
+// elsewhereInputs turns the inputs of req naming an output of a step
+// another gateway runs ({step, output}) into the volume holding it
+// ({target, pod, handle}), asking that gateway as the caller; forwarding
+// (req goes to another gateway, which knows none of this one's steps),
+// also those of this gateway's steps. It says whether it changed any.
+func (s *Server) elsewhereInputs(r *http.Request, req *steps.Request, forwarding bool) (bool, error) {
+	changed := false
+	for i := range req.Inputs {
+		from := &req.Inputs[i].From
+		if from.Step == "" {
+			continue
+		}
+		field := fmt.Sprintf("inputs[%d].from", i)
+		view, err := s.opts.Steps.Get(caller(r), req.Team, from.Step)
+		switch {
+		case err == nil && !forwarding:
+			continue // the steps manager resolves it, as it submits
+		case errors.Is(err, steps.ErrNotFound):
+			var owner string
+			if owner, view = s.findStep(r, req.Team, from.Step); owner == "" {
+				return changed, fmt.Errorf("%w: %s: step %q not found", steps.ErrInput, field, from.Step)
+			}
+		case err != nil:
+			return changed, err
+		}
+		got, err := view.OutputSource(field, from.Output)
+		if err != nil {
+			return changed, err
+		}
+		*from, changed = got, true
+	}
+	return changed, nil
 }
 
 // stepLookupTimeout bounds asking the peers for a step.
@@ -121,17 +166,28 @@ func (s *Server) stepForwardable(next http.HandlerFunc) http.HandlerFunc {
 			next(w, r)
 			return
 		}
-		if owner := s.findStep(r, team, handle); owner != "" {
-			s.forwardTo(w, r, owner, "step "+handle)
+		k := stepPlaceKey(r, team, handle)
+		owner, known := s.stepPlaces.get(k)
+		if !known {
+			owner, _ = s.findStep(r, team, handle)
+		}
+		if owner == "" {
+			next(w, r)
 			return
 		}
-		next(w, r)
+		s.stepPlaces.put(k, owner)
+		sw := &statusWriter{ResponseWriter: w}
+		s.forwardTo(sw, r, owner, "step "+handle)
+		if sw.code == http.StatusNotFound {
+			s.stepPlaces.drop(k) // forgotten there; another gateway may run the handle now
+		}
 	}
 }
 
 // findStep asks every reachable gateway of the mesh, as the caller,
-// whether it runs the step; "" when none does.
-func (s *Server) findStep(r *http.Request, team, handle string) string {
+// whether it runs the step; it returns the one that does ("" when none
+// does) and the step's view there.
+func (s *Server) findStep(r *http.Request, team, handle string) (string, steps.View) {
 	ctx, cancel := context.WithTimeout(r.Context(), stepLookupTimeout)
 	defer cancel()
 	var gateways []string
@@ -145,7 +201,11 @@ func (s *Server) findStep(r *http.Request, team, handle string) string {
 	if team != "" {
 		q.Set("team", team)
 	}
-	found := make(chan string, len(gateways))
+	type found struct {
+		owner string
+		view  steps.View
+	}
+	answers := make(chan found, len(gateways))
 	var wg sync.WaitGroup
 	for _, g := range gateways {
 		wg.Go(func() {
@@ -159,14 +219,75 @@ func (s *Server) findStep(r *http.Request, team, handle string) string {
 			if err != nil {
 				return
 			}
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				found <- g
+			defer resp.Body.Close()
+			var view steps.View
+			if resp.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&view) == nil {
+				answers <- found{g, view}
 			}
 		})
 	}
 	wg.Wait()
-	close(found)
-	return <-found // "" when none
+	close(answers)
+	f := <-answers // zero when none
+	return f.owner, f.view
+}
+
+// stepPlaces remembers which gateway runs a step this one does not, so
+// the calls on it after the first go straight there. An entry goes when
+// that gateway answers 404 (it forgot the step; the handle is free
+// again); the map is emptied when it reaches maxStepPlaces.
+type stepPlaces struct {
+	mu     sync.Mutex
+	owners map[string]string
+}
+
+const maxStepPlaces = 10000
+
+// stepPlaceKey keys a step by who asks for it: the same handle is another
+// step in another team.
+func stepPlaceKey(r *http.Request, team, handle string) string {
+	id := requestIdentity(r)
+	if !id.admin || team == "" {
+		team = id.team
+	}
+	return team + "/" + handle
+}
+
+func (p *stepPlaces) get(k string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	owner, ok := p.owners[k]
+	return owner, ok
+}
+
+func (p *stepPlaces) put(k, owner string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.owners == nil || len(p.owners) >= maxStepPlaces {
+		p.owners = map[string]string{}
+	}
+	p.owners[k] = owner
+}
+
+func (p *stepPlaces) drop(k string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.owners, k)
+}
+
+// statusWriter notes the status an answer is written with.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }

@@ -11,7 +11,9 @@ import (
 	"strconv"
 
 	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // A stream whose source another gateway owns: the destination's owner
@@ -35,7 +37,12 @@ type meshStreamOut struct {
 
 // meshSource opens, for r's caller, a source owned by gateway.
 func (s *Server) meshSource(r *http.Request, gateway string) func(context.Context, streams.Endpoint, string) (io.ReadCloser, error) {
-	who := callerHeader(r)
+	return meshOpen(s.opts.Mesh, gateway, callerHeader(r))
+}
+
+// meshOpen opens a source owned by gateway, for the caller who names
+// (a CallerHeader).
+func meshOpen(m Mesh, gateway, who string) func(context.Context, streams.Endpoint, string) (io.ReadCloser, error) {
 	return func(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
 		body, _ := json.Marshal(meshStreamOut{From: from, Encoding: encoding})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+gateway+meshStreamOutPath, bytes.NewReader(body))
@@ -44,7 +51,7 @@ func (s *Server) meshSource(r *http.Request, gateway string) func(context.Contex
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(CallerHeader, who)
-		resp, err := s.opts.Mesh.BulkClient().Do(req)
+		resp, err := m.BulkClient().Do(req)
 		if err != nil {
 			return nil, fmt.Errorf("over the mesh: %w", err)
 		}
@@ -124,4 +131,39 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	default:
 		w.Header().Set(trailerSent, strconv.FormatInt(n, 10))
 	}
+}
+
+// StepStreams is what the steps manager streams a step's inputs with in a
+// mesh: an input whose target another gateway owns comes from it, over the
+// mesh, asked as the step's submitter, whom that gateway checks as if
+// asked directly.
+func StepStreams(st *streams.Streamer, reg Targets, m Mesh) steps.Streamer {
+	return stepStreams{Streamer: st, targets: reg, mesh: m}
+}
+
+type stepStreams struct {
+	*streams.Streamer
+	targets Targets
+	mesh    Mesh
+}
+
+func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error) {
+	if req.Source != nil {
+		return s.Streamer.Stream(ctx, req, progress)
+	}
+	id := identity{name: "steps", admin: req.Caller.Admin}
+	if !id.admin {
+		id.team = req.Caller.Team
+	}
+	rt, err := findRemote(s.targets, s.mesh, id, req.From.Target)
+	switch {
+	case errors.Is(err, targets.ErrNotFound): // this gateway's, or nobody's
+	case err != nil:
+		return streams.Result{}, err
+	case !rt.Reachable:
+		return streams.Result{}, &streams.Error{Side: streams.SideSource, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
+	default:
+		req.Source = &streams.Remote{Gateway: rt.Owner, Open: meshOpen(s.mesh, rt.Owner, id2header(id))}
+	}
+	return s.Streamer.Stream(ctx, req, progress)
 }

@@ -67,6 +67,8 @@ type Server struct {
 	// follow (step events, which a client resumes from where it was) end
 	// then instead of holding the drain to its deadline.
 	draining chan struct{}
+	// stepPlaces remembers where the mesh's other gateways run steps.
+	stepPlaces stepPlaces
 }
 
 // New builds a Server; Start runs it.

@@ -161,7 +161,11 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Target:  registry.Target,
 		Metrics: streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
-	stepper := steps.New(steps.Options{Registry: registry, Streamer: streamer, Placement: o.placement,
+	var stepStreams steps.Streamer = streamer
+	if meshView != nil {
+		stepStreams = api.StepStreams(streamer, registry, meshView)
+	}
+	stepper := steps.New(steps.Options{Registry: registry, Streamer: stepStreams, Placement: o.placement,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,

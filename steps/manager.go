@@ -264,20 +264,11 @@ func (m *Manager) resolveInputs(req *Request) error {
 		if !ok {
 			return fmt.Errorf("%w: %s: step %q not found", ErrInput, field, from.Step)
 		}
-		v := src.snapshot()
-		if v.Phase != Succeeded || v.Released {
-			return fmt.Errorf("%w: %s: step %q is %s%s, not succeeded with its pod kept", ErrInput, field, from.Step, v.Phase, map[bool]string{true: " and released"}[v.Released])
+		got, err := src.snapshot().OutputSource(field, from.Output)
+		if err != nil {
+			return err
 		}
-		found := false
-		for _, out := range v.Outputs {
-			if out.Name == from.Output {
-				*from = InputSource{Target: out.Target, Pod: out.Pod, Handle: out.Handle}
-				found = true
-			}
-		}
-		if !found {
-			return fmt.Errorf("%w: %s: step %q has no output %q", ErrInput, field, v.Handle, from.Output)
-		}
+		*from = got
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package steps
 
 import (
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -103,6 +104,21 @@ type View struct {
 	Result  json.RawMessage `json:"result,omitempty"`
 	Events  int             `json:"events"`
 	Waiting string          `json:"waiting,omitempty"` // why a pending step is not placed yet
+}
+
+// OutputSource is where output name of the step v is, for an input that
+// names it as {step, output} in field: the step must have succeeded and
+// kept its pod.
+func (v View) OutputSource(field, name string) (InputSource, error) {
+	if v.Phase != Succeeded || v.Released {
+		return InputSource{}, fmt.Errorf("%w: %s: step %q is %s%s, not succeeded with its pod kept", ErrInput, field, v.Handle, v.Phase, map[bool]string{true: " and released"}[v.Released])
+	}
+	for _, out := range v.Outputs {
+		if out.Name == name {
+			return InputSource{Target: out.Target, Pod: out.Pod, Handle: out.Handle}, nil
+		}
+	}
+	return InputSource{}, fmt.Errorf("%w: %s: step %q has no output %q", ErrInput, field, v.Handle, name)
 }
 
 // Volume is an output of a step: a volume of its pod, which a later step

@@ -125,9 +125,13 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	})
 	placement := steps.PlacementOptions{Strategy: cfg.PlacementStrategy, NoInputStrategy: cfg.NoInputChain(),
 		CheckStrategy: cfg.CheckPlacementStrategy, Limits: cfg.Limits()}
+	var stepStreams steps.Streamer = streamer
+	if meshView != nil {
+		stepStreams = api.StepStreams(streamer, registry, meshView)
+	}
 	stepper := steps.New(steps.Options{
 		Registry:       registry,
-		Streamer:       streamer,
+		Streamer:       stepStreams,
 		Placement:      placement,
 		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
 		ImagePullGrace: cfg.ImagePullGrace,
