@@ -219,6 +219,7 @@ func (s *session) attach(mux *yamux.Session) bool {
 		return false
 	}
 	s.bulk = append(s.bulk, &bulkSession{mux: mux})
+	s.m.opts.Metrics.bulkSessions(1)
 	s.wg.Go(func() {
 		s.acceptStreams(mux)
 		mux.Close()
@@ -233,6 +234,7 @@ func (s *session) detach(mux *yamux.Session) {
 	for i, b := range s.bulk {
 		if b.mux == mux {
 			s.bulk = append(s.bulk[:i], s.bulk[i+1:]...)
+			s.m.opts.Metrics.bulkSessions(-1)
 			return
 		}
 	}

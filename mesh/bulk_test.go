@@ -178,6 +178,8 @@ func TestABulkSessionThatEndsIsDialedAgainAndAllEndWithTheirSession(t *testing.T
 				return len(now) == 2 && (!slices.Contains(now, before[0]) || !slices.Contains(now, before[1]))
 			})
 			bulkUp(t, a, b, 2)
+			assert.Equal(t, 2.0, testutil.ToFloat64(a.metrics.bulk), "a's bulk sessions counted")
+			assert.Equal(t, 2.0, testutil.ToFloat64(b.metrics.bulk), "b's bulk sessions counted")
 		}
 		resp, err := a.BulkClient().Get("http://b/after")
 		require.NoError(t, err)
@@ -191,6 +193,9 @@ func TestABulkSessionThatEndsIsDialedAgainAndAllEndWithTheirSession(t *testing.T
 		<-sb.done
 		for _, m := range pool {
 			assert.True(t, m.IsClosed(), "a bulk session outlived its session")
+		}
+		for _, m := range []*member{a, b} {
+			eventually(t, m, "no bulk session counted", func() bool { return testutil.ToFloat64(m.metrics.bulk) == 0 })
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -164,6 +165,14 @@ func New(opts Options) (*Mesh, error) {
 			return nil, err
 		}
 	}
+	opts.Identity.Observe(func(leaf *x509.Certificate, err error) {
+		if err != nil {
+			opts.Logger.Error("mesh certificate files changed but do not load; the last good ones stay in use", "error", err.Error())
+		} else {
+			opts.Logger.Info("mesh certificate loaded", "name", certName(leaf), "not_after", leaf.NotAfter)
+		}
+		opts.Metrics.certificate(leaf, err)
+	})
 	m := &Mesh{
 		opts: opts, name: opts.Identity.Name(),
 		sessions: map[string]*session{}, lost: map[string]time.Time{}, addrs: map[string]string{},

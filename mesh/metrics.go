@@ -1,6 +1,10 @@
 package mesh
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"crypto/x509"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the mesh's. A nil *Metrics records nothing.
 type Metrics struct {
@@ -12,6 +16,9 @@ type Metrics struct {
 	bytesIn         prometheus.Counter
 	bytesOut        prometheus.Counter
 	forwarded       *prometheus.CounterVec
+	bulk            prometheus.Gauge
+	certExpiry      prometheus.Gauge
+	certFailures    prometheus.Counter
 }
 
 // NewMetrics registers the mesh's metrics on reg.
@@ -47,8 +54,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_mesh_forwarded_calls_total",
 			Help: "API calls forwarded to the owner of their target, by result (ok, client-error, server-error, unreachable).",
 		}, []string{"result"}),
+		bulk: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetway_mesh_bulk_sessions",
+			Help: "Bulk sessions up (the connections volume streams go on), over all peers: up to mesh-bulk-conns per peer session.",
+		}),
+		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetway_mesh_certificate_expiry_timestamp_seconds",
+			Help: "When this member's mesh certificate, as last loaded, expires (Unix time): alert well before it.",
+		}),
+		certFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_mesh_certificate_reload_failures_total",
+			Help: "Changed mesh certificate, key or CA files that did not load; the last good material stays in use.",
+		}),
 	}
-	reg.MustRegister(m.peers, m.handshakes, m.malformedFrames, m.refused, m.streams, bytes, m.forwarded)
+	reg.MustRegister(m.peers, m.handshakes, m.malformedFrames, m.refused, m.streams, bytes, m.forwarded,
+		m.bulk, m.certExpiry, m.certFailures)
 	return m
 }
 
@@ -103,5 +123,23 @@ func (m *Metrics) wrote(n int) {
 func (m *Metrics) Forwarded(result string) {
 	if m != nil {
 		m.forwarded.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) bulkSessions(delta int) {
+	if m != nil {
+		m.bulk.Add(float64(delta))
+	}
+}
+
+// certificate notes a load of the mesh files: the certificate's expiry,
+// or a failure.
+func (m *Metrics) certificate(leaf *x509.Certificate, err error) {
+	switch {
+	case m == nil:
+	case err != nil:
+		m.certFailures.Inc()
+	case leaf != nil:
+		m.certExpiry.Set(float64(leaf.NotAfter.Unix()))
 	}
 }

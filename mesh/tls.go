@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -24,6 +25,11 @@ type Identity struct {
 	cert  *tls.Certificate
 	pool  *x509.CertPool
 	name  string
+	// bad and badErr are the files as they were when they last failed to
+	// load, and why: not read again, nor reported again, until they change.
+	bad     [3]stamp
+	badErr  error
+	observe func(leaf *x509.Certificate, err error)
 }
 
 // stamp is what tells a file changed.
@@ -67,21 +73,49 @@ func (id *Identity) Name() string {
 	return id.name
 }
 
+// Observe calls fn with the certificate in use now, then after each
+// read of changed files: with the new certificate, or with why the files
+// did not load (once per change). fn runs with the identity locked.
+func (id *Identity) Observe(fn func(leaf *x509.Certificate, err error)) {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	id.observe = fn
+	fn(id.cert.Leaf, nil)
+}
+
 // Reload reads the files again if any changed since the last good read.
+// A name other than the one loaded first is refused: peers know a member
+// by its name, so a new name takes a restart.
 func (id *Identity) Reload() error {
 	var now [3]stamp
+	var err error
 	for i, f := range []string{id.caFile, id.certFile, id.keyFile} {
-		fi, err := os.Stat(f)
-		if err != nil {
-			return fmt.Errorf("mesh: %w", err)
+		fi, serr := os.Stat(f)
+		if serr != nil {
+			err = cmp.Or(err, fmt.Errorf("mesh: %w", serr))
+			continue
 		}
 		now[i] = stamp{fi.ModTime(), fi.Size()}
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.cert != nil && now == id.stamp {
+	switch {
+	case err == nil && id.cert != nil && now == id.stamp:
 		return nil
+	case id.badErr != nil && now == id.bad:
+		return id.badErr
+	case err == nil:
+		err = id.load(now)
 	}
+	id.bad, id.badErr = now, err
+	if id.observe != nil {
+		id.observe(id.cert.Leaf, err)
+	}
+	return err
+}
+
+// load reads the files, whose stamps are now. Called with id.mu held.
+func (id *Identity) load(now [3]stamp) error {
 	caPEM, err := os.ReadFile(id.caFile)
 	if err != nil {
 		return fmt.Errorf("mesh: %w", err)
@@ -95,8 +129,11 @@ func (id *Identity) Reload() error {
 		return fmt.Errorf("mesh: certificate %s with key %s: %w", id.certFile, id.keyFile, err)
 	}
 	name := certName(cert.Leaf)
-	if name == "" {
+	switch {
+	case name == "":
 		return fmt.Errorf("mesh: certificate %s names no one (no common name or DNS name)", id.certFile)
+	case id.name != "" && name != id.name:
+		return fmt.Errorf("mesh: certificate %s names %q, but this member is %q; a new name needs a restart", id.certFile, name, id.name)
 	}
 	id.stamp, id.cert, id.pool, id.name = now, &cert, pool, name
 	return nil

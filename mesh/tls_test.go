@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"os"
 	"path/filepath"
@@ -152,35 +153,66 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, mesh.PEM, 0o644))
-	certFile, keyFile := mesh.Issue(t, dir, "gw-a", time.Now().Add(time.Hour))
+	first := time.Now().Add(time.Hour).Truncate(time.Second).UTC()
+	certFile, keyFile := mesh.Issue(t, dir, "gw-a", first)
 	a, err := LoadIdentity(caFile, certFile, keyFile)
 	require.NoError(t, err)
 	b := issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
-
-	// A new certificate (here with another name, to see it) in place of the
-	// old one: the next handshake presents it.
-	newCert, newKey := mesh.Issue(t, t.TempDir(), "gw-a2", time.Now().Add(2*time.Hour))
-	for src, dst := range map[string]string{newCert: certFile, newKey: keyFile} {
-		b, err := os.ReadFile(src)
+	type load struct {
+		notAfter time.Time
+		err      string
+	}
+	var loads []load
+	a.Observe(func(leaf *x509.Certificate, err error) {
+		l := load{notAfter: leaf.NotAfter}
+		if err != nil {
+			l.err = err.Error()
+		}
+		loads = append(loads, l)
+	})
+	replace := func(src, dst string, at time.Duration) {
+		raw, err := os.ReadFile(src)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(dst, b, 0o600))
-		future := time.Now().Add(time.Second) // a new mtime even on coarse clocks
+		require.NoError(t, os.WriteFile(dst, raw, 0o600))
+		future := time.Now().Add(at) // a new mtime even on coarse clocks
 		require.NoError(t, os.Chtimes(dst, future, future))
 	}
-	_, _, _, serverSaw := handshake(t, a, b)
-	assert.Equal(t, "gw-a2", serverSaw)
+
+	// A new certificate in place of the old one: the next handshake loads
+	// and presents it.
+	second := first.Add(time.Hour)
+	newCert, newKey := mesh.Issue(t, t.TempDir(), "gw-a", second)
+	replace(newCert, certFile, time.Second)
+	replace(newKey, keyFile, time.Second)
+	cerr, serr, _, serverSaw := handshake(t, a, b)
+	require.NoError(t, cerr)
+	require.NoError(t, serr)
+	assert.Equal(t, "gw-a", serverSaw)
+	assert.Equal(t, []load{{notAfter: first}, {notAfter: second}}, loads)
 
 	// A broken rotation (a key that is not the certificate's) keeps the
-	// last good material, and says so.
-	other, _ := mesh.Issue(t, t.TempDir(), "gw-x", time.Now().Add(time.Hour))
-	raw, err := os.ReadFile(other)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(certFile, raw, 0o644))
-	future := time.Now().Add(2 * time.Second)
-	require.NoError(t, os.Chtimes(certFile, future, future))
+	// last good material, and says so once, however many handshakes.
+	other, _ := mesh.Issue(t, t.TempDir(), "gw-a", time.Now().Add(time.Hour))
+	replace(other, certFile, 2*time.Second)
 	assert.ErrorContains(t, a.Reload(), "certificate "+certFile+" with key "+keyFile)
+	for range 2 {
+		cerr, serr, _, serverSaw = handshake(t, a, b)
+		require.NoError(t, cerr)
+		require.NoError(t, serr)
+		assert.Equal(t, "gw-a", serverSaw)
+	}
+	require.Len(t, loads, 3)
+	assert.Equal(t, second, loads[2].notAfter, "still the last good one")
+	assert.Contains(t, loads[2].err, "certificate "+certFile+" with key "+keyFile)
+
+	// A certificate of another name is refused: peers know a member by it.
+	renamedCert, renamedKey := mesh.Issue(t, t.TempDir(), "gw-z", time.Now().Add(time.Hour))
+	replace(renamedCert, certFile, 3*time.Second)
+	replace(renamedKey, keyFile, 3*time.Second)
+	assert.ErrorContains(t, a.Reload(), `names "gw-z", but this member is "gw-a"; a new name needs a restart`)
 	_, _, _, serverSaw = handshake(t, a, b)
-	assert.Equal(t, "gw-a2", serverSaw)
+	assert.Equal(t, "gw-a", serverSaw)
+	assert.Equal(t, "gw-a", a.Name())
 }
 
 func TestLoadIdentityNamesTheBadFile(t *testing.T) {
