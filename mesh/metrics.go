@@ -56,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		bulk: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetway_mesh_bulk_sessions",
-			Help: "Bulk sessions up (the connections volume streams go on), over all peers: up to mesh-bulk-conns per peer session.",
+			Help: "Bulk sessions up (the connections volume streams go on), over all peers: up to 8 per peer.",
 		}),
 		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetway_mesh_certificate_expiry_timestamp_seconds",
