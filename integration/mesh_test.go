@@ -215,8 +215,8 @@ func meshStreams(ctx context.Context, t *testing.T, hub, a, b *gateway, src, dst
 		require.NoError(t, err, into)
 		assert.True(t, bytes.Equal(data, got), into)
 	}
-	assert.GreaterOrEqual(t, metricValue(t, a, `jetway_streams_total{mode="mesh_send"result="ok"}`), 4.0)
-	assert.GreaterOrEqual(t, metricValue(t, hub, `jetway_streams_total{mode="mesh"result="ok"}`), 4.0)
+	assert.GreaterOrEqual(t, metricValue(t, a, `jetway_streams_total{mode="mesh_send",result="ok"}`), 4.0)
+	assert.GreaterOrEqual(t, metricValue(t, hub, `jetway_streams_total{mode="mesh",result="ok"}`), 4.0)
 	assert.Greater(t, metricValue(t, hub, `jetway_mesh_stream_bytes_total{direction="in"}`), float64(4*len(data)))
 
 	// A source whose volume server dies behind a port-forward that stays

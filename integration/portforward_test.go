@@ -128,7 +128,7 @@ func TestDialerSharesOneConnectionPerPod(t *testing.T) {
 			wg.Wait()
 			m := scrape(t, reg)
 			assert.Contains(t, m, "jetway_portforward_connections 1\n")
-			assert.Contains(t, m, `jetway_portforward_dials_total{result="ok"transport="`+mode.transport+`"} 1`)
+			assert.Contains(t, m, `jetway_portforward_dials_total{result="ok",transport="`+mode.transport+`"} 1`)
 			assert.Regexp(t, `jetway_portforward_bytes_total\{direction="read"\} [1-9]`, m)
 		})
 	}
@@ -160,7 +160,7 @@ func TestDialerFallsBackToSPDY(t *testing.T) {
 	})
 	defer conn.Close()
 	assert.Equal(t, portforward.TransportSPDY, conn.Transport())
-	assert.Contains(t, scrape(t, reg), `jetway_portforward_dials_total{result="ok"transport="spdy"} 1`)
+	assert.Contains(t, scrape(t, reg), `jetway_portforward_dials_total{result="ok",transport="spdy"} 1`)
 }
 
 // TestDialerErrors: a missing pod fails fast and says so; a port nothing

@@ -500,5 +500,5 @@ func TestStreamsKeepTeamsApart(t *testing.T) {
 	})
 	metrics := scrape(t, g.reg)
 	assert.Contains(t, metrics, `jetway_streams_rejected_total{reason="not_found"} 21`)
-	assert.Contains(t, metrics, `jetway_streams_total{mode="relay"result="ok"} 4`)
+	assert.Contains(t, metrics, `jetway_streams_total{mode="relay",result="ok"} 4`)
 }

@@ -452,12 +452,13 @@ func scrape(t *testing.T, g prometheus.Gatherer) string {
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			labels := ""
+			var pairs []string
 			for _, l := range m.GetLabel() {
-				labels += l.GetName() + `="` + l.GetValue() + `"`
+				pairs = append(pairs, l.GetName()+`="`+l.GetValue()+`"`)
 			}
-			if labels != "" {
-				labels = "{" + labels + "}"
+			labels := ""
+			if pairs != nil {
+				labels = "{" + strings.Join(pairs, ",") + "}"
 			}
 			switch {
 			case m.GetGauge() != nil:
