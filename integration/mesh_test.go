@@ -62,24 +62,10 @@ func waitOwners(t *testing.T, g *gateway, want map[string]string) {
 func TestMeshStar(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ca := meshtest.NewCA(t, "mesh-ca")
-	tokens := []api.Token{adminToken, mainToken}
-	hubDir, aDir, bDir := t.TempDir(), t.TempDir(), t.TempDir()
-	placeTarget(ctx, t, clusters[0], hubDir, "mesh-hub", "{}\n", "")
-	placeTarget(ctx, t, clusters[1], aDir, "mesh-a", "team: main\n", "")
-	placeTarget(ctx, t, clusters[2], bDir, "mesh-b", "team: other\n", "")
-
-	stall := streams.DefaultStallTimeout
-	hub := startGateway(t, hubDir, gatewayOptions{identity: "hub", tokens: tokens, streamStall: stall,
-		mesh: meshMember(t, ca, ca, "hub", "127.0.0.1:0")})
-	aMesh := meshMember(t, ca, ca, "a", "", hub.meshAddr)
-	a := startGateway(t, aDir, gatewayOptions{identity: "a", tokens: tokens, streamStall: stall, mesh: aMesh})
-	bMesh := meshMember(t, ca, ca, "b", "", hub.meshAddr)
-	b := startGateway(t, bDir, gatewayOptions{identity: "b", tokens: tokens, streamStall: stall, mesh: bMesh})
-	all := map[string]string{"mesh-hub": "hub/running", "mesh-a": "a/running", "mesh-b": "b/running"}
-	for _, g := range []*gateway{hub, a, b} {
-		waitOwners(t, g, all)
-	}
+	st := startStar(ctx, t, [3]string{"mesh-hub", "mesh-a", "mesh-b"}, [3]string{"{}\n", "team: main\n", "team: other\n"},
+		streams.DefaultStallTimeout)
+	hub, a, b := st.gateways[0], st.gateways[1], st.gateways[2]
+	all := st.all
 
 	// Through spoke b and the hub, the main team lands and resumes its
 	// target on spoke a; the owner checks the team.
@@ -113,7 +99,7 @@ func TestMeshStar(t *testing.T) {
 	_, err := os.Stat(filepath.Join(dst.Path("killed"), "in"))
 	assert.True(t, os.IsNotExist(err), "no partial content lands")
 	src.SetRate(0)
-	a = startGateway(t, aDir, gatewayOptions{identity: "a", tokens: tokens, streamStall: stall, mesh: aMesh})
+	a = st.restart(t, 1)
 	for _, g := range []*gateway{hub, a, b} {
 		waitOwners(t, g, all)
 	}
@@ -129,7 +115,7 @@ func TestMeshStar(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second)
 
 	// Back, with the same certificate: its target runs again everywhere.
-	b = startGateway(t, bDir, gatewayOptions{identity: "b", tokens: tokens, mesh: bMesh})
+	b = st.restart(t, 2)
 	for _, g := range []*gateway{hub, a, b} {
 		waitOwners(t, g, all)
 	}
@@ -138,7 +124,7 @@ func TestMeshStar(t *testing.T) {
 	// nothing of the mesh.
 	foreign := meshtest.NewCA(t, "foreign-ca")
 	xDir := t.TempDir()
-	x := startGateway(t, xDir, gatewayOptions{identity: "x", tokens: tokens, mesh: meshMember(t, foreign, ca, "x", "", hub.meshAddr)})
+	x := startGateway(t, xDir, gatewayOptions{identity: "x", tokens: st.opts[0].tokens, mesh: meshMember(t, foreign, st.ca, "x", "", hub.meshAddr)})
 	eventually(t, 10*time.Second, func() error {
 		if v := metricValue(t, hub, `jetway_mesh_handshake_failures_total{reason="unknown-authority"}`); v < 1 {
 			return errorf("refusals %v", v)
@@ -173,6 +159,48 @@ func TestMeshStar(t *testing.T) {
 			waitOwners(t, g, want)
 		}
 	}
+}
+
+// star is a hub (gateway "hub") and two spokes ("a", "b") that dial it,
+// each owning one target on its own cluster (0, 1, 2), with the admin and
+// main tokens.
+type star struct {
+	ca       *meshtest.CA
+	gateways [3]*gateway
+	dirs     [3]string
+	opts     [3]gatewayOptions
+	all      map[string]string // what every gateway lists: each target's owner/running
+}
+
+// startStar starts a star whose targets have these names and target.yaml
+// files, and waits until every gateway lists every target running.
+func startStar(ctx context.Context, t *testing.T, names, targetYAMLs [3]string, streamStall time.Duration) *star {
+	t.Helper()
+	st := &star{ca: meshtest.NewCA(t, "mesh-ca"), all: map[string]string{}}
+	for i, name := range []string{"hub", "a", "b"} {
+		st.dirs[i] = t.TempDir()
+		placeTarget(ctx, t, clusters[i], st.dirs[i], names[i], targetYAMLs[i], "")
+		listen, peers := "", []string{}
+		if i == 0 {
+			listen = "127.0.0.1:0"
+		} else {
+			peers = append(peers, st.gateways[0].meshAddr)
+		}
+		st.opts[i] = gatewayOptions{identity: name, tokens: []api.Token{adminToken, mainToken}, streamStall: streamStall,
+			mesh: meshMember(t, st.ca, st.ca, name, listen, peers...)}
+		st.gateways[i] = startGateway(t, st.dirs[i], st.opts[i])
+		st.all[names[i]] = name + "/running"
+	}
+	for _, g := range st.gateways {
+		waitOwners(t, g, st.all)
+	}
+	return st
+}
+
+// restart starts gateway i again (after its stop), as it was.
+func (st *star) restart(t *testing.T, i int) *gateway {
+	st.gateways[i] = startGateway(t, st.dirs[i], st.opts[i])
+	return st.gateways[i]
 }
 
 // meshStream is the body of a stream of the main team's volume handle on

@@ -12,8 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -27,19 +25,9 @@ import (
 func TestMeshSteps(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ca := meshtest.NewCA(t, "mesh-ca")
-	tokens := []api.Token{adminToken, mainToken}
-	hubDir, aDir, bDir := t.TempDir(), t.TempDir(), t.TempDir()
-	placeTarget(ctx, t, clusters[0], hubDir, "steps-hub", "tags: [hub]\n", "")
-	placeTarget(ctx, t, clusters[1], aDir, "steps-a", "team: main\ntags: [a]\n", "")
-	placeTarget(ctx, t, clusters[2], bDir, "steps-b", "tags: [b]\n", "")
-	hub := startGateway(t, hubDir, gatewayOptions{identity: "hub", tokens: tokens, mesh: meshMember(t, ca, ca, "hub", "127.0.0.1:0")})
-	a := startGateway(t, aDir, gatewayOptions{identity: "a", tokens: tokens, mesh: meshMember(t, ca, ca, "a", "", hub.meshAddr)})
-	b := startGateway(t, bDir, gatewayOptions{identity: "b", tokens: tokens, mesh: meshMember(t, ca, ca, "b", "", hub.meshAddr)})
-	all := map[string]string{"steps-hub": "hub/running", "steps-a": "a/running", "steps-b": "b/running"}
-	for _, g := range []*gateway{hub, a, b} {
-		waitOwners(t, g, all)
-	}
+	st := startStar(ctx, t, [3]string{"steps-hub", "steps-a", "steps-b"},
+		[3]string{"tags: [hub]\n", "team: main\ntags: [a]\n", "tags: [b]\n"}, 0)
+	hub, a, b := st.gateways[0], st.gateways[1], st.gateways[2]
 	asMain := *b
 	asMain.token = mainToken.Token
 	mainCaller := steps.Caller{Team: "main"}
