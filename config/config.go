@@ -35,7 +35,7 @@ type Config struct {
 	TargetsResync time.Duration `mapstructure:"targets-resync" help:"re-read the targets directory this often even without file events"`
 
 	HealthInterval    time.Duration `mapstructure:"health-interval" help:"time between health checks of one target (jittered by 10%)"`
-	HealthTimeout     time.Duration `mapstructure:"health-timeout" help:"bound on one health check (readiness probe and permission reviews)"`
+	HealthTimeout     time.Duration `mapstructure:"health-timeout" help:"bound on one health check (readiness probe and permission reviews); default 5s, or health-interval when shorter"`
 	HealthConcurrency int           `mapstructure:"health-concurrency" help:"health checks in flight at once, across all targets"`
 	StallAfter        int           `mapstructure:"stall-after" help:"consecutive failed checks before a running target stalls"`
 

@@ -228,3 +228,37 @@ func TestLoadReportsEveryPlacementProblem(t *testing.T) {
 	assert.Equal(t, "must not be negative (0: no limit), got -2", keys["max-active-containers-per-target"])
 	assert.Equal(t, "must not be negative (0: no limit), got -3", keys["max-active-volumes-per-target"])
 }
+
+// A default that follows another setting follows it wherever that was set;
+// only values the operator set are judged against each other.
+func TestDerivedDefaultsFollowWhatTheyDeriveFrom(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		file    string
+		timeout time.Duration
+		err     string
+	}{
+		{name: "neither set", timeout: 5 * time.Second},
+		{name: "a short interval by flag", args: []string{"--health-interval", "2s"}, timeout: 2 * time.Second},
+		{name: "by environment", env: map[string]string{"JETWAY_HEALTH_INTERVAL": "3s"}, timeout: 3 * time.Second},
+		{name: "in the file", file: "health-interval: 1s\n", timeout: time.Second},
+		{name: "a long interval keeps the default", args: []string{"--health-interval", "1m"}, timeout: 5 * time.Second},
+		{name: "both set, fitting", args: []string{"--health-interval", "2s", "--health-timeout", "1s"}, timeout: time.Second},
+		{name: "both set, not fitting", args: []string{"--health-interval", "2s", "--health-timeout", "5s"},
+			err: "health-timeout: must be positive and at most health-interval (2s), got 5s"},
+		{name: "the timeout alone, longer than the default interval", args: []string{"--health-timeout", "20s"},
+			err: "health-timeout: must be positive and at most health-interval (10s), got 20s"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := load(t, tt.args, tt.env, tt.file)
+			if tt.err != "" {
+				assert.ErrorContains(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.timeout, c.HealthTimeout)
+		})
+	}
+}

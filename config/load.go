@@ -70,6 +70,11 @@ func Load(fs *pflag.FlagSet) (Config, error) {
 			probs = append(probs, Problem{Key: f.key, Message: err.Error()})
 		}
 	}
+	for _, d := range derived {
+		if !v.IsSet(d.key) {
+			d.derive(&c)
+		}
+	}
 	if err := c.Validate(); err != nil {
 		probs = append(probs, err.(*Error).Problems...)
 	}
@@ -78,6 +83,18 @@ func Load(fs *pflag.FlagSet) (Config, error) {
 	}
 	c.NoInputPlacementStrategy = c.NoInputChain()
 	return c, nil
+}
+
+// derived are the defaults that follow another setting: a key the
+// operator did not set (by flag, environment or file) is derived from the
+// configuration as it is, so only values the operator set are judged
+// against each other.
+var derived = []struct {
+	key    string
+	derive func(*Config)
+}{
+	// A check must end before the next is due.
+	{"health-timeout", func(c *Config) { c.HealthTimeout = min(Default().HealthTimeout, c.HealthInterval) }},
 }
 
 // readFile merges the YAML file into v and reports unknown keys, which are
