@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -50,6 +51,11 @@ func LoadTokens(path string) ([]Token, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseTokens(path, b)
+}
+
+// parseTokens validates b, the content of the tokens file path.
+func parseTokens(path string, b []byte) ([]Token, error) {
 	var file struct {
 		Tokens []Token `json:"tokens"`
 	}
@@ -117,9 +123,10 @@ func (s *Server) identify(r *http.Request) (identity, bool) {
 	// which token matched nor how long any token is.
 	digest := sha256.Sum256([]byte(given))
 	var found *Token
-	for i := range s.opts.Tokens {
-		if constantTimeCompare(digest[:], s.digests[i][:]) == 1 {
-			found = &s.opts.Tokens[i]
+	set := s.tokens.Load()
+	for i := range set.tokens {
+		if constantTimeCompare(digest[:], set.digests[i][:]) == 1 {
+			found = &set.tokens[i]
 		}
 	}
 	if found == nil {
@@ -129,12 +136,20 @@ func (s *Server) identify(r *http.Request) (identity, bool) {
 }
 
 // tokenDigests hashes the configured tokens once, for identify.
-func tokenDigests(tokens []Token) [][sha256.Size]byte {
-	out := make([][sha256.Size]byte, len(tokens))
+// tokenSet is the tokens the API accepts and their digests, in order.
+type tokenSet struct {
+	tokens  []Token
+	digests [][sha256.Size]byte
+}
+
+// SetTokens replaces the tokens the API accepts (the tokens file
+// changed): a request authenticated after it returns is judged by them.
+func (s *Server) SetTokens(tokens []Token) {
+	set := &tokenSet{tokens: slices.Clone(tokens), digests: make([][sha256.Size]byte, len(tokens))}
 	for i, t := range tokens {
-		out[i] = sha256.Sum256([]byte(t.Token))
+		set.digests[i] = sha256.Sum256([]byte(t.Token))
 	}
-	return out
+	s.tokens.Store(set)
 }
 
 // constantTimeCompare is subtle's, a variable so a test can see what is

@@ -4,7 +4,6 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,7 +58,7 @@ type Options struct {
 // Server is the gateway's HTTP server.
 type Server struct {
 	opts    Options
-	digests [][sha256.Size]byte // of opts.Tokens, in order
+	tokens  atomic.Pointer[tokenSet] // opts.Tokens, until SetTokens
 	handler http.Handler
 	ready   atomic.Bool
 	addr    atomic.Pointer[net.Addr]
@@ -76,7 +75,8 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, digests: tokenDigests(opts.Tokens), draining: make(chan struct{})}
+	s := &Server{opts: opts, draining: make(chan struct{})}
+	s.SetTokens(opts.Tokens)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,4 +111,21 @@ func TestWorkersAgainstRunningGateway(t *testing.T) {
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit)
 	assert.Equal(t, 2, exit.ExitCode(), "%s", out)
+
+	// The tokens rotate without a restart: the old one stops working
+	// within 2 s of the file's change, the new one works.
+	require.NoError(t, os.WriteFile(tokens, []byte("tokens:\n- {name: ops, token: new-ops-token-0123456789, admin: true}\n"), 0o600))
+	changed := time.Now()
+	status := func(token string) int {
+		req, err := http.NewRequest(http.MethodGet, g.base+"/api/v1/workers", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Eventually(t, func() bool { return status("ops-token-0123456789") == http.StatusUnauthorized }, 3*time.Second, 20*time.Millisecond)
+	assert.Less(t, time.Since(changed), 2*time.Second+200*time.Millisecond, "the old token stopped working within 2 s")
+	assert.Equal(t, http.StatusOK, status("new-ops-token-0123456789"))
 }

@@ -59,9 +59,13 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	var tokens []api.Token
+	var tokenFile *api.TokenFile
+	var server *api.Server // set below; the tokens file gives it its new tokens
 	if cfg.AuthTokensFile != "" {
 		var err error
-		if tokens, err = api.LoadTokens(cfg.AuthTokensFile); err != nil {
+		tokenFile, tokens, err = api.NewTokenFile(api.TokenFileOptions{Path: cfg.AuthTokensFile, Registerer: reg,
+			Set: func(tokens []api.Token) { server.SetTokens(tokens) }, Logger: logger.With("component", "tokens")})
+		if err != nil {
 			return &config.Error{Problems: []config.Problem{{Key: "auth-tokens-file", Message: err.Error()}}}
 		}
 	}
@@ -141,7 +145,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	})
-	server := api.New(api.Options{
+	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
 		WorkerVersion:    config.WorkerVersion,
@@ -169,6 +173,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		components = append(components, meshNode) // serves calls peers forward, with what follows
 	}
 	components = append(components, stepper, closer(streamer.Close), dialer, source, registry)
+	if tokenFile != nil {
+		components = append(components, tokenFile)
+	}
 	err := runAll(ctx, cfg.ShutdownTimeout, components...)
 	if err == nil {
 		logger.Info("gateway stopped")
