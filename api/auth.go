@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 
@@ -39,22 +38,13 @@ func (id identity) sees(team string) bool { return id.admin || team == "" || tea
 // owns reports whether the identity may act on a target of team.
 func (id identity) owns(team string) bool { return id.admin || (team != "" && team == id.team) }
 
-// LoadTokens reads and validates a tokens file:
+// parseTokens validates b, the content of the tokens file path:
 //
 //	tokens:
 //	- {name: ops, token: ..., admin: true}
 //	- {name: main-ci, token: ..., team: main}
 //
 // Errors name the entry, never the token value.
-func LoadTokens(path string) ([]Token, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return parseTokens(path, b)
-}
-
-// parseTokens validates b, the content of the tokens file path.
 func parseTokens(path string, b []byte) ([]Token, error) {
 	var file struct {
 		Tokens []Token `json:"tokens"`

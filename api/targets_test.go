@@ -153,11 +153,15 @@ func TestLoadTokens(t *testing.T) {
 		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
 		return p
 	}
-	got, err := LoadTokens(file("tokens:\n- {name: ops, token: admin-token-0123456789, admin: true}\n- {name: ci, token: main-token-0123456789, team: main}\n"))
+	loadTokens := func(path string) ([]Token, error) {
+		_, got, err := NewTokenFile(TokenFileOptions{Path: path, Set: func([]Token) {}})
+		return got, err
+	}
+	got, err := loadTokens(file("tokens:\n- {name: ops, token: admin-token-0123456789, admin: true}\n- {name: ci, token: main-token-0123456789, team: main}\n"))
 	require.NoError(t, err)
 	assert.Equal(t, tokens[0], got[0])
 
-	_, err = LoadTokens(file("tokens:\n- {name: a, token: short, admin: true}\n- {name: a, token: another-token-0123456789}\n- {token: third-token-0123456789, admin: true, team: x}\n"))
+	_, err = loadTokens(file("tokens:\n- {name: a, token: short, admin: true}\n- {name: a, token: another-token-0123456789}\n- {token: third-token-0123456789, admin: true, team: x}\n"))
 	require.Error(t, err)
 	for _, want := range []string{`tokens[0] ("a"): token must have at least 16 characters`, `tokens[1] ("a"): name is repeated`,
 		`tokens[1] ("a"): give exactly one of admin: true or team`, "tokens[2]: name is required"} {
@@ -165,6 +169,6 @@ func TestLoadTokens(t *testing.T) {
 	}
 	assert.NotContains(t, err.Error(), "another-token-0123456789", "errors never quote tokens")
 
-	_, err = LoadTokens(file("tokenz: []\n"))
+	_, err = loadTokens(file("tokenz: []\n"))
 	assert.ErrorContains(t, err, `unknown field "tokenz"`)
 }

@@ -41,6 +41,9 @@ func TestTokensFollowTheirFile(t *testing.T) {
 		wg.Go(func() { assert.NoError(t, f.Start(ctx)) })
 		defer func() { cancel(); wg.Wait() }()
 
+		// The file changes between checks (at whole seconds), never while
+		// one reads it.
+		time.Sleep(time.Second / 2)
 		assert.Equal(t, http.StatusUnauthorized, status("main-token-0123456789"))
 		require.NoError(t, os.WriteFile(path, []byte(ciTokens), 0o600))
 		time.Sleep(2 * time.Second)
