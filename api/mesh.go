@@ -226,10 +226,10 @@ func unreachableOwner(rt mesh.Remote) string {
 }
 
 // callerHeader is the CallerHeader of a call made for r's caller.
-func callerHeader(r *http.Request) string { return id2header(requestIdentity(r)) }
+func callerHeader(r *http.Request) string { return callerHeaderOf(requestIdentity(r)) }
 
-// id2header is the CallerHeader of a call made for id.
-func id2header(id identity) string {
+// callerHeaderOf is the CallerHeader of a call made for id.
+func callerHeaderOf(id identity) string {
 	who, _ := json.Marshal(meshCaller{Name: id.name, Team: id.team, Admin: id.admin})
 	return string(who)
 }

@@ -35,13 +35,13 @@ type meshStreamOut struct {
 	Encoding string           `json:"encoding"`
 }
 
-// meshSource opens, for r's caller, a source owned by gateway.
-func (s *Server) meshSource(r *http.Request, gateway string) func(context.Context, streams.Endpoint, string) (io.ReadCloser, error) {
-	return meshOpen(s.opts.Mesh, gateway, callerHeader(r))
+// meshSource is a stream's source owned by rt's gateway, asked for the
+// caller who names (a CallerHeader).
+func meshSource(m Mesh, rt mesh.Remote, who string) *streams.Remote {
+	return &streams.Remote{Gateway: rt.Owner, Open: meshOpen(m, rt.Owner, who)}
 }
 
-// meshOpen opens a source owned by gateway, for the caller who names
-// (a CallerHeader).
+// meshOpen opens a source owned by gateway, for the caller who names.
 func meshOpen(m Mesh, gateway, who string) func(context.Context, streams.Endpoint, string) (io.ReadCloser, error) {
 	return func(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
 		body, _ := json.Marshal(meshStreamOut{From: from, Encoding: encoding})
@@ -163,7 +163,7 @@ func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *
 	case !rt.Reachable:
 		return streams.Result{}, &streams.Error{Side: streams.SideSource, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
 	default:
-		req.Source = &streams.Remote{Gateway: rt.Owner, Open: meshOpen(s.mesh, rt.Owner, id2header(id))}
+		req.Source = meshSource(s.mesh, rt, callerHeaderOf(id))
 	}
 	return s.Streamer.Stream(ctx, req, progress)
 }

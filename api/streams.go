@@ -95,7 +95,7 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: unreachableOwner(*src)})
 			return
 		}
-		req.Source = &streams.Remote{Gateway: src.Owner, Open: s.meshSource(r, src.Owner)}
+		req.Source = meshSource(s.opts.Mesh, *src, callerHeader(r))
 	}
 	req.Caller = streams.Caller{Admin: id.admin, Team: id.team}
 	if strings.Contains(r.Header.Get("Accept"), NDJSON) {
