@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -44,22 +45,28 @@ func checkCommand() *cobra.Command {
 			return usageError{err}
 		}
 		rows := checkAll(cmd.Context(), results, timeout)
-		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "TARGET\tNAMESPACE\tSERVER\tRESULT\tPROBLEMS")
-		bad := 0
-		for _, r := range rows {
-			if r.problem != "" {
-				bad++
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.name, dash(r.namespace), dash(r.server), r.result(), dash(r.problem))
-		}
-		w.Flush()
-		if bad > 0 {
+		if bad := printChecks(cmd.OutOrStdout(), rows); bad > 0 {
 			return fmt.Errorf("%d of %d targets unusable", bad, len(rows))
 		}
 		return nil
 	}
 	return cmd
+}
+
+// printChecks prints one row per target checked and returns how many are
+// unusable.
+func printChecks(out io.Writer, rows []checkRow) int {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TARGET\tNAMESPACE\tSERVER\tRESULT\tPROBLEMS")
+	bad := 0
+	for _, r := range rows {
+		if r.problem != "" {
+			bad++
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.name, dash(r.namespace), dash(r.server), r.result(), dash(r.problem))
+	}
+	w.Flush()
+	return bad
 }
 
 type checkRow struct {

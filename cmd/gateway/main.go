@@ -47,7 +47,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 			"Forget a worker that is not running, until its kubeconfig changes or it is resumed"),
 		lifecycleCommand("resume", "/api/v1/targets/%s/resume", "resumed",
 			"Undo land, an unfinished retire or prune: the worker takes work again once healthy"),
-		streamCommand(), placeCommand(), executeCommand(),
+		streamCommand(), placeCommand(), executeCommand(), targetCommand(),
 		versionCommand())
 
 	err := root.Execute()

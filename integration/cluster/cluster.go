@@ -170,7 +170,7 @@ func (c *Cluster) configure(bin string, opts Options) error {
 	if c.Dynamic, err = dynamic.NewForConfig(c.admin); err != nil {
 		return err
 	}
-	adminKubeconfig := filepath.Join(c.dir, "admin.kubeconfig")
+	adminKubeconfig := c.AdminKubeconfig()
 	if err := c.writeAdminKubeconfig(adminKubeconfig, p); err != nil {
 		return err
 	}
@@ -357,6 +357,11 @@ func (c *Cluster) awaitKwok(ctx context.Context) error {
 // would take it away (a graceful stop drains watches for over 10 s);
 // everything else keeps running.
 func (c *Cluster) StopAPIServer() { c.apiserver.stop(0) }
+
+// AdminKubeconfig is the path of a kubeconfig with the cluster's admin
+// credentials; its CA and client certificate are files beside it, as in
+// many operators' kubeconfigs.
+func (c *Cluster) AdminKubeconfig() string { return filepath.Join(c.dir, "admin.kubeconfig") }
 
 // AdminConfig returns a copy of the cluster-admin client configuration.
 func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// TestTargetBadArgumentsTouchNothing: a bad command line is refused with
+// status 2 and a message naming what is wrong, before any cluster is read
+// (the admin kubeconfig here does not even exist).
+func TestTargetBadArgumentsTouchNothing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-such-kubeconfig")
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no name", []string{"add", "--namespace", "ci", "--out", "d"}, "exactly one argument, the target's name"},
+		{"no namespace", []string{"add", "x", "--out", "d"}, "--namespace is required"},
+		{"no output", []string{"add", "x", "--namespace", "ci"}, "--out DIR or --secret"},
+		{"both outputs", []string{"add", "x", "--namespace", "ci", "--out", "d", "--secret"}, "--out and --secret exclude each other"},
+		{"both tokens", []string{"add", "x", "--namespace", "ci", "--out", "d", "--long-lived-token", "--token-duration", "1h"}, "--token-duration and --long-lived-token exclude each other"},
+		{"bad name", []string{"add", "Prod_1", "--namespace", "ci", "--out", "d"}, `target name "Prod_1"`},
+		{"name too long", []string{"add", "a23456789012345678901234567890123456789012345678901234567", "--namespace", "ci", "--out", "d"}, "too long for its objects (jetway-a2345"},
+		{"bad namespace", []string{"add", "x", "--namespace", "CI", "--out", "d"}, `namespace "CI"`},
+		{"repeated tag", []string{"add", "x", "--namespace", "ci", "--out", "d", "--tag", "a", "--tag", "a"}, `tags[1] "a" is repeated`},
+		{"empty tag", []string{"add", "x", "--namespace", "ci", "--out", "d", "--tag", " "}, "tags[0] is empty"},
+		{"remove without namespace", []string{"remove", "x"}, "--namespace is required"},
+		{"rbac without namespace", []string{"rbac"}, "--namespace is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"target"}, tt.args...)
+			if tt.args[0] != "rbac" {
+				args = append(args, "--kubeconfig", missing)
+			}
+			code := execute(args, &stdout, &stderr)
+			assert.Equal(t, exitUsage, code, stderr.String())
+			assert.Contains(t, stderr.String(), tt.want)
+			assert.Empty(t, stdout.String())
+		})
+	}
+	// A kubeconfig that is not there is named; nothing was written.
+	var stdout, stderr bytes.Buffer
+	out := t.TempDir()
+	code := execute([]string{"target", "add", "x", "--namespace", "ci", "--out", out, "--kubeconfig", missing}, &stdout, &stderr)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr.String(), "admin kubeconfig")
+	assert.Contains(t, stderr.String(), missing)
+	entries, err := os.ReadDir(out)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}
+
+// TestTargetRBACIsTheRequiredList: the printed Role grants exactly the
+// permissions the health check reviews, bound to the service account.
+func TestTargetRBACIsTheRequiredList(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, execute([]string{"target", "rbac", "--namespace", "ci", "--name", "prod"}, &stdout, &stderr), stderr.String())
+	docs := bytes.Split(stdout.Bytes(), []byte("\n---\n"))
+	require.Len(t, docs, 3)
+	var role rbacv1.Role
+	require.NoError(t, yaml.UnmarshalStrict(docs[1], &role))
+	assert.Equal(t, "Role", role.Kind)
+	assert.Equal(t, "ci", role.Namespace)
+	assert.Equal(t, "jetway-prod", role.Name)
+	assert.Equal(t, targets.RBACRules(targets.Required), role.Rules)
+	var binding rbacv1.RoleBinding
+	require.NoError(t, yaml.UnmarshalStrict(docs[2], &binding))
+	assert.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "jetway-prod"}, binding.RoleRef)
+	assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "jetway-prod", Namespace: "ci"}}, binding.Subjects)
+	assert.NotContains(t, stdout.String(), "creationTimestamp")
+}
