@@ -77,11 +77,18 @@ test: tools vet image
 	bash integration/leftovers.sh || status=1; \
 	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status
 
-# demo starts two local clusters, writes their target kubeconfigs to
-# .demo/targets and runs the gateway on 127.0.0.1:8080 until Ctrl-C.
+# demo tells the story, printing each part as it goes: two local clusters
+# and a target on each (.demo/targets), the gateway on 127.0.0.1:8080 (its
+# log in .demo/gateway.log), the workers table, a step on cluster A whose
+# output feeds a step on cluster B, and commands to try next; then it runs
+# until Ctrl-C and removes everything (DEMO_FLAGS=--once stops after the
+# story). The clusters pull no images: each step pod's process runs on this
+# machine with bin/step-agent, so `make image` is not needed.
+DEMO_FLAGS ?=
 demo: build tools
+	$(GO) build -o $(BIN)/step-agent ./cmd/step-agent
 	$(GO) build -o $(BIN)/jetway-demo ./integration/cmd/jetway-demo
-	$(BIN)/jetway-demo --gateway $(BIN)/gateway --dir .demo --listen 127.0.0.1:8080
+	$(BIN)/jetway-demo --gateway $(BIN)/gateway --step-agent $(BIN)/step-agent --dir .demo --listen 127.0.0.1:8080 $(DEMO_FLAGS)
 
 # tools builds the pinned control-plane binaries the integration clusters run.
 # Each is rebuilt only when missing or when its pinning go.mod changes.

@@ -16,11 +16,21 @@ const StartupTimeout = 2 * time.Minute
 // StartN starts n clusters named <prefix>-0 ... in parallel. If any fails,
 // the others are stopped and the error names it.
 func StartN(ctx context.Context, n int, prefix string) ([]*Cluster, error) {
-	clusters := make([]*Cluster, n)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return StartNamed(ctx, names...)
+}
+
+// StartNamed starts a cluster of each name in parallel. If any fails, the
+// others are stopped and the error names it.
+func StartNamed(ctx context.Context, names ...string) ([]*Cluster, error) {
+	clusters := make([]*Cluster, len(names))
 	g, gctx := errgroup.WithContext(ctx)
-	for i := range clusters {
+	for i, name := range names {
 		g.Go(func() error {
-			c, err := Start(gctx, Options{Name: fmt.Sprintf("%s-%d", prefix, i)})
+			c, err := Start(gctx, Options{Name: name})
 			clusters[i] = c
 			return err
 		})
