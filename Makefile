@@ -69,7 +69,8 @@ build:
 # no Docker daemon and no base image:
 #   bin/step-agent-image.tar  the image step pods copy the agent from;
 #   bin/gateway-image.tar     the gateway: /gateway, `run` by default, no
-#                             shell (the image the chart runs).
+#                             shell (the image the chart runs; its init
+#                             container runs `/gateway mesh issue`).
 # Both run as 65532:65532. The same commit gives the same digests.
 image: $(BIN)/mkimage
 	$(STATIC_BUILD) -o $(BIN)/step-agent-linux-$(IMAGE_ARCH) $(STEP_AGENT_PKG)
