@@ -12,11 +12,24 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 
 VERSION_LDFLAGS := -X github.com/jetway-ci/jetway/internal/buildinfo.Version=$(VERSION)
 
-# The step-agent image: the static agent binary alone, for the platform
-# IMAGE_ARCH, named IMAGE_REF in the tarball.
-IMAGE_ARCH     ?= $(shell $(GO) env GOARCH)
-IMAGE_REF      ?= ghcr.io/jetway-ci/step-agent:$(VERSION)
-STEP_AGENT_PKG ?= ./cmd/step-agent
+# The images `make image` writes: each a static binary alone, for the
+# platform IMAGE_ARCH. IMAGE_REF names the step agent's in its tarball,
+# GATEWAY_IMAGE_REF the gateway's. Both carry the commit's time as their
+# created time, so the same commit gives the same digests.
+IMAGE_ARCH        ?= $(shell $(GO) env GOARCH)
+IMAGE_REF         ?= ghcr.io/jetway-ci/step-agent:$(VERSION)
+GATEWAY_IMAGE_REF ?= ghcr.io/jetway-ci/gateway:$(VERSION)
+STEP_AGENT_PKG    ?= ./cmd/step-agent
+GATEWAY_PKG       ?= ./cmd/gateway
+IMAGE_CREATED     ?= $(shell git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)
+IMAGE_REVISION    ?= $(shell git rev-parse HEAD 2>/dev/null)
+
+# STATIC_BUILD builds a static linux/IMAGE_ARCH binary (add -o and the
+# package); MKIMAGE packs one with the labels both images share.
+STATIC_BUILD := CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=false \
+	-ldflags "-s -w $(VERSION_LDFLAGS)"
+MKIMAGE      := $(BIN)/mkimage -arch $(IMAGE_ARCH) -version $(VERSION) \
+	-created $(IMAGE_CREATED) -revision "$(IMAGE_REVISION)"
 
 # kwok's own manifests the integration clusters load: stages for node and
 # pod lifecycles, and the CRDs of the kubelet API kwok serves (port-forward,
@@ -51,15 +64,25 @@ all: build
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/gateway ./cmd/gateway
 
-# image writes bin/step-agent-image.tar, the image step pods copy the agent
-# from: a `docker save`-style tarball (docker load, ctr images import, kind
-# load image-archive, crane push) built from Go modules alone, no Docker
-# daemon and no base image. The same commit gives the same digest.
+# image writes two `docker save`-style tarballs (docker load, ctr images
+# import, kind load image-archive, crane push), built from Go modules alone,
+# no Docker daemon and no base image:
+#   bin/step-agent-image.tar  the image step pods copy the agent from;
+#   bin/gateway-image.tar     the gateway: /gateway, `run` by default, no
+#                             shell (the image the chart runs; its init
+#                             container runs `/gateway mesh issue`).
+# Both run as 65532:65532. The same commit gives the same digests.
 image: $(BIN)/mkimage
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=false \
-		-ldflags "-s -w $(VERSION_LDFLAGS)" -o $(BIN)/step-agent-linux-$(IMAGE_ARCH) $(STEP_AGENT_PKG)
-	$(BIN)/mkimage -binary $(BIN)/step-agent-linux-$(IMAGE_ARCH) -path /step-agent \
-		-ref $(IMAGE_REF) -version $(VERSION) -arch $(IMAGE_ARCH) -o $(BIN)/step-agent-image.tar
+	$(STATIC_BUILD) -o $(BIN)/step-agent-linux-$(IMAGE_ARCH) $(STEP_AGENT_PKG)
+	$(MKIMAGE) -binary $(BIN)/step-agent-linux-$(IMAGE_ARCH) -path /step-agent \
+		-ref $(IMAGE_REF) -title "jetway step-agent" \
+		-description "jetway's step agent: copied into every step pod, and its volume sidecar" \
+		-o $(BIN)/step-agent-image.tar
+	$(STATIC_BUILD) -o $(BIN)/gateway-linux-$(IMAGE_ARCH) $(GATEWAY_PKG)
+	$(MKIMAGE) -binary $(BIN)/gateway-linux-$(IMAGE_ARCH) -path /gateway -cmd run \
+		-ref $(GATEWAY_IMAGE_REF) -title "jetway gateway" \
+		-description "jetway: runs Concourse steps as pods on many Kubernetes clusters" \
+		-o $(BIN)/gateway-image.tar
 
 $(BIN)/mkimage: tools/mkimage/go.mod tools/mkimage/go.sum tools/mkimage/main.go
 	cd tools/mkimage && $(GO) build -trimpath -o $@ .
@@ -68,8 +91,8 @@ vet:
 	$(GO) vet ./...
 
 # test runs every unit and integration test with the race detector, building
-# the cluster tools first if they are missing and the step-agent image (its
-# test reads it), then fails if any control-plane process of the run is left
+# the cluster tools first if they are missing and the images (their test
+# reads them), then fails if any control-plane process of the run is left
 # behind.
 test: tools vet image
 	rm -rf "$$JETWAY_CLUSTER_DIR"

@@ -340,6 +340,13 @@ func TestTargetsOnRealClusters(t *testing.T) {
 	assert.Contains(t, metrics, `jetway_targets{state="stalled"} 5`)
 	assert.Regexp(t, `jetway_target_check_failures_total\{reason="missing_permissions"\} [1-9]`, metrics)
 	assert.Regexp(t, `jetway_target_check_failures_total\{reason="unreachable"\} [1-9]`, metrics)
+	// Per target, for alerts: its state and team, and what the real RBAC
+	// left out.
+	assert.Contains(t, metrics, `jetway_target_state{state="running",target="healthy",team=""} 1`)
+	assert.Contains(t, metrics, `jetway_target_state{state="stalled",target="noforward",team="main"} 1`)
+	assert.Contains(t, metrics, `jetway_target_missing_permissions{target="noforward"} 1`)
+	assert.Contains(t, metrics, `jetway_target_missing_permissions{target="healthy"} 0`)
+	assert.Equal(t, 7, strings.Count(metrics, "jetway_target_state{"), "one series per target")
 
 	// Credentials never reach logs, errors, metrics or API output.
 	out := g.logs.String() + metrics + g.get(t, "/api/v1/targets", nil) + g.get(t, "/api/v1/workers", nil)

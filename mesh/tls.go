@@ -207,12 +207,18 @@ func (id *Identity) verify(cs tls.ConnectionState) error {
 		return &RefusedError{RefusedNoCertificate, errors.New("the peer presented no certificate")}
 	}
 	_, pool := id.current()
-	leaf := cs.PeerCertificates[0]
+	return verifyChain(cs.PeerCertificates, pool, id.now())
+}
+
+// verifyChain is the whole check of a peer's certificates (the leaf
+// first) against the mesh CA pool at now: what every handshake runs, and
+// Issue on what it makes.
+func verifyChain(chain []*x509.Certificate, pool *x509.CertPool, now time.Time) error {
+	leaf := chain[0]
 	inter := x509.NewCertPool()
-	for _, c := range cs.PeerCertificates[1:] {
+	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	now := id.now()
 	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	var invalid x509.CertificateInvalidError

@@ -29,8 +29,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_target_check_failures_total",
 			Help: "Failed target checks (and invalid target entries), by reason.",
 		}, []string{"reason"}),
-		states: &stateCollector{desc: prometheus.NewDesc("jetway_targets",
-			"Targets by Concourse worker state.", []string{"state"}, nil)},
+		states: &stateCollector{
+			counts: prometheus.NewDesc("jetway_targets",
+				"Targets by Concourse worker state.", []string{"state"}, nil),
+			state: prometheus.NewDesc("jetway_target_state",
+				"1 for each target, labelled with its Concourse worker state and team (empty: global).",
+				[]string{"target", "team", "state"}, nil),
+			missing: prometheus.NewDesc("jetway_target_missing_permissions",
+				"Required permissions the target's last check found missing (0 when none, or when it could not review them).",
+				[]string{"target"}, nil),
+		},
 	}
 	for _, reason := range []string{ReasonInvalid, ReasonUnreachable, ReasonTimeout, ReasonUnauthorized,
 		ReasonNotReady, ReasonPermissions, ReasonError} {
@@ -63,24 +71,36 @@ func (m *Metrics) observeStates(r *Registry) {
 	}
 }
 
-// stateCollector counts targets by state at scrape time.
+// stateCollector reads the registry's snapshot at scrape time: targets
+// counted by state, and each target's state and missing permissions, the
+// series an alert on one target needs. Its labels are the target's name
+// (its entry in the targets directory) and team, never its server or
+// credentials.
 type stateCollector struct {
-	desc     *prometheus.Desc
-	registry *Registry
+	counts, state, missing *prometheus.Desc
+	registry               *Registry
 }
 
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.counts
+	ch <- c.state
+	ch <- c.missing
+}
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// Every listed state is always exported, so an alert on one sees 0, not
 	// a missing series; pruned and retired targets are listed nowhere.
 	counts := map[State]int{StateRunning: 0, StateStalled: 0, StateLanding: 0, StateLanded: 0, StateRetiring: 0}
+	var snapshot []Status
 	if c.registry != nil {
-		for _, s := range c.registry.Snapshot() {
-			counts[s.State]++
-		}
+		snapshot = c.registry.Snapshot()
+	}
+	for _, s := range snapshot {
+		counts[s.State]++
+		ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, 1, s.Name, s.Meta.Team, string(s.State))
+		ch <- prometheus.MustNewConstMetric(c.missing, prometheus.GaugeValue, float64(len(s.MissingPermissions)), s.Name)
 	}
 	for state, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), string(state))
+		ch <- prometheus.MustNewConstMetric(c.counts, prometheus.GaugeValue, float64(n), string(state))
 	}
 }

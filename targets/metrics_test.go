@@ -1,29 +1,121 @@
 package targets
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
+// registryOfEveryState is a registry whose metrics are on reg, holding a
+// target in each state the API lists, one with missing permissions, and
+// a pruned one.
+func registryOfEveryState(t *testing.T, reg prometheus.Registerer) *Registry {
+	t.Helper()
+	r := NewRegistry(RegistryOptions{Interval: 1, Timeout: 1, Metrics: NewMetrics(reg)})
+	add := func(name, team string, life Lifecycle, h Health) *Config {
+		cfg := testConfig(t, name)
+		cfg.Meta.Team = team
+		rec := &record{name: name, cfg: cfg, target: listed(cfg, life)}
+		rec.record(h, 1)
+		r.records[name] = rec
+		return cfg
+	}
+	add("east", "main", Lifecycle{}, Health{})
+	add("west", "main", Lifecycle{}, Health{Missing: Required[:2], Reason: ReasonPermissions})
+	add("shared", "", Lifecycle{State: StateLanded}, Health{})
+	add("draining", "ops", Lifecycle{State: StateLanding}, Health{})
+	add("leaving", "", Lifecycle{State: StateRetiring}, Health{})
+	pruned := add("gone", "main", Lifecycle{}, Health{})
+	setRecord(r.records["gone"].target, Lifecycle{PrunedHash: pruned.hash})
+	return r
+}
+
 func TestTargetsGaugeHasEveryListedState(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := NewRegistry(RegistryOptions{Interval: 1, Timeout: 1, Metrics: NewMetrics(reg)})
-	a, b := testConfig(t, "a"), testConfig(t, "b")
-	r.records["a"] = &record{name: "a", cfg: a, checked: true, healthy: true, target: listed(a, Lifecycle{State: StateLanded})}
-	r.records["b"] = &record{name: "b", cfg: b, checked: true, healthy: true, target: listed(b, Lifecycle{PrunedHash: b.hash})}
+	registryOfEveryState(t, reg)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP jetway_targets Targets by Concourse worker state.
+# TYPE jetway_targets gauge
+jetway_targets{state="landed"} 1
+jetway_targets{state="landing"} 1
+jetway_targets{state="retiring"} 1
+jetway_targets{state="running"} 1
+jetway_targets{state="stalled"} 1
+`), "jetway_targets"), "every listed state, the pruned target in none")
+
+	empty := prometheus.NewRegistry()
+	NewMetrics(empty)
+	require.NoError(t, testutil.GatherAndCompare(empty, strings.NewReader(`
+# HELP jetway_targets Targets by Concourse worker state.
+# TYPE jetway_targets gauge
+jetway_targets{state="landed"} 0
+jetway_targets{state="landing"} 0
+jetway_targets{state="retiring"} 0
+jetway_targets{state="running"} 0
+jetway_targets{state="stalled"} 0
+`), "jetway_targets"), "every listed state before the registry is known")
+}
+
+// Alerts on one target (stalled for long, missing permissions) select it
+// by name: one series of each per listed target, the pruned one in none.
+func TestEachTargetHasItsStateAndMissingPermissions(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	registryOfEveryState(t, reg)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP jetway_target_missing_permissions Required permissions the target's last check found missing (0 when none, or when it could not review them).
+# TYPE jetway_target_missing_permissions gauge
+jetway_target_missing_permissions{target="draining"} 0
+jetway_target_missing_permissions{target="east"} 0
+jetway_target_missing_permissions{target="leaving"} 0
+jetway_target_missing_permissions{target="shared"} 0
+jetway_target_missing_permissions{target="west"} 2
+# HELP jetway_target_state 1 for each target, labelled with its Concourse worker state and team (empty: global).
+# TYPE jetway_target_state gauge
+jetway_target_state{state="landed",target="shared",team=""} 1
+jetway_target_state{state="landing",target="draining",team="ops"} 1
+jetway_target_state{state="retiring",target="leaving",team=""} 1
+jetway_target_state{state="running",target="east",team="main"} 1
+jetway_target_state{state="stalled",target="west",team="main"} 1
+`), "jetway_target_state", "jetway_target_missing_permissions"))
+
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
-	got := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() == "jetway_targets" {
-			for _, m := range mf.GetMetric() {
-				got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				assert.NotContains(t, l.GetValue(), secretToken, "%s{%s}", mf.GetName(), l.GetName())
+				assert.NotContains(t, l.GetValue(), "127.0.0.1", "%s{%s}: no server address", mf.GetName(), l.GetName())
 			}
 		}
 	}
-	assert.Equal(t, map[string]float64{"running": 0, "stalled": 0, "landing": 0, "landed": 1, "retiring": 0}, got,
-		"every listed state, the pruned target in none")
+}
+
+func TestMissingPermissionsFollowTheLastCheck(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := registryOfEveryState(t, reg)
+	missing := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "jetway_target_missing_permissions" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "west" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatal("no jetway_target_missing_permissions{target=\"west\"}")
+		return 0
+	}
+	assert.Equal(t, 2.0, missing())
+	r.records["west"].record(Health{Missing: Required[:1], Reason: ReasonPermissions}, 1)
+	assert.Equal(t, 1.0, missing(), "one granted since")
+	r.records["west"].record(Health{}, 1)
+	assert.Equal(t, 0.0, missing(), "every one granted")
 }

@@ -1,5 +1,6 @@
 // Command gateway runs jetway: `gateway run` serves the Concourse worker API
-// over the targets it owns; `gateway version` prints what was built.
+// over the targets it owns; `gateway mesh issue` makes a replica's mesh
+// certificate; `gateway version` prints what was built.
 package main
 
 import (
@@ -32,12 +33,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.Args = cobra.ArbitraryArgs
-	root.RunE = func(cmd *cobra.Command, args []string) error {
-		if len(args) > 0 {
-			return usageError{fmt.Errorf("unknown command %q; see gateway --help", args[0])}
-		}
-		return cmd.Help()
-	}
+	root.RunE = helpOrUnknown
 	root.AddCommand(runCommand(stderr), workersCommand(), checkCommand(),
 		lifecycleCommand("land", "/api/v1/workers/%s/land", "landed",
 			"Land a worker: it takes no new work and becomes landed once its step pods finish"),
@@ -47,7 +43,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 			"Forget a worker that is not running, until its kubeconfig changes or it is resumed"),
 		lifecycleCommand("resume", "/api/v1/targets/%s/resume", "resumed",
 			"Undo land, an unfinished retire or prune: the worker takes work again once healthy"),
-		streamCommand(), placeCommand(), executeCommand(), targetCommand(),
+		streamCommand(), placeCommand(), executeCommand(), targetCommand(), meshCommand(),
 		versionCommand())
 
 	err := root.Execute()
@@ -71,6 +67,15 @@ type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
+
+// helpOrUnknown runs a command that only groups others: its help, or a
+// usage error naming the unknown command.
+func helpOrUnknown(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unknown command %q; see %s --help", args[0], cmd.CommandPath())}
+	}
+	return cmd.Help()
+}
 
 // noArgs is cobra.NoArgs reported as a usage error.
 func noArgs(cmd *cobra.Command, args []string) error {

@@ -61,6 +61,19 @@ func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time) (certFile
 	return certFile, keyFile
 }
 
+// Write writes the CA's certificate and key (SEC 1) into dir as tls.crt
+// and tls.key, as a Secret of type kubernetes.io/tls mounted holds them,
+// and returns the files.
+func (c *CA) Write(t testing.TB, dir string) (certFile, keyFile string) {
+	t.Helper()
+	kder, err := x509.MarshalECPrivateKey(c.key)
+	check(t, err)
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	check(t, os.WriteFile(certFile, c.PEM, 0o644))
+	check(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+	return certFile, keyFile
+}
+
 // Files writes, into dir, the CA of trust and a certificate of c for name,
 // valid until notAfter: what --mesh-ca, --mesh-cert and --mesh-key name.
 func (c *CA) Files(t testing.TB, trust *CA, dir, name string, notAfter time.Time) (caFile, certFile, keyFile string) {

@@ -1,6 +1,6 @@
-// Module mkimage pins go-containerregistry, which builds the step-agent
-// image tarball without a Docker daemon or a base image, so the product
-// module does not carry its dependency graph.
+// Module mkimage pins go-containerregistry, which builds the gateway's and
+// the step agent's image tarballs without a Docker daemon or a base image,
+// so the product module does not carry its dependency graph.
 module github.com/jetway-ci/jetway/tools/mkimage
 
 go 1.26.0

@@ -3,10 +3,14 @@
 // import`, `kind load image-archive` and `crane push` read). It needs no
 // Docker daemon and no base image: the image is the binary alone, built up
 // from an empty image. Every timestamp is fixed, so the same binary gives
-// the same image digest.
+// the same image digest (give -created a fixed time too, such as the
+// commit's).
 //
 //	mkimage -binary bin/step-agent-linux-amd64 -path /step-agent \
 //	    -ref ghcr.io/jetway-ci/step-agent:v1 -version v1 -o bin/step-agent-image.tar
+//	mkimage -binary bin/gateway-linux-amd64 -path /gateway -cmd run \
+//	    -ref ghcr.io/jetway-ci/gateway:v1 -version v1 -title "jetway gateway" \
+//	    -created 2026-01-02T03:04:05Z -revision 0123abc -o bin/gateway-image.tar
 package main
 
 import (
@@ -28,12 +32,16 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// epoch is every timestamp in the image: the layer's file and the config's
-// created time. A fixed value keeps the digest reproducible.
+// epoch is the time of the layer's file, and the image's created time
+// unless -created sets one. A fixed value keeps the digest reproducible.
 var epoch = time.Unix(0, 0).UTC()
 
 type options struct {
-	binary, path, ref, version, source, title, user, arch, out string
+	binary, path, ref, version, source, title, description, revision, user, arch, out string
+	// cmd is the image's default arguments to the entrypoint (Cmd).
+	cmd []string
+	// created is the config's created time and the created label.
+	created time.Time
 }
 
 func main() {
@@ -44,9 +52,24 @@ func main() {
 	flag.StringVar(&o.version, "version", "dev", "org.opencontainers.image.version label")
 	flag.StringVar(&o.source, "source", "https://github.com/jetway-ci/jetway", "org.opencontainers.image.source label")
 	flag.StringVar(&o.title, "title", "jetway step-agent", "org.opencontainers.image.title label")
+	flag.StringVar(&o.description, "description", "", "org.opencontainers.image.description label (none when empty)")
+	flag.StringVar(&o.revision, "revision", "", "org.opencontainers.image.revision label, the source's commit (none when empty)")
 	flag.StringVar(&o.user, "user", "65532:65532", "user the entrypoint runs as")
 	flag.StringVar(&o.arch, "arch", runtime.GOARCH, "architecture of the binary (GOARCH)")
 	flag.StringVar(&o.out, "o", "", "tarball to write (required)")
+	flag.Func("cmd", "a default argument to the entrypoint (the image's Cmd); repeat for more", func(s string) error {
+		o.cmd = append(o.cmd, s)
+		return nil
+	})
+	o.created = epoch
+	flag.Func("created", "RFC 3339 time the image was made: its created time and org.opencontainers.image.created label (default the Unix epoch)", func(s string) error {
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			return err
+		}
+		o.created = t.UTC()
+		return nil
+	})
 	flag.Parse()
 	if o.binary == "" || o.ref == "" || o.out == "" || !path.IsAbs(o.path) {
 		fmt.Fprintln(os.Stderr, "mkimage: -binary, -ref and -o are required and -path must be absolute")
@@ -81,7 +104,10 @@ func build(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("make layer: %w", err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	img, err := mutate.Append(empty.Image, mutate.Addendum{
+		Layer:   layer,
+		History: v1.History{Created: v1.Time{Time: o.created}, CreatedBy: "mkimage " + o.path},
+	})
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("append layer: %w", err)
 	}
@@ -104,21 +130,38 @@ func configure(img v1.Image, o options) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
 	cf.Architecture = o.arch
-	cf.Created = v1.Time{Time: epoch}
+	cf.Created = v1.Time{Time: o.created}
 	cf.Config.Entrypoint = []string{o.path}
-	cf.Config.Cmd = nil
+	cf.Config.Cmd = o.cmd
 	cf.Config.User = o.user
 	cf.Config.WorkingDir = "/"
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   o.title,
-		"org.opencontainers.image.version": o.version,
-		"org.opencontainers.image.source":  o.source,
-	}
+	cf.Config.Labels = labels(o)
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("set config: %w", err)
 	}
 	return img, nil
+}
+
+// labels are the OCI annotations of the image
+// (https://github.com/opencontainers/image-spec/blob/main/annotations.md);
+// optional ones are left out when empty.
+func labels(o options) map[string]string {
+	l := map[string]string{
+		"org.opencontainers.image.title":   o.title,
+		"org.opencontainers.image.version": o.version,
+		"org.opencontainers.image.source":  o.source,
+		"org.opencontainers.image.created": o.created.Format(time.RFC3339),
+	}
+	for k, v := range map[string]string{
+		"org.opencontainers.image.description": o.description,
+		"org.opencontainers.image.revision":    o.revision,
+	} {
+		if v != "" {
+			l[k] = v
+		}
+	}
+	return l
 }
 
 // layerOf is a tar holding one file, read-only and executable for all,
