@@ -43,6 +43,11 @@ func TestDemo(t *testing.T) {
 	story := string(out)
 	require.NoError(t, err, story)
 
+	// Each target was added as an operator adds one, and checked.
+	for _, name := range []string{"ci-a", "ci-b"} {
+		assert.Regexp(t, `\$ \S+ target add `+name+` --kubeconfig <cluster-. admin> --namespace ci --create-namespace --tag cluster-. --out `, story)
+		assert.Regexp(t, `(?m)^\s+`+name+`\s+ci\s+https://127.0.0.1:\d+\s+ok\s+-$`, story, "gateway target add checked it")
+	}
 	for _, worker := range []string{`ci-a\s+0\s+linux\s+cluster-a`, `ci-b\s+0\s+linux\s+cluster-b`} {
 		assert.Regexp(t, `(?m)^\s+`+worker+`\s+none\s+running\s`, story, "the workers table lists it running")
 	}

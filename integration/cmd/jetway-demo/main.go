@@ -88,11 +88,10 @@ func (d *demo) tell(ctx context.Context) error {
 	defer runStepKubelets(clusters, d.o.stepAgent, d.errOut)()
 
 	targetsDir := filepath.Join(d.o.dir, "targets")
-	tgts, err := writeTargets(ctx, targetsDir, clusters)
+	tgts, err := d.writeTargets(ctx, targetsDir, clusters)
 	if err != nil {
 		return err
 	}
-	d.printTargets(targetsDir, tgts)
 
 	d.story.section(2, "The gateway, serving both targets",
 		"(its own JSON logs go to "+display(d.logPath())+")")

@@ -1,15 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"sync"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/targets"
 )
 
 // The story's two clusters, and the target the demo makes on each: the
@@ -28,47 +28,37 @@ type target struct {
 	name, cluster, tag string
 }
 
-// writeTargets makes each cluster's namespace ready for jetway (a service
-// account, a Role granting targets.Required, its binding and a token) and
-// writes the target entry: dir/<name>/kubeconfig and target.yaml with the
-// cluster's tag. Entries of an earlier run are removed first: their
-// clusters are gone. This is what `gateway target add NAME --kubeconfig
-// ADMIN --namespace ci --tag TAG --out dir` will do for each cluster.
-func writeTargets(ctx context.Context, dir string, clusters []*cluster.Cluster) ([]target, error) {
+// writeTargets adds a target on each cluster the way an operator does:
+// `gateway target add` with the cluster's admin kubeconfig creates the
+// namespace, service account, Role and binding and a token, writes
+// dir/<name>/kubeconfig and target.yaml with the cluster's tag, and checks
+// the target. Entries of an earlier run are removed first: their clusters
+// are gone.
+func (d *demo) writeTargets(ctx context.Context, dir string, clusters []*cluster.Cluster) ([]target, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
+	d.story.line("")
+	d.story.line("A target on each: `gateway target add` gives jetway a namespace with the")
+	d.story.line("cluster's admin kubeconfig (a service account, a Role granting what jetway")
+	d.story.line("needs, its binding, a token) and writes the entry into %s:", display(dir))
 	var out []target
 	for _, c := range clusters {
 		t := target{name: targetNames[c.Name], cluster: c.Name, tag: c.Name}
-		made, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: namespace, Rules: targets.RBACRules(targets.Required)})
-		if err != nil {
-			return nil, fmt.Errorf("target %s: %w", t.name, err)
+		args := []string{"target", "add", t.name, "--kubeconfig", c.AdminKubeconfig(), "--namespace", namespace,
+			"--create-namespace", "--tag", t.tag, "--out", dir}
+		d.story.command(append([]string{d.gateway(), "target", "add", t.name, "--kubeconfig", "<" + c.Name + " admin>"}, args[5:]...)...)
+		// Its progress (stderr) is detail here; the check's row tells.
+		var stdout, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, d.gateway(), args...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("gateway target add %s: %w\n%s%s", t.name, err, stdout.String(), stderr.String())
 		}
-		entry := filepath.Join(dir, t.name)
-		if err := os.MkdirAll(entry, 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(entry, "kubeconfig"), made.Kubeconfig, 0o600); err != nil {
-			return nil, err
-		}
-		meta := fmt.Sprintf("tags: [%s]\n", t.tag)
-		if err := os.WriteFile(filepath.Join(entry, "target.yaml"), []byte(meta), 0o600); err != nil {
-			return nil, err
-		}
+		d.story.block(stdout.String())
 		out = append(out, t)
 	}
 	return out, nil
-}
-
-func (d *demo) printTargets(dir string, tgts []target) {
-	d.story.line("")
-	d.story.line("A target on each, in %s: namespace %s, a service account whose Role", display(dir), namespace)
-	d.story.line("grants what jetway needs, its token in a kubeconfig, and a tag:")
-	for _, t := range tgts {
-		d.story.line("  %-5s on %s, tags: [%s]  (%s/{kubeconfig,target.yaml})", t.name, t.cluster, t.tag,
-			display(filepath.Join(dir, t.name)))
-	}
 }
 
 // runStepKubelets plays kubelet for the gateway's step pods on every
