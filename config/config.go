@@ -75,13 +75,14 @@ type Config struct {
 	CheckSandboxTTL time.Duration `mapstructure:"check-sandbox-ttl" help:"how long an idle check sandbox (the warm pod of checks with a reuse_key) is kept"`
 
 	// Mesh (docs/mesh.md): set mesh-listen or mesh-peers to join one.
-	MeshListen     string        `mapstructure:"mesh-listen" help:"address to accept mesh peers on (host:port); empty: accept none (a gateway that only dials out is a full member)"`
-	MeshPeers      []string      `mapstructure:"mesh-peers" help:"mesh peers to dial: host:port, or dns:NAME:PORT for every address NAME resolves to (a headless Service), resolved again every 30s"`
-	MeshCA         string        `mapstructure:"mesh-ca" help:"PEM file of the mesh CA: peers must present a certificate it issued"`
-	MeshCert       string        `mapstructure:"mesh-cert" help:"PEM file of this gateway's mesh certificate (its CN, else first DNS name, is its mesh name); re-read when it changes"`
-	MeshKey        string        `mapstructure:"mesh-key" help:"PEM file of the mesh certificate's key; re-read when it changes"`
-	MeshName       string        `mapstructure:"mesh-name" help:"this gateway's mesh name; default: its certificate's; when given it must match it"`
-	MeshStallAfter time.Duration `mapstructure:"mesh-stall-after" help:"how long a lost peer's targets keep their last state before they are listed stalled"`
+	MeshListen      string        `mapstructure:"mesh-listen" help:"address to accept mesh peers on (host:port); empty: accept none (a gateway that only dials out is a full member)"`
+	MeshPeers       []string      `mapstructure:"mesh-peers" help:"mesh peers to dial: host:port, or dns:NAME:PORT for every address NAME resolves to (a headless Service), resolved again every 30s"`
+	MeshCA          string        `mapstructure:"mesh-ca" help:"PEM file of the mesh CA: peers must present a certificate it issued"`
+	MeshCert        string        `mapstructure:"mesh-cert" help:"PEM file of this gateway's mesh certificate (its CN, else first DNS name, is its mesh name); re-read when it changes"`
+	MeshKey         string        `mapstructure:"mesh-key" help:"PEM file of the mesh certificate's key; re-read when it changes"`
+	MeshName        string        `mapstructure:"mesh-name" help:"this gateway's mesh name; default: its certificate's; when given it must match it"`
+	MeshStallAfter  time.Duration `mapstructure:"mesh-stall-after" help:"how long a lost peer's targets keep their last state before they are listed stalled"`
+	MeshLeaveOnStop bool          `mapstructure:"mesh-leave-on-stop" help:"on shutdown, tell peers this gateway leaves for good, so they forget it at once (for names that never return, e.g. pod names)"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`

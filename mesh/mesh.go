@@ -45,6 +45,11 @@ type Options struct {
 	// StallAfter is how long a lost peer's targets keep their last state
 	// before they are listed stalled; default 15s.
 	StallAfter time.Duration
+	// LeaveOnStop tells the peers, when Start's context ends, that this
+	// member leaves for good: they forget it and its targets at once
+	// instead of keeping it as a lost peer. For members whose name never
+	// comes back (a Deployment's pods, named after the pod).
+	LeaveOnStop bool
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Dial connects to a peer's address; default a net.Dialer with TCP
@@ -230,11 +235,13 @@ func (m *Mesh) Start(ctx context.Context) error {
 	if ln != nil {
 		ln.Close()
 	}
-	m.mu.Lock()
-	for _, s := range m.sessions {
-		s.close()
+	if !m.opts.LeaveOnStop { // else each session says so, then closes
+		m.mu.Lock()
+		for _, s := range m.sessions {
+			s.close()
+		}
+		m.mu.Unlock()
 	}
-	m.mu.Unlock()
 	m.wg.Wait()
 	return nil
 }
@@ -458,17 +465,27 @@ func (m *Mesh) register(s *session) bool {
 	return true
 }
 
-// ended drops s, if it is still the session with its peer.
+// ended drops s, if it is still the session with its peer: a peer that
+// said it leaves is forgotten with its routes, any other is lost.
 func (m *Mesh) ended(s *session, err error) {
+	left := errors.Is(err, errLeft)
 	m.mu.Lock()
 	current := m.sessions[s.peer] == s
 	if current {
 		delete(m.sessions, s.peer)
-		m.lost[s.peer] = m.opts.Now()
+		if left {
+			delete(m.learned, s.peer)
+		} else {
+			m.lost[s.peer] = m.opts.Now()
+		}
 		m.notify()
 	}
 	m.mu.Unlock()
-	if current {
+	switch {
+	case current && left:
+		m.opts.Logger.Info("mesh peer left", "peer", s.peer)
+		m.opts.Metrics.sessionsChanged(m)
+	case current:
 		m.opts.Logger.Warn("mesh peer lost", "peer", s.peer, "error", err.Error())
 		m.opts.Metrics.sessionsChanged(m)
 	}

@@ -86,6 +86,7 @@ type memberOpts struct {
 	backoff  time.Duration                                                     // Options.MinBackoff and MaxBackoff
 	handler  http.Handler                                                      // instead of the echo
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error) // Options.Dial
+	leave    bool                                                              // Options.LeaveOnStop
 }
 
 // startMember starts a member named name of the mesh of c, owning the
@@ -101,7 +102,7 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	opts := Options{Identity: id, Kind: o.kind, Peers: o.peers, Local: mb.local, Now: o.now, Metrics: mb.metrics,
 		Logger:    slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", name),
 		BulkConns: o.bulk, MinBackoff: o.backoff, MaxBackoff: o.backoff, Dial: o.dial,
-		HTTP: o.handler}
+		HTTP: o.handler, LeaveOnStop: o.leave}
 	if opts.HTTP == nil {
 		opts.HTTP = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			peer, _ := Peer(r.Context())
@@ -472,6 +473,22 @@ func TestALostPeerRedialsAndItsTargetsStallMeanwhile(t *testing.T) {
 	resp, err := spoke.Client().Get("http://hub/x")
 	require.NoError(t, err)
 	resp.Body.Close()
+}
+
+// TestALeavingPeerIsForgotten: a member stopping with LeaveOnStop (a pod
+// whose name never returns) says so, and its peers forget it and its
+// targets at once; neither lost nor stalled, it leaves no ghost behind.
+// Without LeaveOnStop the same stop leaves a lost peer (the test above).
+func TestALeavingPeerIsForgotten(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+	pod := startMember(t, c, "jetway-7d9f-abcde", memberOpts{peers: []string{hub.Addr().String()}, leave: true}, "p1")
+	eventually(t, hub, "the pod's targets", func() bool { return len(hub.Remotes()) == 1 })
+
+	pod.stop()
+	eventually(t, hub, "the pod gone", func() bool { return len(hub.Peers()) == 0 })
+	assert.Empty(t, hub.Remotes(), "a peer that left is forgotten with its targets")
+	assert.Equal(t, 0.0, testutil.ToFloat64(hub.metrics.peers.WithLabelValues("lost")))
 }
 
 func TestAStarListsEveryTargetAndRelaysCalls(t *testing.T) {

@@ -55,6 +55,9 @@ func (s *session) run() {
 		select {
 		case <-s.mux.CloseChan():
 		case <-s.ctx.Done():
+			if s.m.opts.LeaveOnStop && s.m.ctx.Err() != nil {
+				s.leave()
+			}
 			s.mux.Close()
 		}
 	}()
@@ -87,6 +90,8 @@ func (s *session) readControl() error {
 		switch msg.Type {
 		case msgRoutes:
 			s.m.learn(s, msg.Routes)
+		case msgLeaving:
+			return errLeft
 		default:
 			// A newer peer's message this version does not know: the
 			// hello agreed on the version, so it is malformed.
@@ -94,6 +99,18 @@ func (s *session) readControl() error {
 			return fmt.Errorf("%w: unknown control message type %q", ErrMalformed, msg.Type)
 		}
 	}
+}
+
+// errLeft ends a session whose peer said it leaves for good.
+var errLeft = errors.New("mesh: the peer left")
+
+// leave tells the peer that this member leaves for good, within a second:
+// the session closes right after.
+func (s *session) leave() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.ctrl.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = writeMessage(s.ctrl, control{Type: msgLeaving})
 }
 
 // announce sends routes to the peer; a failed write ends the session.
@@ -123,6 +140,9 @@ func (s *session) acceptStreams(mux *yamux.Session) {
 // Control message types.
 const (
 	msgRoutes = "routes"
+	// msgLeaving says the sender stops for good (LeaveOnStop): the
+	// receiver forgets it and its routes instead of keeping it as lost.
+	msgLeaving = "leaving"
 	// msgAttached answers a bulk connection's hello: the accepting side
 	// took it as a bulk session of the session it named.
 	msgAttached = "attached"

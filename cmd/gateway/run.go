@@ -203,13 +203,14 @@ func newMesh(cfg config.Config, registry *targets.Registry, reg prometheus.Regis
 			"%q differs from the name in mesh-cert (%q): peers know a gateway by its certificate", cfg.MeshName, id.Name())}}}
 	}
 	return mesh.New(mesh.Options{
-		Identity:   id,
-		Listen:     cfg.MeshListen,
-		Peers:      cfg.MeshPeers,
-		Local:      registry,
-		StallAfter: cfg.MeshStallAfter,
-		Logger:     logger.With("component", "mesh"),
-		Metrics:    mesh.NewMetrics(reg),
+		Identity:    id,
+		Listen:      cfg.MeshListen,
+		Peers:       cfg.MeshPeers,
+		Local:       registry,
+		StallAfter:  cfg.MeshStallAfter,
+		LeaveOnStop: cfg.MeshLeaveOnStop,
+		Logger:      logger.With("component", "mesh"),
+		Metrics:     mesh.NewMetrics(reg),
 	})
 }
 
