@@ -34,4 +34,7 @@
 //     kube-controller-manager built from source, kwok for kubelets).
 //   - tools: pinned versions of those control-plane binaries, built into
 //     bin/ by `make tools`.
+//   - deploy/helm: the Helm chart (deploy/helm/jetway), and a package that
+//     renders it with Helm's own library for the tests that lint it, check
+//     its objects and apply them to a real API server.
 package jetway

@@ -1,0 +1,185 @@
+package helm_test
+
+import (
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/deploy/helm"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// chartKeys are the settings the chart gives as flags, never from the
+// config value. mesh-name is one though the chart never sets it: the
+// certificate each replica issues itself names it.
+var chartKeys = []string{
+	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
+	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name",
+}
+
+// TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
+// serves, on what each value set renders: the container's flags, the
+// config file, the tokens file and the targets Secret, laid out as the pod
+// mounts them (under a temporary root). The gateway's own loaders must
+// accept all of it.
+func TestGatewayLoadsRenderedConfig(t *testing.T) {
+	sets := ciValues(t)
+	sets["no-auth"] = map[string]any{"auth": map[string]any{"noAuth": true}}
+	for name, vals := range sets {
+		t.Run(name, func(t *testing.T) {
+			r, err := helm.Render(helm.Release{Name: release, Namespace: namespace, Values: vals})
+			require.NoError(t, err)
+			o := objects{}
+			for _, obj := range r.Objects {
+				o[obj.GetKind()+"/"+obj.GetName()] = obj
+			}
+			var d string
+			for _, k := range o.keys() {
+				if strings.HasPrefix(k, "Deployment/") {
+					d = strings.TrimPrefix(k, "Deployment/")
+				}
+			}
+			dep, c := deployment(t, o, d)
+			pod := dep.Spec.Template.Spec
+			root := t.TempDir()
+			at := func(path string) string { return filepath.Join(root, path) }
+
+			cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, pod, "config").ConfigMap.Name)
+			mount(t, at("/etc/jetway/config"), map[string][]byte{"config.yaml": []byte(cm.Data["config.yaml"])})
+			var secretFiles map[string][]byte
+			if s, ok := o["Secret/"+volume(t, pod, "targets").Secret.SecretName]; ok {
+				secretFiles = get[corev1.Secret](t, o, "Secret", s.GetName()).Data
+			}
+			mount(t, at("/etc/jetway/targets"), secretFiles)
+			if !slices.Contains(c.Args, "--no-auth") {
+				tokens := []byte("tokens: [{name: ops, token: an-existing-secret-token, admin: true}]")
+				if s, ok := o["Secret/"+volume(t, pod, "auth").Secret.SecretName]; ok {
+					tokens = get[corev1.Secret](t, o, "Secret", s.GetName()).Data["tokens.yaml"]
+				}
+				mount(t, at("/etc/jetway/auth"), map[string][]byte{"tokens.yaml": tokens})
+			}
+
+			require.Equal(t, "run", c.Args[0])
+			args := make([]string, len(c.Args)-1)
+			for i, a := range c.Args[1:] {
+				if strings.HasPrefix(a, "/etc/jetway/") {
+					a = at(a)
+				}
+				args[i] = a
+			}
+			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+			config.RegisterFlags(fs)
+			require.NoError(t, fs.Parse(args))
+			cfg, err := config.Load(fs)
+			require.NoError(t, err)
+			assert.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, cfg.ShutdownTimeout+5*time.Second)
+
+			if cfg.AuthTokensFile != "" {
+				_, tokens, err := api.NewTokenFile(api.TokenFileOptions{Path: cfg.AuthTokensFile, Set: func([]api.Token) {}})
+				require.NoError(t, err)
+				assert.NotEmpty(t, tokens)
+			}
+			results, _, err := targets.NewSource(targets.SourceOptions{Dir: cfg.TargetsDir}, nil).Read()
+			require.NoError(t, err)
+			require.Len(t, results, len(secretFiles))
+			for target, res := range results {
+				assert.NoError(t, res.Err, target)
+			}
+		})
+	}
+}
+
+// mount writes files into dir as a Secret or ConfigMap volume shows them.
+func mount(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for name, data := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o440))
+	}
+}
+
+// TestSchemaKnowsEveryConfigKey keeps values.schema.json's config keys
+// those of `gateway run` less the ones the chart sets: a key added to the
+// gateway is a key operators can set through the chart.
+func TestSchemaKnowsEveryConfigKey(t *testing.T) {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	config.RegisterFlags(fs)
+	var want []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name != config.FileFlag && !slices.Contains(chartKeys, f.Name) {
+			want = append(want, f.Name)
+		}
+	})
+	for _, k := range chartKeys {
+		assert.NotNil(t, fs.Lookup(k), "chartKeys names %s, which gateway run does not know", k)
+	}
+	s := schema(t)
+	cfg := s.Properties["config"]
+	assert.Equal(t, false, cfg.AdditionalProperties, "config keys are checked")
+	assert.ElementsMatch(t, want, slices.Collect(maps.Keys(cfg.Properties)))
+}
+
+// TestValuesDocumented: every value is in values.yaml, in the schema, and
+// in a row of the README's table.
+func TestValuesDocumented(t *testing.T) {
+	readme, err := os.ReadFile("jetway/README.md")
+	require.NoError(t, err)
+	defaults, err := os.ReadFile("jetway/values.yaml")
+	require.NoError(t, err)
+	var vals map[string]any
+	require.NoError(t, yaml.Unmarshal(defaults, &vals))
+	s := schema(t)
+	for _, path := range leaves(s, vals, "") {
+		assert.Contains(t, string(readme), "| `"+path+"` |", "README.md has no row for %s", path)
+	}
+	for key := range s.Properties {
+		if key != "global" {
+			assert.Contains(t, vals, key, "values.yaml has no default for %s", key)
+		}
+	}
+}
+
+// leaves lists the value paths a README row documents: a value the schema
+// describes field by field is walked into, any other is one row.
+func leaves(s *schemaNode, vals map[string]any, prefix string) []string {
+	var out []string
+	for _, key := range slices.Sorted(maps.Keys(vals)) {
+		sub, ok := s.Properties[key]
+		m, isMap := vals[key].(map[string]any)
+		if ok && isMap && len(m) > 0 && len(sub.Properties) > 0 && key != "config" {
+			out = append(out, leaves(sub, m, prefix+key+".")...)
+			continue
+		}
+		out = append(out, prefix+key)
+	}
+	return out
+}
+
+// schemaNode is what the tests read of a JSON schema.
+type schemaNode struct {
+	Properties map[string]*schemaNode `json:"properties"`
+	// AdditionalProperties is false, a schema, or nil.
+	AdditionalProperties any `json:"additionalProperties"`
+}
+
+func schema(t *testing.T) *schemaNode {
+	t.Helper()
+	data, err := os.ReadFile("jetway/values.schema.json")
+	require.NoError(t, err)
+	var s schemaNode
+	require.NoError(t, json.Unmarshal(data, &s))
+	return &s
+}

@@ -1,0 +1,310 @@
+package helm_test
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// TestDefaults checks what an install with nothing but tokens makes: two
+// locked-down replicas meshed with each other, the targets Secret mounted
+// but optional, the tokens, the generated mesh CA, the budget.
+func TestDefaults(t *testing.T) {
+	o, r := renderCI(t, "default-values.yaml")
+	assert.Equal(t, []string{
+		"ConfigMap/" + fullname + "-config",
+		"Deployment/" + fullname,
+		"PodDisruptionBudget/" + fullname,
+		"Secret/" + fullname + "-auth",
+		"Secret/" + fullname + "-mesh-ca",
+		"Service/" + fullname,
+		"Service/" + fullname + "-mesh",
+		"ServiceAccount/" + fullname,
+	}, o.keys())
+	assert.Contains(t, r.Notes, "gateway target add NAME")
+
+	d, c := deployment(t, o, fullname)
+	pod := d.Spec.Template.Spec
+	assert.EqualValues(t, 2, *d.Spec.Replicas)
+	assert.Equal(t, d.Spec.Selector.MatchLabels, subset(d.Spec.Template.Labels, d.Spec.Selector.MatchLabels))
+	assert.Equal(t, "ghcr.io/jetway-ci/gateway:0.1.0", c.Image)
+	assert.Equal(t, fullname, pod.ServiceAccountName)
+	assert.False(t, *pod.AutomountServiceAccountToken)
+	assertLockedDown(t, pod)
+
+	f := flags(t, c.Args)
+	assert.Equal(t, "run", c.Args[0])
+	assert.Equal(t, map[string]string{
+		"config":           "/etc/jetway/config/config.yaml",
+		"listen":           ":8080",
+		"targets-dir":      "/etc/jetway/targets",
+		"shutdown-timeout": "15s",
+		"auth-tokens-file": "/etc/jetway/auth/tokens.yaml",
+		"mesh-listen":      ":7443",
+		"mesh-peers":       "dns:" + fullname + "-mesh.ci.svc:7443",
+		"mesh-ca":          "/etc/jetway/mesh/ca.crt",
+		"mesh-cert":        "/etc/jetway/mesh/tls.crt",
+		"mesh-key":         "/etc/jetway/mesh/tls.key",
+	}, f)
+	// README, Operations: above shutdown-timeout + 5 s.
+	assert.Greater(t, *pod.TerminationGracePeriodSeconds, int64(15+5))
+
+	assert.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	assert.Equal(t, intstr.FromString("http"), c.LivenessProbe.HTTPGet.Port)
+	assert.Equal(t, intstr.FromString("http"), c.ReadinessProbe.HTTPGet.Port)
+	assert.Equal(t, []corev1.ContainerPort{
+		{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+		{Name: "mesh", ContainerPort: 7443, Protocol: corev1.ProtocolTCP},
+	}, c.Ports)
+	assert.False(t, c.Resources.Requests.Cpu().IsZero())
+	assert.False(t, c.Resources.Requests.Memory().IsZero())
+	assert.False(t, c.Resources.Limits.Memory().IsZero())
+
+	m := mounts(*c)
+	assert.Len(t, m, 4)
+	for path, volumeName := range map[string]string{
+		"/etc/jetway/config": "config", "/etc/jetway/targets": "targets",
+		"/etc/jetway/auth": "auth", "/etc/jetway/mesh": "mesh",
+	} {
+		assert.Equal(t, volumeName, m[path].Name, path)
+		assert.True(t, m[path].ReadOnly, path)
+	}
+	targets := volume(t, pod, "targets").Secret
+	require.NotNil(t, targets)
+	assert.Equal(t, "jetway-targets", targets.SecretName)
+	assert.True(t, *targets.Optional, "the gateway starts before any target is added")
+	assert.Equal(t, fullname+"-auth", volume(t, pod, "auth").Secret.SecretName)
+	assert.Equal(t, fullname+"-config", volume(t, pod, "config").ConfigMap.Name)
+	assert.Nil(t, volume(t, pod, "auth").Secret.Optional, "no tokens, no API: the pod waits for them")
+
+	assertMeshInit(t, pod, fullname+"-mesh-ca")
+	assertCA(t, get[corev1.Secret](t, o, "Secret", fullname+"-mesh-ca"))
+
+	tokens := get[corev1.Secret](t, o, "Secret", fullname+"-auth")
+	var file struct {
+		Tokens []map[string]any `json:"tokens"`
+	}
+	require.NoError(t, yaml.UnmarshalStrict(tokens.Data["tokens.yaml"], &file))
+	assert.Equal(t, []map[string]any{
+		{"name": "ops", "token": "ci-admin-token-0123456789", "admin": true},
+		{"name": "main-ci", "token": "ci-main-token-0123456789", "team": "main"},
+	}, file.Tokens)
+
+	api := get[corev1.Service](t, o, "Service", fullname)
+	assert.Equal(t, corev1.ServiceTypeClusterIP, api.Spec.Type)
+	assert.Equal(t, []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}}, api.Spec.Ports)
+	assert.Equal(t, d.Spec.Selector.MatchLabels, api.Spec.Selector)
+
+	mesh := get[corev1.Service](t, o, "Service", fullname+"-mesh")
+	assert.Equal(t, corev1.ClusterIPNone, mesh.Spec.ClusterIP)
+	assert.True(t, mesh.Spec.PublishNotReadyAddresses, "replicas join the mesh before they are ready")
+	assert.Equal(t, []corev1.ServicePort{{Name: "mesh", Port: 7443, TargetPort: intstr.FromString("mesh"), Protocol: corev1.ProtocolTCP}}, mesh.Spec.Ports)
+	assert.Equal(t, d.Spec.Selector.MatchLabels, mesh.Spec.Selector)
+
+	pdb := get[policyv1.PodDisruptionBudget](t, o, "PodDisruptionBudget", fullname)
+	assert.Equal(t, intstr.FromInt32(1), *pdb.Spec.MaxUnavailable)
+	assert.Nil(t, pdb.Spec.MinAvailable)
+	assert.Equal(t, d.Spec.Selector, pdb.Spec.Selector)
+
+	sa := get[corev1.ServiceAccount](t, o, "ServiceAccount", fullname)
+	assert.False(t, *sa.AutomountServiceAccountToken)
+
+	anti := pod.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	require.Len(t, anti, 1, "replicas prefer other nodes")
+	assert.Equal(t, "kubernetes.io/hostname", anti[0].PodAffinityTerm.TopologyKey)
+	assert.Equal(t, d.Spec.Selector.MatchLabels, anti[0].PodAffinityTerm.LabelSelector.MatchLabels)
+}
+
+// assertLockedDown checks the pod's and every container's security
+// settings, which the restricted Pod Security Standard requires.
+func assertLockedDown(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	psc := pod.SecurityContext
+	assert.True(t, *psc.RunAsNonRoot)
+	assert.EqualValues(t, 65532, *psc.RunAsUser)
+	assert.EqualValues(t, 65532, *psc.RunAsGroup)
+	assert.EqualValues(t, 65532, *psc.FSGroup)
+	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, psc.SeccompProfile.Type)
+	for _, c := range append(pod.InitContainers, pod.Containers...) {
+		sc := c.SecurityContext
+		require.NotNil(t, sc, c.Name)
+		assert.True(t, *sc.ReadOnlyRootFilesystem, c.Name)
+		assert.False(t, *sc.AllowPrivilegeEscalation, c.Name)
+		assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop, c.Name)
+	}
+	for _, v := range pod.Volumes {
+		if v.Secret != nil {
+			// Group-readable, the group being the pod's fsGroup.
+			assert.EqualValues(t, 0o440, *v.Secret.DefaultMode, v.Name)
+		}
+	}
+}
+
+// assertMeshInit checks the init container that issues each replica's
+// mesh certificate from the CA in caSecret.
+func assertMeshInit(t *testing.T, pod corev1.PodSpec, caSecret string) {
+	t.Helper()
+	require.Len(t, pod.InitContainers, 1)
+	ic := pod.InitContainers[0]
+	assert.Equal(t, pod.Containers[0].Image, ic.Image)
+	assert.Equal(t, []string{"mesh", "issue",
+		"--ca-cert", "/etc/jetway/mesh-ca/tls.crt", "--ca-key", "/etc/jetway/mesh-ca/tls.key",
+		"--name", "$(POD_NAME)", "--dns", "$(POD_NAME)", "--dns", fullname + "-mesh.ci.svc",
+		"--out", "/etc/jetway/mesh"}, ic.Args)
+	require.Len(t, ic.Env, 1)
+	assert.Equal(t, "POD_NAME", ic.Env[0].Name)
+	assert.Equal(t, "metadata.name", ic.Env[0].ValueFrom.FieldRef.FieldPath)
+	m := mounts(ic)
+	assert.Equal(t, "mesh-ca", m["/etc/jetway/mesh-ca"].Name)
+	assert.True(t, m["/etc/jetway/mesh-ca"].ReadOnly)
+	assert.Equal(t, "mesh", m["/etc/jetway/mesh"].Name)
+	assert.False(t, m["/etc/jetway/mesh"].ReadOnly)
+	assert.Equal(t, caSecret, volume(t, pod, "mesh-ca").Secret.SecretName)
+	for _, c := range pod.Containers {
+		assert.NotContains(t, mounts(c), "/etc/jetway/mesh-ca", "only the init container sees the CA's key")
+	}
+	dir := volume(t, pod, "mesh").EmptyDir
+	require.NotNil(t, dir)
+	assert.Equal(t, corev1.StorageMediumMemory, dir.Medium, "the key never touches a disk")
+}
+
+// assertCA checks a generated mesh CA: a TLS Secret whose certificate is a
+// CA and whose key is that certificate's.
+func assertCA(t *testing.T, s *corev1.Secret) {
+	t.Helper()
+	assert.Equal(t, corev1.SecretTypeTLS, s.Type)
+	_, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+	require.NoError(t, err)
+	block, _ := pem.Decode(s.Data["tls.crt"])
+	require.NotNil(t, block)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	require.NoError(t, err)
+	assert.True(t, cert.IsCA)
+	assert.NotZero(t, cert.KeyUsage&x509.KeyUsageCertSign)
+}
+
+// TestWithoutMesh: one gateway on its own with tokens from an existing
+// Secret makes no mesh objects, flags or init container.
+func TestWithoutMesh(t *testing.T) {
+	o, _ := renderCI(t, "no-mesh-values.yaml")
+	assert.Equal(t, []string{
+		"ConfigMap/" + fullname + "-config",
+		"Deployment/" + fullname,
+		"Service/" + fullname,
+	}, o.keys())
+	d, c := deployment(t, o, fullname)
+	assert.EqualValues(t, 1, *d.Spec.Replicas)
+	assert.Empty(t, d.Spec.Template.Spec.InitContainers)
+	assert.Equal(t, "default", d.Spec.Template.Spec.ServiceAccountName)
+	for key := range flags(t, c.Args) {
+		assert.NotContains(t, key, "mesh")
+	}
+	assert.Len(t, c.Ports, 1)
+	assert.Equal(t, "jetway-tokens", volume(t, d.Spec.Template.Spec, "auth").Secret.SecretName)
+	assertLockedDown(t, d.Spec.Template.Spec)
+}
+
+// TestNoAuth: auth.noAuth passes --no-auth and mounts no tokens, and the
+// notes say so.
+func TestNoAuth(t *testing.T) {
+	o, r := render(t, map[string]any{"auth": map[string]any{"noAuth": true}})
+	_, c := deployment(t, o, fullname)
+	f := flags(t, c.Args)
+	assert.Equal(t, "true", f["no-auth"])
+	assert.NotContains(t, f, "auth-tokens-file")
+	assert.NotContains(t, mounts(*c), "/etc/jetway/auth")
+	assert.NotContains(t, o, "Secret/"+fullname+"-auth")
+	assert.Contains(t, r.Notes, "WARNING: the API serves without authentication")
+}
+
+// TestCertManager: cert-manager makes the CA Secret the init container
+// reads (a self-signed Issuer signs a CA Certificate); the chart makes none.
+func TestCertManager(t *testing.T) {
+	o, _ := renderCI(t, "cert-manager-values.yaml")
+	assert.NotContains(t, o, "Secret/"+fullname+"-mesh-ca")
+	issuer := o["Issuer/"+fullname+"-mesh-issuer"]
+	require.NotNil(t, issuer)
+	assert.Equal(t, "cert-manager.io/v1", issuer.GetAPIVersion())
+	assert.Equal(t, map[string]any{}, field(t, issuer, "spec", "selfSigned"))
+
+	cert := o["Certificate/"+fullname+"-mesh-ca"]
+	require.NotNil(t, cert)
+	assert.Equal(t, true, field(t, cert, "spec", "isCA"))
+	assert.Equal(t, fullname+"-mesh-ca", field(t, cert, "spec", "secretName"))
+	assert.Equal(t, map[string]any{"group": "cert-manager.io", "kind": "Issuer", "name": fullname + "-mesh-issuer"}, field(t, cert, "spec", "issuerRef"))
+	assert.Equal(t, "Never", field(t, cert, "spec", "privateKey", "rotationPolicy"), "a renewed CA keeps its key")
+
+	d, c := deployment(t, o, fullname)
+	assertMeshInit(t, d.Spec.Template.Spec, fullname+"-mesh-ca")
+	assert.Equal(t, "dns:"+fullname+"-mesh.ci.svc:7443,hub.example.com:7443,dns:gateways.other.svc:7443", flags(t, c.Args)["mesh-peers"])
+}
+
+// TestTargetsAndConfig: targets and settings given as values, the CA from
+// an existing Secret, another full name.
+func TestTargetsAndConfig(t *testing.T) {
+	o, _ := renderCI(t, "targets-values.yaml")
+	assert.NotContains(t, o, "Secret/gateways-mesh-ca", "the CA comes from mesh.ca.existingSecret")
+	d, c := deployment(t, o, "gateways")
+	pod := d.Spec.Template.Spec
+	assert.Equal(t, "ci-targets", volume(t, pod, "targets").Secret.SecretName)
+	assert.Equal(t, "jetway-mesh-ca", volume(t, pod, "mesh-ca").Secret.SecretName)
+	assert.Equal(t, "30s", flags(t, c.Args)["shutdown-timeout"])
+	assert.Greater(t, *pod.TerminationGracePeriodSeconds, int64(30+5))
+
+	s := get[corev1.Secret](t, o, "Secret", "ci-targets")
+	assert.Equal(t, []string{"prod-eu.kubeconfig"}, slices.Sorted(maps.Keys(s.Data)))
+
+	cm := get[corev1.ConfigMap](t, o, "ConfigMap", "gateways-config")
+	var cfg map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg))
+	assert.Equal(t, map[string]any{
+		"log-level": "debug", "installation": "ci-prod", "health-interval": "20s", "max-streams": float64(32),
+		"placement-strategy": []any{"fewest-build-containers", "volume-locality"},
+	}, cfg)
+
+	pdb := get[policyv1.PodDisruptionBudget](t, o, "PodDisruptionBudget", "gateways")
+	assert.Equal(t, intstr.FromInt32(1), *pdb.Spec.MinAvailable)
+	assert.Nil(t, pdb.Spec.MaxUnavailable)
+}
+
+// TestConfigChangeRollsPods: the gateway reads its config file once, so a
+// change of it changes the pod template.
+func TestConfigChangeRollsPods(t *testing.T) {
+	checksum := func(config map[string]any) string {
+		o, _ := render(t, map[string]any{"auth": map[string]any{"noAuth": true}, "config": config})
+		d, _ := deployment(t, o, fullname)
+		return d.Spec.Template.Annotations["checksum/config"]
+	}
+	assert.NotEqual(t, checksum(map[string]any{"log-level": "debug"}), checksum(map[string]any{"log-level": "info"}))
+}
+
+func field(t *testing.T, u *unstructured.Unstructured, path ...string) any {
+	t.Helper()
+	v, ok, err := unstructured.NestedFieldNoCopy(u.Object, path...)
+	require.NoError(t, err)
+	require.True(t, ok, "%s has no %v", u.GetName(), path)
+	return v
+}
+
+// subset returns the entries of m whose keys are in keysOf.
+func subset(m, keysOf map[string]string) map[string]string {
+	out := map[string]string{}
+	for k := range keysOf {
+		if v, ok := m[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
+}
