@@ -27,7 +27,7 @@ import (
 // certificate each replica issues itself names it.
 var chartKeys = []string{
 	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
-	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name",
+	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name", "mesh-leave-on-stop",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it

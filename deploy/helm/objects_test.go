@@ -56,6 +56,8 @@ func TestDefaults(t *testing.T) {
 		"mesh-ca":          "/etc/jetway/mesh/ca.crt",
 		"mesh-cert":        "/etc/jetway/mesh/tls.crt",
 		"mesh-key":         "/etc/jetway/mesh/tls.key",
+		// Pod names never return: peers forget a stopped replica at once.
+		"mesh-leave-on-stop": "true",
 	}, f)
 	// README, Operations: above shutdown-timeout + 5 s.
 	assert.Greater(t, *pod.TerminationGracePeriodSeconds, int64(15+5))

@@ -106,6 +106,7 @@ these never come from config (the schema refuses them there).
 - /etc/jetway/mesh/tls.crt
 - --mesh-key
 - /etc/jetway/mesh/tls.key
+- --mesh-leave-on-stop
 {{- end }}
 {{- end }}
 
