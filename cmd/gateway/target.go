@@ -32,7 +32,7 @@ func targetCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "target",
 		Short: "Give jetway a namespace of a cluster (add), take it back (remove), or print the RBAC it needs",
-		Args:  noArgs,
+		RunE:  helpOrUnknown,
 	}
 	cmd.AddCommand(targetAddCommand(), targetRemoveCommand(), targetRBACCommand())
 	return cmd

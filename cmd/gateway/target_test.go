@@ -36,12 +36,13 @@ func TestTargetBadArgumentsTouchNothing(t *testing.T) {
 		{"empty tag", []string{"add", "x", "--namespace", "ci", "--out", "d", "--tag", " "}, "tags[0] is empty"},
 		{"remove without namespace", []string{"remove", "x"}, "--namespace is required"},
 		{"rbac without namespace", []string{"rbac"}, "--namespace is required"},
+		{"unknown subcommand", []string{"ad", "x"}, `unknown command "ad"; see gateway target --help`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			args := append([]string{"target"}, tt.args...)
-			if tt.args[0] != "rbac" {
+			if tt.args[0] == "add" || tt.args[0] == "remove" {
 				args = append(args, "--kubeconfig", missing)
 			}
 			code := execute(args, &stdout, &stderr)
