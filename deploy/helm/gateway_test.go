@@ -18,7 +18,6 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
-	"github.com/jetway-ci/jetway/deploy/helm"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -40,52 +39,24 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 	sets["no-auth"] = map[string]any{"auth": map[string]any{"noAuth": true}}
 	for name, vals := range sets {
 		t.Run(name, func(t *testing.T) {
-			r, err := helm.Render(helm.Release{Name: release, Namespace: namespace, Values: vals})
-			require.NoError(t, err)
-			o := objects{}
-			for _, obj := range r.Objects {
-				o[obj.GetKind()+"/"+obj.GetName()] = obj
-			}
-			var d string
+			o, _ := render(t, vals)
+			var dep string
 			for _, k := range o.keys() {
-				if strings.HasPrefix(k, "Deployment/") {
-					d = strings.TrimPrefix(k, "Deployment/")
+				if n, ok := strings.CutPrefix(k, "Deployment/"); ok {
+					dep = n
 				}
 			}
-			dep, c := deployment(t, o, d)
-			pod := dep.Spec.Template.Spec
+			d, c := deployment(t, o, dep)
 			root := t.TempDir()
-			at := func(path string) string { return filepath.Join(root, path) }
+			args, targetFiles := layOut(t, o, d.Spec.Template.Spec, c, root)
 
-			cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, pod, "config").ConfigMap.Name)
-			mount(t, at("/etc/jetway/config"), map[string][]byte{"config.yaml": []byte(cm.Data["config.yaml"])})
-			var secretFiles map[string][]byte
-			if s, ok := o["Secret/"+volume(t, pod, "targets").Secret.SecretName]; ok {
-				secretFiles = get[corev1.Secret](t, o, "Secret", s.GetName()).Data
-			}
-			mount(t, at("/etc/jetway/targets"), secretFiles)
-			if !slices.Contains(c.Args, "--no-auth") {
-				tokens := []byte("tokens: [{name: ops, token: an-existing-secret-token, admin: true}]")
-				if s, ok := o["Secret/"+volume(t, pod, "auth").Secret.SecretName]; ok {
-					tokens = get[corev1.Secret](t, o, "Secret", s.GetName()).Data["tokens.yaml"]
-				}
-				mount(t, at("/etc/jetway/auth"), map[string][]byte{"tokens.yaml": tokens})
-			}
-
-			require.Equal(t, "run", c.Args[0])
-			args := make([]string, len(c.Args)-1)
-			for i, a := range c.Args[1:] {
-				if strings.HasPrefix(a, "/etc/jetway/") {
-					a = at(a)
-				}
-				args[i] = a
-			}
 			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 			config.RegisterFlags(fs)
 			require.NoError(t, fs.Parse(args))
 			cfg, err := config.Load(fs)
 			require.NoError(t, err)
-			assert.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, cfg.ShutdownTimeout+5*time.Second)
+			grace := time.Duration(*d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
+			assert.Greater(t, grace, cfg.ShutdownTimeout+5*time.Second)
 
 			if cfg.AuthTokensFile != "" {
 				_, tokens, err := api.NewTokenFile(api.TokenFileOptions{Path: cfg.AuthTokensFile, Set: func([]api.Token) {}})
@@ -94,12 +65,44 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			}
 			results, _, err := targets.NewSource(targets.SourceOptions{Dir: cfg.TargetsDir}, nil).Read()
 			require.NoError(t, err)
-			require.Len(t, results, len(secretFiles))
+			require.Len(t, results, targetFiles)
 			for target, res := range results {
 				assert.NoError(t, res.Err, target)
 			}
 		})
 	}
+}
+
+// layOut writes what the pod mounts under root: the config file, the
+// targets Secret's keys (if the chart makes it) and the tokens file (the
+// chart's, or one standing in for an existing Secret). It returns the
+// container's args after "run", their /etc/jetway paths moved under root,
+// and the number of target files.
+func layOut(t *testing.T, o objects, pod corev1.PodSpec, c *corev1.Container, root string) ([]string, int) {
+	t.Helper()
+	at := func(path string) string { return filepath.Join(root, path) }
+	cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, pod, "config").ConfigMap.Name)
+	mount(t, at("/etc/jetway/config"), map[string][]byte{"config.yaml": []byte(cm.Data["config.yaml"])})
+	var targetFiles map[string][]byte
+	if name := volume(t, pod, "targets").Secret.SecretName; o["Secret/"+name] != nil {
+		targetFiles = get[corev1.Secret](t, o, "Secret", name).Data
+	}
+	mount(t, at("/etc/jetway/targets"), targetFiles)
+	if !slices.Contains(c.Args, "--no-auth") {
+		tokens := []byte("tokens: [{name: ops, token: an-existing-secret-token, admin: true}]")
+		if name := volume(t, pod, "auth").Secret.SecretName; o["Secret/"+name] != nil {
+			tokens = get[corev1.Secret](t, o, "Secret", name).Data["tokens.yaml"]
+		}
+		mount(t, at("/etc/jetway/auth"), map[string][]byte{"tokens.yaml": tokens})
+	}
+	require.Equal(t, "run", c.Args[0])
+	args := slices.Clone(c.Args[1:])
+	for i, a := range args {
+		if strings.HasPrefix(a, "/etc/jetway/") {
+			args[i] = at(a)
+		}
+	}
+	return args, len(targetFiles)
 }
 
 // mount writes files into dir as a Secret or ConfigMap volume shows them.

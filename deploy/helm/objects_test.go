@@ -18,8 +18,7 @@ import (
 )
 
 // TestDefaults checks what an install with nothing but tokens makes: two
-// locked-down replicas meshed with each other, the targets Secret mounted
-// but optional, the tokens, the generated mesh CA, the budget.
+// locked-down replicas meshed with each other, with probes and resources.
 func TestDefaults(t *testing.T) {
 	o, r := renderCI(t, "default-values.yaml")
 	assert.Equal(t, []string{
@@ -73,7 +72,15 @@ func TestDefaults(t *testing.T) {
 	assert.False(t, c.Resources.Requests.Cpu().IsZero())
 	assert.False(t, c.Resources.Requests.Memory().IsZero())
 	assert.False(t, c.Resources.Limits.Memory().IsZero())
+}
 
+// TestDefaultMounts: the config file, the targets Secret (optional), the
+// tokens and the mesh certificate where the flags say; the mesh CA only
+// in the init container.
+func TestDefaultMounts(t *testing.T) {
+	o, _ := renderCI(t, "default-values.yaml")
+	d, c := deployment(t, o, fullname)
+	pod := d.Spec.Template.Spec
 	m := mounts(*c)
 	assert.Len(t, m, 4)
 	for path, volumeName := range map[string]string{
@@ -103,7 +110,14 @@ func TestDefaults(t *testing.T) {
 		{"name": "ops", "token": "ci-admin-token-0123456789", "admin": true},
 		{"name": "main-ci", "token": "ci-main-token-0123456789", "team": "main"},
 	}, file.Tokens)
+}
 
+// TestDefaultServicesAndBudget: the API and mesh Services, the budget, the
+// ServiceAccount without a token and the replicas' spread select the pods.
+func TestDefaultServicesAndBudget(t *testing.T) {
+	o, _ := renderCI(t, "default-values.yaml")
+	d, _ := deployment(t, o, fullname)
+	pod := d.Spec.Template.Spec
 	api := get[corev1.Service](t, o, "Service", fullname)
 	assert.Equal(t, corev1.ServiceTypeClusterIP, api.Spec.Type)
 	assert.Equal(t, []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}}, api.Spec.Ports)
