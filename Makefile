@@ -50,7 +50,7 @@ KWOK_DATA_FILES := \
 KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
 
 KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager
-TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA)
+TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 
 # Clusters started by tests keep their files here, so that after the tests
 # integration/leftovers.sh can prove no process of theirs is still running.
@@ -130,6 +130,10 @@ $(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
 
 $(BIN)/etcd: tools/etcd/go.mod tools/etcd/go.sum
 	cd tools/etcd && $(GO) build -trimpath -ldflags "-s -w" -o $@ go.etcd.io/etcd/server/v3
+
+# promtool evaluates the Helm chart's alert rules (deploy/helm TestAlertRules).
+$(BIN)/promtool: tools/promtool/go.mod tools/promtool/go.sum
+	cd tools/promtool && $(GO) build -trimpath -ldflags "-s -w" -o $@ github.com/prometheus/prometheus/cmd/promtool
 
 $(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
 	cd tools/kwok && $(GO) build -trimpath -ldflags "-s -w" -o $@ sigs.k8s.io/kwok/cmd/kwok
