@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/internal/atomicfile"
 )
 
 // IssueOptions say which member certificate Issue makes, from which CA,
@@ -191,7 +192,7 @@ func (out *Issued) write(dir string, caCert *x509.Certificate, keyDER []byte) er
 		{out.Key, "PRIVATE KEY", keyDER, 0o600},
 		{out.Cert, "CERTIFICATE", out.Certificate.Raw, 0o644},
 	} {
-		if err := writeAtomic(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
+		if err := atomicfile.Write(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
 			return fmt.Errorf("mesh: write %s: %w", f.path, err)
 		}
 	}
@@ -308,24 +309,4 @@ func parsePrivateKey(der []byte) crypto.Signer {
 		return k
 	}
 	return nil
-}
-
-// writeAtomic replaces path with data: a temporary file beside it, made
-// with mode before anything is written, renamed over it.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // after the rename, there is nothing to remove
-	err = errors.Join(f.Chmod(mode), writeAll(f, data), f.Sync(), f.Close())
-	if err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
-}
-
-func writeAll(f *os.File, data []byte) error {
-	_, err := f.Write(data)
-	return err
 }

@@ -18,6 +18,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
+	"github.com/jetway-ci/jetway/internal/atomicfile"
 	"github.com/jetway-ci/jetway/internal/provision"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -292,31 +293,11 @@ func writeEntry(dir, name string, kubeconfig []byte, meta targets.Metadata) erro
 		return err
 	}
 	for file, data := range map[string][]byte{"kubeconfig": kubeconfig, "target.yaml": y} {
-		if err := writeFileAtomic(filepath.Join(folder, file), data); err != nil {
+		if err := atomicfile.Write(filepath.Join(folder, file), data, 0o600); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
 
 // writeSecret prints the targets Secret with name's key, or with no key
