@@ -71,6 +71,14 @@ type entry struct {
 	targetYAML []byte // nil when absent
 }
 
+// ParseKubeconfig validates one target's self-contained kubeconfig, its
+// metadata in the context's `jetway` extension, as the targets directory's
+// entry NAME.kubeconfig would be read under policy. It has no directory, so
+// a kubeconfig naming files (a CA file, a token file) is refused.
+func ParseKubeconfig(name string, kubeconfig []byte, policy Policy) (*Config, error) {
+	return parse(entry{name: name, kubeconfig: kubeconfig}, "", policy)
+}
+
 // parse validates e against policy and builds its Config. Errors name the
 // offending field and never quote credentials.
 func parse(e entry, root string, policy Policy) (*Config, error) {

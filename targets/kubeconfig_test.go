@@ -157,3 +157,18 @@ func TestParseHashTellsChanges(t *testing.T) {
 	assert.NotEqual(t, base.hash, parseOK(kubeconfig("", "    token: rotated\n", ""), "").hash)
 	assert.NotEqual(t, base.hash, parseOK(kubeconfig("", "", ""), "team: main\n").hash)
 }
+
+// TestParseKubeconfig reads a self-contained kubeconfig, metadata from its
+// extension, as the entry NAME.kubeconfig; one naming a file is refused,
+// as there is no directory for it.
+func TestParseKubeconfig(t *testing.T) {
+	cfg, err := ParseKubeconfig("prod", []byte(kubeconfig("", "", "        team: main\n        tags: [gpu]\n")), Policy{})
+	require.NoError(t, err)
+	assert.Equal(t, "prod", cfg.Name)
+	assert.Equal(t, Metadata{Team: "main", Tags: []string{"gpu"}, Platform: DefaultPlatform, Namespace: "ci"}, cfg.Meta)
+
+	_, err = ParseKubeconfig("prod", []byte(kubeconfig("    server: https://127.0.0.1:6443\n    certificate-authority: ca.crt\n", "", "")), Policy{})
+	assert.ErrorIs(t, err, ErrRefused)
+	_, err = ParseKubeconfig("Prod_1", []byte(kubeconfig("", "", "")), Policy{})
+	assert.ErrorContains(t, err, `name "Prod_1" is not a DNS-1123 label`)
+}

@@ -187,22 +187,8 @@ func validEntry(a provision.Access, meta targets.Metadata) error {
 	if err != nil {
 		return err
 	}
-	_, err = readEntry(a.Target, kubeconfig)
+	_, err = targets.ParseKubeconfig(a.Target, kubeconfig, targets.Policy{})
 	return err
-}
-
-// readEntry parses one flat entry from a scratch directory, as `gateway
-// run` reads the targets directory.
-func readEntry(name string, kubeconfig []byte) (targets.Result, error) {
-	dir, err := os.MkdirTemp("", "jetway-target-")
-	if err != nil {
-		return targets.Result{}, err
-	}
-	defer os.RemoveAll(dir)
-	if err := os.WriteFile(filepath.Join(dir, name+".kubeconfig"), kubeconfig, 0o600); err != nil {
-		return targets.Result{}, err
-	}
-	return readTarget(dir, name)
 }
 
 // readTarget reads name from a targets directory.
@@ -244,11 +230,11 @@ func addSecret(ctx context.Context, stdout, progress io.Writer, a provision.Acce
 	if err != nil {
 		return err
 	}
-	res, err := readEntry(a.Target, kubeconfig)
+	cfg, err := targets.ParseKubeconfig(a.Target, kubeconfig, targets.Policy{})
 	if err != nil {
 		return err
 	}
-	if err := checkNew(ctx, progress, a.Target, res, checkWait); err != nil {
+	if err := checkNew(ctx, progress, a.Target, targets.Result{Config: cfg}, checkWait); err != nil {
 		return err
 	}
 	return writeSecret(stdout, a.Target, out, kubeconfig)
