@@ -24,7 +24,8 @@ type Options struct {
 	// Identity is this member's certificate, key and mesh CA. Its name is
 	// the member's name in the mesh.
 	Identity *Identity
-	// Kind is KindGateway (the default) or KindAgent.
+	// Kind is KindGateway (the default) or KindAgent; it must be the kind
+	// Identity's certificate is for.
 	Kind string
 	// Listen is the address to accept peers on; empty: accept none (a
 	// member behind NAT only dials out, and is a full member).
@@ -130,8 +131,15 @@ func New(opts Options) (*Mesh, error) {
 	if opts.Identity == nil {
 		return nil, errors.New("mesh: no identity (--mesh-ca, --mesh-cert, --mesh-key)")
 	}
-	if opts.Kind == "" {
+	switch opts.Kind {
+	case "":
 		opts.Kind = KindGateway
+	case KindGateway, KindAgent:
+	default:
+		return nil, fmt.Errorf("mesh: unknown member kind %q; want %s or %s", opts.Kind, KindGateway, KindAgent)
+	}
+	if err := opts.Identity.fits(opts.Kind); err != nil {
+		return nil, err
 	}
 	if opts.ResolveEvery <= 0 {
 		opts.ResolveEvery = 30 * time.Second
@@ -174,7 +182,7 @@ func New(opts Options) (*Mesh, error) {
 		if err != nil {
 			opts.Logger.Error("mesh certificate files changed but do not load; the last good ones stay in use", "error", err.Error())
 		} else {
-			opts.Logger.Info("mesh certificate loaded", "name", certName(leaf), "not_after", leaf.NotAfter)
+			opts.Logger.Info("mesh certificate loaded", "name", certName(leaf), "kind", opts.Kind, "not_after", leaf.NotAfter)
 		}
 		opts.Metrics.certificate(leaf, err)
 	})

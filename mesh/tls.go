@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
 
-// Identity is a gateway's mesh TLS material: its certificate and key and
+// Identity is a member's mesh TLS material: its certificate and key and
 // the mesh CA. The files are read again whenever one of them changed, at
 // the next handshake, so certificates rotate without a restart; a
 // rotation that does not load (a half-written file, a key that does not
@@ -25,6 +26,7 @@ type Identity struct {
 	cert  *tls.Certificate
 	pool  *x509.CertPool
 	name  string
+	kind  string
 	// bad and badErr are the files as they were when they last failed to
 	// load, and why: not read again, nor reported again, until they change.
 	bad     [3]stamp
@@ -44,7 +46,49 @@ const (
 	RefusedUnknownCA     = "unknown-authority"
 	RefusedExpired       = "expired"
 	RefusedNoName        = "no-name"
+	// RefusedBadRole is a certificate with both role URIs, or a role URI
+	// this version does not know (certKind).
+	RefusedBadRole = "bad-role"
 )
+
+// Role URIs: a certificate's URI SAN says which kind of member it is for
+// (docs/mesh.md, "TLS"). A certificate with none is a gateway's: those
+// issued before agents joined the mesh carry none.
+const (
+	rolePrefix  = "urn:jetway:mesh:"
+	roleGateway = rolePrefix + KindGateway
+	roleAgent   = rolePrefix + KindAgent
+)
+
+// certKind is the kind of member a certificate is for: KindAgent with the
+// agent's role URI, KindGateway with the gateway's or none. Both, or any
+// other URI under rolePrefix, is an error: a member never guesses a role.
+func certKind(c *x509.Certificate) (string, error) {
+	var roles []string
+	for _, u := range c.URIs {
+		if s := u.String(); strings.HasPrefix(s, rolePrefix) {
+			roles = append(roles, s)
+		}
+	}
+	switch {
+	case len(roles) == 0:
+		return KindGateway, nil
+	case len(roles) == 1 && roles[0] == roleGateway:
+		return KindGateway, nil
+	case len(roles) == 1 && roles[0] == roleAgent:
+		return KindAgent, nil
+	}
+	return "", fmt.Errorf("certificate of %q has role URIs %s; want one of %s (a gateway) or %s (an agent)",
+		certName(c), strings.Join(roles, ", "), roleGateway, roleAgent)
+}
+
+// aKind is "a gateway" or "an agent", for messages.
+func aKind(kind string) string {
+	if kind == KindAgent {
+		return "an agent"
+	}
+	return "a gateway"
+}
 
 // RefusedError is a peer refused at the handshake, with the reason (one of
 // the Refused values) and the detail.
@@ -66,11 +110,34 @@ func LoadIdentity(caFile, certFile, keyFile string) (*Identity, error) {
 	return id, nil
 }
 
-// Name is this gateway's mesh name: its certificate's.
+// Name is this member's mesh name: its certificate's.
 func (id *Identity) Name() string {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.name
+}
+
+// Kind is the kind of member this certificate is for (KindGateway or
+// KindAgent), from its role URI (certKind).
+func (id *Identity) Kind() string {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.kind
+}
+
+// fits is nil when the certificate is one for a member of kind; else it
+// says which certificate such a member needs.
+func (id *Identity) fits(kind string) error {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	switch {
+	case kind == id.kind:
+		return nil
+	case id.kind == KindAgent:
+		return fmt.Errorf("mesh: certificate %s is an agent's (URI SAN %s); a gateway needs a gateway certificate: gateway mesh issue without --agent",
+			id.certFile, roleAgent)
+	}
+	return fmt.Errorf("mesh: certificate %s is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent", id.certFile)
 }
 
 // Observe calls fn with the certificate in use now, then after each
@@ -84,8 +151,8 @@ func (id *Identity) Observe(fn func(leaf *x509.Certificate, err error)) {
 }
 
 // Reload reads the files again if any changed since the last good read.
-// A name other than the one loaded first is refused: peers know a member
-// by its name, so a new name takes a restart.
+// A name or kind other than the one loaded first is refused: peers know a
+// member by its name and kind, so a new one takes a restart.
 func (id *Identity) Reload() error {
 	var now [3]stamp
 	var err error
@@ -129,13 +196,19 @@ func (id *Identity) load(now [3]stamp) error {
 		return fmt.Errorf("mesh: certificate %s with key %s: %w", id.certFile, id.keyFile, err)
 	}
 	name := certName(cert.Leaf)
+	kind, err := certKind(cert.Leaf)
 	switch {
 	case name == "":
 		return fmt.Errorf("mesh: certificate %s names no one (no common name or DNS name)", id.certFile)
+	case err != nil:
+		return fmt.Errorf("mesh: %s: %w", id.certFile, err)
 	case id.name != "" && name != id.name:
 		return fmt.Errorf("mesh: certificate %s names %q, but this member is %q; a new name needs a restart", id.certFile, name, id.name)
+	case id.kind != "" && kind != id.kind:
+		return fmt.Errorf("mesh: certificate %s is %s's, but this member is %s; a new kind needs a restart",
+			id.certFile, aKind(kind), aKind(id.kind))
 	}
-	id.stamp, id.cert, id.pool, id.name = now, &cert, pool, name
+	id.stamp, id.cert, id.pool, id.name, id.kind = now, &cert, pool, name, kind
 	return nil
 }
 
@@ -230,6 +303,9 @@ func verifyChain(chain []*x509.Certificate, pool *x509.CertPool, now time.Time) 
 	case certName(leaf) == "":
 		return &RefusedError{RefusedNoName, errors.New("the peer's certificate names no one")}
 	}
+	if _, err := certKind(leaf); err != nil {
+		return &RefusedError{RefusedBadRole, err}
+	}
 	return nil
 }
 
@@ -239,4 +315,17 @@ func PeerName(cs tls.ConnectionState) string {
 		return ""
 	}
 	return certName(cs.PeerCertificates[0])
+}
+
+// peerCert is what a peer's verified certificate says: its name and the
+// kind of member it is for. Its hello must say the same.
+type peerCert struct{ name, kind string }
+
+// peerCertOf is the verified peer's certificate of a finished handshake.
+func peerCertOf(cs tls.ConnectionState) peerCert {
+	if len(cs.PeerCertificates) == 0 {
+		return peerCert{}
+	}
+	kind, _ := certKind(cs.PeerCertificates[0]) // verify refused any other
+	return peerCert{name: certName(cs.PeerCertificates[0]), kind: kind}
 }

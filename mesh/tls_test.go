@@ -58,10 +58,17 @@ func connPair(t *testing.T) (net.Conn, net.Conn) {
 // loopback TCP and returns what each side saw.
 func handshake(t *testing.T, dialer, listener *Identity) (clientErr, serverErr error, clientSaw, serverSaw string) {
 	t.Helper()
+	return handshakeWith(t, dialer.ClientConfig(), listener.ServerConfig())
+}
+
+// handshakeWith is handshake with the dialer's and the listener's TLS
+// configurations.
+func handshakeWith(t *testing.T, dialer, listener *tls.Config) (clientErr, serverErr error, clientSaw, serverSaw string) {
+	t.Helper()
 	a, b := connPair(t)
 	defer a.Close()
 	defer b.Close()
-	client, server := tls.Client(a, dialer.ClientConfig()), tls.Server(b, listener.ServerConfig())
+	client, server := tls.Client(a, dialer), tls.Server(b, listener)
 	done := make(chan error, 1)
 	go func() {
 		err := server.Handshake()
@@ -213,6 +220,13 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 	_, _, _, serverSaw = handshake(t, a, b)
 	assert.Equal(t, "gw-a", serverSaw)
 	assert.Equal(t, "gw-a", a.Name())
+
+	// So is a certificate for another kind of member.
+	agentCert, agentKey := mesh.Issue(t, t.TempDir(), "gw-a", time.Now().Add(time.Hour), roleAgent)
+	replace(agentCert, certFile, 4*time.Second)
+	replace(agentKey, keyFile, 4*time.Second)
+	assert.ErrorContains(t, a.Reload(), "is an agent's, but this member is a gateway; a new kind needs a restart")
+	assert.Equal(t, KindGateway, a.Kind())
 }
 
 func TestLoadIdentityNamesTheBadFile(t *testing.T) {
@@ -225,4 +239,99 @@ func TestLoadIdentityNamesTheBadFile(t *testing.T) {
 	assert.ErrorContains(t, err, "CA file "+caFile+" holds no PEM certificate")
 	_, err = LoadIdentity(filepath.Join(dir, "missing"), certFile, keyFile)
 	assert.ErrorContains(t, err, filepath.Join(dir, "missing"))
+}
+
+// issuedAs is issued for a certificate with the URI SANs uris: role URIs.
+func issuedAs(t *testing.T, c *ca, name string, uris ...string) *Identity {
+	t.Helper()
+	id, err := LoadIdentity(c.Files(t, c, t.TempDir(), name, time.Now().Add(time.Hour), uris...))
+	require.NoError(t, err)
+	return id
+}
+
+// presenting is a certificate of c for name with the URI SANs uris, as a
+// peer presents it: LoadIdentity may refuse to load it.
+func presenting(t *testing.T, c *ca, name string, uris ...string) tls.Certificate {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(c.Issue(t, t.TempDir(), name, time.Now().Add(time.Hour), uris...))
+	require.NoError(t, err)
+	return pair
+}
+
+func TestACertificatesRoleIsItsKind(t *testing.T) {
+	mesh := newCA(t, "mesh-ca")
+	for name, tt := range map[string]struct {
+		uris []string
+		kind string
+		err  string
+	}{
+		"none: issued before agents": {kind: KindGateway},
+		"a gateway's":                {uris: []string{roleGateway}, kind: KindGateway},
+		"an agent's":                 {uris: []string{roleAgent}, kind: KindAgent},
+		"another URI besides":        {uris: []string{"spiffe://ci/agent", roleAgent}, kind: KindAgent},
+		"both":                       {uris: []string{roleGateway, roleAgent}, err: `has role URIs urn:jetway:mesh:gateway, urn:jetway:mesh:agent; want one of`},
+		"one it does not know":       {uris: []string{"urn:jetway:mesh:robot"}, err: `has role URIs urn:jetway:mesh:robot; want one of`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			caFile, certFile, keyFile := mesh.Files(t, mesh, t.TempDir(), "m", time.Now().Add(time.Hour), tt.uris...)
+			id, err := LoadIdentity(caFile, certFile, keyFile)
+			if tt.err != "" {
+				assert.ErrorContains(t, err, "mesh: "+certFile+`: certificate of "m" `+tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.kind, id.Kind())
+		})
+	}
+}
+
+// A peer whose certificate has both roles is refused at the handshake,
+// dialing or listening.
+func TestACertificateWithBothRolesIsRefused(t *testing.T) {
+	mesh := newCA(t, "mesh-ca")
+	b := issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
+	both := presenting(t, mesh, "two-faced", roleGateway, roleAgent)
+	check := func(err error) {
+		t.Helper()
+		var refused *RefusedError
+		require.ErrorAs(t, err, &refused)
+		assert.Equal(t, RefusedBadRole, refused.Reason)
+		assert.ErrorContains(t, err, `certificate of "two-faced" has role URIs`)
+	}
+	dialer := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, Certificates: []tls.Certificate{both}}
+	_, serr, _, _ := handshakeWith(t, dialer, b.ServerConfig())
+	check(serr)
+	listener := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{both}, ClientAuth: tls.RequireAnyClientCert}
+	cerr, _, _, _ := handshakeWith(t, b.ClientConfig(), listener)
+	check(cerr)
+}
+
+// A member runs as the kind its certificate is for; the error says which
+// certificate to issue.
+func TestAMemberMustBeOfItsCertificatesKind(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	agent, gateway := issuedAs(t, c, "mac-1", roleAgent), issued(t, c, "gw-a", time.Now().Add(time.Hour))
+	for name, tt := range map[string]struct {
+		id   *Identity
+		kind string
+		err  string
+	}{
+		"a gateway with an agent's certificate": {agent, "", "mesh: certificate " + agent.certFile +
+			" is an agent's (URI SAN urn:jetway:mesh:agent); a gateway needs a gateway certificate: gateway mesh issue without --agent"},
+		"an agent with a gateway's certificate": {gateway, KindAgent, "mesh: certificate " + gateway.certFile +
+			" is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent"},
+		"an unknown kind":   {gateway, "robot", `mesh: unknown member kind "robot"; want gateway or agent`},
+		"an agent":          {agent, KindAgent, ""},
+		"a gateway":         {gateway, "", ""},
+		"a gateway by name": {gateway, KindGateway, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(Options{Identity: tt.id, Kind: tt.kind})
+			if tt.err == "" {
+				assert.NoError(t, err)
+			} else {
+				assert.EqualError(t, err, tt.err)
+			}
+		})
+	}
 }

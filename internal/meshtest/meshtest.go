@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,9 +40,14 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// Issue writes a certificate for name, valid until notAfter, and its key
-// into dir, and returns the files.
-func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time) (certFile, keyFile string) {
+// AgentURI is the URI SAN of an agent's certificate (mesh/tls.go); a
+// certificate without one is a gateway's.
+const AgentURI = "urn:jetway:mesh:agent"
+
+// Issue writes a certificate for name, valid until notAfter, with the URI
+// SANs uris (role URIs, such as AgentURI), and its key into dir, and
+// returns the files.
+func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time, uris ...string) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	check(t, err)
@@ -51,6 +57,11 @@ func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time) (certFile
 		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		KeyUsage:    x509.KeyUsageDigitalSignature}
+	for _, u := range uris {
+		parsed, err := url.Parse(u)
+		check(t, err)
+		tmpl.URIs = append(tmpl.URIs, parsed)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	check(t, err)
 	kder, err := x509.MarshalECPrivateKey(key)
@@ -75,12 +86,13 @@ func (c *CA) Write(t testing.TB, dir string) (certFile, keyFile string) {
 }
 
 // Files writes, into dir, the CA of trust and a certificate of c for name,
-// valid until notAfter: what --mesh-ca, --mesh-cert and --mesh-key name.
-func (c *CA) Files(t testing.TB, trust *CA, dir, name string, notAfter time.Time) (caFile, certFile, keyFile string) {
+// valid until notAfter, with the URI SANs uris: what --mesh-ca,
+// --mesh-cert and --mesh-key name.
+func (c *CA) Files(t testing.TB, trust *CA, dir, name string, notAfter time.Time, uris ...string) (caFile, certFile, keyFile string) {
 	t.Helper()
 	caFile = filepath.Join(dir, "ca.crt")
 	check(t, os.WriteFile(caFile, trust.PEM, 0o644))
-	certFile, keyFile = c.Issue(t, dir, name, notAfter)
+	certFile, keyFile = c.Issue(t, dir, name, notAfter, uris...)
 	return caFile, certFile, keyFile
 }
 
