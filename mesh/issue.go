@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +37,9 @@ type IssueOptions struct {
 	Name string
 	// DNSNames are further DNS names of the certificate (a Service's).
 	DNSNames []string
+	// Agent issues an agent's certificate (URI SAN urn:jetway:mesh:agent)
+	// instead of a gateway's (urn:jetway:mesh:gateway).
+	Agent bool
 	// ValidFor is how long the certificate is valid from now; never past
 	// the CA certificate's end.
 	ValidFor time.Duration
@@ -94,6 +98,15 @@ func (o IssueOptions) Validate() error {
 	return nil
 }
 
+// Kind is the kind of member the certificate is for: KindAgent with
+// o.Agent, else KindGateway.
+func (o IssueOptions) Kind() string {
+	if o.Agent {
+		return KindAgent
+	}
+	return KindGateway
+}
+
 // Issued is what Issue wrote.
 type Issued struct {
 	// CACert, Cert and Key are the files written.
@@ -106,11 +119,12 @@ type Issued struct {
 }
 
 // Issue makes a member certificate for o.Name from the mesh CA, with a new
-// ECDSA P-256 key, for client and server authentication, and writes it,
-// its key and the CA's certificate into o.OutDir, each file replaced
-// atomically (the key readable by its owner only). Before writing, the
-// certificate is checked as every mesh handshake checks a peer's. Errors
-// name the file at fault; none carries key material.
+// ECDSA P-256 key, for client and server authentication, with the role
+// URI of o.Kind(), and writes it, its key and the CA's certificate into
+// o.OutDir, each file replaced atomically (the key readable by its owner
+// only). Before writing, the certificate is checked as every mesh
+// handshake checks a peer's. Errors name the file at fault; none carries
+// key material.
 func Issue(o IssueOptions) (*Issued, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -201,7 +215,7 @@ func (out *Issued) write(dir string, caCert *x509.Certificate, keyDER []byte) er
 
 // memberTemplate is the certificate to sign: valid from backdate before
 // now (not before the CA) for o.ValidFor, cut at the CA's end (capped),
-// with a random 128-bit serial.
+// with a random 128-bit serial and the role URI of o.Kind().
 func memberTemplate(o IssueOptions, ca *x509.Certificate, now time.Time) (tmpl *x509.Certificate, capped bool, err error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -225,10 +239,15 @@ func memberTemplate(o IssueOptions, ca *x509.Certificate, now time.Time) (tmpl *
 			dns = append(dns, d)
 		}
 	}
+	role, err := url.Parse(rolePrefix + o.Kind())
+	if err != nil {
+		return nil, false, fmt.Errorf("mesh: role URI: %w", err)
+	}
 	return &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: o.Name},
 		DNSNames:     dns,
+		URIs:         []*url.URL{role},
 		NotBefore:    notBefore.UTC(),
 		NotAfter:     notAfter.UTC(),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

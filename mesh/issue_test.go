@@ -180,6 +180,7 @@ func TestIssueWritesTheMembersFiles(t *testing.T) {
 	assert.Equal(t, "jetway-7d9f-x2x4q", leaf.Subject.CommonName)
 	assert.Equal(t, []string{"jetway-7d9f-x2x4q", "jetway-mesh.ci.svc"}, leaf.DNSNames)
 	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, leaf.ExtKeyUsage)
+	assert.Equal(t, []string{"urn:jetway:mesh:gateway"}, uris(leaf), "a gateway's role")
 	assert.False(t, leaf.IsCA)
 	assert.Equal(t, now.Add(-5*time.Minute).UTC(), leaf.NotBefore)
 	assert.Equal(t, now.Add(90*24*time.Hour).UTC(), leaf.NotAfter)
@@ -202,6 +203,27 @@ func TestIssueWritesTheMembersFiles(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, leaf.SerialNumber, readLeaf(t, again.Cert).SerialNumber)
 	assertFiles(t, dir, map[string]os.FileMode{"ca.crt": 0o644, "tls.crt": 0o644, "tls.key": 0o600})
+}
+
+func TestIssueMakesAnAgentsCertificate(t *testing.T) {
+	caCert, caKey := newCAFiles(t, "ec sec1", caSpec{})
+	out, err := Issue(IssueOptions{CACert: caCert, CAKey: caKey, Name: "mac-mini-1", Agent: true, ValidFor: time.Hour,
+		OutDir: t.TempDir()})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"urn:jetway:mesh:agent"}, uris(readLeaf(t, out.Cert)))
+	id, err := LoadIdentity(out.CACert, out.Cert, out.Key)
+	require.NoError(t, err)
+	assert.Equal(t, KindAgent, id.Kind())
+	_, err = New(Options{Identity: id, Kind: KindAgent})
+	assert.NoError(t, err, "gateway agent runs with it")
+}
+
+func uris(c *x509.Certificate) []string {
+	var out []string
+	for _, u := range c.URIs {
+		out = append(out, u.String())
+	}
+	return out
 }
 
 func TestIssueEndsWithTheCA(t *testing.T) {

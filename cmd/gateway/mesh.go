@@ -27,16 +27,20 @@ func meshCommand() *cobra.Command {
 func meshIssueCommand() *cobra.Command {
 	var o mesh.IssueOptions
 	cmd := &cobra.Command{
-		Use:   "issue --ca-cert FILE --ca-key FILE --name NAME --out DIR",
+		Use:   "issue --ca-cert FILE --ca-key FILE --name NAME --out DIR [--agent]",
 		Short: "Issue this member's mesh certificate and key from the mesh CA",
 		Long: `Issue this member's mesh certificate from the mesh CA and write, into --out,
 ca.crt (the CA's certificate), tls.crt and tls.key (ECDSA P-256, mode 0600),
 each replaced atomically: what --mesh-ca, --mesh-cert and --mesh-key name.
 The certificate's common name, its mesh name, is --name, also its first DNS
 name; it serves client and server authentication, and is valid from 5
-minutes ago for --valid-for, but never past the CA's end.`,
+minutes ago for --valid-for, but never past the CA's end. It is a gateway's
+(URI SAN urn:jetway:mesh:gateway), or with --agent an agent's
+(urn:jetway:mesh:agent): a member runs only as the kind its certificate is
+for.`,
 		Example: `  gateway mesh issue --ca-cert /etc/jetway/mesh-ca/tls.crt --ca-key /etc/jetway/mesh-ca/tls.key \
-    --name "$POD_NAME" --dns "$POD_NAME" --dns jetway-mesh.ci.svc --out /etc/jetway/mesh`,
+    --name "$POD_NAME" --dns "$POD_NAME" --dns jetway-mesh.ci.svc --out /etc/jetway/mesh
+  gateway mesh issue --ca-cert ca.crt --ca-key ca.key --name mac-mini-1 --agent --out ~/.jetway/mesh`,
 		Args: noArgs,
 	}
 	f := cmd.Flags()
@@ -46,6 +50,7 @@ minutes ago for --valid-for, but never past the CA's end.`,
 	f.StringArrayVar(&o.DNSNames, "dns", nil, "another DNS name of the certificate; repeat for more")
 	f.DurationVar(&o.ValidFor, "valid-for", 8760*time.Hour, "how long the certificate is valid; cut at the CA's end")
 	f.StringVar(&o.OutDir, "out", "", "directory to write ca.crt, tls.crt and tls.key into; made if missing (required)")
+	f.BoolVar(&o.Agent, "agent", false, "issue an agent's certificate (for gateway agent) instead of a gateway's")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := o.Validate(); err != nil {
 			return usageError{err}
@@ -59,8 +64,8 @@ minutes ago for --valid-for, but never past the CA's end.`,
 			fmt.Fprintf(cmd.ErrOrStderr(), "gateway: mesh issue: the certificate is valid until %s only, when CA certificate %s expires; --valid-for %s reaches past it\n",
 				leaf.NotAfter.Format(time.RFC3339), o.CACert, o.ValidFor)
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "issued %q (serial %x) valid until %s: %s, %s, %s\n",
-			leaf.Subject.CommonName, leaf.SerialNumber, leaf.NotAfter.Format(time.RFC3339), issued.CACert, issued.Cert, issued.Key)
+		fmt.Fprintf(cmd.OutOrStdout(), "issued %s certificate %q (serial %x) valid until %s: %s, %s, %s\n",
+			o.Kind(), leaf.Subject.CommonName, leaf.SerialNumber, leaf.NotAfter.Format(time.RFC3339), issued.CACert, issued.Cert, issued.Key)
 		return nil
 	}
 	return cmd

@@ -38,10 +38,12 @@ func TestMeshIssue(t *testing.T) {
 	}{
 		{name: "issued, cut at the CA's end", code: 0,
 			args:   issue("--name", "jetway-0", "--dns", "jetway-0", "--dns", "jetway-mesh.ci.svc"),
-			stdout: `issued "jetway-0" (serial `,
+			stdout: `issued gateway certificate "jetway-0" (serial `,
 			stderr: "gateway: mesh issue: the certificate is valid until "},
+		{name: "an agent's", code: 0, args: issue("--name", "mac-mini-1", "--agent", "--valid-for", "30m"),
+			stdout: `issued agent certificate "mac-mini-1" (serial `},
 		{name: "issued for a shorter time", code: 0, args: issue("--name", "jetway-1", "--valid-for", "30m"),
-			stdout: `issued "jetway-1" (serial `},
+			stdout: `issued gateway certificate "jetway-1" (serial `},
 		{name: "nothing given", code: 2, args: []string{"mesh", "issue"},
 			stderr: "gateway: mesh: invalid certificate request: ca-cert: required; ca-key: required; out: required; name: required\n"},
 		{name: "a bad name", code: 2, args: issue("--name", "Jetway_0"),
@@ -73,6 +75,7 @@ func TestMeshIssue(t *testing.T) {
 	id, err := mesh.LoadIdentity(filepath.Join(out, "ca.crt"), filepath.Join(out, "tls.crt"), filepath.Join(out, "tls.key"))
 	require.NoError(t, err)
 	assert.Equal(t, "jetway-1", id.Name())
+	assert.Equal(t, mesh.KindGateway, id.Kind(), "issued without --agent after an agent's")
 	id.Observe(func(leaf *x509.Certificate, _ error) {
 		assert.WithinDuration(t, time.Now().Add(30*time.Minute), leaf.NotAfter, time.Minute)
 	})
