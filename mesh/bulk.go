@@ -26,8 +26,9 @@ import (
 const defaultBulkConns = 8
 
 // redialFunc makes another connection to a session's peer for a bulk
-// session: over TLS, handshaken, with certName the peer's verified name.
-type redialFunc func(ctx context.Context) (conn net.Conn, certName string, err error)
+// session: over TLS, handshaken, with peer what its verified certificate
+// says.
+type redialFunc func(ctx context.Context) (conn net.Conn, peer peerCert, err error)
 
 // errBulkRefused is a bulk connection the accepting side did not take:
 // the session it named is not the one it has with this member.
@@ -36,20 +37,20 @@ var errBulkRefused = errors.New("mesh: bulk connection refused")
 // bulkDialer makes the connections of bulk sessions with the peer at
 // addr.
 func (m *Mesh) bulkDialer(addr string) redialFunc {
-	return func(ctx context.Context) (net.Conn, string, error) {
+	return func(ctx context.Context) (net.Conn, peerCert, error) {
 		c, err := m.dialTLS(ctx, addr, alpnBulk)
 		if err != nil {
-			return nil, "", err
+			return nil, peerCert{}, err
 		}
 		if err := c.HandshakeContext(ctx); err != nil {
 			c.Close()
-			return nil, "", fmt.Errorf("TLS handshake with %s: %w", addr, err)
+			return nil, peerCert{}, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 		}
 		if p := c.ConnectionState().NegotiatedProtocol; p != alpnBulk {
 			c.Close()
-			return nil, "", fmt.Errorf("mesh peer at %s takes no bulk connection (ALPN %q)", addr, p)
+			return nil, peerCert{}, fmt.Errorf("mesh peer at %s takes no bulk connection (ALPN %q)", addr, p)
 		}
-		return c, PeerName(c.ConnectionState()), nil
+		return c, peerCertOf(c.ConnectionState()), nil
 	}
 }
 
@@ -83,20 +84,20 @@ func (s *session) keepBulk() {
 func (s *session) dialBulk(ctx context.Context) (*yamux.Session, error) {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	conn, certName, err := s.redial(hctx)
+	conn, peer, err := s.redial(hctx)
 	if err != nil {
 		return nil, err
 	}
-	if certName != s.peer {
+	if peer.name != s.peer {
 		conn.Close()
-		return nil, fmt.Errorf("mesh bulk connection reached %q, not %q", certName, s.peer)
+		return nil, fmt.Errorf("mesh bulk connection reached %q, not %q", peer.name, s.peer)
 	}
 	mux, err := yamux.Client(conn, yamuxConfig(bulkWindow))
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	if err := s.bulkHello(mux, certName); err != nil {
+	if err := s.bulkHello(mux, peer); err != nil {
 		mux.Close()
 		return nil, err
 	}
@@ -109,14 +110,14 @@ func (s *session) dialBulk(ctx context.Context) (*yamux.Session, error) {
 
 // bulkHello sends a bulk connection's hello on its control stream, reads
 // the peer's and its answer, and closes the control stream.
-func (s *session) bulkHello(mux *yamux.Session, certName string) error {
+func (s *session) bulkHello(mux *yamux.Session, peer peerCert) error {
 	ctrl, err := mux.OpenStream()
 	if err != nil {
 		return err
 	}
 	defer ctrl.Close()
 	ctrl.SetDeadline(time.Now().Add(handshakeTimeout))
-	if _, err := greet(ctrl, hello{Version: Version, Name: s.m.name, Kind: s.m.opts.Kind, Bulk: s.theirs}, certName); err != nil {
+	if _, err := greet(ctrl, hello{Version: Version, Name: s.m.name, Kind: s.m.opts.Kind, Bulk: s.theirs}, peer); err != nil {
 		return err
 	}
 	var answer control
@@ -131,9 +132,9 @@ func (s *session) bulkHello(mux *yamux.Session, certName string) error {
 	return nil
 }
 
-// acceptBulk takes a bulk connection from certName: its hello must name
-// the session this member has with certName, which certName dialed.
-func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, certName string) error {
+// acceptBulk takes a bulk connection from peer: its hello must name the
+// session this member has with peer, which peer dialed.
+func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, peer peerCert) error {
 	mux, err := yamux.Server(conn, yamuxConfig(bulkWindow))
 	if err != nil {
 		conn.Close()
@@ -149,26 +150,23 @@ func (m *Mesh) acceptBulk(ctx context.Context, conn net.Conn, certName string) e
 	defer cancel()
 	ctrl, err := mux.AcceptStreamWithContext(hctx)
 	if err != nil {
-		return fail("hello", fmt.Errorf("mesh bulk control stream with %q: %w", certName, err))
+		return fail("hello", fmt.Errorf("mesh bulk control stream with %q: %w", peer.name, err))
 	}
 	defer ctrl.Close()
 	ctrl.SetDeadline(time.Now().Add(handshakeTimeout))
-	theirs, err := greet(ctrl, hello{Version: Version, Name: m.name, Kind: m.opts.Kind}, certName)
-	switch {
-	case errors.Is(err, ErrVersion):
-		return fail("version", err)
-	case err != nil:
-		return fail("hello", err)
+	theirs, err := greet(ctrl, hello{Version: Version, Name: m.name, Kind: m.opts.Kind}, peer)
+	if err != nil {
+		return fail(helloFailure(err), err)
 	}
-	s := m.bulkSessionOf(ctx, certName, theirs.Bulk)
+	s := m.bulkSessionOf(ctx, peer.name, theirs.Bulk)
 	if s == nil || !s.attach(mux) {
-		err := fmt.Errorf("%q named a session it did not dial with %q", certName, m.name)
+		err := fmt.Errorf("%q named a session it did not dial with %q", peer.name, m.name)
 		refuse(ctrl, err)
 		return fail("bulk", fmt.Errorf("%w: %v", errBulkRefused, err))
 	}
 	if err := writeMessage(ctrl, control{Type: msgAttached}); err != nil {
 		mux.Close()
-		return fmt.Errorf("mesh bulk session with %q: %w", certName, err)
+		return fmt.Errorf("mesh bulk session with %q: %w", peer.name, err)
 	}
 	return nil
 }

@@ -368,17 +368,17 @@ func (m *Mesh) establish(ctx context.Context, conn *tls.Conn, redial redialFunc)
 		m.opts.Metrics.handshakeFailed("tls")
 		return nil, fmt.Errorf("TLS handshake with %s: %w", conn.RemoteAddr(), err)
 	}
-	certName := PeerName(conn.ConnectionState())
+	peer := peerCertOf(conn.ConnectionState())
 	if redial == nil && conn.ConnectionState().NegotiatedProtocol == alpnBulk {
-		return nil, m.acceptBulk(ctx, conn, certName)
+		return nil, m.acceptBulk(ctx, conn, peer)
 	}
-	return m.setup(ctx, conn, certName, redial != nil, redial)
+	return m.setup(ctx, conn, peer, redial != nil, redial)
 }
 
-// setup runs yamux and the hello over conn, whose peer is authenticated as
-// certName, and registers the session. dialed says this side dialed;
-// redial, if set, makes its bulk sessions' connections.
-func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed bool, redial redialFunc) (*session, error) {
+// setup runs yamux and the hello over conn, whose peer is authenticated by
+// its certificate as peer, and registers the session. dialed says this
+// side dialed; redial, if set, makes its bulk sessions' connections.
+func (m *Mesh) setup(ctx context.Context, conn net.Conn, peer peerCert, dialed bool, redial redialFunc) (*session, error) {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	fail := func(reason string, err error) (*session, error) {
@@ -398,27 +398,24 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, certName string, dialed
 	}
 	if err != nil {
 		mux.Close()
-		return fail("hello", fmt.Errorf("mesh control stream with %q: %w", certName, err))
+		return fail("hello", fmt.Errorf("mesh control stream with %q: %w", peer.name, err))
 	}
 	ctrl.SetDeadline(time.Now().Add(handshakeTimeout))
 	ours := hello{Version: Version, Name: m.name, Kind: m.opts.Kind, Session: rand.Text()}
-	theirs, err := greet(ctrl, ours, certName)
+	theirs, err := greet(ctrl, ours, peer)
 	ctrl.SetDeadline(time.Time{})
 	switch {
 	case err == nil && theirs.Name == m.name:
 		mux.Close()
 		return nil, errSelf
-	case errors.Is(err, ErrVersion):
-		mux.Close()
-		return fail("version", err)
 	case err == nil && theirs.Session == "":
 		err = fmt.Errorf("mesh hello: peer %q names no session", theirs.Name)
 		fallthrough
 	case err != nil:
 		mux.Close()
-		return fail("hello", err)
+		return fail(helloFailure(err), err)
 	}
-	dialer := certName
+	dialer := peer.name
 	if dialed {
 		dialer = m.name
 	}

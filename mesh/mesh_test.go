@@ -82,6 +82,7 @@ type memberOpts struct {
 	now      func() time.Time
 	identity *Identity
 	kind     string
+	hello    string                                                            // the kind its hello says, if not kind (a peer that lies)
 	bulk     int                                                               // Options.BulkConns
 	backoff  time.Duration                                                     // Options.MinBackoff and MaxBackoff
 	handler  http.Handler                                                      // instead of the echo
@@ -94,7 +95,10 @@ type memberOpts struct {
 func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string) *member {
 	t.Helper()
 	id := o.identity
-	if id == nil {
+	switch {
+	case id == nil && o.kind == KindAgent:
+		id = issuedAs(t, c, name, roleAgent)
+	case id == nil:
 		id = issued(t, c, name, time.Now().Add(time.Hour))
 	}
 	reg := prometheus.NewRegistry()
@@ -115,6 +119,9 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	}
 	m, err := New(opts)
 	require.NoError(t, err)
+	if o.hello != "" {
+		m.opts.Kind = o.hello
+	}
 	mb.Mesh = m
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -207,7 +214,7 @@ func (k connKind) connect(t *testing.T, a, b *member) {
 		if k.tls {
 			_, err = b.establish(context.Background(), tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
 		} else {
-			_, err = b.setup(context.Background(), cb, a.Name(), false, nil)
+			_, err = b.setup(context.Background(), cb, a.cert(), false, nil)
 		}
 		errc <- err
 	})
@@ -215,7 +222,7 @@ func (k connKind) connect(t *testing.T, a, b *member) {
 	if k.tls {
 		_, err = a.establish(context.Background(), tls.Client(ca, a.clientConfig(alpnSession)), redial)
 	} else {
-		_, err = a.setup(context.Background(), ca, b.Name(), true, redial)
+		_, err = a.setup(context.Background(), ca, b.cert(), true, redial)
 	}
 	require.NoError(t, err)
 	require.NoError(t, <-errc)
@@ -224,14 +231,14 @@ func (k connKind) connect(t *testing.T, a, b *member) {
 // redial makes a's bulk connections to b; b takes each in a goroutine of
 // accepting.
 func (k connKind) redial(a, b *member, accepting *sync.WaitGroup) redialFunc {
-	return func(ctx context.Context) (net.Conn, string, error) {
+	return func(ctx context.Context) (net.Conn, peerCert, error) {
 		ca, cb, err := k.pair()
 		if err != nil {
-			return nil, "", err
+			return nil, peerCert{}, err
 		}
 		if !k.tls {
-			accepting.Go(func() { _ = b.acceptBulk(ctx, cb, a.Name()) })
-			return ca, b.Name(), nil
+			accepting.Go(func() { _ = b.acceptBulk(ctx, cb, a.cert()) })
+			return ca, b.cert(), nil
 		}
 		accepting.Go(func() {
 			_, _ = b.establish(ctx, tls.Server(cb, b.opts.Identity.ServerConfig()), nil)
@@ -239,10 +246,15 @@ func (k connKind) redial(a, b *member, accepting *sync.WaitGroup) redialFunc {
 		c := tls.Client(ca, a.clientConfig(alpnBulk))
 		if err := c.HandshakeContext(ctx); err != nil {
 			c.Close()
-			return nil, "", err
+			return nil, peerCert{}, err
 		}
-		return c, PeerName(c.ConnectionState()), nil
+		return c, peerCertOf(c.ConnectionState()), nil
 	}
+}
+
+// cert is what m's certificate says, as a peer's handshake finds it.
+func (m *member) cert() peerCert {
+	return peerCert{name: m.Name(), kind: m.opts.Identity.Kind()}
 }
 
 func (m *member) clientConfig(alpn string) *tls.Config {
@@ -285,10 +297,10 @@ func connect(t *testing.T, a, b *member, ca, cb net.Conn) {
 	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := b.setup(context.Background(), cb, a.Name(), false, nil)
+		_, err := b.setup(context.Background(), cb, a.cert(), false, nil)
 		errc <- err
 	}()
-	_, err := a.setup(context.Background(), ca, b.Name(), true, nil)
+	_, err := a.setup(context.Background(), ca, b.cert(), true, nil)
 	require.NoError(t, err)
 	require.NoError(t, <-errc)
 }
@@ -538,7 +550,7 @@ func TestAPeerSpeakingANewerVersionIsRefused(t *testing.T) {
 	p, q := net.Pipe()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := a.setup(context.Background(), p, "b", false, nil)
+		_, err := a.setup(context.Background(), p, peerCert{"b", KindGateway}, false, nil)
 		errc <- err
 	}()
 	mux, err := newMux(q, true)
@@ -547,7 +559,7 @@ func TestAPeerSpeakingANewerVersionIsRefused(t *testing.T) {
 	ctrl, err := mux.OpenStream()
 	require.NoError(t, err)
 	// The fake peer's side may see the session closed before a's hello.
-	_, _ = greet(ctrl, hello{Version: Version + 1, Name: "b", Kind: KindGateway}, "a")
+	_, _ = greet(ctrl, hello{Version: Version + 1, Name: "b", Kind: KindGateway}, a.cert())
 	err = <-errc
 	assert.ErrorIs(t, err, ErrVersion)
 	assert.ErrorContains(t, err, `peer "b" speaks mesh version 2`)

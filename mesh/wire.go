@@ -80,11 +80,16 @@ type hello struct {
 // ErrVersion is a peer speaking another mesh version.
 var ErrVersion = errors.New("mesh version mismatch")
 
+// ErrWrongKind is a peer whose hello says another kind than its
+// certificate, or an agent meeting an agent: agents hold no session with
+// each other.
+var ErrWrongKind = errors.New("mesh peer of the wrong kind")
+
 // greet sends our hello and reads the peer's, which must speak our version
-// and name itself as its certificate does (certName). Both sides write
-// first, so the write runs aside; on an error the caller closes rw (with a
-// deadline set, the session's), which ends it.
-func greet(rw io.ReadWriter, ours hello, certName string) (hello, error) {
+// and name itself and its kind as its certificate does (peer). Both sides
+// write first, so the write runs aside; on an error the caller closes rw
+// (with a deadline set, the session's), which ends it.
+func greet(rw io.ReadWriter, ours hello, peer peerCert) (hello, error) {
 	errc := make(chan error, 1)
 	go func() { errc <- writeMessage(rw, ours) }()
 	var theirs hello
@@ -98,10 +103,27 @@ func greet(rw io.ReadWriter, ours hello, certName string) (hello, error) {
 	case theirs.Version != Version:
 		return theirs, fmt.Errorf("%w: peer %q speaks mesh version %d, this gateway %d; run the same jetway version on both",
 			ErrVersion, theirs.Name, theirs.Version, Version)
-	case theirs.Name != certName:
-		return theirs, fmt.Errorf("mesh hello: peer calls itself %q, its certificate %q", theirs.Name, certName)
+	case theirs.Name != peer.name:
+		return theirs, fmt.Errorf("mesh hello: peer calls itself %q, its certificate %q", theirs.Name, peer.name)
 	case theirs.Kind != KindGateway && theirs.Kind != KindAgent:
 		return theirs, fmt.Errorf("mesh hello: peer %q is of unknown kind %q", theirs.Name, theirs.Kind)
+	case theirs.Kind != peer.kind:
+		return theirs, fmt.Errorf("%w: peer %q calls itself %s, its certificate is %s's",
+			ErrWrongKind, theirs.Name, aKind(theirs.Kind), aKind(peer.kind))
+	case theirs.Kind == KindAgent && ours.Kind == KindAgent:
+		return theirs, fmt.Errorf("%w: peer %q is an agent, as this member is; agents hold no session with each other",
+			ErrWrongKind, theirs.Name)
 	}
 	return theirs, nil
+}
+
+// helloFailure is the handshake failure reason of a hello greet refused.
+func helloFailure(err error) string {
+	switch {
+	case errors.Is(err, ErrVersion):
+		return "version"
+	case errors.Is(err, ErrWrongKind):
+		return "wrong-kind"
+	}
+	return "hello"
 }

@@ -2,7 +2,9 @@ package mesh
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -36,36 +38,44 @@ func TestMalformedFramesAreNamed(t *testing.T) {
 }
 
 func TestGreetChecksVersionNameAndKind(t *testing.T) {
+	gwB, agentB := peerCert{"gw-b", KindGateway}, peerCert{"gw-b", KindAgent}
 	for name, tt := range map[string]struct {
-		theirs   hello
-		certName string
-		err      string
+		theirs hello
+		cert   peerCert // the peer's certificate
+		ours   string   // our kind; gateway if empty
+		err    string
+		kind   bool // the error is ErrWrongKind
 	}{
-		"agreed":        {hello{Version: Version, Name: "gw-b", Kind: KindGateway}, "gw-b", ""},
-		"newer version": {hello{Version: Version + 1, Name: "gw-b", Kind: KindGateway}, "gw-b", `peer "gw-b" speaks mesh version 2, this gateway 1`},
-		"another name":  {hello{Version: Version, Name: "gw-c", Kind: KindGateway}, "gw-b", `peer calls itself "gw-c", its certificate "gw-b"`},
-		"unknown kind":  {hello{Version: Version, Name: "gw-b", Kind: "robot"}, "gw-b", `unknown kind "robot"`},
+		"agreed":         {theirs: hello{Version: Version, Name: "gw-b", Kind: KindGateway}, cert: gwB},
+		"an agent":       {theirs: hello{Version: Version, Name: "gw-b", Kind: KindAgent}, cert: agentB},
+		"to an agent":    {theirs: hello{Version: Version, Name: "gw-b", Kind: KindGateway}, cert: gwB, ours: KindAgent},
+		"newer version":  {theirs: hello{Version: Version + 1, Name: "gw-b", Kind: KindGateway}, cert: gwB, err: `peer "gw-b" speaks mesh version 2, this gateway 1`},
+		"another name":   {theirs: hello{Version: Version, Name: "gw-c", Kind: KindGateway}, cert: gwB, err: `peer calls itself "gw-c", its certificate "gw-b"`},
+		"unknown kind":   {theirs: hello{Version: Version, Name: "gw-b", Kind: "robot"}, cert: gwB, err: `unknown kind "robot"`},
+		"agent as gw":    {theirs: hello{Version: Version, Name: "gw-b", Kind: KindGateway}, cert: agentB, err: `peer "gw-b" calls itself a gateway, its certificate is an agent's`, kind: true},
+		"gw as agent":    {theirs: hello{Version: Version, Name: "gw-b", Kind: KindAgent}, cert: gwB, err: `peer "gw-b" calls itself an agent, its certificate is a gateway's`, kind: true},
+		"agent to agent": {theirs: hello{Version: Version, Name: "gw-b", Kind: KindAgent}, cert: agentB, ours: KindAgent, err: `peer "gw-b" is an agent, as this member is; agents hold no session with each other`, kind: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a, b := net.Pipe()
 			defer a.Close()
 			defer b.Close()
+			ours := hello{Version: Version, Name: "gw-a", Kind: cmp.Or(tt.ours, KindGateway)}
 			done := make(chan error, 1)
 			go func() {
-				_, err := greet(b, tt.theirs, "gw-a")
+				_, err := greet(b, tt.theirs, peerCert{"gw-a", ours.Kind})
 				done <- err
 			}()
-			got, err := greet(a, hello{Version: Version, Name: "gw-a", Kind: KindGateway}, tt.certName)
-			require.NoError(t, <-done)
+			got, err := greet(a, ours, tt.cert)
+			<-done // the peer's own view: not under test
 			if tt.err == "" {
 				require.NoError(t, err)
 				assert.Equal(t, tt.theirs, got)
 				return
 			}
 			assert.ErrorContains(t, err, tt.err)
-			if tt.theirs.Version != Version {
-				assert.ErrorIs(t, err, ErrVersion)
-			}
+			assert.Equal(t, tt.theirs.Version != Version, errors.Is(err, ErrVersion))
+			assert.Equal(t, tt.kind, errors.Is(err, ErrWrongKind))
 		})
 	}
 }
