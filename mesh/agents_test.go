@@ -1,7 +1,11 @@
 package mesh
 
 import (
+	"bufio"
+	"fmt"
 	"io"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -84,4 +88,80 @@ func TestABulkConnectionMustSayItsCertificatesKind(t *testing.T) {
 		return testutil.ToFloat64(b.metrics.handshakes.WithLabelValues("wrong-kind")) == 1
 	})
 	bulkUp(t, a, b, 1) // the live session's pool is untouched
+}
+
+// whoAsks answers with the origin of each call, as the API sees it.
+func whoAsks(w http.ResponseWriter, r *http.Request) {
+	peer, _ := Peer(r.Context())
+	fmt.Fprintf(w, "%s (%s)", peer, PeerKind(r.Context()))
+}
+
+// get answers c's GET of url with its status and body.
+func get(t *testing.T, c *http.Client, url string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// A gateway relaying a stream names its origin: the far member sees who
+// made the call, not the gateway that carried it. Agents never talk to
+// each other, even through a gateway.
+func TestARelayedStreamCarriesItsOrigin(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true, bulk: 1}, "h1")
+	spoke := func(name, kind string) *member {
+		return startMember(t, c, name, memberOpts{kind: kind, peers: []string{hub.Addr().String()}, bulk: 1,
+			handler: http.HandlerFunc(whoAsks)}, name)
+	}
+	b, a, mac := spoke("b", KindGateway), spoke("a", KindGateway), spoke("mac", KindAgent)
+	spoke("mac-2", KindAgent)
+	eventually(t, mac, "every route at the agent", func() bool { return len(mac.Remotes()) == 4 })
+	eventually(t, a, "every route at a", func() bool { return len(a.Remotes()) == 4 })
+
+	for _, tt := range []struct {
+		from *member
+		to   string
+		want string
+	}{
+		{mac, "b", "mac (agent)"},
+		{a, "b", "a (gateway)"},
+		{b, "mac", "b (gateway)"},
+	} {
+		for _, client := range []*http.Client{tt.from.Client(), tt.from.BulkClient()} {
+			code, body := get(t, client, "http://"+tt.to+"/x")
+			assert.Equal(t, http.StatusOK, code, body)
+			assert.Equal(t, tt.want, body, "%s to %s", tt.from.Name(), tt.to)
+		}
+	}
+	code, body := get(t, mac.Client(), "http://mac-2/x")
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "hub relays no stream from agent mac to agent mac-2")
+}
+
+// An agent's stream header naming another origin is refused: it would
+// borrow a gateway's identity.
+func TestAnOriginNamedByAnAgentIsRefused(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	var served atomic.Int32
+	b := startMember(t, c, "b", memberOpts{listen: true, handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		served.Add(1)
+	})}, "b1")
+	mac := startMember(t, c, "mac", memberOpts{kind: KindAgent, peers: []string{b.Addr().String()}}, "mac")
+	eventually(t, mac, "the session", func() bool { return mac.session("b") != nil && b.session("mac") != nil })
+
+	st, err := mac.session("b").open(t.Context(), header{Type: streamHTTP, To: "b", From: "gw-admin", FromKind: KindGateway})
+	require.NoError(t, err)
+	defer st.Close()
+	_, _ = io.WriteString(st, "GET /x HTTP/1.1\r\nHost: b\r\n\r\n") // b may close it first
+	_, err = http.ReadResponse(bufio.NewReader(st), nil)
+	assert.Error(t, err, "the stream is closed unanswered")
+	eventually(t, b, "the header counted malformed", func() bool { return testutil.ToFloat64(b.metrics.malformedFrames) == 1 })
+	assert.Zero(t, served.Load())
+	assert.NotNil(t, b.session("mac"), "the session goes on")
+	code, _ := get(t, mac.Client(), "http://b/x")
+	assert.Equal(t, http.StatusOK, code)
 }

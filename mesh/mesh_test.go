@@ -520,7 +520,7 @@ func TestAStarListsEveryTargetAndRelaysCalls(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Equal(t, "b /steps from hub: through the hub", string(body))
+	assert.Equal(t, "b /steps from a: through the hub", string(body), "b sees who made the call")
 
 	// A spoke gone: the other's call through the hub fails, naming it.
 	b.stop()

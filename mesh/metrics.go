@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		malformedFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_mesh_malformed_frames_total",
-			Help: "Malformed control frames received; each closed the session that sent it.",
+			Help: "Malformed control frames received, each of which closed the session that sent it, and stream headers naming an origin their sender may not, each of which closed its stream.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_mesh_routes_refused_total",

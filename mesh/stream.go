@@ -30,6 +30,32 @@ type header struct {
 	// To is the member the stream is for: the peer that accepts it, or a
 	// member it relays to (one hop).
 	To string `json:"to"`
+	// From and FromKind, on a stream a gateway relays, are the member it
+	// relays it for and its kind: the origin of the calls it carries.
+	// Believed only from a gateway.
+	From     string `json:"from,omitempty"`
+	FromKind string `json:"from_kind,omitempty"`
+}
+
+// origin is the member that made the calls a stream carries: the peer
+// that opened it, or the member a gateway relays it for.
+type origin struct{ name, kind string }
+
+// errForgedOrigin is a stream header naming an origin its sender may not
+// name: only a gateway relays.
+var errForgedOrigin = fmt.Errorf("%w: a stream header names an origin its sender may not", ErrMalformed)
+
+// originOf is the origin of a stream that came from s with header h.
+func originOf(s *session, h header) (origin, error) {
+	switch {
+	case h.From == "" && h.FromKind == "":
+		return origin{s.peer, s.kind}, nil
+	case s.kind != KindGateway:
+		return origin{}, fmt.Errorf("%w: %s %q named %q of kind %q; only a gateway relays", errForgedOrigin, s.kind, s.peer, h.From, h.FromKind)
+	case h.From == "" || h.FromKind != KindGateway && h.FromKind != KindAgent:
+		return origin{}, fmt.Errorf("%w: %q named %q of kind %q", errForgedOrigin, s.peer, h.From, h.FromKind)
+	}
+	return origin{h.From, h.FromKind}, nil
 }
 
 // ErrUnreachable is a member no live session leads to.
@@ -144,27 +170,40 @@ func (m *Mesh) serveStream(ctx context.Context, s *session, st net.Conn) {
 		return
 	}
 	c := &stream{Conn: st, m: m.opts.Metrics}
+	from, err := originOf(s, h)
 	switch {
 	case h.Type != streamHTTP && h.Type != streamVolume:
 		m.opts.Logger.Warn("mesh stream of an unknown type; closed", "peer", s.peer, "type", h.Type)
 		st.Close()
+	case err != nil:
+		m.opts.Logger.Error("mesh stream header is malformed; closed", "peer", s.peer, "error", err.Error())
+		m.opts.Metrics.malformed()
+		st.Close()
 	case h.To == m.name || h.To == "":
-		m.serveHTTP(ctx, s.peer, c)
+		m.serveHTTP(ctx, from, c)
 	default:
-		m.relay(ctx, s, h, c)
+		m.relay(ctx, from, h, c)
 	}
 }
 
-// relay carries a stream on to the member it is for, when this member has
-// a session with it; else it answers 502 naming who is unreachable.
-func (m *Mesh) relay(ctx context.Context, from *session, h header, in net.Conn) {
+// relay carries a stream on to the member it is for, when this member is
+// a gateway with a session with it, naming the stream's origin in the
+// header; else it answers 502 naming who is unreachable. A stream from an
+// agent to an agent is not relayed: agents never talk to each other.
+func (m *Mesh) relay(ctx context.Context, from origin, h header, in net.Conn) {
 	defer in.Close()
 	to := m.session(h.To)
-	if to == nil || from.kind != KindGateway {
+	switch {
+	case to == nil || m.opts.Kind != KindGateway:
 		err := &UnreachableError{Member: h.To, Since: m.lostSince(h.To)}
 		writeHTTPError(in, http.StatusBadGateway, fmt.Sprintf("mesh: %s, from %s: %v", h.To, m.name, err))
 		return
+	case from.kind == KindAgent && to.kind == KindAgent:
+		writeHTTPError(in, http.StatusForbidden, fmt.Sprintf("mesh: %s relays no stream from agent %s to agent %s: agents never talk to each other",
+			m.name, from.name, h.To))
+		return
 	}
+	h.From, h.FromKind = from.name, from.kind
 	out, err := to.open(ctx, h)
 	if err != nil {
 		writeHTTPError(in, http.StatusBadGateway, fmt.Sprintf("mesh: relay from %s: %v", m.name, err))
@@ -279,26 +318,34 @@ func (c *stream) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// peerKey carries the peer's name in an HTTP request's context.
+// peerKey carries the origin of an HTTP request in its context.
 type peerKey struct{}
 
-// Peer is the mesh member that sent an HTTP request served over the mesh,
-// if it came that way.
+// Peer is the mesh member that made an HTTP request served over the mesh,
+// if it came that way: the peer that sent it, or, on a stream a gateway
+// relayed, the member the gateway relayed it for.
 func Peer(ctx context.Context) (string, bool) {
-	p, ok := ctx.Value(peerKey{}).(string)
-	return p, ok
+	o, ok := ctx.Value(peerKey{}).(origin)
+	return o.name, ok
 }
 
-// peerConn is an HTTP stream and the peer it came from.
+// PeerKind is the kind (KindGateway or KindAgent) of the member Peer
+// names; "" for a request that did not come over the mesh.
+func PeerKind(ctx context.Context) string {
+	o, _ := ctx.Value(peerKey{}).(origin)
+	return o.kind
+}
+
+// peerConn is an HTTP stream and the origin of its calls.
 type peerConn struct {
 	net.Conn
-	peer string
+	from origin
 }
 
 // serveHTTP hands an HTTP stream to the mesh's HTTP server.
-func (m *Mesh) serveHTTP(ctx context.Context, peer string, c net.Conn) {
+func (m *Mesh) serveHTTP(ctx context.Context, from origin, c net.Conn) {
 	select {
-	case m.conns <- &peerConn{Conn: c, peer: peer}:
+	case m.conns <- &peerConn{Conn: c, from: from}:
 	case <-ctx.Done():
 		c.Close()
 	}
@@ -341,7 +388,7 @@ func (m *Mesh) serve(ctx context.Context) {
 		ReadHeaderTimeout: handshakeTimeout,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if pc, ok := c.(*peerConn); ok {
-				return context.WithValue(ctx, peerKey{}, pc.peer)
+				return context.WithValue(ctx, peerKey{}, pc.from)
 			}
 			return ctx
 		},
@@ -390,8 +437,14 @@ func (m *Mesh) newTransport(typ string) *http.Transport {
 	}
 }
 
-// WithPeer marks ctx as that of a request peer sent over the mesh, as the
-// mesh's own HTTP server does; for tests of handlers behind it.
+// WithPeer marks ctx as that of a request gateway peer made over the
+// mesh, as the mesh's own HTTP server does; for tests of handlers behind
+// it.
 func WithPeer(ctx context.Context, peer string) context.Context {
-	return context.WithValue(ctx, peerKey{}, peer)
+	return WithPeerKind(ctx, peer, KindGateway)
+}
+
+// WithPeerKind is WithPeer for a peer of kind (KindGateway or KindAgent).
+func WithPeerKind(ctx context.Context, peer, kind string) context.Context {
+	return context.WithValue(ctx, peerKey{}, origin{peer, kind})
 }
