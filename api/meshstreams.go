@@ -97,6 +97,7 @@ func (b *meshBody) Read(p []byte) (int, error) {
 func (b *meshBody) Close() error { return b.resp.Body.Close() }
 
 // streamOut serves a peer's ask for a source's bytes; only over the mesh.
+// An agent's ask may be for a source another member owns (sendForAgent).
 func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	if _, fromPeer := mesh.Peer(r.Context()); !fromPeer {
 		http.NotFound(w, r)
@@ -112,12 +113,19 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	id := requestIdentity(r)
 	began := false
 	w.Header().Set("Trailer", trailerSent+", "+trailerError)
-	n, err := s.opts.Streams.Send(r.Context(), streams.Caller{Admin: id.admin, Team: id.team}, req.From, req.Encoding, func() io.Writer {
+	begin := func() io.Writer {
 		began = true
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.WriteHeader(http.StatusOK)
 		return w
-	})
+	}
+	var n int64
+	var err error
+	if mesh.PeerKind(r.Context()) == mesh.KindAgent {
+		n, err = s.sendForAgent(r.Context(), id, req.From, req.Encoding, begin)
+	} else {
+		n, err = s.opts.Streams.Send(r.Context(), streams.Caller{Admin: id.admin, Team: id.team}, req.From, req.Encoding, begin)
+	}
 	if !began {
 		s.answerStream(w, streams.Result{}, err)
 		return

@@ -11,15 +11,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/streams"
 )
 
 // meshStreams is gateway a (owning fleet[:2]) and gateway b (owning
-// fleetB), each with its fake streamer, joined by a fake mesh.
-func meshStreams(t *testing.T) (a http.Handler, sa, sb *fakeStreamer) {
+// fleetB), each with its fake streamer, joined by a fake mesh; a also
+// knows the routes more (of other members).
+func meshStreams(t *testing.T, more ...mesh.Remote) (a http.Handler, sa, sb *fakeStreamer) {
 	t.Helper()
 	sa, sb = &fakeStreamer{}, &fakeStreamer{sends: "the volume"}
-	meshA := &fakeMesh{name: "a", remotes: announcedBy("b", true, fleetB...), members: map[string]http.Handler{}}
+	meshA := &fakeMesh{name: "a", remotes: append(announcedBy("b", true, fleetB...), more...), members: map[string]http.Handler{}}
 	meshB := &fakeMesh{name: "b", remotes: announcedBy("a", true, fleet[:2]...), members: map[string]http.Handler{}}
 	b := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleetB, Streams: sb, Tokens: tokens, Mesh: meshB}).Handler()
 	a = New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet[:2], Streams: sa, Tokens: tokens, Mesh: meshA}).Handler()

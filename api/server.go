@@ -107,7 +107,7 @@ func New(opts Options) *Server {
 		mux.HandleFunc("PUT /api/v1/steps/{handle}/inputs/{name}", s.authenticate(s.stepForwardable(s.uploadInput)))
 		mux.HandleFunc("GET /api/v1/steps/{handle}/outputs/{name}", s.authenticate(s.stepForwardable(s.downloadOutput)))
 	}
-	s.handler = mux
+	s.handler = s.fromAgents(mux)
 	return s
 }
 

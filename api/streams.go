@@ -120,6 +120,8 @@ func (s *Server) answerStream(w http.ResponseWriter, res streams.Result, err err
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error()})
 	case errors.Is(err, streams.ErrNotFound), errors.Is(err, targets.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
+	case errors.Is(err, errAmbiguous):
+		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
 	case errors.Is(err, streams.ErrBusy):
 		w.Header().Set("Retry-After", streamsRetryAfter)
 		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: err.Error()})
