@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -131,14 +130,8 @@ func New(opts Options) (*Mesh, error) {
 	if opts.Identity == nil {
 		return nil, errors.New("mesh: no identity (--mesh-ca, --mesh-cert, --mesh-key)")
 	}
-	switch opts.Kind {
-	case "":
-		opts.Kind = KindGateway
-	case KindGateway, KindAgent:
-	default:
-		return nil, fmt.Errorf("mesh: unknown member kind %q; want %s or %s", opts.Kind, KindGateway, KindAgent)
-	}
-	if err := opts.Identity.fits(opts.Kind); err != nil {
+	var err error
+	if opts.Kind, err = opts.Identity.memberKind(opts.Kind); err != nil {
 		return nil, err
 	}
 	if opts.ResolveEvery <= 0 {
@@ -178,14 +171,7 @@ func New(opts Options) (*Mesh, error) {
 			return nil, err
 		}
 	}
-	opts.Identity.Observe(func(leaf *x509.Certificate, err error) {
-		if err != nil {
-			opts.Logger.Error("mesh certificate files changed but do not load; the last good ones stay in use", "error", err.Error())
-		} else {
-			opts.Logger.Info("mesh certificate loaded", "name", certName(leaf), "kind", opts.Kind, "not_after", leaf.NotAfter)
-		}
-		opts.Metrics.certificate(leaf, err)
-	})
+	opts.Identity.Observe(reportCertificate(opts.Logger, opts.Metrics))
 	m := &Mesh{
 		opts: opts, name: opts.Identity.Name(),
 		sessions: map[string]*session{}, lost: map[string]time.Time{}, addrs: map[string]string{},

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -125,19 +126,27 @@ func (id *Identity) Kind() string {
 	return id.kind
 }
 
-// fits is nil when the certificate is one for a member of kind; else it
-// says which certificate such a member needs.
-func (id *Identity) fits(kind string) error {
+// memberKind is the kind a member asked to run as kind (KindGateway if
+// empty) runs as with this certificate: that kind, if the certificate is
+// for it; else the error says which certificate such a member needs.
+func (id *Identity) memberKind(kind string) (string, error) {
+	switch kind {
+	case "":
+		kind = KindGateway
+	case KindGateway, KindAgent:
+	default:
+		return "", fmt.Errorf("mesh: unknown member kind %q; want %s or %s", kind, KindGateway, KindAgent)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	switch {
 	case kind == id.kind:
-		return nil
+		return kind, nil
 	case id.kind == KindAgent:
-		return fmt.Errorf("mesh: certificate %s is an agent's (URI SAN %s); a gateway needs a gateway certificate: gateway mesh issue without --agent",
+		return "", fmt.Errorf("mesh: certificate %s is an agent's (URI SAN %s); a gateway needs a gateway certificate: gateway mesh issue without --agent",
 			id.certFile, roleAgent)
 	}
-	return fmt.Errorf("mesh: certificate %s is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent", id.certFile)
+	return "", fmt.Errorf("mesh: certificate %s is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent", id.certFile)
 }
 
 // Observe calls fn with the certificate in use now, then after each
@@ -148,6 +157,20 @@ func (id *Identity) Observe(fn func(leaf *x509.Certificate, err error)) {
 	defer id.mu.Unlock()
 	id.observe = fn
 	fn(id.cert.Leaf, nil)
+}
+
+// reportCertificate is an Observe function that logs each load of the
+// files, or why they did not load, and notes it in the metrics.
+func reportCertificate(log *slog.Logger, metrics *Metrics) func(*x509.Certificate, error) {
+	return func(leaf *x509.Certificate, err error) {
+		if err != nil {
+			log.Error("mesh certificate files changed but do not load; the last good ones stay in use", "error", err.Error())
+		} else {
+			kind, _ := certKind(leaf) // load refused any other
+			log.Info("mesh certificate loaded", "name", certName(leaf), "kind", kind, "not_after", leaf.NotAfter)
+		}
+		metrics.certificate(leaf, err)
+	}
 }
 
 // Reload reads the files again if any changed since the last good read.
