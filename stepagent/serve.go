@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -224,7 +225,7 @@ func dialDaemon(root string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "serve-daemon")
+	cmd := exec.Command(self, append(slices.Clone(SelfArgs), "serve-daemon")...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), RootEnv+"="+root)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -1,6 +1,7 @@
 package stepagent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +52,12 @@ func start(root string, inputs []byte, spawn func(root string) error) error {
 	return awaitSupervisor(root, 10*time.Second)
 }
 
+// SelfArgs come before the agent's command when this binary runs it
+// again (a supervisor, a session daemon): none for step-agent; the
+// gateway, whose agent runs steps on its machine, sets its hidden
+// subcommand.
+var SelfArgs []string
+
 // spawnSupervisor starts `step-agent supervise` in a session of its own,
 // with no tie to this exec: a dropped exec, or a kwok node killing what it
 // ran, leaves it running.
@@ -58,7 +66,7 @@ func spawnSupervisor(root string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "supervise")
+	cmd := exec.Command(self, append(slices.Clone(SelfArgs), "supervise")...)
 	cmd.Env = append(os.Environ(), RootEnv+"="+root)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -99,6 +107,12 @@ func awaitSupervisor(root string, within time.Duration) error {
 // step has ended and the log is all out, a KindStatus trailer. It returns
 // ErrNotPrepared or ErrNotStarted when there is nothing to follow.
 func Tail(root string, offset int64, out io.Writer) error {
+	return TailContext(context.Background(), root, offset, out)
+}
+
+// TailContext is Tail that returns ctx's error once ctx ends: for a
+// reader in a long-lived process (an agent) rather than an exec.
+func TailContext(ctx context.Context, root string, offset int64, out io.Writer) error {
 	if _, err := ReadSpec(root); err != nil {
 		return err
 	}
@@ -148,7 +162,7 @@ func Tail(root string, offset int64, out io.Writer) error {
 				return err
 			}
 		}
-		if polled, err = next(w); err != nil {
+		if polled, err = next(ctx, w); err != nil {
 			return err
 		}
 	}
@@ -156,11 +170,13 @@ func Tail(root string, offset int64, out io.Writer) error {
 
 // next waits for the log to grow or the status to appear (true: neither
 // did within tailPoll).
-func next(w *fsnotify.Watcher) (bool, error) {
+func next(ctx context.Context, w *fsnotify.Watcher) (bool, error) {
 	timer := time.NewTimer(tailPoll)
 	defer timer.Stop()
 	for {
 		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
 		case ev := <-w.Events:
 			switch filepath.Base(ev.Name) {
 			case filepath.Base(LogFile), filepath.Base(StatusFile):

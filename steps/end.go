@@ -41,7 +41,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 		}
 		return
 	}
-	r.s.update(func(v *View) { v.Outputs = outputs(r.s.req.Outputs, r.t.Name(), r.pod) })
+	r.s.update(func(v *View) { v.Outputs = OutputVolumes(r.s.req.Outputs, r.t.Name(), r.pod) })
 	if !r.s.finish(e, now) {
 		return
 	}
@@ -66,11 +66,11 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	}
 }
 
-// outputs are a step's outputs as volumes of its pod.
-func outputs(outs []Output, target, pod string) []Volume {
+// OutputVolumes are a step's outputs as volumes of its pod.
+func OutputVolumes(outs []Output, target, pod string) []Volume {
 	var vs []Volume
 	for _, o := range outs {
-		vs = append(vs, Volume{Name: o.Name, Target: target, Pod: pod, Handle: outputVolume(o.Name)})
+		vs = append(vs, Volume{Name: o.Name, Target: target, Pod: pod, Handle: OutputVolume(o.Name)})
 	}
 	return vs
 }
@@ -109,7 +109,7 @@ func (r *runner) replay(ctx context.Context, e end) {
 		typ = EventExited
 	}
 	r.s.update(func(v *View) {
-		v.Outputs = outputs(r.s.req.Outputs, r.t.Name(), r.pod)
+		v.Outputs = OutputVolumes(r.s.req.Outputs, r.t.Name(), r.pod)
 		v.StartedAt = e.StartedAt
 		if r.s.req.Resource != nil && e.Phase == Succeeded {
 			v.Result, _ = resourceResult(r.s.req.Type, r.answer)
@@ -176,7 +176,7 @@ func (r *runner) streamInputs(ctx context.Context) ([]stepagent.Input, error) {
 		}
 		req := streams.Request{
 			From:     streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
-			To:       streams.Endpoint{Target: r.t.Name(), Pod: r.pod, Handle: inputVolume(in.Name)},
+			To:       streams.Endpoint{Target: r.t.Name(), Pod: r.pod, Handle: InputVolume(in.Name)},
 			Encoding: "raw", Caller: caller,
 		}
 		res, err := r.m.opts.Streamer.Stream(ctx, req, nil)

@@ -71,8 +71,9 @@ type end struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// podName is the step pod's name: readable, and unique per team and handle.
-func podName(team, handle string) string {
+// PodName is the step pod's name (an agent's step folder): readable,
+// and unique per team and handle.
+func PodName(team, handle string) string {
 	sum := sha256.Sum256([]byte(team + "/" + handle))
 	prefix := handle
 	if len(prefix) > 52 {
@@ -111,7 +112,7 @@ func buildPod(req *Request, caller callerLabel, t *targets.Target, placedAt time
 	no := false
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: podName(req.Team, req.Handle), Namespace: t.Namespace(), Labels: labels,
+			Name: PodName(req.Team, req.Handle), Namespace: t.Namespace(), Labels: labels,
 			Annotations: map[string]string{infoAnnotation: string(raw)},
 		},
 		Spec: corev1.PodSpec{

@@ -73,9 +73,9 @@ func TestBuildPod(t *testing.T) {
 func TestPodNamesAreValidAndApart(t *testing.T) {
 	long := strings.Repeat("a", 63)
 	for _, h := range []string{"a", "build-1", long, strings.Repeat("ab-", 20) + "c"} {
-		name := podName("main", h)
+		name := PodName("main", h)
 		assert.Empty(t, validation.IsDNS1123Label(name), name)
 	}
-	assert.NotEqual(t, podName("main", "x"), podName("other", "x"), "handles are per team")
-	assert.NotEqual(t, podName("", long), podName("", long[:62]+"b"))
+	assert.NotEqual(t, PodName("main", "x"), PodName("other", "x"), "handles are per team")
+	assert.NotEqual(t, PodName("", long), PodName("", long[:62]+"b"))
 }

@@ -280,9 +280,9 @@ func (r *Request) timeout() time.Duration {
 	return d
 }
 
-// spec is the step as the agent runs it. Inputs and outputs are volumes
+// Spec is the step as the step agent runs it. Inputs and outputs are volumes
 // named after them.
-func (r *Request) spec() stepagent.Spec {
+func (r *Request) Spec() stepagent.Spec {
 	sp := stepagent.Spec{
 		Handle: r.Handle, Path: r.Run.Path, Args: r.Run.Args, Dir: r.Run.Dir, User: r.Run.User,
 		Stdin: []byte(r.Stdin), Timeout: stepagent.Duration(r.timeout()),
@@ -292,14 +292,15 @@ func (r *Request) spec() stepagent.Spec {
 	}
 	slices.Sort(sp.Env)
 	for _, in := range r.Inputs {
-		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: inputVolume(in.Name), Path: in.Path})
+		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: InputVolume(in.Name), Path: in.Path})
 	}
 	for _, out := range r.Outputs {
-		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: outputVolume(out.Name), Path: out.Path})
+		sp.Volumes = append(sp.Volumes, stepagent.Volume{Handle: OutputVolume(out.Name), Path: out.Path})
 	}
 	return sp
 }
 
-// Volume handles in a step pod's sidecar.
-func inputVolume(name string) string  { return "input-" + name }
-func outputVolume(name string) string { return "output-" + name }
+// InputVolume and OutputVolume are the handles of a step's volumes in its
+// pod's sidecar (or on an agent).
+func InputVolume(name string) string  { return "input-" + name }
+func OutputVolume(name string) string { return "output-" + name }

@@ -77,7 +77,7 @@ func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
 	r.Outputs = []Output{{Name: "out", Path: "build/out"}}
 	require.Nil(t, r.Validate())
 	assert.Equal(t, "src", r.Inputs[0].Path)
-	sp := r.spec()
+	sp := r.Spec()
 	assert.Equal(t, []string{"A=1", "B=2"}, sp.Env, "sorted, so the same request gives the same spec")
 	assert.Equal(t, 90*time.Second, time.Duration(sp.Timeout))
 	assert.Equal(t, []byte("hello"), sp.Stdin)

@@ -136,6 +136,17 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 	case err != nil:
 		return Event{Type: EventFailed, Phase: Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
 	}
+	e := StatusEvent(st)
+	if e.Phase == Succeeded && r.s.req.Resource != nil {
+		return r.resourceOutcome(e)
+	}
+	return e, true
+}
+
+// StatusEvent is the last event of a step whose process ended as st
+// says: exited (succeeded or failed by its exit status), or failed
+// (aborted; errored by a timeout, a spawn failure or a lost supervisor).
+func StatusEvent(st stepagent.Status) Event {
 	code := st.ExitStatus
 	e := Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message}
 	switch st.Reason {
@@ -144,15 +155,12 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 		if code != 0 {
 			e.Phase = Failed
 		}
-		if code == 0 && r.s.req.Resource != nil {
-			return r.resourceOutcome(e)
-		}
 	case stepagent.ReasonAborted:
 		e.Type, e.Phase = EventFailed, Aborted
 	default: // timeout, spawn-failed, lost
 		e.Type, e.Phase = EventFailed, Errored
 	}
-	return e, true
+	return e
 }
 
 func (r *runner) hasStarted() bool {
@@ -335,7 +343,7 @@ func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
 
 // spec is the step's spec as the agent takes it.
 func (r *runner) spec() ([]byte, error) {
-	sp := r.s.req.spec()
+	sp := r.s.req.Spec()
 	sp.KillGrace = stepagent.Duration(r.m.opts.KillGrace)
 	return json.Marshal(sp)
 }
@@ -435,30 +443,44 @@ func (r *runner) consume(rd io.Reader) (stepagent.Status, bool, error) {
 
 // handle turns one frame of the log into an event.
 func (r *runner) handle(f stepagent.Frame) {
+	if f.Kind == stepagent.KindStdout && r.s.req.Resource != nil {
+		r.answer = append(r.answer, f.Payload[:min(len(f.Payload), resultLimit-len(r.answer))]...)
+		return
+	}
+	e, ok := FrameEvent(f)
+	if !ok {
+		return
+	}
+	if e.Type == EventStarted {
+		r.mu.Lock()
+		r.startedAt = e.Time
+		r.mu.Unlock()
+		r.s.update(func(v *View) { v.Phase, v.StartedAt = Running, e.Time })
+	}
+	r.s.emit(e)
+}
+
+// FrameEvent is the event a frame of a step's log stands for: output, an
+// input streamed in, the process's start. Other frames (and ones that do
+// not decode) are none.
+func FrameEvent(f stepagent.Frame) (Event, bool) {
 	switch f.Kind {
 	case stepagent.KindStdout:
-		if r.s.req.Resource != nil {
-			r.answer = append(r.answer, f.Payload[:min(len(f.Payload), resultLimit-len(r.answer))]...)
-			return
-		}
-		r.s.emit(Event{Type: EventStdout}.withData(f.Payload))
+		return Event{Type: EventStdout}.withData(f.Payload), true
 	case stepagent.KindStderr:
-		r.s.emit(Event{Type: EventStderr}.withData(f.Payload))
+		return Event{Type: EventStderr}.withData(f.Payload), true
 	case stepagent.KindInput:
 		var in stepagent.Input
 		if json.Unmarshal(f.Payload, &in) == nil {
-			r.s.emit(Event{Type: EventInput, Input: in.Name, Bytes: in.Bytes, SHA256: in.SHA256})
+			return Event{Type: EventInput, Input: in.Name, Bytes: in.Bytes, SHA256: in.SHA256}, true
 		}
 	case stepagent.KindStarted:
 		var st stepagent.Started
 		if json.Unmarshal(f.Payload, &st) == nil {
-			r.mu.Lock()
-			r.startedAt = st.At
-			r.mu.Unlock()
-			r.s.update(func(v *View) { v.Phase, v.StartedAt = Running, st.At })
-			r.s.emit(Event{Type: EventStarted, Time: st.At})
+			return Event{Type: EventStarted, Time: st.At}, true
 		}
 	}
+	return Event{}, false
 }
 
 // sleep waits d or until ctx ends.

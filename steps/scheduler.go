@@ -41,7 +41,7 @@ func (m *Manager) place() {
 			still = append(still, s)
 			continue
 		}
-		pod := podName(s.key.team, s.key.handle)
+		pod := PodName(s.key.team, s.key.handle)
 		if s.req.ReuseKey != "" {
 			s.sandbox, s.makes = m.newSandbox(s, name), true
 			pod = s.sandbox.pod

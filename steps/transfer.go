@@ -70,7 +70,7 @@ func (m *Manager) upload(ctx context.Context, s *step, input, encoding string, b
 	v := s.snapshot()
 	hash := sha256.New()
 	counted := &countingReader{r: io.TeeReader(body, hash)}
-	to := streams.Endpoint{Target: v.Target, Pod: v.Pod, Handle: inputVolume(input)}
+	to := streams.Endpoint{Target: v.Target, Pod: v.Pod, Handle: InputVolume(input)}
 	if err := m.opts.Streamer.PutVolume(ctx, to, encoding, counted); err != nil {
 		return stepagent.Input{}, fmt.Errorf("input %s: %w", input, err)
 	}
