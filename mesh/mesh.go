@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -119,6 +120,7 @@ type Mesh struct {
 	wg       sync.WaitGroup
 
 	conns     chan net.Conn   // HTTP streams for this member, to serve
+	leave     atomic.Bool     // LeaveOnStop was called
 	transport *http.Transport // API calls
 	bulk      *http.Transport // volume streams
 	ready     chan struct{}   // closed once Start listens
@@ -186,6 +188,13 @@ func New(opts Options) (*Mesh, error) {
 // handler that needs the Mesh first (the API forwards through it).
 func (m *Mesh) SetHTTP(h http.Handler) { m.opts.HTTP = h }
 
+// LeaveOnStop makes this member leave for good when Start's context ends,
+// as Options.LeaveOnStop does: for a member that learns only while it
+// runs that it will not come back (an agent that was retired).
+func (m *Mesh) LeaveOnStop() { m.leave.Store(true) }
+
+func (m *Mesh) leaving() bool { return m.opts.LeaveOnStop || m.leave.Load() }
+
 // Metrics are the mesh's, for the API's forwarded calls.
 func (m *Mesh) Metrics() *Metrics { return m.opts.Metrics }
 
@@ -229,7 +238,7 @@ func (m *Mesh) Start(ctx context.Context) error {
 	if ln != nil {
 		ln.Close()
 	}
-	if !m.opts.LeaveOnStop { // else each session says so, then closes
+	if !m.leaving() { // else each session says so, then closes
 		m.mu.Lock()
 		for _, s := range m.sessions {
 			s.close()

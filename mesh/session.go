@@ -55,7 +55,7 @@ func (s *session) run() {
 		select {
 		case <-s.mux.CloseChan():
 		case <-s.ctx.Done():
-			if s.m.opts.LeaveOnStop && s.m.ctx.Err() != nil {
+			if s.m.leaving() && s.m.ctx.Err() != nil {
 				s.leave()
 			}
 			s.mux.Close()
