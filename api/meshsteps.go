@@ -43,7 +43,7 @@ func (s *Server) stepOwner(r *http.Request, req steps.Request) string {
 	var visible []targets.Status
 	owner := map[string]string{}
 	for _, l := range s.everything() {
-		if id.sees(l.st.Meta.Team) && l.conflicts == nil {
+		if id.sees(l.st.Meta.Team) && l.conflicts == nil && (req.Type == selection.StepTask || !targets.IsAgent(l.st)) {
 			visible = append(visible, l.st)
 			owner[l.st.Name] = l.owner
 			owners[l.owner] = append(owners[l.owner], l.st)

@@ -175,3 +175,25 @@ func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *
 	}
 	return s.Streamer.Stream(ctx, req, progress)
 }
+
+// MeshVolumes opens the bytes of a volume from the mesh member that owns
+// its target, asked as caller, who that member checks as if asked
+// directly: how an agent brings its steps' inputs in from the clusters.
+func MeshVolumes(m Mesh) func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
+	return func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
+		id := identity{name: "steps", admin: caller.Admin}
+		if !id.admin {
+			id.team = caller.Team
+		}
+		for _, rt := range m.Remotes() {
+			if rt.Target.Name != from.Target {
+				continue
+			}
+			if !rt.Reachable {
+				return nil, errors.New(unreachableOwner(rt))
+			}
+			return meshOpen(m, rt.Owner, callerHeaderOf(id))(ctx, from, encoding)
+		}
+		return nil, fmt.Errorf("%w: no member of the mesh announces target %s", streams.ErrNotFound, from.Target)
+	}
+}

@@ -92,12 +92,14 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request) {
 	// announce for different clusters cannot be placed on by name.
 	var visible []targets.Status
 	owners := map[string]string{}
-	conflicts := map[string]string{}
+	refused := map[string]string{}
 	for _, l := range s.everything() {
 		switch {
 		case !id.sees(l.st.Meta.Team):
+		case targets.IsAgent(l.st) && req.Type != selection.StepTask:
+			refused[l.st.Name] = "an agent runs tasks only: it has no resource types"
 		case l.conflicts != nil:
-			conflicts[l.st.Name] = fmt.Sprintf("gateways %s announce it for different clusters", strings.Join(l.conflicts, ", "))
+			refused[l.st.Name] = fmt.Sprintf("gateways %s announce it for different clusters", strings.Join(l.conflicts, ", "))
 		default:
 			visible = append(visible, l.st)
 			owners[l.st.Name] = l.owner
@@ -107,7 +109,7 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request) {
 	d := decide(step(req), visible, selection.Options{Chain: chain, Limits: s.opts.Placement.Limits,
 		WorkerVersion: s.opts.WorkerVersion})
 	elapsed := time.Since(start)
-	maps.Copy(d.rejected, conflicts)
+	maps.Copy(d.rejected, refused)
 
 	answer := Placement{Rejected: d.rejected}
 	status, result := http.StatusOK, resultPlaced

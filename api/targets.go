@@ -138,6 +138,9 @@ func worker(st targets.Status) Worker {
 // workerAddr is a stable address naming the target's API server and
 // namespace, k8s://host:port/namespace; fly requires it non-empty.
 func workerAddr(st targets.Status) string {
+	if targets.IsAgent(st) {
+		return st.Server
+	}
 	host := "invalid"
 	if u, err := url.Parse(st.Server); err == nil && u.Host != "" {
 		host = u.Host

@@ -561,3 +561,13 @@ func (r *Registry) Target(name string) (*Target, error) {
 	}
 	return rec.target, nil
 }
+
+// AgentServer is what an agent's target lists as its server: an agent
+// (`gateway agent`) has no API server, and agent://NAME says where it is.
+func AgentServer(name string) string { return agentScheme + name }
+
+// IsAgent reports whether st is an agent's target: a machine that runs
+// tasks as local processes, with no resource types.
+func IsAgent(st Status) bool { return strings.HasPrefix(st.Server, agentScheme) }
+
+const agentScheme = "agent://"
