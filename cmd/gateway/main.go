@@ -44,7 +44,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		lifecycleCommand("resume", "/api/v1/targets/%s/resume", "resumed",
 			"Undo land, an unfinished retire or prune: the worker takes work again once healthy"),
 		streamCommand(), placeCommand(), executeCommand(), targetCommand(), meshCommand(),
-		versionCommand())
+		agentCommand(stderr), stepAgentCommand(), versionCommand())
 
 	err := root.Execute()
 	var status exitStatus

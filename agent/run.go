@@ -1,0 +1,284 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
+)
+
+// Remote opens the bytes of a volume another mesh member owns, asked as
+// caller: for an input whose pod is on a cluster.
+type Remote func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error)
+
+// uploadTimeout is how long a step waits for its uploaded inputs once its
+// folder takes them, as on a cluster.
+const uploadTimeout = 10 * time.Minute
+
+// errAborted stops a step's inputs when it is aborted before its start.
+var errAborted = errors.New("aborted")
+
+// run drives s to its end: a new step from its folder's preparation, an
+// adopted one (a restarted agent's) from what its folder holds. When ctx
+// ends first (the agent stops) the step's process goes on.
+func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
+	defer close(s.done)
+	defer a.settle()
+	s.emit(steps.Event{Type: steps.EventPlaced, Time: s.rec.PlacedAt, Target: a.opts.Name, Pod: s.pod})
+	s.mu.Lock()
+	s.view.Target, s.view.Pod = a.opts.Name, s.pod
+	end := s.rec.End
+	s.mu.Unlock()
+	if _, err := s.serveVolumes(); err != nil {
+		a.conclude(s, failed("VolumesFailed", err.Error()))
+		return
+	}
+	if end != nil {
+		a.replay(s, *end)
+		return
+	}
+	if !adopted {
+		if err := a.start(ctx, s); err != nil {
+			if ctx.Err() == nil {
+				a.conclude(s, startFailure(err))
+			}
+			return
+		}
+	}
+	st, err := a.follow(ctx, s)
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, stepagent.ErrNotStarted), errors.Is(err, stepagent.ErrNotPrepared):
+		a.conclude(s, failed("AgentRestarted", "the agent restarted before the step's process started; submit the step again"))
+	case err != nil:
+		a.conclude(s, failed("StepFailed", err.Error()))
+	default:
+		a.conclude(s, steps.StatusEvent(st))
+	}
+}
+
+func failed(reason, msg string) steps.Event {
+	return steps.Event{Type: steps.EventFailed, Phase: steps.Errored, Reason: reason, Message: msg}
+}
+
+func startFailure(err error) steps.Event {
+	if errors.Is(err, errAborted) {
+		return steps.Event{Type: steps.EventFailed, Phase: steps.Aborted, Reason: stepagent.ReasonAborted,
+			Message: "aborted before its process started"}
+	}
+	return failed("StepFailed", err.Error())
+}
+
+// conclude ends the step with e: its outputs are kept in its folder.
+func (a *Agent) conclude(s *step, e steps.Event) {
+	var outs []steps.Volume
+	if e.Phase == steps.Succeeded || e.Phase == steps.Failed || s.snapshot().Phase == steps.Running {
+		outs = steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod)
+	}
+	s.finish(e, a.opts.Now().UTC(), outs)
+}
+
+// settle wakes the target's readers after a step's end, and ends a land
+// or retire waiting for it.
+func (a *Agent) settle() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.notifyLocked()
+	if err := a.settleLocked(); err != nil {
+		a.opts.Logger.Error("agent lifecycle", "target", a.opts.Name, "error", err.Error())
+	}
+}
+
+// start prepares the step's folder, brings its inputs in and starts its
+// supervisor: a process of its own, which outlives this agent.
+func (a *Agent) start(ctx context.Context, s *step) error {
+	sp := s.req.Spec()
+	sp.KillGrace = stepagent.Duration(a.opts.KillGrace)
+	raw, err := json.Marshal(sp)
+	if err != nil {
+		return err
+	}
+	if err := stepagent.Prepare(s.root, raw); err != nil {
+		return fmt.Errorf("prepare the step's folder: %w", err)
+	}
+	close(s.ready)
+	ictx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.abort:
+			cancel(errAborted)
+		case <-ictx.Done():
+		}
+	}()
+	log := a.opts.Logger.With("target", a.opts.Name, "pod", s.pod, "team", s.key.team, "handle", s.key.handle)
+	log.Debug("step prepared; bringing its inputs in", "inputs", len(s.rec.Inputs))
+	inputs, err := a.inputs(ictx, s)
+	if err != nil {
+		if cause := context.Cause(ictx); errors.Is(cause, errAborted) {
+			return cause
+		}
+		return err
+	}
+	log.Debug("step inputs in", "inputs", inputs)
+	rawInputs, _ := json.Marshal(inputs)
+	if err := stepagent.Start(s.root, rawInputs); err != nil {
+		return fmt.Errorf("start the step's supervisor: %w", err)
+	}
+	return nil
+}
+
+// inputs brings every input into its volume, in order.
+func (a *Agent) inputs(ctx context.Context, s *step) ([]stepagent.Input, error) {
+	var out []stepagent.Input
+	for _, in := range s.rec.Inputs {
+		got, err := a.input(ctx, s, in)
+		if err != nil {
+			return nil, fmt.Errorf("input %s: %w", in.Name, err)
+		}
+		got.Name = in.Name
+		out = append(out, got)
+	}
+	return out, nil
+}
+
+func (a *Agent) input(ctx context.Context, s *step, in steps.Input) (stepagent.Input, error) {
+	if in.From.Upload {
+		return s.awaitUpload(ctx, in.Name)
+	}
+	from := streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path}
+	var src io.ReadCloser
+	var err error
+	switch {
+	case from.Target == a.opts.Name:
+		var other *step
+		if other, err = a.byPod(s.rec.Caller, from.Target, from.Pod); err == nil {
+			src, err = other.openVolume(ctx, from.Handle, from.Path, "")
+		}
+	case a.opts.Remote == nil:
+		err = fmt.Errorf("%w: target %s is not on this agent, which has no mesh", streams.ErrNotFound, from.Target)
+	default:
+		src, err = a.opts.Remote(ctx, s.rec.Caller, from, "")
+	}
+	if err != nil {
+		return stepagent.Input{}, err
+	}
+	defer src.Close()
+	return s.putVolume(ctx, steps.InputVolume(in.Name), "", src)
+}
+
+// awaitUpload waits for the caller's upload of an input.
+func (s *step) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
+	u := s.uploads[name]
+	t := time.NewTimer(uploadTimeout)
+	defer t.Stop()
+	select {
+	case <-u.done:
+		return u.result, nil
+	case <-t.C:
+		return stepagent.Input{}, fmt.Errorf("not uploaded within %s of the step's folder being ready", uploadTimeout)
+	case <-ctx.Done():
+		return stepagent.Input{}, context.Cause(ctx)
+	}
+}
+
+// follow reads the step's log from its start, turning each frame into an
+// event, until its status; an abort on the way asks the supervisor to
+// kill the process, whose status then ends the log.
+func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
+	pr, pw := io.Pipe()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer pr.Close()
+	wg.Go(func() { pw.CloseWithError(stepagent.TailContext(ctx, s.root, 0, pw)) })
+	wg.Go(func() {
+		select {
+		case <-s.abort:
+			if err := stepagent.Abort(s.root); err != nil {
+				a.opts.Logger.Warn("abort failed", "target", a.opts.Name, "pod", s.pod, "error", err.Error())
+			}
+		case <-ctx.Done():
+		}
+	})
+	br := bufio.NewReaderSize(pr, 64<<10)
+	for {
+		f, err := stepagent.ReadFrame(br)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				err = errors.New("the step's log ended before its status")
+			}
+			return stepagent.Status{}, err
+		}
+		if f.Kind == stepagent.KindStatus {
+			var st stepagent.Status
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				return st, fmt.Errorf("the step's status: %w", err)
+			}
+			return st, nil
+		}
+		if e, ok := steps.FrameEvent(f); ok {
+			s.emit(e)
+		}
+	}
+}
+
+// replay rebuilds the events of a step that ended before the agent
+// restarted: its log's frames, then the end it recorded.
+func (a *Agent) replay(s *step, end steps.Event) {
+	if f, err := os.Open(filepath.Join(s.root, filepath.FromSlash(stepagent.LogFile))); err == nil {
+		br := bufio.NewReader(f)
+		for {
+			fr, err := stepagent.ReadFrame(br)
+			if err != nil {
+				break
+			}
+			if e, ok := steps.FrameEvent(fr); ok {
+				s.emit(e)
+			}
+		}
+		f.Close()
+	}
+	s.finish(end, end.Time, steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod))
+}
+
+// adopt reads back the steps of the work dir: a restarted agent's.
+func (a *Agent) adopt(ctx context.Context) {
+	dir := filepath.Join(a.opts.WorkDir, stepsDir)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		a.opts.Logger.Error("agent: steps not read back", "error", err.Error())
+		return
+	}
+	for _, e := range entries {
+		root := filepath.Join(dir, e.Name())
+		raw, err := os.ReadFile(filepath.Join(root, recordFile))
+		var rec record
+		if err == nil {
+			err = json.Unmarshal(raw, &rec)
+		}
+		if err != nil {
+			a.opts.Logger.Warn("agent: step folder without a record; left alone", "folder", root, "error", err.Error())
+			continue
+		}
+		req := steps.Request{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Inputs: rec.Inputs, Outputs: rec.Outputs}
+		s := newStep(key{rec.Team, rec.Handle}, e.Name(), root, req, rec)
+		a.mu.Lock()
+		a.steps[s.key] = s
+		a.mu.Unlock()
+		a.opts.Logger.Info("step read back", "target", a.opts.Name, "pod", s.pod, "team", rec.Team, "handle", rec.Handle)
+		a.wg.Go(func() { a.run(ctx, s, true) })
+	}
+	a.notify()
+}

@@ -1,0 +1,420 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/volumes"
+)
+
+// record is what the agent keeps of a step beside its folder (record.json),
+// so that a restarted agent knows it: the request without its environment
+// and stdin, which the step agent has in the folder's spec.
+type record struct {
+	Caller    steps.Caller    `json:"caller"`
+	Team      string          `json:"team,omitempty"`
+	Handle    string          `json:"handle"`
+	Type      string          `json:"type"`
+	Inputs    []steps.Input   `json:"inputs,omitempty"`
+	Outputs   []steps.Output  `json:"outputs,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	PlacedAt  time.Time       `json:"placed_at"`
+	End       *steps.Event    `json:"end,omitempty"` // set once the step ended
+	StartedAt time.Time       `json:"started_at,omitzero"`
+	Result    json.RawMessage `json:"result,omitempty"`
+}
+
+const recordFile = "record.json"
+
+// step is one step's state, shared by its runner and the API. Every field
+// below mu is read and written under it.
+type step struct {
+	key  key
+	pod  string // its folder's name, standing for a pod in views and volumes
+	root string // its folder: the step agent's root
+	req  steps.Request
+
+	mu      sync.Mutex
+	rec     record
+	view    steps.View
+	events  []steps.Event
+	changed chan struct{} // closed and replaced on every change
+	abort   chan struct{} // closed by Abort
+	aborted bool
+	done    chan struct{} // closed when the runner returned
+	forget  time.Time     // when a released step is dropped
+	vol     *volumes.Server
+	uploads map[string]*upload
+	ready   chan struct{} // closed once the folder takes uploads
+}
+
+// upload is an input the caller sends.
+type upload struct {
+	done   chan struct{}
+	result stepagent.Input
+	taken  bool
+}
+
+func newStep(k key, pod, root string, req steps.Request, rec record) *step {
+	s := &step{key: k, pod: pod, root: root, req: req, rec: rec, changed: make(chan struct{}),
+		abort: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
+	s.view = steps.View{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Phase: steps.Starting,
+		CreatedAt: rec.CreatedAt, PlacedAt: rec.PlacedAt}
+	for _, in := range rec.Inputs {
+		if in.From.Upload {
+			if s.uploads == nil {
+				s.uploads = map[string]*upload{}
+			}
+			s.uploads[in.Name] = &upload{done: make(chan struct{})}
+		}
+	}
+	return s
+}
+
+func (s *step) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *step) snapshot() steps.View {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view
+	v.Outputs = append([]steps.Volume(nil), v.Outputs...)
+	return v
+}
+
+// emit appends an event unless the step has ended, and wakes followers.
+func (s *step) emit(e steps.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.view.Phase.Final() {
+		return
+	}
+	if e.Type == steps.EventStarted {
+		s.view.Phase, s.view.StartedAt, s.rec.StartedAt = steps.Running, e.Time, e.Time
+	}
+	e.N = len(s.events)
+	if e.Time.IsZero() {
+		e.Time = time.Now().UTC()
+	}
+	s.events = append(s.events, e)
+	s.view.Events = len(s.events)
+	s.notify()
+}
+
+// finish ends the step with e, its last event, and records the end in
+// the step's folder. It reports false if the step had ended.
+func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool {
+	s.mu.Lock()
+	if s.view.Phase.Final() {
+		s.mu.Unlock()
+		return false
+	}
+	if e.Time.IsZero() {
+		e.Time = at
+	}
+	e.N = len(s.events)
+	s.events = append(s.events, e)
+	v := &s.view
+	v.Phase, v.ExitStatus, v.Reason, v.Message, v.FinishedAt = e.Phase, e.ExitStatus, e.Reason, e.Message, at
+	v.Events, v.Outputs = len(s.events), outputs
+	s.rec.End = &e
+	rec := s.rec
+	s.notify()
+	s.mu.Unlock()
+	_ = writeRecord(s.root, rec) // best effort: without it a restart replays the log
+	return true
+}
+
+// eventsFrom returns the events from n on, whether the step has ended,
+// and a channel closed at the next change.
+func (s *step) eventsFrom(n int) ([]steps.Event, bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []steps.Event
+	if n < len(s.events) {
+		out = append(out, s.events[max(n, 0):]...)
+	}
+	return out, s.view.Phase.Final(), s.changed
+}
+
+func (s *step) stopVolumes() {
+	s.mu.Lock()
+	vol := s.vol
+	s.vol = nil
+	s.mu.Unlock()
+	if vol != nil {
+		_ = vol.Kill()
+	}
+}
+
+func writeRecord(root string, rec record) error {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(root, recordFile), raw, 0o600)
+}
+
+// visible finds the step (team, handle) if caller may see it; another
+// team's step is as missing as one that does not exist.
+func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error) {
+	if !caller.Admin {
+		if team != "" && team != caller.Team {
+			return nil, steps.ErrNotFound
+		}
+		team = caller.Team
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.steps[key{team, handle}]
+	if !ok {
+		return nil, steps.ErrNotFound
+	}
+	return s, nil
+}
+
+// Submit runs a step on this machine: 202 when new, 200 with the
+// existing step when the team has that handle already. The gateway's
+// placement chose this agent; it is checked again here, as the agent may
+// have landed since.
+func (a *Agent) Submit(caller steps.Caller, req steps.Request) (steps.View, bool, error) {
+	if ferr := req.Validate(); ferr != nil {
+		return steps.View{}, false, ferr
+	}
+	if !caller.Admin {
+		if req.Team != "" && req.Team != caller.Team {
+			return steps.View{}, false, steps.ErrForbidden
+		}
+		req.Team = caller.Team
+	}
+	if err := a.fits(req); err != nil {
+		return steps.View{}, false, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := key{req.Team, req.Handle}
+	if s, ok := a.steps[k]; ok {
+		return s.snapshot(), false, nil
+	}
+	if a.ctx == nil {
+		return steps.View{}, false, steps.ErrUnavailable
+	}
+	if a.life.State != targets.StateRunning {
+		return steps.View{}, false, fmt.Errorf("%w: agent %s is %s and takes no new step", steps.ErrUnavailable, a.opts.Name, a.life.State)
+	}
+	s, err := a.create(k, caller, req)
+	if err != nil {
+		return steps.View{}, false, err
+	}
+	a.steps[k] = s
+	a.notifyLocked()
+	a.wg.Go(func() { a.run(a.ctx, s, false) })
+	return s.snapshot(), true, nil
+}
+
+// fits refuses a step this agent cannot run: a resource step (an agent
+// has no resource types, as a Concourse darwin worker has none), or one
+// the placement rules keep off it (platform, team, tags).
+func (a *Agent) fits(req steps.Request) error {
+	if req.Type != selection.StepTask {
+		return &steps.FieldError{Field: "type", Msg: fmt.Sprintf("agent %s runs tasks only: it has no resource types", a.opts.Name)}
+	}
+	me := selection.Candidate{Name: a.opts.Name, State: selection.StateRunning, Team: a.opts.Team,
+		Tags: a.opts.Tags, Platform: a.opts.Platform}
+	d := selection.Place(selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform},
+		[]selection.Candidate{me}, selection.Options{})
+	if !d.Compatible {
+		return fmt.Errorf("%w: agent %s cannot run this step: %s", steps.ErrUnavailable, a.opts.Name, d.Rejected[a.opts.Name])
+	}
+	return nil
+}
+
+// create makes the step's folder and record. Called with a.mu held.
+func (a *Agent) create(k key, caller steps.Caller, req steps.Request) (*step, error) {
+	pod := steps.PodName(k.team, k.handle)
+	root := filepath.Join(a.opts.WorkDir, stepsDir, pod)
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return nil, fmt.Errorf("step folder: %w", err)
+	}
+	now := a.opts.Now().UTC()
+	rec := record{Caller: caller, Team: req.Team, Handle: req.Handle, Type: req.Type, Inputs: req.Inputs,
+		Outputs: req.Outputs, CreatedAt: now, PlacedAt: now}
+	if err := writeRecord(root, rec); err != nil {
+		_ = os.RemoveAll(root)
+		return nil, fmt.Errorf("step record: %w", err)
+	}
+	return newStep(k, pod, root, req, rec), nil
+}
+
+// Get is the step's view.
+func (a *Agent) Get(caller steps.Caller, team, handle string) (steps.View, error) {
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return steps.View{}, err
+	}
+	return s.snapshot(), nil
+}
+
+// Events sends the step's events from since on, following until the step
+// has ended or ctx ends.
+func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error {
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return err
+	}
+	for {
+		evs, ended, changed := s.eventsFrom(since)
+		if len(evs) > 0 {
+			if err := send(evs); err != nil {
+				return err
+			}
+			since += len(evs)
+		}
+		if ended && len(evs) == 0 {
+			return nil
+		}
+		if ended {
+			continue // the last batch went out; the next look ends
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Abort stops a running step (its process gets TERM, then KILL after the
+// kill grace) and deletes its folder; on an ended step it deletes the
+// folder. It waits up to 45 s for the step's end.
+func (a *Agent) Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error) {
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return steps.View{}, err
+	}
+	s.mu.Lock()
+	if !s.aborted {
+		s.aborted = true
+		close(s.abort)
+	}
+	s.mu.Unlock()
+	wait := time.NewTimer(45 * time.Second)
+	defer wait.Stop()
+	select {
+	case <-s.done:
+	case <-wait.C:
+		return s.snapshot(), nil
+	case <-ctx.Done():
+		return steps.View{}, ctx.Err()
+	}
+	if err := a.release(s); err != nil {
+		return steps.View{}, err
+	}
+	return s.snapshot(), nil
+}
+
+// release deletes an ended step's folder; the step stays visible,
+// released, for Retain.
+func (a *Agent) release(s *step) error {
+	s.stopVolumes()
+	if err := os.RemoveAll(s.root); err != nil {
+		return fmt.Errorf("release step %s: %w", s.key.handle, err)
+	}
+	s.mu.Lock()
+	s.view.Released = true
+	s.forget = a.opts.Now().Add(a.opts.Retain)
+	s.notify()
+	s.mu.Unlock()
+	a.notify()
+	return nil
+}
+
+// sweep drops released steps past their retention.
+func (a *Agent) sweep() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.opts.Now()
+	for k, s := range a.steps {
+		s.mu.Lock()
+		gone := s.view.Released && now.After(s.forget)
+		s.mu.Unlock()
+		if gone {
+			delete(a.steps, k)
+		}
+	}
+}
+
+// Upload streams an input the caller sends into the step's folder, once
+// the folder is prepared: at most once per input.
+func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error) {
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return stepagent.Input{}, err
+	}
+	s.mu.Lock()
+	u, ok := s.uploads[input]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		return stepagent.Input{}, fmt.Errorf("%w: step %q uploads no input %q", steps.ErrNotFound, handle, input)
+	case u.taken:
+		s.mu.Unlock()
+		return stepagent.Input{}, fmt.Errorf("%w: input %q was uploaded already", steps.ErrConflict, input)
+	}
+	u.taken = true
+	s.mu.Unlock()
+	select {
+	case <-s.ready:
+	case <-s.done:
+		return stepagent.Input{}, fmt.Errorf("%w: the step ended before its inputs came", steps.ErrConflict)
+	case <-ctx.Done():
+		return stepagent.Input{}, ctx.Err()
+	}
+	in, err := s.putVolume(ctx, steps.InputVolume(input), encoding, body)
+	in.Name = input
+	if err == nil {
+		u.result = in
+		close(u.done)
+	} else {
+		s.mu.Lock()
+		u.taken = false // the caller may send it again
+		s.mu.Unlock()
+	}
+	return in, err
+}
+
+// Download streams an output of an ended step whose folder is kept.
+func (a *Agent) Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error) {
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return nil, err
+	}
+	v := s.snapshot()
+	switch {
+	case !v.Phase.Final():
+		return nil, fmt.Errorf("%w: step %q is %s", steps.ErrConflict, handle, v.Phase)
+	case v.Released:
+		return nil, fmt.Errorf("%w: step %q was released", steps.ErrConflict, handle)
+	}
+	for _, o := range v.Outputs {
+		if o.Name == output {
+			return s.openVolume(ctx, o.Handle, "", encoding)
+		}
+	}
+	return nil, fmt.Errorf("%w: step %q has no output %q", steps.ErrNotFound, handle, output)
+}
+
+var errNoVolumes = errors.New("the step's volumes are not served")

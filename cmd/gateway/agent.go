@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/agent"
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/streams"
+)
+
+// agentFlags are `gateway agent`'s settings.
+type agentFlags struct {
+	join                   []string
+	ca, cert, key, workDir string
+	platform, team         string
+	tags                   []string
+	killGrace              time.Duration
+	logLevel               string
+}
+
+// validate reports every problem at once, keyed by flag.
+func (f agentFlags) validate() error {
+	var probs []config.Problem
+	add := func(key, format string, args ...any) {
+		probs = append(probs, config.Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	if len(f.join) == 0 {
+		add("join", "required: the HOST:PORT of a gateway's mesh listener")
+	}
+	for _, j := range f.join {
+		if _, _, err := net.SplitHostPort(strings.TrimPrefix(j, "dns:")); err != nil {
+			add("join", "%q: want HOST:PORT: %v", j, err)
+		}
+	}
+	for key, v := range map[string]string{"ca": f.ca, "cert": f.cert, "key": f.key, "work-dir": f.workDir} {
+		if v == "" {
+			add(key, "required")
+		}
+	}
+	if errs := validation.IsDNS1123Label(f.platform); len(errs) > 0 {
+		add("platform", "%q: %s", f.platform, strings.Join(errs, ", "))
+	}
+	for _, t := range f.tags {
+		if t == "" {
+			add("tag", "empty")
+		}
+	}
+	if f.killGrace <= 0 {
+		add("kill-grace", "must be positive")
+	}
+	if _, err := config.ParseLogLevel(f.logLevel); err != nil {
+		add("log-level", "%v", err)
+	}
+	if len(probs) > 0 {
+		return &config.Error{Problems: probs}
+	}
+	return nil
+}
+
+func agentCommand(stderr io.Writer) *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   "agent --join HOST:PORT --ca FILE --cert FILE --key FILE --work-dir DIR",
+		Short: "Join this machine to the mesh as a worker that runs steps as local processes",
+		Long: `agent dials a gateway's mesh listener (no inbound port: NAT is fine) and
+becomes one target, named after its certificate (an agent certificate:
+gateway mesh issue --agent). Steps placed on it run as processes of this
+machine's user, each in a fresh folder under --work-dir; their volumes
+are served to the gateways through the tunnel. There are no containers:
+see docs/agent.md for what isolation an operator gets.`,
+		Args: noArgs,
+	}
+	fl := cmd.Flags()
+	fl.StringSliceVar(&f.join, "join", nil, "HOST:PORT of a gateway's mesh listener to dial (repeat for several)")
+	fl.StringVar(&f.ca, "ca", "", "the mesh CA's certificate (PEM)")
+	fl.StringVar(&f.cert, "cert", "", "this agent's certificate (PEM), from gateway mesh issue --agent")
+	fl.StringVar(&f.key, "key", "", "this agent's private key (PEM)")
+	fl.StringVar(&f.workDir, "work-dir", "", "folder for the agent's state and its steps' folders")
+	fl.StringVar(&f.platform, "platform", runtime.GOOS, "the platform steps ask for to be placed here")
+	fl.StringVar(&f.team, "team", "", "the only team whose steps run here (default: every team)")
+	fl.StringArrayVar(&f.tags, "tag", nil, "a tag of this worker (repeat); a tagged worker runs only steps with its tags")
+	fl.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between TERM and KILL when a step is aborted or times out")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := f.validate(); err != nil {
+			return err
+		}
+		level, _ := config.ParseLogLevel(f.logLevel)
+		logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+		ctx, stop := signalContext(cmd.Context(), logger)
+		defer stop()
+		return runAgent(ctx, f, logger)
+	}
+	return cmd
+}
+
+// runAgent joins the mesh and serves the steps placed on this machine
+// until ctx ends, or until the agent retired or was pruned.
+func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
+	id, err := mesh.LoadIdentity(f.ca, f.cert, f.key)
+	if err != nil {
+		return &config.Error{Problems: []config.Problem{{Key: "cert", Message: err.Error()}}}
+	}
+	reg := prometheus.NewRegistry()
+	var node *mesh.Mesh
+	ag, err := agent.New(agent.Options{
+		Name:      id.Name(),
+		WorkDir:   f.workDir,
+		Platform:  f.platform,
+		Team:      f.team,
+		Tags:      f.tags,
+		KillGrace: f.killGrace,
+		Remote: func(ctx context.Context, c streams.Caller, from streams.Endpoint, enc string) (io.ReadCloser, error) {
+			return api.MeshVolumes(node)(ctx, c, from, enc)
+		},
+		Logger: logger.With("component", "agent"),
+	})
+	if err != nil {
+		return &config.Error{Problems: []config.Problem{{Key: "work-dir", Message: err.Error()}}}
+	}
+	node, err = mesh.New(mesh.Options{
+		Identity: id,
+		Kind:     mesh.KindAgent,
+		Peers:    f.join,
+		Local:    ag.Targets(),
+		// A retired or pruned agent leaves for good; a stopped one is
+		// lost until it returns, as a worker that stopped heartbeating.
+		Logger:  logger.With("component", "mesh"),
+		Metrics: mesh.NewMetrics(reg),
+	})
+	if err != nil {
+		return &config.Error{Problems: []config.Problem{{Key: "cert", Message: err.Error()}}}
+	}
+	stepagent.SelfArgs = []string{stepAgentCommandName}
+	server := api.New(api.Options{
+		WorkerVersion: config.WorkerVersion,
+		Gatherer:      reg,
+		Targets:       ag.Targets(),
+		Lifecycle:     ag,
+		Streams:       ag,
+		Steps:         ag,
+		Mesh:          node,
+		Logger:        logger.With("component", "api"),
+	})
+	node.SetHTTP(server.Handler())
+	logger.Info("starting agent", "version", buildinfo.String(), "name", id.Name(), "join", f.join,
+		"platform", f.platform, "team", f.team, "tags", f.tags, "work_dir", f.workDir)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-ag.Gone():
+			logger.Info("agent retired or pruned: leaving the mesh")
+			node.LeaveOnStop()
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err = runAll(ctx, 30*time.Second, node, ag)
+	if err == nil {
+		logger.Info("agent stopped")
+	}
+	return err
+}
+
+// stepAgentCommandName is the hidden subcommand that runs the step agent
+// in this binary: what an agent's steps' supervisors are.
+const stepAgentCommandName = "step-agent"
+
+// stepAgentCommand is `gateway step-agent supervise`: an agent's step
+// supervisor, started detached by the agent (stepagent.Start).
+func stepAgentCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:    stepAgentCommandName + " supervise",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if args[0] != "supervise" {
+				return usageError{fmt.Errorf("unknown step-agent command %q", args[0])}
+			}
+			return stepagent.Supervise(stepagent.RootDir())
+		},
+	}
+}
