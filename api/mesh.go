@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -21,6 +22,9 @@ type Mesh interface {
 	// BulkClient carries volume streams' bytes.
 	BulkClient() *http.Client
 	Metrics() *mesh.Metrics
+	// Forget drops a target whose owner the mesh has lost: a pruned
+	// stalled worker (mesh.Mesh.Forget).
+	Forget(owner, target string) error
 }
 
 // CallerHeader carries, on a call forwarded over the mesh, who made it:
@@ -163,6 +167,49 @@ func (s *Server) forwardable(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// pruneLost prunes a worker of another mesh member that this gateway
+// cannot reach, which no one else could prune: its owner (a gateway, an
+// agent) is lost. As Concourse, a worker still listed running is refused;
+// any other is forgotten here, and by the gateways this one announced it
+// to at its next announcement. A worker another gateway relays, having
+// lost its owner, is pruned there. Every other prune goes to next.
+func (s *Server) pruneLost(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		rt, err := s.remote(r, name)
+		if err != nil || rt.Reachable {
+			next(w, r)
+			return
+		}
+		if !requestIdentity(r).owns(rt.Target.Team) {
+			writeJSON(w, http.StatusForbidden, errorBody{Error: "this token may not act on worker " + name})
+			return
+		}
+		if rt.Target.State == string(targets.StateRunning) {
+			writeError(w, targets.ErrRunning)
+			return
+		}
+		err = s.opts.Mesh.Forget(rt.Owner, name)
+		var announced *mesh.AnnouncedError
+		_, fromPeer := mesh.Peer(r.Context())
+		switch {
+		case errors.As(err, &announced) && !fromPeer:
+			s.forwardTo(w, r, announced.Via, "worker "+name)
+		case errors.As(err, &announced):
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: unreachableOwner(rt)})
+		case errors.Is(err, mesh.ErrNotLearned): // forgotten meanwhile
+			writeError(w, targets.ErrNotFound)
+		case err != nil:
+			writeJSON(w, http.StatusInternalServerError, errorBody{Error: err.Error()})
+		default:
+			s.opts.Logger.Info("worker action", "target", name, "path", r.URL.Path, "by", requestIdentity(r).name,
+				"owner", rt.Owner, "scope", lifecycle.PrunedFromMesh)
+			w.Header().Set(PruneScopeHeader, lifecycle.PrunedFromMesh)
+			w.WriteHeader(http.StatusOK)
+		}
+	}
+}
+
 // forward carries the call to the target's owner, as the caller, and
 // relays its answer. An owner the mesh cannot reach answers 503 at once,
 // naming it.
@@ -222,7 +269,16 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, owner, what s
 
 // unreachableOwner says that rt's owner cannot be reached.
 func unreachableOwner(rt mesh.Remote) string {
-	return fmt.Sprintf("worker %s is owned by gateway %s, which this gateway cannot reach over the mesh", rt.Target.Name, rt.Owner)
+	return fmt.Sprintf("worker %s is owned by %s %s, which this gateway cannot reach over the mesh", rt.Target.Name, ownerKind(rt), rt.Owner)
+}
+
+// ownerKind names what owns rt: an agent (its target is itself) or a
+// gateway.
+func ownerKind(rt mesh.Remote) string {
+	if targets.IsAgent(rt.Target.Status()) {
+		return "agent"
+	}
+	return "gateway"
 }
 
 // callerHeader is the CallerHeader of a call made for r's caller.

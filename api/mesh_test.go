@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,22 @@ type fakeMesh struct {
 	name    string
 	remotes []mesh.Remote
 	members map[string]http.Handler
+	// relays names, by target, the live peer that relays a target its
+	// owner lost: Forget refuses it, as the mesh does.
+	relays map[string]string
+}
+
+func (f *fakeMesh) Forget(owner, target string) error {
+	if via, ok := f.relays[target]; ok {
+		return &mesh.AnnouncedError{Owner: owner, Target: target, Via: via}
+	}
+	for i, r := range f.remotes {
+		if r.Owner == owner && r.Target.Name == target {
+			f.remotes = slices.Delete(f.remotes, i, i+1)
+			return nil
+		}
+	}
+	return mesh.ErrNotLearned
 }
 
 func (f *fakeMesh) Name() string           { return f.name }
@@ -151,6 +168,44 @@ func TestAnUnreachableOwnerAnswersAtOnceNamingIt(t *testing.T) {
 	rec = put(a, "/api/v1/workers/b-main/land", "main-token-0123456789", "")
 	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	assert.Contains(t, rec.Body.String(), `its owner, gateway b: `)
+}
+
+// A worker whose owner the mesh lost (an agent, a gateway) can be pruned
+// only here: unless it is still listed running, the mesh forgets it. A
+// worker a live gateway relays is pruned there, which lost its owner.
+func TestPruningAWorkerWhoseOwnerIsLost(t *testing.T) {
+	mac := targets.Status{Name: "mac", Server: targets.AgentServer("mac"), State: targets.StateStalled,
+		Meta: targets.Metadata{Team: "main", Platform: "darwin"}}
+	ghost := mac
+	ghost.Name, ghost.Server = "ghost", targets.AgentServer("ghost")
+	remotes := append(announcedBy("mac", false, mac), announcedBy("b", false, fleetB...)...)
+	remotes = append(remotes, mesh.Remote{Owner: "ghost", Via: "c", Target: announcedTarget(ghost)})
+	meshC := &fakeMesh{name: "c", remotes: announcedBy("ghost", false, ghost)}
+	c := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fakeTargets{}, Lifecycle: &fakeLifecycle{}, Tokens: tokens, Mesh: meshC}).Handler()
+	m := &fakeMesh{name: "a", remotes: remotes, relays: map[string]string{"ghost": "c"}, members: map[string]http.Handler{"c": c}}
+	life := &fakeLifecycle{}
+	a := New(Options{Gatherer: prometheus.NewRegistry(), Targets: fleet[:2], Lifecycle: life, Tokens: tokens, Mesh: m}).Handler()
+
+	rec := put(a, "/api/v1/workers/b-main/prune", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusBadRequest, rec.Code, "listed running: refused as Concourse does")
+	assert.JSONEq(t, `{"stderr":"cannot prune running worker"}`, rec.Body.String())
+	rec = put(a, "/api/v1/workers/b-other/prune", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusNotFound, rec.Code, "another team's worker is unknown")
+
+	rec = put(a, "/api/v1/workers/mac/prune", "main-token-0123456789", "")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	assert.Equal(t, "mesh", rec.Header().Get(PruneScopeHeader))
+	assert.Empty(t, rec.Body.String())
+	assert.NotContains(t, request(t, a, "/api/v1/workers", "main-token-0123456789").Body.String(), `"mac"`)
+	rec = put(a, "/api/v1/workers/mac/prune", "main-token-0123456789", "")
+	assert.Equal(t, http.StatusNotFound, rec.Code)
+
+	// Relayed by c, which lost it: pruned at c.
+	rec = put(a, "/api/v1/workers/ghost/prune", "main-token-0123456789", "")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	assert.Equal(t, "mesh", rec.Header().Get(PruneScopeHeader))
+	assert.Empty(t, meshC.remotes, "c forgot it")
+	assert.Empty(t, life.calls, "no local target was touched")
 }
 
 func TestTheCallerHeaderIsBelievedOnlyFromThePeers(t *testing.T) {

@@ -91,7 +91,7 @@ func New(opts Options) *Server {
 	if opts.Targets != nil && opts.Lifecycle != nil {
 		mux.HandleFunc("PUT /api/v1/workers/{name}/land", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Get, opts.Lifecycle.Land))))
 		mux.HandleFunc("PUT /api/v1/workers/{name}/retire", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Get, opts.Lifecycle.Retire))))
-		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.forwardable(s.prune)))
+		mux.HandleFunc("PUT /api/v1/workers/{name}/prune", s.authenticate(s.pruneLost(s.forwardable(s.prune))))
 		mux.HandleFunc("PUT /api/v1/targets/{name}/resume", s.authenticate(s.forwardable(s.workerAction(opts.Targets.Find, opts.Lifecycle.Resume))))
 		mux.HandleFunc("PUT /api/v1/targets/{name}/sync", s.authenticate(s.forwardable(s.syncTarget)))
 	}

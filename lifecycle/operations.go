@@ -78,6 +78,10 @@ const (
 	// replica forgets it, until the target answers a check again (then it
 	// is back as it was, landed still landed).
 	PrunedHere = "replica"
+	// PrunedFromMesh: the worker's owner, another mesh member (a gateway,
+	// an agent), is lost; the mesh forgets the worker until its owner
+	// joins again and announces it.
+	PrunedFromMesh = "mesh"
 )
 
 // Prune forgets a target that is not running and says how far the prune

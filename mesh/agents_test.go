@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -164,4 +165,41 @@ func TestAnOriginNamedByAnAgentIsRefused(t *testing.T) {
 	assert.NotNil(t, b.session("mac"), "the session goes on")
 	code, _ := get(t, mac.Client(), "http://b/x")
 	assert.Equal(t, http.StatusOK, code)
+}
+
+// A lost agent's target is forgotten on Forget (a pruned stalled worker),
+// by the gateway that lost it and, at its next announcement, by the
+// gateways it relayed the target to; while a live session announces the
+// target, Forget refuses and names that peer. The agent joining again
+// announces itself again.
+func TestForgetALostAgent(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+	spoke := startMember(t, c, "spoke", memberOpts{peers: []string{hub.Addr().String()}}, "s1")
+	macID := issuedAs(t, c, "mac", roleAgent)
+	mac := startMember(t, c, "mac", memberOpts{kind: KindAgent, identity: macID, peers: []string{hub.Addr().String()}}, "mac")
+	eventually(t, spoke, "the agent relayed", func() bool { return slices.Contains(remoteNames(spoke), "mac/mac=running") })
+
+	var announced *AnnouncedError
+	require.ErrorAs(t, hub.Forget("mac", "mac"), &announced, "the agent is connected")
+	assert.Equal(t, "mac", announced.Via)
+	assert.ErrorIs(t, hub.Forget("mac", "other"), ErrNotLearned)
+
+	mac.stop()
+	eventually(t, hub, "the agent lost", func() bool { return hub.session("mac") == nil })
+	eventually(t, spoke, "the agent unreachable at the spoke", func() bool {
+		return slices.ContainsFunc(spoke.Remotes(), func(r Remote) bool { return r.Owner == "mac" && !r.Reachable })
+	})
+	require.ErrorAs(t, spoke.Forget("mac", "mac"), &announced, "the hub still announces it")
+	assert.Equal(t, "hub", announced.Via)
+	assert.Equal(t, 1.0, testutil.ToFloat64(hub.metrics.peers.WithLabelValues("lost")))
+
+	require.NoError(t, hub.Forget("mac", "mac"))
+	assert.Equal(t, []string{"spoke/s1=running"}, remoteNames(hub))
+	assert.Equal(t, 0.0, testutil.ToFloat64(hub.metrics.peers.WithLabelValues("lost")))
+	eventually(t, spoke, "the spoke forgets it too", func() bool { return !slices.Contains(remoteNames(spoke), "mac/mac=running") })
+	assert.ErrorIs(t, hub.Forget("mac", "mac"), ErrNotLearned)
+
+	startMember(t, c, "mac", memberOpts{kind: KindAgent, identity: macID, peers: []string{hub.Addr().String()}}, "mac")
+	eventually(t, hub, "the agent back", func() bool { return slices.Contains(remoteNames(hub), "mac/mac=running") })
 }

@@ -3,6 +3,8 @@ package mesh
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -139,6 +141,60 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
+}
+
+// ErrNotLearned: Forget found no route to the target from its owner.
+var ErrNotLearned = errors.New("mesh: no member announced that target")
+
+// AnnouncedError: Forget refused, a live session still announces the
+// target; Via, the peer that announces it, is the one to ask.
+type AnnouncedError struct {
+	Owner, Target, Via string
+}
+
+func (e *AnnouncedError) Error() string {
+	return fmt.Sprintf("mesh: %s announces target %s of %s over a live session", e.Via, e.Target, e.Owner)
+}
+
+// Forget drops target, owned by owner, from what this member learned of
+// the peers it has lost: how a stalled worker is pruned. Peers it
+// announced the target to forget it at the next announcement. It refuses
+// while a live session announces the target (AnnouncedError): that peer
+// would announce it again. Should the owner join again, it announces the
+// target again, as a pruned Concourse worker registers again.
+func (m *Mesh) Forget(owner, target string) error {
+	m.mu.Lock()
+	match := func(r Route) bool { return r.Owner == owner && r.Target.Name == target }
+	found := false
+	for via, routes := range m.learned {
+		if slices.ContainsFunc(routes, match) {
+			if m.sessions[via] != nil {
+				m.mu.Unlock()
+				return &AnnouncedError{Owner: owner, Target: target, Via: via}
+			}
+			found = true
+		}
+	}
+	if !found {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s of %s", ErrNotLearned, target, owner)
+	}
+	for via, routes := range m.learned {
+		kept := slices.DeleteFunc(slices.Clone(routes), match)
+		switch {
+		case len(kept) == len(routes):
+		case len(kept) == 0:
+			delete(m.learned, via)
+			delete(m.lost, via)
+		default:
+			m.learned[via] = kept
+		}
+	}
+	m.notify()
+	m.mu.Unlock()
+	m.opts.Logger.Info("mesh: forgot a lost member's target", "owner", owner, "target", target)
+	m.opts.Metrics.sessionsChanged(m)
+	return nil
 }
 
 // Refusal reasons of announced routes.

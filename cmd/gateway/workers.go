@@ -121,6 +121,8 @@ func pruneScope(scope string) string {
 		return " (recorded in its cluster: every replica forgets it until its kubeconfig changes or it is resumed)"
 	case lifecycle.PrunedHere:
 		return " (its cluster did not answer: only this gateway replica forgets it, until it answers again)"
+	case lifecycle.PrunedFromMesh:
+		return " (its owner left the mesh without a word: the mesh forgets it, until its owner joins again)"
 	}
 	return ""
 }
