@@ -65,7 +65,8 @@ type Server struct {
 	// draining is closed when the drain begins: requests that only
 	// follow (step events, which a client resumes from where it was) end
 	// then instead of holding the drain to its deadline.
-	draining chan struct{}
+	draining  chan struct{}
+	drainOnce sync.Once
 	// stepPlaces remembers where the mesh's other gateways run steps.
 	stepPlaces stepPlaces
 }
@@ -159,7 +160,7 @@ func (s *Server) Start(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.ready.Store(false)
-	close(s.draining)
+	s.Drain()
 	err := s.drain(srv, &inflight, cancelRequests)
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
@@ -169,6 +170,12 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Drain ends at once the requests that only follow (step events), which
+// their clients resume from where they were: what Start does as its drain
+// begins, for a server whose handler another server serves (an agent's,
+// the mesh's) to call as that one stops.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // drain stops srv accepting and waits for its requests for at most
 // ShutdownTimeout; then it cancels those left, closes their connections

@@ -110,8 +110,11 @@ type Mesh struct {
 	opts Options
 	name string
 
-	mu       sync.Mutex
-	ctx      context.Context
+	mu  sync.Mutex
+	ctx context.Context // Start's
+	// live is the sessions' context: it ends once, Start's ended, the
+	// calls under way have been answered.
+	live     context.Context
 	sessions map[string]*session  // live, by peer name
 	lost     map[string]time.Time // peers whose session ended, and when
 	learned  map[string][]Route   // what each peer announced, by peer
@@ -201,8 +204,9 @@ func (m *Mesh) Metrics() *Metrics { return m.opts.Metrics }
 // Name is this member's name in the mesh.
 func (m *Mesh) Name() string { return m.name }
 
-// Start listens and dials until ctx ends, then closes every session and
-// returns once all its goroutines have.
+// Start listens and dials until ctx ends. Then it answers the calls under
+// way (for at most stopGrace), closes every session, saying it leaves if
+// it does, and returns once all its goroutines have.
 func (m *Mesh) Start(ctx context.Context) error {
 	m.mu.Lock()
 	if m.ctx != nil {
@@ -210,6 +214,9 @@ func (m *Mesh) Start(ctx context.Context) error {
 		return errors.New("mesh: Start called twice")
 	}
 	m.ctx = ctx
+	live, endSessions := context.WithCancel(context.WithoutCancel(ctx))
+	defer endSessions()
+	m.live = live
 	m.mu.Unlock()
 	var ln net.Listener
 	if m.opts.Listen != "" {
@@ -231,13 +238,19 @@ func (m *Mesh) Start(ctx context.Context) error {
 		m.wg.Go(func() { m.dialLoop(ctx, net.JoinHostPort(host, port)) })
 	}
 	m.wg.Go(func() { m.announceLoop(ctx) })
-	m.wg.Go(func() { m.serve(ctx) })
+	served := make(chan struct{})
+	m.wg.Go(func() {
+		defer close(served)
+		m.serve(ctx)
+	})
 	<-ctx.Done()
 	m.transport.CloseIdleConnections()
 	m.bulk.CloseIdleConnections()
 	if ln != nil {
 		ln.Close()
 	}
+	<-served // the calls under way answered, within stopGrace
+	endSessions()
 	if !m.leaving() { // else each session says so, then closes
 		m.mu.Lock()
 		for _, s := range m.sessions {
@@ -416,7 +429,7 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, peer peerCert, dialed b
 	}
 	s := &session{m: m, peer: theirs.Name, kind: theirs.Kind, dialer: dialer, mux: mux, ctrl: ctrl,
 		since: m.opts.Now(), done: make(chan struct{}), ours: ours.Session, theirs: theirs.Session, redial: redial}
-	s.ctx, s.cancel = context.WithCancel(m.ctx)
+	s.ctx, s.cancel = context.WithCancel(m.live)
 	if !m.register(s) {
 		return nil, fmt.Errorf("mesh: a session with %q exists already", s.peer)
 	}

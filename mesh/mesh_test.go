@@ -503,6 +503,36 @@ func TestALeavingPeerIsForgotten(t *testing.T) {
 	assert.Equal(t, 0.0, testutil.ToFloat64(hub.metrics.peers.WithLabelValues("lost")))
 }
 
+// A member that stops answers the calls under way before its sessions
+// close, leaving or not: an agent that a call retires answers that call,
+// then leaves.
+func TestAStoppingMemberAnswersTheCallsUnderWay(t *testing.T) {
+	for _, leave := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leave=%v", leave), func(t *testing.T) {
+			c := newCA(t, "mesh-ca")
+			hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+			var pod *member
+			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				go pod.stop() // as a retired agent does
+				<-pod.ctx.Done()
+				time.Sleep(100 * time.Millisecond) // the answer comes late
+				fmt.Fprint(w, "retired")
+			})
+			pod = startMember(t, c, "pod", memberOpts{peers: []string{hub.Addr().String()}, leave: leave, handler: handler}, "p1")
+			eventually(t, hub, "the pod's targets", func() bool { return len(hub.Remotes()) == 1 })
+
+			resp, err := hub.Client().Post("http://pod/retire", "text/plain", nil)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			assert.Equal(t, "retired", string(body))
+			eventually(t, hub, "the pod gone", func() bool { return hub.session("pod") == nil })
+			assert.Equal(t, !leave, len(hub.Remotes()) == 1, "a leaving member is forgotten, another is lost")
+		})
+	}
+}
+
 func TestAStarListsEveryTargetAndRelaysCalls(t *testing.T) {
 	c := newCA(t, "mesh-ca")
 	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")

@@ -171,7 +171,10 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		case <-ctx.Done():
 		}
 	}()
-	err = runAll(ctx, 30*time.Second, node, ag)
+	// Stop order: the calls the mesh serves end (those following step
+	// events at once, the others answered); then the agent, whose steps
+	// go on.
+	err = runAll(ctx, 30*time.Second, closer(server.Drain), node, ag)
 	if err == nil {
 		logger.Info("agent stopped")
 	}
