@@ -120,7 +120,7 @@ func (a *Agent) Prune(_ context.Context, name string) (string, error) {
 	if a.life.State == targets.StateRunning {
 		return "", targets.ErrRunning
 	}
-	return lifecycle.PrunedEverywhere, a.setLifeLocked(stateGone)
+	return lifecycle.PrunedFromMesh, a.setLifeLocked(stateGone)
 }
 
 // Resume takes a landing or landed agent back to running. A retiring

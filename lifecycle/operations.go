@@ -78,9 +78,9 @@ const (
 	// replica forgets it, until the target answers a check again (then it
 	// is back as it was, landed still landed).
 	PrunedHere = "replica"
-	// PrunedFromMesh: the worker's owner, another mesh member (a gateway,
-	// an agent), is lost; the mesh forgets the worker until its owner
-	// joins again and announces it.
+	// PrunedFromMesh: the worker is an agent's, which left the mesh, or
+	// its owner is a member the mesh lost; the mesh forgets the worker
+	// until its owner joins again and announces it.
 	PrunedFromMesh = "mesh"
 )
 

@@ -122,7 +122,7 @@ func pruneScope(scope string) string {
 	case lifecycle.PrunedHere:
 		return " (its cluster did not answer: only this gateway replica forgets it, until it answers again)"
 	case lifecycle.PrunedFromMesh:
-		return " (its owner left the mesh without a word: the mesh forgets it, until its owner joins again)"
+		return " (the mesh forgets it, until its owner joins again)"
 	}
 	return ""
 }
