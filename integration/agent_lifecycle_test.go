@@ -67,7 +67,7 @@ func TestAgentLifecycle(t *testing.T) {
 	// Landing: the running step goes on to its end; nothing new is placed.
 	gate := filepath.Join(t.TempDir(), "go")
 	wait := shStep("life-wait", `while [ ! -e `+gate+` ]; do sleep 0.02; done; echo done`)
-	wait.Platform = "darwin"
+	wait.Platform, wait.Image = "darwin", "" // a task for an agent needs no image
 	g.run(t, wait)
 	g.waitPhase(t, "life-wait", steps.Running)
 	code, body, _ := call(t, http.MethodPut, worker+"/prune", "")

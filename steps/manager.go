@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -221,6 +222,9 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 	}
 	if ferr := req.Validate(); ferr != nil {
 		return View{}, false, ferr
+	}
+	if strings.TrimSpace(req.Image) == "" {
+		return View{}, false, fieldErr("image", "required: a step on a cluster runs in a container of this image")
 	}
 	if !caller.Admin {
 		if req.Team != "" && req.Team != caller.Team {

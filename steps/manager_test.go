@@ -68,6 +68,18 @@ func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
 	assert.Contains(t, waiting.Message, "no target satisfies team 'main'")
 }
 
+// A cluster runs every step in a container: a task without an image,
+// valid for an agent, is refused here, naming the field.
+func TestAClusterStepNeedsAnImage(t *testing.T) {
+	m := startManager(t)
+	req := validRequest()
+	req.Image, req.Platform = "", "darwin"
+	_, _, err := m.Submit(Caller{Admin: true}, req)
+	var ferr *FieldError
+	require.ErrorAs(t, err, &ferr)
+	assert.Equal(t, "image", ferr.Field)
+}
+
 func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
 	m := startManager(t)
 	_, _, err := m.Submit(Caller{Team: "main"}, validRequest())

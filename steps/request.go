@@ -121,6 +121,12 @@ func (r *Request) Validate() *FieldError {
 	return nil
 }
 
+// Imageless says the step may have no image: a task for a platform other
+// than linux, which only an agent runs, as a process on its machine.
+func (r *Request) Imageless() bool {
+	return r.Type == selection.StepTask && r.Platform != "" && r.Platform != "linux"
+}
+
 func (r *Request) checkHead() *FieldError {
 	switch {
 	case r.Handle == "":
@@ -143,8 +149,8 @@ func (r *Request) checkHead() *FieldError {
 			return fieldErr(fmt.Sprintf("tags[%d]", i), "empty tag")
 		}
 	}
-	if strings.TrimSpace(r.Image) == "" {
-		return fieldErr("image", "required")
+	if strings.TrimSpace(r.Image) == "" && !r.Imageless() {
+		return fieldErr("image", "required (only a task for a platform other than linux, which an agent runs, may omit it)")
 	}
 	switch {
 	case r.ReuseKey != "" && r.Type != selection.StepCheck:

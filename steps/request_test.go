@@ -30,6 +30,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"unknown type", func(r *Request) { r.Type = "deploy" }, "type"},
 		{"empty tag", func(r *Request) { r.Tags = []string{"a", " "} }, "tags[1]"},
 		{"no image", func(r *Request) { r.Image = "" }, "image"},
+		{"no image for linux", func(r *Request) { r.Image, r.Platform = "", "linux" }, "image"},
+		{"a get without image, for darwin", func(r *Request) { r.Image, r.Platform, r.Type = "", "darwin", "get" }, "image"},
 		{"no path", func(r *Request) { r.Run.Path = "" }, "run.path"},
 		{"absolute dir", func(r *Request) { r.Run.Dir = "/src" }, "run.dir"},
 		{"dir escapes", func(r *Request) { r.Run.Dir = "../x" }, "run.dir"},
@@ -66,6 +68,14 @@ func TestValidateNamesTheField(t *testing.T) {
 			assert.Equal(t, tt.field, err.Field, err.Error())
 		})
 	}
+}
+
+// A task for a platform other than linux runs on an agent, as a process
+// on its machine: it needs no image.
+func TestATaskForAnotherPlatformNeedsNoImage(t *testing.T) {
+	r := validRequest()
+	r.Image, r.Platform = "", "darwin"
+	assert.Nil(t, r.Validate())
 }
 
 func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {

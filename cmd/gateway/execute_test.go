@@ -49,27 +49,30 @@ func TestTaskConfig(t *testing.T) {
 	cfg, err = parseTaskConfig([]byte("platform: linux\nimage_resource: {type: registry-image, source: {repository: r}}\nrun: {path: x}\n"), nil)
 	require.NoError(t, err)
 	assert.Equal(t, "r:latest", cfg.image())
+	cfg, err = parseTaskConfig([]byte("platform: darwin\nrun: {path: xcodebuild}\n"), nil)
+	require.NoError(t, err, "a task for an agent needs no image")
+	assert.Empty(t, cfg.image())
 }
 
 func TestTaskConfigErrors(t *testing.T) {
 	const image = "image_resource: {type: registry-image, source: {repository: r}}\n"
 	for want, doc := range map[string]string{
 		"needs values for ((msg)), ((pkg)), ((tag)): give -v msg=VALUE -v pkg=VALUE -v tag=VALUE": fullTask,
-		`line 1: unknown key "plaform"`:                        "plaform: linux\n",
-		`line 4: unknown key "pth" in run`:                     "platform: linux\n" + image + "run:\n  pth: x\n",
-		`line 5: unknown key "nme" in inputs`:                  "platform: linux\n" + image + "inputs:\n- name: a\n- nme: b\nrun: {path: x}\n",
-		"platform is required":                                 image + "run: {path: x}\n",
-		"rootfs_uri is not supported by jetway":                "platform: linux\nrootfs_uri: docker:///x\nrun: {path: x}\n",
-		"image_resource is required":                           "platform: linux\nrun: {path: x}\n",
-		`image_resource.type "git" is not supported`:           "platform: linux\nimage_resource: {type: git, source: {repository: r}}\nrun: {path: x}\n",
-		"image_resource.source.repository is required":         "platform: linux\nimage_resource: {type: registry-image, source: {}}\nrun: {path: x}\n",
-		"run.path is required":                                 "platform: linux\n" + image + "run: {}\n",
-		`input name "Src" must be lower-case`:                  "platform: linux\n" + image + "inputs: [{name: Src}]\nrun: {path: x}\n",
-		`output name "a" is used twice`:                        "platform: linux\n" + image + "inputs: [{name: a}]\noutputs: [{name: a}]\nrun: {path: x}\n",
-		`path "../up" must be a clean relative path`:           "platform: linux\n" + image + "inputs: [{name: a, path: ../up}]\nrun: {path: x}\n",
-		`path "a/b" overlaps input a`:                          "platform: linux\n" + image + "inputs: [{name: a}]\noutputs: [{name: b, path: a/b}]\nrun: {path: x}\n",
-		`param "BAD-NAME" is not an environment variable name`: "platform: linux\n" + image + "params: {BAD-NAME: x}\nrun: {path: x}\n",
-		"not a mapping":                                        "- a\n",
+		`line 1: unknown key "plaform"`:                                "plaform: linux\n",
+		`line 4: unknown key "pth" in run`:                             "platform: linux\n" + image + "run:\n  pth: x\n",
+		`line 5: unknown key "nme" in inputs`:                          "platform: linux\n" + image + "inputs:\n- name: a\n- nme: b\nrun: {path: x}\n",
+		"platform is required":                                         image + "run: {path: x}\n",
+		"rootfs_uri is not supported by jetway":                        "platform: linux\nrootfs_uri: docker:///x\nrun: {path: x}\n",
+		"image_resource is required (only a task for another platform": "platform: linux\nrun: {path: x}\n",
+		`image_resource.type "git" is not supported`:                   "platform: linux\nimage_resource: {type: git, source: {repository: r}}\nrun: {path: x}\n",
+		"image_resource.source.repository is required":                 "platform: linux\nimage_resource: {type: registry-image, source: {}}\nrun: {path: x}\n",
+		"run.path is required":                                         "platform: linux\n" + image + "run: {}\n",
+		`input name "Src" must be lower-case`:                          "platform: linux\n" + image + "inputs: [{name: Src}]\nrun: {path: x}\n",
+		`output name "a" is used twice`:                                "platform: linux\n" + image + "inputs: [{name: a}]\noutputs: [{name: a}]\nrun: {path: x}\n",
+		`path "../up" must be a clean relative path`:                   "platform: linux\n" + image + "inputs: [{name: a, path: ../up}]\nrun: {path: x}\n",
+		`path "a/b" overlaps input a`:                                  "platform: linux\n" + image + "inputs: [{name: a}]\noutputs: [{name: b, path: a/b}]\nrun: {path: x}\n",
+		`param "BAD-NAME" is not an environment variable name`:         "platform: linux\n" + image + "params: {BAD-NAME: x}\nrun: {path: x}\n",
+		"not a mapping":                                                "- a\n",
 	} {
 		_, err := parseTaskConfig([]byte(doc), nil)
 		assert.ErrorContains(t, err, want)

@@ -178,8 +178,9 @@ func (c *taskConfig) validate() error {
 		return errors.New("task config: platform is required (linux)")
 	case c.RootfsURI != "":
 		return errors.New("task config: rootfs_uri is not supported by jetway: give image_resource")
+	case c.ImageResource == nil && c.Platform == "linux":
+		return errors.New("task config: image_resource is required (only a task for another platform, which an agent runs, may omit it)")
 	case c.ImageResource == nil:
-		return errors.New("task config: image_resource is required")
 	case c.ImageResource.Type != "registry-image" && c.ImageResource.Type != "docker-image":
 		return fmt.Errorf("task config: image_resource.type %q is not supported: registry-image (or docker-image)", c.ImageResource.Type)
 	case c.ImageResource.repository() == "":
@@ -240,9 +241,12 @@ func localPath(p string) bool {
 func (r *imageResource) repository() string { s, _ := r.Source["repository"].(string); return s }
 
 // image is the step's image: repository@digest, or repository:tag
-// (default latest).
+// (default latest); none for a task without image_resource (an agent's).
 func (c *taskConfig) image() string {
 	r := c.ImageResource
+	if r == nil {
+		return "" // a task for an agent: a process on its machine
+	}
 	if d := r.Version["digest"]; d != "" {
 		return r.repository() + "@" + d
 	}
