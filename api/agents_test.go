@@ -1,6 +1,7 @@
 package api
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -133,6 +134,27 @@ func TestAnAgentGetsAVolumeAnotherMemberOwns(t *testing.T) {
 		assert.Equal(t, http.StatusBadGateway, rec.Code)
 		assert.Contains(t, rec.Body.String(), "worker c-main is owned by gateway c, which this gateway cannot reach")
 	})
+}
+
+// An agent, which learns no routes, asks its gateway for its inputs'
+// bytes, wherever they are; the gateway checks the caller.
+func TestAnAgentAsksItsGatewayForItsInputs(t *testing.T) {
+	a, _, sb := meshStreams(t, meshAgents...)
+	mac := &fakeMesh{name: "mac", kind: mesh.KindAgent, members: map[string]http.Handler{"a": a}}
+	open := MeshVolumes(mac, func() []string { return []string{"a"} })
+	asMain := streams.Caller{Team: "main"}
+	src, err := open(t.Context(), asMain, streams.Endpoint{Target: "b-main", Pod: "a", Handle: "h"}, "raw")
+	require.NoError(t, err)
+	body, err := io.ReadAll(src)
+	src.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "the volume", string(body))
+	assert.Equal(t, []streams.Caller{{Team: "main"}}, sb.sent, "b checks the caller's team")
+
+	_, err = open(t.Context(), asMain, streams.Endpoint{Target: "b-other", Pod: "a", Handle: "h"}, "raw")
+	assert.ErrorIs(t, err, streams.ErrNotFound, "another team's volume is unknown")
+	_, err = MeshVolumes(mac, func() []string { return nil })(t.Context(), asMain, streams.Endpoint{Target: "b-main"}, "raw")
+	assert.ErrorContains(t, err, "no gateway to ask for target b-main's volume")
 }
 
 // A gateway's stream-out is for the sources the asked gateway owns: one

@@ -20,6 +20,7 @@ import (
 // for, as the mesh's HTTP server would serve them.
 type fakeMesh struct {
 	name    string
+	kind    string // mesh.KindAgent: its calls arrive as an agent's
 	remotes []mesh.Remote
 	members map[string]http.Handler
 	// relays names, by target, the live peer that relays a target its
@@ -50,7 +51,11 @@ func (f *fakeMesh) Client() *http.Client {
 			return nil, &mesh.UnreachableError{Member: r.URL.Host}
 		}
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r.WithContext(mesh.WithPeer(r.Context(), f.name)))
+		ctx := mesh.WithPeer(r.Context(), f.name)
+		if f.kind != "" {
+			ctx = mesh.WithPeerKind(r.Context(), f.name, f.kind)
+		}
+		h.ServeHTTP(rec, r.WithContext(ctx))
 		return rec.Result(), nil
 	})}
 }

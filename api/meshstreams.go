@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/jetway-ci/jetway/mesh"
@@ -176,24 +177,22 @@ func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *
 	return s.Streamer.Stream(ctx, req, progress)
 }
 
-// MeshVolumes opens the bytes of a volume from the mesh member that owns
-// its target, asked as caller, who that member checks as if asked
-// directly: how an agent brings its steps' inputs in from the clusters.
-func MeshVolumes(m Mesh) func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
+// MeshVolumes opens the bytes of a volume through a gateway the agent has
+// a session with (gateways lists them), asked as caller: how an agent
+// brings its steps' inputs in from the clusters. An agent learns no routes;
+// the gateway finds the volume's owner, itself or another member, and
+// checks the caller as if asked directly.
+func MeshVolumes(m Mesh, gateways func() []string) func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
 	return func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
 		id := identity{name: "steps", admin: caller.Admin}
 		if !id.admin {
 			id.team = caller.Team
 		}
-		for _, rt := range m.Remotes() {
-			if rt.Target.Name != from.Target {
-				continue
-			}
-			if !rt.Reachable {
-				return nil, errors.New(unreachableOwner(rt))
-			}
-			return meshOpen(m, rt.Owner, callerHeaderOf(id))(ctx, from, encoding)
+		gws := gateways()
+		if len(gws) == 0 {
+			return nil, fmt.Errorf("no gateway to ask for target %s's volume: the agent has no session with one now", from.Target)
 		}
-		return nil, fmt.Errorf("%w: no member of the mesh announces target %s", streams.ErrNotFound, from.Target)
+		slices.Sort(gws)
+		return meshOpen(m, gws[0], callerHeaderOf(id))(ctx, from, encoding)
 	}
 }

@@ -14,16 +14,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// An agent joins a gateway as a member of kind agent, announcing itself.
+// An agent joins a gateway as a member of kind agent, announcing itself;
+// it is offered no route: the installation's targets, other teams' among
+// them, are not its business.
 func TestAnAgentJoinsAGateway(t *testing.T) {
 	c := newCA(t, "mesh-ca")
 	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
 	mac := startMember(t, c, "mac", memberOpts{kind: KindAgent, peers: []string{hub.Addr().String()}}, "mac")
-	eventually(t, hub, "the agent's route", func() bool { return len(hub.Remotes()) == 1 })
-	assert.Equal(t, []string{"mac/mac=running"}, remoteNames(hub))
+	spoke := startMember(t, c, "spoke", memberOpts{peers: []string{hub.Addr().String()}}, "s1")
+	eventually(t, hub, "the agent's route", func() bool { return len(hub.Remotes()) == 2 })
+	assert.Equal(t, []string{"mac/mac=running", "spoke/s1=running"}, remoteNames(hub))
 	require.NotNil(t, hub.session("mac"))
 	assert.Equal(t, KindAgent, hub.session("mac").kind)
-	eventually(t, mac, "the hub's routes", func() bool { return len(mac.Remotes()) == 1 })
+	eventually(t, spoke, "the hub's routes", func() bool { return len(spoke.Remotes()) == 2 })
+	assert.Len(t, hub.offer(hub.session("spoke")), 2, "a gateway is offered the hub's and the agent's")
+	assert.Empty(t, hub.offer(hub.session("mac")), "an agent is offered nothing")
+	assert.Empty(t, mac.Remotes())
 	resp, err := mac.Client().Get("http://hub/x")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)

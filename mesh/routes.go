@@ -235,8 +235,14 @@ func (m *Mesh) learn(s *session, routes []Route) {
 }
 
 // offer is what this member announces to peer: the targets it owns, and,
-// a gateway, those its other peers own and announced to it.
-func (m *Mesh) offer(peer string) []Route {
+// a gateway, those its other peers own and announced to it. An agent is
+// offered nothing: it needs no route (it asks its gateway for its inputs'
+// bytes), and what the installation holds, other teams' targets among it,
+// is no business of a machine under a desk.
+func (m *Mesh) offer(peer *session) []Route {
+	if peer.kind == KindAgent {
+		return nil
+	}
 	var routes []Route
 	if m.opts.Local != nil {
 		for _, st := range m.opts.Local.Snapshot() {
@@ -247,7 +253,7 @@ func (m *Mesh) offer(peer string) []Route {
 		return routes
 	}
 	for _, r := range m.Remotes() {
-		if r.Via == r.Owner && r.Owner != peer {
+		if r.Via == r.Owner && r.Owner != peer.peer {
 			routes = append(routes, Route{Owner: r.Owner, Target: r.Target, Unreachable: !r.Reachable})
 		}
 	}
@@ -277,7 +283,7 @@ func (m *Mesh) announceLoop(ctx context.Context) {
 		}
 		m.mu.Unlock()
 		for _, s := range live {
-			routes := m.offer(s.peer)
+			routes := m.offer(s)
 			if key := routesKey(routes); key != s.sent {
 				s.sent = key
 				s.announce(routes)

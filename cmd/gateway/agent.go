@@ -126,7 +126,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Tags:      f.tags,
 		KillGrace: f.killGrace,
 		Remote: func(ctx context.Context, c streams.Caller, from streams.Endpoint, enc string) (io.ReadCloser, error) {
-			return api.MeshVolumes(node)(ctx, c, from, enc)
+			return api.MeshVolumes(node, node.Peers)(ctx, c, from, enc)
 		},
 		Logger: logger.With("component", "agent"),
 	})
