@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +30,23 @@ func (p *agentProcess) exited(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the agent did not exit")
 	}
+}
+
+// servingAt is the address the agent's --listen serves on, from its log.
+func (p *agentProcess) servingAt(t *testing.T) string {
+	t.Helper()
+	var addr string
+	eventually(t, 10*time.Second, func() error {
+		for _, line := range strings.Split(p.logs.String(), "\n") {
+			var l struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "serving http" {
+				addr = l.Addr
+				return nil
+			}
+		}
+		return errorf("the agent does not serve http yet")
+	})
+	return "http://" + addr
 }
 
 // waitUnlisted waits until g lists no worker name.
@@ -58,9 +77,20 @@ func TestAgentLifecycle(t *testing.T) {
 	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-life", time.Now().Add(time.Hour), meshtest.AgentURI)
 	work := t.TempDir()
 	args := []string{"--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
-		"--work-dir", work, "--platform", "darwin", "--kill-grace", "1s"}
+		"--work-dir", work, "--platform", "darwin", "--kill-grace", "1s", "--listen", "127.0.0.1:0"}
 	ag := startAgent(t, args...)
 	waitWorker(t, g, "mac-life", "running")
+
+	// Its own listener: health, readiness (joined) and metrics; nothing
+	// else without a token, which it has none of.
+	own := ag.servingAt(t)
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/api/v1/workers": 401, "/api/v1/steps/x": 401} {
+		code, body, _ := call(t, http.MethodGet, own+path, "")
+		assert.Equal(t, want, code, "%s: %s", path, body)
+	}
+	_, metrics, _ := call(t, http.MethodGet, own+"/metrics", "")
+	assert.Contains(t, metrics, `jetway_mesh_peers{state="up"} 1`)
+	assert.Contains(t, metrics, "process_cpu_seconds_total")
 	worker := g.base + "/api/v1/workers/mac-life"
 	onMac := api.PlacementRequest{Type: "task", Platform: "darwin"}
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -31,6 +32,7 @@ type agentFlags struct {
 	tags                   []string
 	killGrace              time.Duration
 	logLevel               string
+	listen                 string
 }
 
 // validate reports every problem at once, keyed by flag.
@@ -66,6 +68,11 @@ func (f agentFlags) validate() error {
 	if _, err := config.ParseLogLevel(f.logLevel); err != nil {
 		add("log-level", "%v", err)
 	}
+	if f.listen != "" {
+		if _, _, err := net.SplitHostPort(f.listen); err != nil {
+			add("listen", "%q: want HOST:PORT: %v", f.listen, err)
+		}
+	}
 	if len(probs) > 0 {
 		return &config.Error{Problems: probs}
 	}
@@ -96,6 +103,7 @@ see docs/agent.md for what isolation an operator gets.`,
 	fl.StringArrayVar(&f.tags, "tag", nil, "a tag of this worker (repeat); a tagged worker runs only steps with its tags")
 	fl.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between TERM and KILL when a step is aborted or times out")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.listen, "listen", "", "HOST:PORT to serve /healthz, /readyz (ready: a session with a gateway) and /metrics on (default: none)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := f.validate(); err != nil {
 			return err
@@ -117,6 +125,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		return &config.Error{Problems: []config.Problem{{Key: "cert", Message: err.Error()}}}
 	}
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var node *mesh.Mesh
 	ag, err := agent.New(agent.Options{
 		Name:      id.Name(),
@@ -155,7 +164,13 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Streams:       ag,
 		Steps:         ag,
 		Mesh:          node,
-		Logger:        logger.With("component", "api"),
+		// On --listen only /healthz, /readyz, /metrics and /api/v1/info
+		// answer: no token opens the rest, which gateways call over the
+		// mesh.
+		Listen:          f.listen,
+		Ready:           func() bool { return len(node.Peers()) > 0 },
+		ShutdownTimeout: 5 * time.Second,
+		Logger:          logger.With("component", "api"),
 	})
 	node.SetHTTP(server.Handler())
 	logger.Info("starting agent", "version", buildinfo.String(), "name", id.Name(), "join", f.join,
@@ -174,7 +189,11 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 	// Stop order: the calls the mesh serves end (those following step
 	// events at once, the others answered); then the agent, whose steps
 	// go on.
-	err = runAll(ctx, 30*time.Second, closer(server.Drain), node, ag)
+	first := closer(server.Drain)
+	if f.listen != "" {
+		first = server // drains as it stops
+	}
+	err = runAll(ctx, 30*time.Second, first, node, ag)
 	if err == nil {
 		logger.Info("agent stopped")
 	}
