@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -146,4 +148,84 @@ func TestAgentLifecycle(t *testing.T) {
 		_, err := os.Stat(filepath.Join(work, f))
 		assert.ErrorIs(t, err, os.ErrNotExist, "%s after retire", f)
 	}
+}
+
+// TestAgentSurvivesADroppedTunnel cuts the agent's tunnel to its gateway in
+// the middle of a step, as a network blip would: the agent dials again,
+// and the step's events, followed through the gateway and resumed from
+// where the reader was, are complete and in order; the process ran once.
+func TestAgentSurvivesADroppedTunnel(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	member := meshMember(t, ca, ca, "blip-gw", "127.0.0.1:0")
+	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "blip-gw", mesh: member})
+	proxy := startCutProxy(t, g.meshAddr)
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-blip", time.Now().Add(time.Hour), meshtest.AgentURI)
+	work := t.TempDir()
+	ag := startAgent(t, "--join", proxy.ln.Addr().String(), "--ca", caFile, "--cert", certFile, "--key", keyFile,
+		"--work-dir", work, "--platform", "darwin")
+	waitWorker(t, g, "mac-blip", "running")
+
+	const lines = 60
+	long := longStep("blip", lines)
+	long.Platform = "darwin"
+	g.run(t, long)
+	g.waitEvents(t, "blip", 8)
+	proxy.Cut()
+	evs := followResumed(ctx, t, g, "blip")
+	v := g.step(t, "blip")
+	assert.Equal(t, steps.Failed, v.Phase)
+	assert.Equal(t, []string{"placed", "started", "exited"}, types(evs))
+	var want strings.Builder
+	for i := 1; i <= lines; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout), "every line once, in order")
+	for i, e := range evs {
+		require.Equal(t, i, e.N)
+	}
+	runs, err := os.ReadFile(filepath.Join(work, "steps", v.Pod, "build", "out", "runs"))
+	require.NoError(t, err)
+	assert.Equal(t, "run\n", string(runs), "the process ran once")
+	eventually(t, 30*time.Second, func() error {
+		if n := strings.Count(ag.logs.String(), `"msg":"mesh peer joined"`); n < 2 {
+			return errorf("the agent joined %d time(s): the tunnel was not cut and dialed again", n)
+		}
+		return nil
+	})
+}
+
+// followResumed follows a step's events through g to its end as a client
+// that loses its stream does: asking again from the next event it lacks.
+func followResumed(ctx context.Context, t *testing.T, g *gateway, handle string) []steps.Event {
+	t.Helper()
+	var evs []steps.Event
+	eventually(t, 60*time.Second, func() error {
+		url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=%d", g.base, handle, len(evs))
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errorf("events: %s", resp.Status)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e steps.Event
+			if json.Unmarshal(sc.Bytes(), &e) != nil {
+				break // a line cut short
+			}
+			evs = append(evs, e)
+		}
+		if n := len(evs); n > 0 && evs[n-1].Phase.Final() {
+			return nil
+		}
+		return errorf("the stream ended after %d events, the step's end not among them", len(evs))
+	})
+	return evs
 }
