@@ -138,8 +138,9 @@ func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool 
 	return true
 }
 
-// eventsFrom returns the events from n on, whether the step has ended,
-// and a channel closed at the next change.
+// eventsFrom returns the events from n on, whether the step has ended
+// (its last event among them: finish appends it as it ends the step), and
+// a channel closed at the next change.
 func (s *step) eventsFrom(n int) ([]steps.Event, bool, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -275,26 +276,7 @@ func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle st
 	if err != nil {
 		return err
 	}
-	for {
-		evs, ended, changed := s.eventsFrom(since)
-		if len(evs) > 0 {
-			if err := send(evs); err != nil {
-				return err
-			}
-			since += len(evs)
-		}
-		if ended && len(evs) == 0 {
-			return nil
-		}
-		if ended {
-			continue // the last batch went out; the next look ends
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		}
-	}
+	return steps.Follow(ctx, since, s.eventsFrom, send)
 }
 
 // Abort stops a running step (its process gets TERM, then KILL after the

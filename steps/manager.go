@@ -293,8 +293,16 @@ func (m *Manager) Events(ctx context.Context, caller Caller, team, handle string
 	if err != nil {
 		return err
 	}
+	return Follow(ctx, since, s.eventsFrom, send)
+}
+
+// Follow sends a step's events from since on, in batches, until the step
+// has ended or ctx ends: how a step's Events are served, on a cluster or
+// on an agent. from returns the events from n on, whether the step has
+// ended with them, and a channel closed at the next change.
+func Follow(ctx context.Context, since int, from func(n int) ([]Event, bool, <-chan struct{}), send func([]Event) error) error {
 	for {
-		evs, ended, changed := s.eventsFrom(since)
+		evs, ended, changed := from(since)
 		if len(evs) > 0 {
 			if err := send(evs); err != nil {
 				return err
