@@ -7,6 +7,12 @@
 // mesh certificates (--dst-url, --dst-ca, --dst-cert, --dst-key: the
 // receiver integration/cmd/tlsrecv, standing in for an agent).
 //
+// --src-dialer jetway reads the source through jetway's own port-forward
+// dialer instead (package portforward: a stream of the upgraded
+// connection is the HTTP connection, no local listener), as the gateway
+// does: with --dst-url, the gateway's path with the mesh replaced by one
+// TLS connection.
+//
 // It prints one JSON line: the bytes carried, the seconds from the first
 // dial to the destination's answer, and that answer.
 package main
@@ -25,15 +31,17 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/portforward"
+	clientportforward "k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/portforward"
 )
 
 type options struct {
 	srcKube, srcPod, srcPath       string
+	srcDialer                      string
 	dstKube, dstPod, dstPath       string
 	dstURL, dstCA, dstCert, dstKey string
 }
@@ -50,6 +58,7 @@ func main() {
 	flag.StringVar(&o.srcKube, "src-kubeconfig", "", "source target kubeconfig")
 	flag.StringVar(&o.srcPod, "src-pod", "", "source pod")
 	flag.StringVar(&o.srcPath, "src-path", "", "stream-out path and query, e.g. /volumes/h/stream-out?path=out")
+	flag.StringVar(&o.srcDialer, "src-dialer", "client-go", "how to port-forward to the source: client-go (a local listener) or jetway (package portforward)")
 	flag.StringVar(&o.dstKube, "dst-kubeconfig", "", "destination target kubeconfig")
 	flag.StringVar(&o.dstPod, "dst-pod", "", "destination pod")
 	flag.StringVar(&o.dstPath, "dst-path", "", "stream-in path and query")
@@ -66,7 +75,7 @@ func main() {
 
 func run(o options) error {
 	start := time.Now()
-	srcPort, stopSrc, err := forward(o.srcKube, o.srcPod)
+	srcURL, srcClient, stopSrc, err := source(o)
 	if err != nil {
 		return err
 	}
@@ -76,9 +85,9 @@ func run(o options) error {
 		return err
 	}
 	defer stopDst()
-	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d%s", srcPort, o.srcPath), nil)
+	req, _ := http.NewRequest(http.MethodPut, srcURL, nil)
 	req.Header.Set("Accept-Encoding", "raw")
-	out, err := http.DefaultClient.Do(req)
+	out, err := srcClient.Do(req)
 	if err != nil {
 		return err
 	}
@@ -106,6 +115,30 @@ func run(o options) error {
 		res.Answer = answer
 	}
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// source is the stream-out URL and the client that reaches it.
+func source(o options) (string, *http.Client, func(), error) {
+	switch o.srcDialer {
+	case "client-go":
+		port, stop, err := forward(o.srcKube, o.srcPod)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		return fmt.Sprintf("http://127.0.0.1:%d%s", port, o.srcPath), http.DefaultClient, stop, nil
+	case "jetway":
+		cfg, ns, err := load(o.srcKube)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		d := portforward.New(portforward.Options{Resolve: func(string) (*rest.Config, error) { return cfg, nil }})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Start(ctx) }()
+		u := "http://" + portforward.Host("src", ns, o.srcPod, 7788) + o.srcPath
+		return u, &http.Client{Transport: d.RoundTripper()}, func() { cancel(); <-done }, nil
+	}
+	return "", nil, nil, fmt.Errorf("--src-dialer %q: want client-go or jetway", o.srcDialer)
 }
 
 // destination is the stream-in URL and the client that reaches it: a
@@ -143,13 +176,7 @@ func (c *countReader) Read(p []byte) (int, error) {
 // forward port-forwards a local port to the pod's port 7788, in the
 // kubeconfig's namespace.
 func forward(kubeconfig, pod string) (int, func(), error) {
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{})
-	cfg, err := loader.ClientConfig()
-	if err != nil {
-		return 0, nil, err
-	}
-	ns, _, err := loader.Namespace()
+	cfg, ns, err := load(kubeconfig)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -163,7 +190,7 @@ func forward(kubeconfig, pod string) (int, func(), error) {
 		return 0, nil, err
 	}
 	stop, ready := make(chan struct{}), make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:7788"}, stop, ready, io.Discard, os.Stderr)
+	fw, err := clientportforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:7788"}, stop, ready, io.Discard, os.Stderr)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -185,6 +212,18 @@ func forward(kubeconfig, pod string) (int, func(), error) {
 	return int(ports[0].Local), func() { close(stop); <-errc }, nil
 }
 
+// load reads a kubeconfig: its client configuration and namespace.
+func load(kubeconfig string) (*rest.Config, string, error) {
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, _, err := loader.Namespace()
+	return cfg, ns, err
+}
+
 // dialerFor is kubectl's transport choice: WebSocket, SPDY on refusal.
 func dialerFor(cfg *rest.Config, u *url.URL) (httpstream.Dialer, error) {
 	rt, upgrader, err := spdy.RoundTripperFor(cfg)
@@ -192,11 +231,11 @@ func dialerFor(cfg *rest.Config, u *url.URL) (httpstream.Dialer, error) {
 		return nil, err
 	}
 	spdyDialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
-	ws, err := portforward.NewSPDYOverWebsocketDialer(u, cfg)
+	ws, err := clientportforward.NewSPDYOverWebsocketDialer(u, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return portforward.NewFallbackDialer(ws, spdyDialer, func(err error) bool {
+	return clientportforward.NewFallbackDialer(ws, spdyDialer, func(err error) bool {
 		return streamhttp.IsUpgradeFailure(err) || httpstream.IsUpgradeFailure(err)
 	}), nil
 }
