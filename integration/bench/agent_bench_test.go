@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -325,12 +326,12 @@ func reportAgentBench(b *testing.B, floor, noMesh, jetway []transfer) {
 	cpu := func(t transfer) float64 { return (t.sender + t.receiver).Seconds() / gib }
 	b.Logf("artifact %d MiB (a tar stream of %d bytes), a pod's volume -> an agent's step volume, %d rounds",
 		agentMiB, floor[0].bytes, agentRounds)
-	b.Logf("%-5s %-7s %8s %8s %10s %9s %9s %9s  %s", "round", "path", "s", "MB/s", "CPU s/GiB", "sender s", "recv s", "shared s", "")
+	b.Logf("%-5s %-7s %8s %8s %10s %9s %9s %9s %5s  %s", "round", "path", "s", "MB/s", "CPU s/GiB", "sender s", "recv s", "shared s", "CPUs", "")
 	var vsFloor, vsNoMesh []float64
 	for r := range floor {
 		for _, t := range []transfer{floor[r], noMesh[r], jetway[r]} {
-			b.Logf("%-5d %-7s %8.3f %8.1f %10.2f %9.2f %9.2f %9.2f  %s", r, t.path, t.seconds, mbps(t), cpu(t),
-				t.sender.Seconds(), t.receiver.Seconds(), t.shared.Seconds(), t.detail)
+			b.Logf("%-5d %-7s %8.3f %8.1f %10.2f %9.2f %9.2f %9.2f %5.2f  %s", r, t.path, t.seconds, mbps(t), cpu(t),
+				t.sender.Seconds(), t.receiver.Seconds(), t.shared.Seconds(), (t.sender+t.receiver+t.shared).Seconds()/t.seconds, t.detail)
 		}
 		vsFloor = append(vsFloor, mbps(jetway[r])/mbps(floor[r]))
 		vsNoMesh = append(vsNoMesh, mbps(jetway[r])/mbps(noMesh[r]))
@@ -339,7 +340,8 @@ func reportAgentBench(b *testing.B, floor, noMesh, jetway []transfer) {
 	b.Logf("no-mesh: pfpipe, jetway's port-forward dialer (as the gateway) -> one TLS 1.3 connection -> tlsrecv")
 	b.Logf("jetway: the gateway -> the mesh -> the agent; from the placed event to the input event")
 	b.Logf("CPU s/GiB: sender's and receiver's (pfpipe's and tlsrecv's, or the gateway's and the agent's); shared: the")
-	b.Logf("  cluster's processes (API server, kwok, ...) and this one (the pod's volume sidecar), for every path")
+	b.Logf("  cluster's processes (API server, kwok, ...) and this one (the pod's volume sidecar), for every path;")
+	b.Logf("  CPUs: all three over the time, the CPUs the pipeline got (of %d; other tenants take the rest)", runtime.NumCPU())
 	b.Logf("jetway/floor throughput per round %.3f, median %.3f (goal >= 0.8)", vsFloor, median(vsFloor))
 	b.Logf("jetway/no-mesh (the mesh against one TLS connection) per round %.3f, median %.3f", vsNoMesh, median(vsNoMesh))
 	// Every process of the pipeline competes for the same CPUs, so where
