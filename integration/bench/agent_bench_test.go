@@ -39,8 +39,8 @@ const (
 	agentTag      = "bench"
 	// benchToken is team main's: a gateway serves an agent volumes only
 	// for a team's caller, never an admin's (api/agents.go).
-	benchToken = "bench-main-token-0123456789"
-	produce    = "bench-produce"
+	benchToken  = "bench-main-token-0123456789"
+	produceStep = "bench-produce"
 )
 
 // Lines of the agent's debug log that bracket its bringing a step's
@@ -85,7 +85,7 @@ func runAgentBench(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	ab := setupAgentBench(ctx, b)
-	defer func() { _, _ = ab.client.Abort(context.Background(), "", produce) }()
+	defer func() { _, _ = ab.client.Abort(context.Background(), "", produceStep) }()
 	var floor, noMesh, jetway []transfer
 	paths := []func(r int){
 		func(r int) { floor = append(floor, ab.pipe(ctx, b, r, "floor", "client-go")) },
@@ -219,11 +219,11 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // produce runs the task on the cluster whose output is the artifact.
 func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 	script := fmt.Sprintf("head -c %d /dev/urandom > out/blob && sha256sum out/blob | cut -d' ' -f1", int64(agentMiB)<<20)
-	req := steps.Request{Handle: produce, Type: "task", Image: "busybox:1.37",
+	req := steps.Request{Handle: produceStep, Type: "task", Image: "busybox:1.37",
 		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}, Outputs: []steps.Output{{Name: "out"}}}
 	v, out := ab.run(ctx, b, req, nil)
 	if v.Target != stepsTarget || len(v.Outputs) != 1 || !sha256Hex.MatchString(out) {
-		b.Fatalf("%s: on %q, outputs %+v, stdout %q", produce, v.Target, v.Outputs, out)
+		b.Fatalf("%s: on %q, outputs %+v, stdout %q", produceStep, v.Target, v.Outputs, out)
 	}
 	ab.src, ab.sum = v.Outputs[0], out
 }
@@ -251,7 +251,7 @@ func (ab *agentBench) viaMesh(ctx context.Context, b *testing.B, round int) tran
 	handle := fmt.Sprintf("bench-agent-%d", round)
 	req := steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37", Platform: agentPlatform, Tags: []string{agentTag},
 		Run:    steps.Run{Path: "sh", Args: []string{"-c", "sha256sum in/blob | cut -d' ' -f1"}},
-		Inputs: []steps.Input{{Name: "in", From: steps.InputSource{Step: produce, Output: "out"}}}}
+		Inputs: []steps.Input{{Name: "in", From: steps.InputSource{Step: produceStep, Output: "out"}}}}
 	gw0, agent0, shared0 := ab.gw.cpu(), ab.agent.cpu(), ab.sharedCPU()
 	var placed, input steps.Event
 	t := transfer{path: "jetway", round: round}
