@@ -164,6 +164,16 @@ bench-streams: tools $(BIN)/kubectl
 	@command -v curl >/dev/null || { echo "bench-streams needs curl (apt-get install curl)"; exit 1; }
 	$(GO) test -run '^$$' -bench '^BenchmarkStreams$$' -benchtime 1x -timeout 30m -v ./integration/bench/
 
+# bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
+# pod on a local cluster into a task on a `gateway agent` process through a
+# real gateway's mesh, against the floor: the same bytes from the same pod
+# over one plain TLS 1.3 connection with the mesh's certificates into a
+# receiver that writes them as the agent does; alternating, each path
+# BENCH_AGENT_ROUNDS (default 2) times, in one run.
+.PHONY: bench-agent
+bench-agent: tools
+	$(GO) test -run '^$$' -bench '^BenchmarkAgent$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+
 # bench-placement: one placement decision over 1,000 and 10,000 targets with
 # the default chain and with fewest-build-containers,limit-active-tasks:
 # jetway's fast path against a full shuffle-and-sort reference, in one run.

@@ -35,7 +35,7 @@ func runChecksBench(b *testing.B) {
 	if err := os.WriteFile(filepath.Join(scripts, "check"), []byte(check), 0o755); err != nil {
 		b.Fatal(err)
 	}
-	_, restCfg, gw, stop := stepsGateway(ctx, b, "--resource-dir", scripts)
+	_, restCfg, gw, stop := stepsGateway(ctx, b, "", "--resource-dir", scripts)
 	defer stop()
 	c, err := client.New(client.Options{URL: gw.base})
 	if err != nil {

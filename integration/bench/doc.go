@@ -1,4 +1,5 @@
 // Package bench holds jetway's benchmarks against real local clusters;
-// `make bench-targets` runs them. They start their own clusters and a real
-// gateway process, so they are not part of `make test`.
+// the Makefile's bench-* targets run them (bench-targets, bench-streams,
+// bench-steps, bench-agent). They start their own clusters and real
+// gateway processes, so they are not part of `make test`.
 package bench

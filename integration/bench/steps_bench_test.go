@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -54,7 +53,7 @@ func BenchmarkSteps(b *testing.B) {
 func runStepsBench(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, restCfg, gw, stop := stepsGateway(ctx, b)
+	c, restCfg, gw, stop := stepsGateway(ctx, b, "")
 	defer stop()
 
 	var floor, jetway latencies
@@ -71,10 +70,15 @@ func runStepsBench(b *testing.B) {
 	}
 }
 
+// stepsTarget is the target stepsGateway makes: its name, and the folder
+// of its kubeconfig in the gateway's targets dir.
+const stepsTarget = "steps"
+
 // stepsGateway starts a local cluster's step kubelet, a target on it
 // (namespace bench-steps) and a gateway over it with flags, and waits for
-// the target to run.
-func stepsGateway(ctx context.Context, b *testing.B, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
+// the target to run. token is a team's or an admin's, for flags that name
+// an --auth-tokens-file; "" for none.
+func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
 	c := cluster.ForTest(b, 1)[0]
 	agent := buildStepAgent(b)
 	kctx, stopKubelet := context.WithCancel(ctx)
@@ -91,10 +95,10 @@ func stepsGateway(ctx context.Context, b *testing.B, flags ...string) (*cluster.
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "steps"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, stepsTarget), 0o700); err != nil {
 		b.Fatal(err)
 	}
-	if err := writeFile(filepath.Join(dir, "steps", "kubeconfig"), tg.Kubeconfig); err != nil {
+	if err := writeFile(filepath.Join(dir, stepsTarget, "kubeconfig"), tg.Kubeconfig); err != nil {
 		b.Fatal(err)
 	}
 	restCfg, err := clientcmd.RESTConfigFromKubeConfig(tg.Kubeconfig)
@@ -102,6 +106,7 @@ func stepsGateway(ctx context.Context, b *testing.B, flags ...string) (*cluster.
 		b.Fatal(err)
 	}
 	gw := startGateway(b, buildGateway(b), dir, flags...)
+	gw.token = token
 	waitFor(b, time.Minute, func() error {
 		for _, t := range gw.targets(b) {
 			if t.State == "running" {
@@ -290,10 +295,5 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 }
 
 func buildStepAgent(b *testing.B) string {
-	bin := filepath.Join(b.TempDir(), "step-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/jetway-ci/jetway/cmd/step-agent").CombinedOutput()
-	if err != nil {
-		b.Fatalf("build step-agent: %v\n%s", err, out)
-	}
-	return bin
+	return goBuild(b, "github.com/jetway-ci/jetway/cmd/step-agent")
 }

@@ -107,10 +107,7 @@ func runStreamsBench(b *testing.B) {
 	var results []pathResult
 	b.ResetTimer()
 	// (a) the floor
-	pfpipe := filepath.Join(b.TempDir(), "pfpipe")
-	if out, err := exec.Command("go", "build", "-o", pfpipe, "github.com/jetway-ci/jetway/integration/cmd/pfpipe").CombinedOutput(); err != nil {
-		b.Fatalf("build pfpipe: %v\n%s", err, out)
-	}
+	pfpipe := goBuild(b, "github.com/jetway-ci/jetway/integration/cmd/pfpipe")
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, pfpipe, "--src-kubeconfig", kubeconfigs["a"], "--src-pod", "src",
 		"--src-path", "/volumes/art/stream-out?path=out", "--dst-kubeconfig", kubeconfigs["b"], "--dst-pod", "dst",

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -249,20 +250,38 @@ func waitAllChecked(ctx context.Context, b *testing.B, gw *gatewayProc) {
 type gatewayProc struct {
 	cmd  *exec.Cmd
 	base string
+	// meshAddr is where it accepts mesh peers, when started with
+	// --mesh-listen.
+	meshAddr string
+	// token goes with its calls, for a gateway started with a tokens file.
+	token string
+	// targetsDir is its --targets-dir.
+	targetsDir string
 }
 
-func buildGateway(b *testing.B) string {
-	bin := filepath.Join(b.TempDir(), "gateway")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/jetway-ci/jetway/cmd/gateway").CombinedOutput()
+func buildGateway(b *testing.B) string { return goBuild(b, "github.com/jetway-ci/jetway/cmd/gateway") }
+
+// goBuild builds the command pkg into a temporary folder and returns the
+// binary.
+func goBuild(b *testing.B, pkg string) string {
+	bin := filepath.Join(b.TempDir(), path.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	if err != nil {
-		b.Fatalf("build gateway: %v\n%s", err, out)
+		b.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
 }
 
+// startGateway runs bin as a gateway over the targets in dir, with flags:
+// without authentication unless they name an --auth-tokens-file (then set
+// the returned gateway's token). It returns once the gateway serves HTTP
+// and, with --mesh-listen, accepts mesh peers.
 func startGateway(b *testing.B, bin, dir string, flags ...string) *gatewayProc {
-	cmd := exec.Command(bin, append([]string{"run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--no-auth",
-		"--health-interval", benchInterval.String()}, flags...)...)
+	args := []string{"run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--health-interval", benchInterval.String()}
+	if !slices.Contains(flags, "--auth-tokens-file") {
+		args = append(args, "--no-auth")
+	}
+	cmd := exec.Command(bin, append(args, flags...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -271,28 +290,37 @@ func startGateway(b *testing.B, bin, dir string, flags ...string) *gatewayProc {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	addr := make(chan string, 1)
+	addr, meshAddr := make(chan string, 1), make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			var line struct{ Msg, Level, Addr string }
+			var line struct{ Msg, Level, Addr, Address string }
 			_ = json.Unmarshal(sc.Bytes(), &line)
 			switch {
 			case line.Msg == "serving http":
 				addr <- line.Addr
+			case line.Msg == "mesh listening":
+				meshAddr <- line.Address
 			case line.Level == "WARN" && !strings.Contains(line.Msg, "without authentication"), line.Level == "ERROR":
 				b.Log(sc.Text())
 			}
 		}
 	}()
-	select {
-	case a := <-addr:
-		return &gatewayProc{cmd: cmd, base: "http://" + a}
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		b.Fatal("gateway did not start serving")
-		return nil
+	gw := &gatewayProc{cmd: cmd, targetsDir: dir}
+	timeout := time.After(10 * time.Second)
+	for gw.base == "" || slices.Contains(flags, "--mesh-listen") && gw.meshAddr == "" {
+		select {
+		case a := <-addr:
+			gw.base = "http://" + a
+		case a := <-meshAddr:
+			gw.meshAddr = a
+		case <-timeout:
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			b.Fatal("gateway did not start serving")
+		}
 	}
+	return gw
 }
 
 func (g *gatewayProc) stop(b *testing.B) {
@@ -301,29 +329,35 @@ func (g *gatewayProc) stop(b *testing.B) {
 }
 
 func (g *gatewayProc) targets(b *testing.B) []api.Target {
-	resp, err := http.Get(g.base + "/api/v1/targets")
+	var list []api.Target
+	g.get(b, "/api/v1/targets", &list)
+	return list
+}
+
+// get decodes the answer to GET path into out.
+func (g *gatewayProc) get(b *testing.B, path string, out any) {
+	req, err := http.NewRequest(http.MethodGet, g.base+path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if g.token != "" {
+		req.Header.Set("Authorization", "Bearer "+g.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var list []api.Target
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		b.Fatal(err)
 	}
-	return list
 }
 
 // cpu is the process's user+system CPU time.
-func (g *gatewayProc) cpu() time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", g.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
-}
+func (g *gatewayProc) cpu() time.Duration { return procCPU(g.cmd.Process.Pid) }
 
 // sockets counts the process's open sockets (listener included).
 func (g *gatewayProc) sockets() int {

@@ -1,11 +1,25 @@
-// Command pfpipe is the floor of the streams benchmark: the least a program
-// can do to copy a volume between pods on two clusters. It port-forwards
-// to each pod with client-go (local listeners, as kubectl does), and pipes
-// one pod's stream-out into the other's stream-in with io.Copy.
+// Command pfpipe is the floor of the streams and agent benchmarks: the
+// least a program can do to copy a volume out of a pod. It port-forwards
+// to the source pod with client-go (a local listener, as kubectl does)
+// and pipes its stream-out with one HTTP/1.1 PUT into either another
+// pod's stream-in, port-forwarded the same way (--dst-kubeconfig,
+// --dst-pod, --dst-path), or a URL over one TLS 1.3 connection made with
+// mesh certificates (--dst-url, --dst-ca, --dst-cert, --dst-key: the
+// receiver integration/cmd/tlsrecv, standing in for an agent).
+//
+// --src-dialer jetway reads the source through jetway's own port-forward
+// dialer instead (package portforward: a stream of the upgraded
+// connection is the HTTP connection, no local listener), as the gateway
+// does: with --dst-url, the gateway's path with the mesh replaced by one
+// TLS connection.
+//
+// It prints one JSON line: the bytes carried, the seconds from the first
+// dial to the destination's answer, and that answer.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -17,40 +31,63 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/portforward"
+	clientportforward "k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
+
+	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/portforward"
 )
 
+type options struct {
+	srcKube, srcPod, srcPath       string
+	srcDialer                      string
+	dstKube, dstPod, dstPath       string
+	dstURL, dstCA, dstCert, dstKey string
+}
+
+// result is what pfpipe prints.
+type result struct {
+	Bytes   int64           `json:"bytes"`
+	Seconds float64         `json:"seconds"`
+	Answer  json.RawMessage `json:"answer,omitempty"` // the destination's, when it is JSON
+}
+
 func main() {
-	srcKube := flag.String("src-kubeconfig", "", "source target kubeconfig")
-	srcPod := flag.String("src-pod", "", "source pod")
-	srcURL := flag.String("src-path", "", "stream-out path and query, e.g. /volumes/h/stream-out?path=out")
-	dstKube := flag.String("dst-kubeconfig", "", "destination target kubeconfig")
-	dstPod := flag.String("dst-pod", "", "destination pod")
-	dstURL := flag.String("dst-path", "", "stream-in path and query")
+	var o options
+	flag.StringVar(&o.srcKube, "src-kubeconfig", "", "source target kubeconfig")
+	flag.StringVar(&o.srcPod, "src-pod", "", "source pod")
+	flag.StringVar(&o.srcPath, "src-path", "", "stream-out path and query, e.g. /volumes/h/stream-out?path=out")
+	flag.StringVar(&o.srcDialer, "src-dialer", "client-go", "how to port-forward to the source: client-go (a local listener) or jetway (package portforward)")
+	flag.StringVar(&o.dstKube, "dst-kubeconfig", "", "destination target kubeconfig")
+	flag.StringVar(&o.dstPod, "dst-pod", "", "destination pod")
+	flag.StringVar(&o.dstPath, "dst-path", "", "stream-in path and query")
+	flag.StringVar(&o.dstURL, "dst-url", "", "stream-in URL (https) of a receiver that takes mesh certificates, in place of a destination pod")
+	flag.StringVar(&o.dstCA, "dst-ca", "", "with --dst-url: the mesh CA (PEM)")
+	flag.StringVar(&o.dstCert, "dst-cert", "", "with --dst-url: this sender's mesh certificate (PEM)")
+	flag.StringVar(&o.dstKey, "dst-key", "", "with --dst-url: its key (PEM)")
 	flag.Parse()
-	if err := run(*srcKube, *srcPod, *srcURL, *dstKube, *dstPod, *dstURL); err != nil {
+	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "pfpipe: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(srcKube, srcPod, srcPath, dstKube, dstPod, dstPath string) error {
-	srcPort, stopSrc, err := forward(srcKube, srcPod)
+func run(o options) error {
+	start := time.Now()
+	srcURL, srcClient, stopSrc, err := source(o)
 	if err != nil {
 		return err
 	}
 	defer stopSrc()
-	dstPort, stopDst, err := forward(dstKube, dstPod)
+	dstURL, client, stopDst, err := destination(o)
 	if err != nil {
 		return err
 	}
 	defer stopDst()
-	start := time.Now()
-	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d%s", srcPort, srcPath), nil)
+	req, _ := http.NewRequest(http.MethodPut, srcURL, nil)
 	req.Header.Set("Accept-Encoding", "raw")
-	out, err := http.DefaultClient.Do(req)
+	out, err := srcClient.Do(req)
 	if err != nil {
 		return err
 	}
@@ -59,18 +96,70 @@ func run(srcKube, srcPod, srcPath, dstKube, dstPod, dstPath string) error {
 		return fmt.Errorf("stream-out: %s", out.Status)
 	}
 	counter := &countReader{r: out.Body}
-	in, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d%s", dstPort, dstPath), io.NopCloser(counter))
-	in.Header.Set("Content-Encoding", "raw")
-	resp, err := http.DefaultClient.Do(in)
+	in, err := http.NewRequest(http.MethodPut, dstURL, io.NopCloser(counter))
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("stream-in: %s", resp.Status)
+	in.Header.Set("Content-Encoding", "raw")
+	resp, err := client.Do(in)
+	if err != nil {
+		return err
 	}
-	fmt.Printf("%d bytes in %.3fs\n", counter.n, time.Since(start).Seconds())
-	return nil
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("stream-in: %s: %s", resp.Status, answer)
+	}
+	res := result{Bytes: counter.n, Seconds: time.Since(start).Seconds()}
+	if json.Valid(answer) {
+		res.Answer = answer
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// source is the stream-out URL and the client that reaches it.
+func source(o options) (string, *http.Client, func(), error) {
+	switch o.srcDialer {
+	case "client-go":
+		port, stop, err := forward(o.srcKube, o.srcPod)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		return fmt.Sprintf("http://127.0.0.1:%d%s", port, o.srcPath), http.DefaultClient, stop, nil
+	case "jetway":
+		cfg, ns, err := load(o.srcKube)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		d := portforward.New(portforward.Options{Resolve: func(string) (*rest.Config, error) { return cfg, nil }})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Start(ctx) }()
+		u := "http://" + portforward.Host("src", ns, o.srcPod, 7788) + o.srcPath
+		return u, &http.Client{Transport: d.RoundTripper()}, func() { cancel(); <-done }, nil
+	}
+	return "", nil, nil, fmt.Errorf("--src-dialer %q: want client-go or jetway", o.srcDialer)
+}
+
+// destination is the stream-in URL and the client that reaches it: a
+// port-forward to the destination pod, or --dst-url over TLS with the
+// mesh's own client settings (TLS 1.3, the peer checked against the mesh
+// CA). A client with its own TLS settings speaks HTTP/1.1, on one
+// connection for the one request.
+func destination(o options) (string, *http.Client, func(), error) {
+	if o.dstURL != "" {
+		id, err := mesh.LoadIdentity(o.dstCA, o.dstCert, o.dstKey)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		tr := &http.Transport{TLSClientConfig: id.ClientConfig(), DisableCompression: true}
+		return o.dstURL, &http.Client{Transport: tr}, tr.CloseIdleConnections, nil
+	}
+	port, stop, err := forward(o.dstKube, o.dstPod)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d%s", port, o.dstPath), http.DefaultClient, stop, nil
 }
 
 type countReader struct {
@@ -87,13 +176,7 @@ func (c *countReader) Read(p []byte) (int, error) {
 // forward port-forwards a local port to the pod's port 7788, in the
 // kubeconfig's namespace.
 func forward(kubeconfig, pod string) (int, func(), error) {
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{})
-	cfg, err := loader.ClientConfig()
-	if err != nil {
-		return 0, nil, err
-	}
-	ns, _, err := loader.Namespace()
+	cfg, ns, err := load(kubeconfig)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -107,7 +190,7 @@ func forward(kubeconfig, pod string) (int, func(), error) {
 		return 0, nil, err
 	}
 	stop, ready := make(chan struct{}), make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:7788"}, stop, ready, io.Discard, os.Stderr)
+	fw, err := clientportforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:7788"}, stop, ready, io.Discard, os.Stderr)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -129,6 +212,18 @@ func forward(kubeconfig, pod string) (int, func(), error) {
 	return int(ports[0].Local), func() { close(stop); <-errc }, nil
 }
 
+// load reads a kubeconfig: its client configuration and namespace.
+func load(kubeconfig string) (*rest.Config, string, error) {
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, _, err := loader.Namespace()
+	return cfg, ns, err
+}
+
 // dialerFor is kubectl's transport choice: WebSocket, SPDY on refusal.
 func dialerFor(cfg *rest.Config, u *url.URL) (httpstream.Dialer, error) {
 	rt, upgrader, err := spdy.RoundTripperFor(cfg)
@@ -136,11 +231,11 @@ func dialerFor(cfg *rest.Config, u *url.URL) (httpstream.Dialer, error) {
 		return nil, err
 	}
 	spdyDialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
-	ws, err := portforward.NewSPDYOverWebsocketDialer(u, cfg)
+	ws, err := clientportforward.NewSPDYOverWebsocketDialer(u, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return portforward.NewFallbackDialer(ws, spdyDialer, func(err error) bool {
+	return clientportforward.NewFallbackDialer(ws, spdyDialer, func(err error) bool {
 		return streamhttp.IsUpgradeFailure(err) || httpstream.IsUpgradeFailure(err)
 	}), nil
 }
