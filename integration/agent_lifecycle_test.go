@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -228,4 +229,60 @@ func followResumed(ctx context.Context, t *testing.T, g *gateway, handle string)
 		return errorf("the stream ended after %d events, the step's end not among them", len(evs))
 	})
 	return evs
+}
+
+// TestAnAgentDyingMidStreamFailsTheInputLoudly: a cluster task's input is
+// the output of a task on an agent; the agent is killed while the bytes
+// flow. The cluster task ends errored, naming its input and the agent,
+// and its process never starts.
+func TestAnAgentDyingMidStreamFailsTheInputLoudly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "die-cluster", "", "")
+	member := meshMember(t, ca, ca, "die-gw", "127.0.0.1:0")
+	g := startGateway(t, dir, gatewayOptions{identity: "die-gw", mesh: member})
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-die", time.Now().Add(time.Hour), meshtest.AgentURI)
+	ag := startAgent(t, "--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
+		"--work-dir", t.TempDir(), "--platform", "darwin")
+	waitWorker(t, g, "mac-die", "running")
+
+	blob := shStep("die-make", `head -c 500000000 /dev/urandom > out/blob`)
+	blob.Platform, blob.Image = "darwin", ""
+	blob.Outputs = []steps.Output{{Name: "out"}}
+	runEvents(ctx, t, g, blob, "mac-die")
+	use := shStep("die-use", `echo ran`)
+	use.Platform = "linux" // else it goes where its input is, the agent
+	use.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "die-make", Output: "out"}}}
+	g.run(t, use)
+	eventually(t, 60*time.Second, func() error { // the bytes flow into the cluster's pod
+		v := g.step(t, "die-use")
+		if n := dirBytes(clusters[0].StepRoot("die-cluster", v.Pod)); v.Pod == "" || n < 10<<20 {
+			return errorf("%d bytes in so far: %+v", n, v)
+		}
+		return nil
+	})
+	ag.kill(t)
+	v := g.waitPhase(t, "die-use", steps.Errored)
+	t.Logf("the step's end: %s: %s", v.Reason, v.Message)
+	assert.Equal(t, "StepFailed", v.Reason)
+	assert.Contains(t, v.Message, "input in")
+	assert.Contains(t, v.Message, "(mesh member mac-die)")
+	evs := g.stepEvents(ctx, t, "die-use", "", 0)
+	assert.NotContains(t, types(evs), "started", "the process never started: %+v", evs)
+}
+
+// dirBytes is the size of the files under dir (0 if it is not there).
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }

@@ -66,7 +66,7 @@ func TestSendReportsAStalledSource(t *testing.T) {
 		assert.Equal(t, DefaultStallTimeout+DefaultStallTimeout/watchdogTicks, time.Since(start))
 		assert.LessOrEqual(t, time.Since(start), 12*time.Second, "the issue's bound, with room")
 		assert.Equal(t, int64(4), n)
-		assert.EqualError(t, err, "source (gateway gw-b): stalled: no data from stream-out src/h for 10s")
+		assert.EqualError(t, err, "source (mesh member gw-b): stalled: no data from stream-out src/h for 10s")
 	})
 }
 
@@ -116,10 +116,10 @@ func TestAStreamFromTheMesh(t *testing.T) {
 		return io.NopCloser(io.MultiReader(strings.NewReader("part"), iotest.ErrReader(errors.New("over the mesh: unexpected EOF")))), nil
 	}
 	_, err = s.Stream(context.Background(), req, nil)
-	assert.EqualError(t, err, "source (gateway gw-a): over the mesh: unexpected EOF")
+	assert.EqualError(t, err, "source (mesh member gw-a): over the mesh: unexpected EOF")
 
 	req.To.Handle = "gone"
 	opts.Target = pods{}.target
 	_, err = New(opts).Stream(context.Background(), req, nil)
-	assert.EqualError(t, err, `destination (gateway gw-b): pod "dst" not found on target "b"`)
+	assert.EqualError(t, err, `destination (mesh member gw-b): pod "dst" not found on target "b"`)
 }

@@ -100,7 +100,7 @@ const (
 // gateway.
 type Error struct {
 	Side    string // SideSource or SideDestination
-	Gateway string // the gateway that reached that side; "" outside a mesh
+	Gateway string // the mesh member (gateway, agent) that reached that side; "" outside a mesh
 	Err     error
 }
 
@@ -108,7 +108,7 @@ func (e *Error) Error() string {
 	if e.Gateway == "" {
 		return e.Side + ": " + e.Err.Error()
 	}
-	return e.Side + " (gateway " + e.Gateway + "): " + e.Err.Error()
+	return e.Side + " (mesh member " + e.Gateway + "): " + e.Err.Error()
 }
 func (e *Error) Unwrap() error { return e.Err }
 

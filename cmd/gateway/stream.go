@@ -112,7 +112,7 @@ func followStream(body io.Reader, stdout, stderr io.Writer, total int64) error {
 			}
 			switch {
 			case line.Side != "" && line.Gateway != "":
-				return fmt.Errorf("stream failed on the %s side (gateway %s): %s", line.Side, line.Gateway, line.Error)
+				return fmt.Errorf("stream failed on the %s side (mesh member %s): %s", line.Side, line.Gateway, line.Error)
 			case line.Side != "":
 				return fmt.Errorf("stream failed on the %s side: %s", line.Side, line.Error)
 			}

@@ -43,7 +43,7 @@ func TestFollowStream(t *testing.T) {
 	assert.EqualError(t, err, `stream failed on the source side: stream-out x: 404 Not Found: volume "x" not found`)
 
 	err = followStream(strings.NewReader(`{"error":"stalled: no data from stream-out a/h for 10s","side":"source","gateway":"gw-b"}`+"\n"), &out, &errOut, 0)
-	assert.EqualError(t, err, `stream failed on the source side (gateway gw-b): stalled: no data from stream-out a/h for 10s`)
+	assert.EqualError(t, err, `stream failed on the source side (mesh member gw-b): stalled: no data from stream-out a/h for 10s`)
 
 	err = followStream(strings.NewReader(`{"bytes":5}`+"\n"), &out, &errOut, 0)
 	assert.EqualError(t, err, "stream answer ended without a result", "a cut answer is a failure")
