@@ -1,0 +1,259 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/internal/meshtest"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// otherTeamToken is a token of a team no agent serves.
+var otherTeamToken = api.Token{Name: "other-ci", Token: "other-token-0123456789", Team: "other"}
+
+// agentGateway starts a gateway, in this process, whose mesh listener
+// agents of ca join; dir holds its cluster targets (it may be empty).
+func agentGateway(t *testing.T, ca *meshtest.CA, name, dir string) *gateway {
+	t.Helper()
+	member := meshMember(t, ca, ca, name, "127.0.0.1:0")
+	member.stallAfter = 2 * time.Second
+	return startGateway(t, dir, gatewayOptions{identity: name, mesh: member,
+		tokens: []api.Token{adminToken, mainToken, otherTeamToken}})
+}
+
+// joinedAgent is `gateway agent` joined to a gateway: the process, its
+// work dir and its arguments, to start it again.
+type joinedAgent struct {
+	*agentProcess
+	work string
+	args []string
+}
+
+// joinAgent issues an agent certificate of ca for name, starts `gateway
+// agent` with it joined to g (args added), and returns once g lists it
+// running. Whatever its steps leave running is killed when the test ends.
+func joinAgent(t *testing.T, g *gateway, ca *meshtest.CA, name string, args ...string) *joinedAgent {
+	t.Helper()
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
+	work := t.TempDir()
+	args = append([]string{"--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
+		"--work-dir", work, "--log-level", "debug"}, args...)
+	t.Cleanup(func() { killStepProcesses(t, work) })
+	a := &joinedAgent{agentProcess: startAgent(t, args...), work: work, args: args}
+	waitWorker(t, g, name, "running")
+	return a
+}
+
+// restart starts the agent again, on the same work dir.
+func (a *joinedAgent) restart(t *testing.T) {
+	a.agentProcess = startAgent(t, a.args...)
+}
+
+// folder is a step's folder on the agent.
+func (a *joinedAgent) folder(v steps.View) string { return filepath.Join(a.work, "steps", v.Pod) }
+
+// proc is a process the test saw alive: its pid and start time, so that a
+// pid the kernel gives to another process later never passes for it.
+type proc struct {
+	pid   int
+	start string
+}
+
+// procFields are a process's /proc/PID/stat fields from its state on.
+func procFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])) // the name may hold spaces
+}
+
+// liveProc is the process pid, which must be alive.
+func liveProc(t *testing.T, pid int) proc {
+	t.Helper()
+	f := procFields(pid)
+	require.Greater(t, len(f), 19, "process %d is not running", pid)
+	p := proc{pid: pid, start: f[19]}
+	require.True(t, p.alive(), "process %d", pid)
+	return p
+}
+
+// alive: the process runs (a zombie was killed, and only waits to be
+// reaped).
+func (p proc) alive() bool {
+	f := procFields(p.pid)
+	return len(f) > 19 && f[19] == p.start && f[0] != "Z" && f[0] != "X"
+}
+
+// readPid reads a pid a step's script or supervisor wrote into file.
+func readPid(t *testing.T, file string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err, "%s: %q", file, b)
+	return pid
+}
+
+// waitGone waits until none of procs is alive.
+func waitGone(t *testing.T, procs ...proc) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		for _, p := range procs {
+			if p.alive() {
+				return errorf("process %d still runs", p.pid)
+			}
+		}
+		return nil
+	})
+}
+
+// stepProcesses are the live processes of the steps under work: their
+// supervisors (JETWAY_STEP_ROOT in their environment) and whatever runs in
+// a step's folder.
+func stepProcesses(work string) []int {
+	if real, err := filepath.EvalSymlinks(work); err == nil {
+		work = real
+	}
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		f := procFields(pid)
+		if (strings.HasPrefix(cwd, work+"/") || bytes.Contains(env, []byte(stepagent.RootEnv+"="+work+"/"))) &&
+			len(f) > 0 && f[0] != "Z" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killStepProcesses kills what the steps under work left running: an
+// agent's supervisors outlive it, by design.
+func killStepProcesses(t *testing.T, work string) {
+	for _, pid := range stepProcesses(work) {
+		t.Logf("killing process %d of a step under %s", pid, work)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// TestAgentPlacement: two agents (darwin for the main team, windows for
+// every team) and a cluster (linux) on one gateway. A task goes where its
+// platform is, and runs there: on an agent, in that agent's step folder.
+// A platform no worker has is accepted and waits, saying why, and the
+// placement API refuses it naming every worker and its platform. Another
+// team's darwin task never goes to the main team's agent, and nothing
+// that team is answered names it.
+func TestAgentPlacement(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "ap-linux", "{}\n", "")
+	g := agentGateway(t, ca, "ap-gw", dir)
+	g.waitTarget(t, "ap-linux", 10*time.Second, running)
+	mac := joinAgent(t, g, ca, "ap-mac", "--platform", "darwin", "--team", "main")
+	win := joinAgent(t, g, ca, "ap-win", "--platform", "windows")
+	asMain, asOther := *g, *g
+	asMain.token, asOther.token = mainToken.Token, otherTeamToken.Token
+
+	for _, tt := range []struct {
+		platform, target string
+		agent            *joinedAgent
+	}{
+		{"darwin", "ap-mac", mac},
+		{"windows", "ap-win", win},
+		{"linux", "ap-linux", nil},
+	} {
+		req := shStep("ap-"+tt.platform, "pwd")
+		req.Platform = tt.platform
+		evs := runEvents(ctx, t, &asMain, req, tt.target)
+		if tt.agent != nil {
+			want, err := filepath.EvalSymlinks(filepath.Join(tt.agent.folder(asMain.step(t, req.Handle)), "build"))
+			require.NoError(t, err)
+			assert.Equal(t, want+"\n", outputOf(evs, steps.EventStdout), "ran in %s's step folder", tt.target)
+		}
+	}
+
+	// No worker is plan9: the step waits, saying why; a placement is refused.
+	req := shStep("ap-plan9", "true")
+	req.Platform = "plan9"
+	asMain.run(t, req)
+	const plan9 = "no target satisfies team 'main', platform 'plan9'"
+	waitWaiting(t, &asMain, "ap-plan9", plan9)
+	code, p, _ := g.place(t, mainToken.Token, api.PlacementRequest{Type: "task", Team: "main", Platform: "plan9"})
+	assert.Equal(t, http.StatusUnprocessableEntity, code, "%+v", p)
+	assert.Equal(t, plan9, p.Error)
+	assert.Equal(t, map[string]string{"ap-mac": "platform darwin", "ap-win": "platform windows", "ap-linux": "platform linux"},
+		p.Rejected)
+	endWaiting(ctx, t, &asMain, "ap-plan9", plan9)
+
+	// Another team's darwin task: ap-mac is main's, so no worker fits, and
+	// no answer to that team names ap-mac.
+	req = shStep("ap-other", "true")
+	req.Platform = "darwin"
+	code, _, body := asOther.submitStep(t, otherTeamToken.Token, req)
+	require.Equal(t, http.StatusAccepted, code, body)
+	const other = "no target satisfies team 'other', platform 'darwin'"
+	waitWaiting(t, &asOther, "ap-other", other)
+	code, p, _ = g.place(t, otherTeamToken.Token, api.PlacementRequest{Type: "task", Team: "other", Platform: "darwin"})
+	assert.Equal(t, http.StatusUnprocessableEntity, code, "%+v", p)
+	assert.Equal(t, other, p.Error)
+	assert.Equal(t, map[string]string{"ap-win": "platform windows", "ap-linux": "platform linux"}, p.Rejected)
+	code, p, _ = g.place(t, adminToken.Token, api.PlacementRequest{Type: "task", Team: "other", Platform: "darwin"})
+	assert.Equal(t, http.StatusUnprocessableEntity, code, "%+v", p)
+	assert.Equal(t, "team main", p.Rejected["ap-mac"], "an admin sees it, and why it does not fit")
+	workers := asOther.get(t, "/api/v1/workers", nil)
+	assert.Contains(t, workers, "ap-win")
+	assert.NotContains(t, workers, "ap-mac", "another team's agent is not listed")
+	evs := endWaiting(ctx, t, &asOther, "ap-other", other)
+	for _, e := range evs {
+		assert.NotContains(t, e.Message, "ap-mac")
+	}
+	assert.NoDirExists(t, filepath.Join(mac.work, "steps", steps.PodName("other", "ap-other")))
+}
+
+// waitWaiting waits until the pending step says it waits for why.
+func waitWaiting(t *testing.T, g *gateway, handle, why string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		if v := g.step(t, handle); v.Phase != steps.Pending || v.Waiting != why {
+			return errorf("%s: phase %s, waiting %q", handle, v.Phase, v.Waiting)
+		}
+		return nil
+	})
+}
+
+// endWaiting aborts a waiting step and returns its events: it waited for
+// why, and ends aborted, never placed.
+func endWaiting(ctx context.Context, t *testing.T, g *gateway, handle, why string) []steps.Event {
+	t.Helper()
+	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/"+handle, g.token)
+	require.Equal(t, http.StatusOK, code, body)
+	evs := g.stepEvents(ctx, t, handle, "", 0)
+	assert.Equal(t, []string{steps.EventWaiting, steps.EventFailed}, types(evs), "%+v", evs)
+	assert.Equal(t, steps.ReasonNoTargetFits, evs[0].Reason)
+	assert.Equal(t, why, evs[0].Message)
+	v := g.step(t, handle)
+	assert.Equal(t, steps.Aborted, v.Phase)
+	return evs
+}
