@@ -147,6 +147,18 @@ func stepProcesses(work string) []int {
 	return pids
 }
 
+// waitNoStepProcesses waits until no process of the steps under work
+// runs (a supervisor exits a moment after it wrote the step's end).
+func waitNoStepProcesses(t *testing.T, work string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		if pids := stepProcesses(work); len(pids) > 0 {
+			return errorf("processes %v of steps under %s still run", pids, work)
+		}
+		return nil
+	})
+}
+
 // killStepProcesses kills what the steps under work left running: an
 // agent's supervisors outlive it, by design.
 func killStepProcesses(t *testing.T, work string) {
@@ -256,4 +268,77 @@ func endWaiting(ctx context.Context, t *testing.T, g *gateway, handle, why strin
 	v := g.step(t, handle)
 	assert.Equal(t, steps.Aborted, v.Phase)
 	return evs
+}
+
+// TestAgentAbortAndTimeout: a task on an agent whose processes ignore
+// TERM is aborted through the gateway: its shell gets TERM first, then,
+// after the agent's --kill-grace, the shell and its child are killed; the
+// step ends aborted with 137, its folder goes, and no process of it is
+// left. Another team's token cannot abort it. A task past its timeout
+// ends as on a cluster (TestStepAbortAndTimeout): errored, reason
+// timeout, "timed out after 2s", and its process is gone.
+func TestAgentAbortAndTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	g := agentGateway(t, ca, "aa-gw", t.TempDir())
+	const grace = 2 * time.Second
+	ag := joinAgent(t, g, ca, "aa-mac", "--platform", "darwin", "--kill-grace", grace.String())
+	asMain := *g
+	asMain.token = mainToken.Token
+
+	req := shStep("aa-abort", `trap 'echo got TERM' TERM; (trap '' TERM; exec sleep 600) & echo $! > child; echo $$ > pid; `+
+		`echo started; while :; do wait; done`)
+	req.Platform = "darwin"
+	asMain.run(t, req)
+	asMain.waitEvents(t, "aa-abort", 3) // placed, started, "started"
+	v := asMain.step(t, "aa-abort")
+	require.Equal(t, "aa-mac", v.Target)
+	build := filepath.Join(ag.folder(v), "build")
+	shell, child := liveProc(t, readPid(t, filepath.Join(build, "pid"))), liveProc(t, readPid(t, filepath.Join(build, "child")))
+	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/aa-abort", otherTeamToken.Token)
+	assert.Equal(t, http.StatusNotFound, code, "another team's token: %s", body)
+	require.True(t, shell.alive())
+	start := time.Now()
+	code, body, _ = call(t, http.MethodDelete, g.base+"/api/v1/steps/aa-abort", mainToken.Token)
+	require.Equal(t, http.StatusOK, code, body)
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, grace, "TERM is ignored: KILL comes after the kill grace")
+	assert.Less(t, took, grace+10*time.Second)
+	waitGone(t, shell, child)
+	waitNoStepProcesses(t, ag.work)
+	assert.NoDirExists(t, ag.folder(v), "released: its folder is deleted")
+
+	v = asMain.step(t, "aa-abort")
+	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.True(t, v.Released)
+	evs := asMain.stepEvents(ctx, t, "aa-abort", "", 0)
+	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
+	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, steps.EventStdout), "TERM first")
+	last := evs[len(evs)-1]
+	assert.Equal(t, steps.Aborted, last.Phase)
+	assert.Equal(t, "aborted", last.Reason)
+	require.NotNil(t, last.ExitStatus)
+	assert.Equal(t, 128+int(syscall.SIGKILL), *last.ExitStatus, "then KILL")
+
+	req = shStep("aa-timeout", `echo $$ > pid; echo going; exec sleep 600`)
+	req.Platform, req.Timeout = "darwin", "2s"
+	asMain.run(t, req)
+	asMain.waitEvents(t, "aa-timeout", 3) // placed, started, "going"
+	v = asMain.step(t, "aa-timeout")
+	sleeper := liveProc(t, readPid(t, filepath.Join(ag.folder(v), "build", "pid")))
+	evs = asMain.stepEvents(ctx, t, "aa-timeout", "", 0)
+	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
+	last = evs[len(evs)-1]
+	assert.Equal(t, steps.EventFailed, last.Type)
+	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, "timeout", last.Reason)
+	assert.Contains(t, last.Message, "timed out after 2s")
+	v = asMain.step(t, "aa-timeout")
+	assert.Equal(t, steps.Errored, v.Phase)
+	assert.GreaterOrEqual(t, v.FinishedAt.Sub(v.StartedAt), 2*time.Second)
+	assert.Less(t, v.FinishedAt.Sub(v.StartedAt), 10*time.Second, "killed after its timeout and the kill grace")
+	waitGone(t, sleeper)
+	waitNoStepProcesses(t, ag.work)
+	assert.DirExists(t, ag.folder(v), "kept until released")
 }
