@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -341,4 +342,63 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	waitGone(t, sleeper)
 	waitNoStepProcesses(t, ag.work)
 	assert.DirExists(t, ag.folder(v), "kept until released")
+}
+
+// TestAgentLostStep: an agent dies mid-step, and its step's supervisor
+// and process die with it (as in a reboot). The restarted agent does not
+// run the step again, nor leave it running or drop it: the step ends
+// errored, reason lost, saying so, with the output it had made.
+func TestAgentLostStep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	g := agentGateway(t, ca, "al-gw", t.TempDir())
+	ag := joinAgent(t, g, ca, "al-mac", "--platform", "darwin")
+	asMain := *g
+	asMain.token = mainToken.Token
+
+	req := shStep("al-lost", `echo run >> out/runs; i=1; while :; do echo "line $i"; i=$((i+1)); sleep 0.05; done`)
+	req.Platform, req.Outputs = "darwin", []steps.Output{{Name: "out"}}
+	asMain.run(t, req)
+	asMain.waitEvents(t, "al-lost", 5) // placed, started, lines
+	v := asMain.step(t, "al-lost")
+	root := ag.folder(v)
+	supervisor := liveProc(t, readPid(t, stepagent.Path(root, stepagent.LockFile)))
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", supervisor.pid))
+	require.NoError(t, err)
+	assert.Contains(t, string(cmdline), "step-agent\x00supervise", "run/lock names the supervisor")
+	raw, err := os.ReadFile(stepagent.Path(root, stepagent.StartedFile))
+	require.NoError(t, err)
+	var started stepagent.Started
+	require.NoError(t, json.Unmarshal(raw, &started))
+	process := liveProc(t, started.PID)
+
+	// The machine goes down: the agent, the supervisor, the process.
+	ag.kill(t)
+	require.NoError(t, syscall.Kill(supervisor.pid, syscall.SIGKILL))
+	require.NoError(t, syscall.Kill(-process.pid, syscall.SIGKILL))
+	waitGone(t, supervisor, process)
+	waitWorker(t, g, "al-mac", "stalled")
+	ag.restart(t)
+	waitWorker(t, g, "al-mac", "running")
+
+	// Read back, it ends within seconds; left running, it would never end.
+	ectx, cancelEvents := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelEvents()
+	evs := asMain.stepEvents(ectx, t, "al-lost", "", 0)
+	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
+	last := evs[len(evs)-1]
+	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, "lost", last.Reason)
+	assert.Equal(t, "step agent lost before the process ended", last.Message)
+	out := outputOf(evs, steps.EventStdout)
+	assert.True(t, strings.HasPrefix(out, "line 1\nline 2\nline 3\n"), "the output made before: %q", out)
+	v = asMain.step(t, "al-lost")
+	assert.Equal(t, steps.Errored, v.Phase)
+	assert.Equal(t, "lost", v.Reason)
+	assert.False(t, v.FinishedAt.IsZero())
+	runs, err := os.ReadFile(filepath.Join(root, "build", "out", "runs"))
+	require.NoError(t, err)
+	assert.Equal(t, "run\n", string(runs), "never run again")
+	waitNoStepProcesses(t, ag.work)
 }
