@@ -5,22 +5,28 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/internal/meshtest"
+	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // otherTeamToken is a token of a team no agent serves.
@@ -401,4 +407,124 @@ func TestAgentLostStep(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "run\n", string(runs), "never run again")
 	waitNoStepProcesses(t, ag.work)
+}
+
+// TestAgentCertificates: the mesh's roles end to end, through processes
+// and real listeners. `gateway agent` with a gateway's certificate, and
+// `gateway run` with an agent's, each exit at once with status 2 (a
+// configuration error) saying which certificate to issue. A member with
+// an agent's certificate that announces targets besides itself has its
+// own route kept and the others refused; the gateway serves a
+// well-behaved agent afterwards.
+func TestAgentCertificates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ca := meshtest.NewCA(t, "mesh-ca")
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, "ac-cluster", "{}\n", "")
+	g := agentGateway(t, ca, "ac-gw", dir)
+	g.waitTarget(t, "ac-cluster", 10*time.Second, running)
+
+	t.Run("an agent with a gateway's certificate", func(t *testing.T) {
+		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-wrong", time.Now().Add(time.Hour))
+		code, out := runGatewayCommand(ctx, t, "agent", "--join", g.meshAddr, "--ca", caFile, "--cert", certFile,
+			"--key", keyFile, "--work-dir", t.TempDir())
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, out, "gateway: invalid configuration: cert: mesh: certificate "+certFile+
+			" is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent\n")
+		assert.False(t, g.listed(t, "ac-wrong"))
+	})
+	t.Run("a gateway with an agent's certificate", func(t *testing.T) {
+		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-wrong", time.Now().Add(time.Hour), meshtest.AgentURI)
+		code, out := runGatewayCommand(ctx, t, "run", "--listen", "127.0.0.1:0", "--targets-dir", t.TempDir(), "--no-auth",
+			"--mesh-listen", "127.0.0.1:0", "--mesh-peers", g.meshAddr, "--mesh-ca", caFile, "--mesh-cert", certFile, "--mesh-key", keyFile)
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, out, "gateway: invalid configuration: mesh-cert: mesh: certificate "+certFile+
+			" is an agent's (URI SAN urn:jetway:mesh:agent); a gateway needs a gateway certificate: gateway mesh issue without --agent\n")
+		assert.NotContains(t, out, "serving http")
+		assert.False(t, g.listed(t, "ac-wrong"))
+	})
+	t.Run("an agent announcing other targets", func(t *testing.T) {
+		// ac-rogue announces itself, a target the gateway owns, and one more.
+		joinRogue(t, g, ca, "ac-rogue", "ac-cluster", "ac-extra")
+		// One announcement is taken or refused route by route, at once:
+		// once its own is listed, the others were refused.
+		eventually(t, 20*time.Second, func() error {
+			if !g.listed(t, "ac-rogue") {
+				return errorf("ac-rogue not listed")
+			}
+			return nil
+		})
+		assert.Equal(t, map[string]string{"ac-cluster": "ac-gw/running", "ac-rogue": "ac-rogue/running"}, owners(t, g))
+		assert.NotContains(t, g.get(t, "/api/v1/workers", nil), "ac-extra")
+		assert.GreaterOrEqual(t, metricValue(t, g, `jetway_mesh_routes_refused_total{reason="agent-not-itself"}`), 2.0)
+
+		// The gateway goes on serving agents that behave.
+		joinAgent(t, g, ca, "ac-mac", "--platform", "darwin")
+		req := shStep("ac-task", "echo fine")
+		req.Platform = "darwin"
+		asMain := *g
+		asMain.token = mainToken.Token
+		assert.Equal(t, "fine\n", outputOf(runEvents(ctx, t, &asMain, req, "ac-mac"), steps.EventStdout))
+		waitOwners(t, g, map[string]string{"ac-cluster": "ac-gw/running", "ac-rogue": "ac-rogue/running", "ac-mac": "ac-mac/running"})
+	})
+}
+
+// runGatewayCommand runs the gateway binary with args, which must end
+// within 10 s, and returns its exit status and output.
+func runGatewayCommand(ctx context.Context, t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	bin := gatewayBinary(t) // built before the clock starts
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "gateway %s did not exit within 10 s:\n%s", args[0], out)
+	if err != nil {
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit)
+		return exit.ExitCode(), string(out)
+	}
+	return 0, string(out)
+}
+
+// announcing is a member's targets: one per name, platform plan9 (no
+// step asks for it).
+type announcing []string
+
+func (a announcing) Snapshot() []targets.Status {
+	var out []targets.Status
+	for _, name := range a {
+		out = append(out, targets.Status{Name: name, Server: targets.AgentServer(name), State: targets.StateRunning,
+			Meta: targets.Metadata{Platform: "plan9"}})
+	}
+	return out
+}
+
+func (announcing) Changed() <-chan struct{} { return nil }
+
+// joinRogue joins a member with an agent's certificate for name to g's
+// mesh, built with package mesh as `gateway agent` builds its own, but
+// announcing every target of names, until the test ends.
+func joinRogue(t *testing.T, g *gateway, ca *meshtest.CA, name string, names ...string) {
+	t.Helper()
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
+	id, err := mesh.LoadIdentity(caFile, certFile, keyFile)
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	node, err := mesh.New(mesh.Options{Identity: id, Kind: mesh.KindAgent, Peers: []string{g.meshAddr},
+		Local: announcing(append([]string{name}, names...)), Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+		Metrics: mesh.NewMetrics(prometheus.NewRegistry())})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.NoError(t, node.Start(ctx)) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if t.Failed() {
+			t.Logf("%s logs:\n%s", name, logs.String())
+		}
+	})
 }
