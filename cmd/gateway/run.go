@@ -202,7 +202,7 @@ func newMesh(cfg config.Config, registry *targets.Registry, reg prometheus.Regis
 		return nil, &config.Error{Problems: []config.Problem{{Key: "mesh-name", Message: fmt.Sprintf(
 			"%q differs from the name in mesh-cert (%q): peers know a gateway by its certificate", cfg.MeshName, id.Name())}}}
 	}
-	return mesh.New(mesh.Options{
+	node, err := mesh.New(mesh.Options{
 		Identity:    id,
 		Listen:      cfg.MeshListen,
 		Peers:       cfg.MeshPeers,
@@ -212,6 +212,12 @@ func newMesh(cfg config.Config, registry *targets.Registry, reg prometheus.Regis
 		Logger:      logger.With("component", "mesh"),
 		Metrics:     mesh.NewMetrics(reg),
 	})
+	if err != nil {
+		// Config validated the peers: what New refuses is mesh-cert, an
+		// agent's certificate, say.
+		return nil, &config.Error{Problems: []config.Problem{{Key: "mesh-cert", Message: err.Error()}}}
+	}
+	return node, nil
 }
 
 // identity names this replica in the Leases that pick who acts on a
