@@ -126,8 +126,9 @@ func TestARelayedStreamCarriesItsOrigin(t *testing.T) {
 	}
 	b, a, mac := spoke("b", KindGateway), spoke("a", KindGateway), spoke("mac", KindAgent)
 	spoke("mac-2", KindAgent)
-	eventually(t, mac, "every route at the agent", func() bool { return len(mac.Remotes()) == 4 })
 	eventually(t, a, "every route at a", func() bool { return len(a.Remotes()) == 4 })
+	eventually(t, mac, "the agent's session", func() bool { return mac.session("hub") != nil })
+	assert.Empty(t, mac.Remotes(), "an agent learns no routes: the hub relays its calls")
 
 	for _, tt := range []struct {
 		from *member

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,7 +78,8 @@ func (e *UnreachableError) Error() string {
 func (e *UnreachableError) Unwrap() error { return ErrUnreachable }
 
 // route picks the live session that leads to member: its own, else that
-// of a peer that relays its routes.
+// of a peer that relays its routes; on an agent, which learns no routes,
+// that of a gateway, which relays or refuses.
 func (m *Mesh) route(member string) (*session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -91,6 +93,17 @@ func (m *Mesh) route(member string) (*session, error) {
 					return s, nil
 				}
 			}
+		}
+	}
+	if m.opts.Kind == KindAgent { // it learns no routes: a gateway relays
+		var gws []string
+		for name, s := range m.sessions {
+			if s.kind == KindGateway {
+				gws = append(gws, name)
+			}
+		}
+		if len(gws) > 0 {
+			return m.sessions[slices.Min(gws)], nil
 		}
 	}
 	return nil, &UnreachableError{Member: member, Since: m.lost[member]}
