@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -503,6 +504,9 @@ func TestALeavingPeerIsForgotten(t *testing.T) {
 	assert.Equal(t, 0.0, testutil.ToFloat64(hub.metrics.peers.WithLabelValues("lost")))
 }
 
+// answerPad is 8 call windows (callWindow) of answer.
+const answerPad = 8 << 20
+
 // A member that stops answers the calls under way before its sessions
 // close, leaving or not: an agent that a call retires answers that call,
 // then leaves.
@@ -515,7 +519,9 @@ func TestAStoppingMemberAnswersTheCallsUnderWay(t *testing.T) {
 			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				go pod.stop() // as a retired agent does
 				<-pod.ctx.Done()
-				time.Sleep(100 * time.Millisecond) // the answer comes late
+				// An answer many flow-control windows long: it gets
+				// through only if the session outlives the stop's start.
+				w.Write(bytes.Repeat([]byte{'.'}, answerPad))
 				fmt.Fprint(w, "retired")
 			})
 			pod = startMember(t, c, "pod", memberOpts{peers: []string{hub.Addr().String()}, leave: leave, handler: handler}, "p1")
@@ -526,7 +532,8 @@ func TestAStoppingMemberAnswersTheCallsUnderWay(t *testing.T) {
 			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			require.NoError(t, err)
-			assert.Equal(t, "retired", string(body))
+			require.Len(t, body, answerPad+len("retired"))
+			assert.Equal(t, "retired", string(body[answerPad:]))
 			eventually(t, hub, "the pod gone", func() bool { return hub.session("pod") == nil })
 			assert.Equal(t, !leave, len(hub.Remotes()) == 1, "a leaving member is forgotten, another is lost")
 		})
