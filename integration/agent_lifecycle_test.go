@@ -77,12 +77,8 @@ func TestAgentLifecycle(t *testing.T) {
 	member := meshMember(t, ca, ca, "life-gw", "127.0.0.1:0")
 	member.stallAfter = 2 * time.Second
 	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "life-gw", mesh: member})
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-life", time.Now().Add(time.Hour), meshtest.AgentURI)
-	work := t.TempDir()
-	args := []string{"--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
-		"--work-dir", work, "--platform", "darwin", "--kill-grace", "1s", "--listen", "127.0.0.1:0"}
-	ag := startAgent(t, args...)
-	waitWorker(t, g, "mac-life", "running")
+	ag := joinAgent(t, g, ca, "mac-life", "--platform", "darwin", "--kill-grace", "1s", "--listen", "127.0.0.1:0")
+	work := ag.work
 
 	// Its own listener: health, readiness (joined) and metrics; nothing
 	// else without a token, which it has none of.
@@ -121,7 +117,7 @@ func TestAgentLifecycle(t *testing.T) {
 	assert.Equal(t, "mesh", g.prune(t, "mac-life"))
 	ag.exited(t)
 	waitUnlisted(t, g, "mac-life")
-	ag = startAgent(t, args...)
+	ag.restart(t)
 	waitWorker(t, g, "mac-life", "landed")
 	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/targets/mac-life/resume", "")
 	require.Equal(t, http.StatusOK, code, body)
@@ -136,7 +132,7 @@ func TestAgentLifecycle(t *testing.T) {
 	assert.False(t, g.listed(t, "mac-life"), "forgotten at once")
 	code, _, _ = call(t, http.MethodPut, worker+"/prune", "")
 	assert.Equal(t, http.StatusNotFound, code)
-	ag = startAgent(t, args...)
+	ag.restart(t)
 	waitWorker(t, g, "mac-life", "running")
 
 	// Retired: its steps' folders and state go, it leaves and exits.
@@ -243,10 +239,7 @@ func TestAnAgentDyingMidStreamFailsTheInputLoudly(t *testing.T) {
 	placeTarget(ctx, t, clusters[0], dir, "die-cluster", "", "")
 	member := meshMember(t, ca, ca, "die-gw", "127.0.0.1:0")
 	g := startGateway(t, dir, gatewayOptions{identity: "die-gw", mesh: member})
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-die", time.Now().Add(time.Hour), meshtest.AgentURI)
-	ag := startAgent(t, "--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
-		"--work-dir", t.TempDir(), "--platform", "darwin")
-	waitWorker(t, g, "mac-die", "running")
+	ag := joinAgent(t, g, ca, "mac-die", "--platform", "darwin")
 
 	blob := shStep("die-make", `head -c 500000000 /dev/urandom > out/blob`)
 	blob.Platform, blob.Image = "darwin", ""

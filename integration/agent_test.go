@@ -68,12 +68,7 @@ func TestAgent(t *testing.T) {
 	member := meshMember(t, ca, ca, "agent-gw", "127.0.0.1:0")
 	member.stallAfter = 2 * time.Second
 	g := startGateway(t, dir, gatewayOptions{identity: "agent-gw", tokens: []api.Token{adminToken, mainToken}, mesh: member})
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-mini", time.Now().Add(time.Hour), "urn:jetway:mesh:agent")
-	work := t.TempDir()
-	args := []string{"--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
-		"--work-dir", work, "--platform", "darwin", "--tag", "mac", "--team", "main", "--log-level", "debug"}
-	ag := startAgent(t, args...)
-	waitWorker(t, g, "mac-mini", "running")
+	ag := joinAgent(t, g, ca, "mac-mini", "--platform", "darwin", "--tag", "mac", "--team", "main")
 	var workers []api.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	for _, w := range workers {
@@ -114,11 +109,11 @@ func TestAgent(t *testing.T) {
 	waitWorker(t, g, "mac-mini", "stalled")
 	code, body, _ := call(t, "GET", g.base+"/api/v1/steps/agent-long", mainToken.Token)
 	assert.NotEqual(t, 200, code, "while the agent is away: %s", body)
-	startAgent(t, args...)
+	ag.restart(t)
 	waitWorker(t, g, "mac-mini", "running")
 	evs = asMain.stepEvents(ctx, t, "agent-long", "", 0)
 	v := asMain.step(t, "agent-long")
-	runs, err := os.ReadFile(filepath.Join(work, "steps", v.Pod, "build", "out", "runs"))
+	runs, err := os.ReadFile(filepath.Join(ag.folder(v), "build", "out", "runs"))
 	require.NoError(t, err)
 	assert.Equal(t, "run\n", string(runs), "the process ran once")
 	assert.Equal(t, []string{"placed", "started", "exited"}, types(evs))
