@@ -2,12 +2,9 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -57,8 +54,8 @@ func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.R
 	if err != nil {
 		return stepagent.Input{}, err
 	}
-	cr := &counting{r: body, h: sha256.New()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, cr)
+	digest := steps.NewDigest(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, digest)
 	if err != nil {
 		return stepagent.Input{}, err
 	}
@@ -71,7 +68,7 @@ func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.R
 	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
 		return stepagent.Input{}, fmt.Errorf("stream into volume %s: %w", handle, volumeError(resp))
 	}
-	return stepagent.Input{Bytes: cr.n, SHA256: hex.EncodeToString(cr.h.Sum(nil))}, nil
+	return digest.Input(""), nil
 }
 
 // openVolume streams a path of the volume out, as a tar encoded as
@@ -124,19 +121,6 @@ func volumeError(resp *http.Response) error {
 		return errors.New(resp.Status)
 	}
 	return errors.New(body.Error)
-}
-
-type counting struct {
-	r io.Reader
-	h hash.Hash
-	n int64
-}
-
-func (c *counting) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	c.h.Write(p[:n])
-	return n, err
 }
 
 // byPod finds the step whose folder is pod, if caller may touch it.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"slices"
 	"time"
@@ -68,24 +69,35 @@ func (m *Manager) upload(ctx context.Context, s *step, input, encoding string, b
 		return stepagent.Input{}, ctx.Err()
 	}
 	v := s.snapshot()
-	hash := sha256.New()
-	counted := &countingReader{r: io.TeeReader(body, hash)}
+	digest := NewDigest(body)
 	to := streams.Endpoint{Target: v.Target, Pod: v.Pod, Handle: InputVolume(input)}
-	if err := m.opts.Streamer.PutVolume(ctx, to, encoding, counted); err != nil {
+	if err := m.opts.Streamer.PutVolume(ctx, to, encoding, digest); err != nil {
 		return stepagent.Input{}, fmt.Errorf("input %s: %w", input, err)
 	}
-	return stepagent.Input{Name: input, Bytes: counted.n, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+	return digest.Input(input), nil
 }
 
-type countingReader struct {
+// Digest counts and hashes (SHA-256) the bytes read through it: what a
+// step's input event reports of them, on a cluster and on an agent.
+type Digest struct {
 	r io.Reader
+	h hash.Hash
 	n int64
 }
 
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
+// NewDigest reads r through a Digest.
+func NewDigest(r io.Reader) *Digest { return &Digest{r: r, h: sha256.New()} }
+
+func (d *Digest) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	d.n += int64(n)
+	d.h.Write(p[:n])
 	return n, err
+}
+
+// Input is input name's bytes and SHA-256, as read so far.
+func (d *Digest) Input(name string) stepagent.Input {
+	return stepagent.Input{Name: name, Bytes: d.n, SHA256: hex.EncodeToString(d.h.Sum(nil))}
 }
 
 // readyForUploads lets the uploads in: the pod is prepared.

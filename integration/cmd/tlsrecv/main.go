@@ -16,13 +16,10 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -32,6 +29,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
@@ -96,8 +94,8 @@ func (rc *receiver) streamIn(w http.ResponseWriter, r *http.Request) {
 	}
 	u := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", rc.vs.Port()),
 		Path: "/volumes/" + url.PathEscape(handle) + "/stream-in", RawQuery: r.URL.RawQuery}
-	cr := &counting{r: r.Body, h: sha256.New()}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, u.String(), cr)
+	digest := steps.NewDigest(r.Body)
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, u.String(), digest)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -115,19 +113,7 @@ func (rc *receiver) streamIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"bytes": cr.n, "sha256": hex.EncodeToString(cr.h.Sum(nil)),
+	in := digest.Input("")
+	_ = json.NewEncoder(w).Encode(map[string]any{"bytes": in.Bytes, "sha256": in.SHA256,
 		"seconds": time.Since(start).Seconds()})
-}
-
-type counting struct {
-	r io.Reader
-	h hash.Hash
-	n int64
-}
-
-func (c *counting) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	c.h.Write(p[:n])
-	return n, err
 }
