@@ -79,12 +79,15 @@ func newStep(t *testing.T, script string, change ...func(*stepagent.Spec)) (stri
 	}
 	raw, err := json.Marshal(sp)
 	require.NoError(t, err)
-	t.Cleanup(func() { killAll(root) })
+	t.Cleanup(func() { killAll(t, root) })
 	return root, raw
 }
 
-// killAll kills what a test left running in root, as pod deletion would.
-func killAll(root string) {
+// killAll kills what a test left running in root, as pod deletion would,
+// and waits for the supervisor to be gone: the run command returns at the
+// log's status frame, a moment before the supervisor writes status.json,
+// and a supervisor killed mid-write may still create a file there.
+func killAll(t *testing.T, root string) {
 	for _, f := range []string{stepagent.LockFile, stepagent.StartedFile, stepagent.DaemonLock} {
 		b, _ := os.ReadFile(stepagent.Path(root, f))
 		var st stepagent.Started
@@ -97,6 +100,14 @@ func killAll(root string) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+	lock, err := os.Open(stepagent.Path(root, stepagent.LockFile))
+	if err != nil {
+		return // no supervisor ever ran
+	}
+	defer lock.Close()
+	assert.Eventually(t, func() bool {
+		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	}, 10*time.Second, 2*time.Millisecond, "the supervisor in %s exits", root)
 }
 
 // run starts the step in root with its spec and follows it to the end.
@@ -438,7 +449,7 @@ func TestARunningRunIsNotForgotten(t *testing.T) {
 	require.NoError(t, err)
 	runRoot, err := stepagent.RunRoot(root, "long")
 	require.NoError(t, err)
-	t.Cleanup(func() { killAll(runRoot) })
+	t.Cleanup(func() { killAll(t, runRoot) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, agentBin, "run", "--run", "long", "--spec-bytes", strconv.Itoa(len(raw)), "--inputs-bytes", "2")

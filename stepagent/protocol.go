@@ -55,6 +55,7 @@ const (
 	SpecFile    = "run/spec.json"  // the step, written once by prepare
 	InputsFile  = "run/inputs.json"
 	LockFile    = "run/lock"         // flock held by the live supervisor
+	StartLock   = "run/start.lock"   // flock held by whoever is starting the supervisor
 	StartedFile = "run/started.json" // written once the process started
 	LogFile     = "run/log"          // frames, appended by the supervisor only
 	AbortFile   = "run/abort"        // present: kill the process

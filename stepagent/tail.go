@@ -41,7 +41,19 @@ func start(root string, inputs []byte, spawn func(root string) error) error {
 	if _, err := ReadSpec(root); err != nil {
 		return err
 	}
-	if !exists(Path(root, StartedFile)) && !exists(Path(root, StatusFile)) {
+	// One start at a time: without this, starts side by side each see no
+	// supervisor yet and spawn one, and the extra ones linger, blocked on
+	// the lock, to touch the folder after the step has ended.
+	gate, err := os.OpenFile(Path(root, StartLock), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer gate.Close()
+	deadline := time.Now().Add(startWait)
+	if err := lockBy(gate, deadline); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	if !exists(Path(root, StartedFile)) && !exists(Path(root, StatusFile)) && !supervised(root) {
 		if err := writeAtomic(Path(root, InputsFile), inputs); err != nil {
 			return err
 		}
@@ -49,7 +61,32 @@ func start(root string, inputs []byte, spawn func(root string) error) error {
 			return err
 		}
 	}
-	return awaitSupervisor(root, 10*time.Second)
+	return awaitSupervisor(root, deadline)
+}
+
+// startWait bounds a start: waiting for another start, and for the
+// supervisor to take its lock.
+const startWait = 10 * time.Second
+
+// lockBy takes f's lock, waiting for its holder until deadline.
+func lockBy(f *os.File, deadline time.Time) error {
+	for {
+		ok, err := tryLock(f)
+		if ok || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errors.New("another start of this step holds its lock")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// supervised says whether a live supervisor holds the step's lock.
+func supervised(root string) bool {
+	held := true
+	_ = ifNoSupervisor(root, func() error { held = false; return nil })
+	return held
 }
 
 // SelfArgs come before the agent's command when this binary runs it
@@ -77,13 +114,12 @@ func spawnSupervisor(root string) error {
 
 // awaitSupervisor waits until a supervisor holds the lock or the step
 // has started or ended.
-func awaitSupervisor(root string, within time.Duration) error {
+func awaitSupervisor(root string, deadline time.Time) error {
 	lock, err := openLock(root)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
-	deadline := time.Now().Add(within)
 	for {
 		if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
 			return nil
