@@ -396,7 +396,7 @@ func TestAgentLostStep(t *testing.T) {
 	last := evs[len(evs)-1]
 	assert.Equal(t, steps.Errored, last.Phase)
 	assert.Equal(t, "lost", last.Reason)
-	assert.Equal(t, "step agent lost before the process ended", last.Message)
+	assert.Equal(t, "the step's supervisor died before its process ended", last.Message)
 	out := outputOf(evs, steps.EventStdout)
 	assert.True(t, strings.HasPrefix(out, "line 1\nline 2\nline 3\n"), "the output made before: %q", out)
 	v = asMain.step(t, "al-lost")

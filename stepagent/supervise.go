@@ -56,7 +56,7 @@ func Supervise(root string) error {
 		return finishUnstarted(root)
 	}
 	if exists(Path(root, StartedFile)) {
-		return writeStatus(root, Status{Reason: ReasonLost, Message: "step agent lost before the process ended"})
+		return writeStatus(root, lostStatus)
 	}
 	sp, err := ReadSpec(root)
 	if err != nil {
@@ -73,6 +73,12 @@ func Supervise(root string) error {
 	setSubreaper()
 	return run(root, sp, log)
 }
+
+// lostStatus ends a step whose process started under a supervisor that
+// died: whether the process ran to its end, and how, is unknown, so it is
+// never run again. (The supervisor is the pod's step agent, or a
+// `gateway agent`'s: the message names neither.)
+var lostStatus = Status{Reason: ReasonLost, Message: "the step's supervisor died before its process ended"}
 
 // finishUnstarted ends a step aborted before its process started.
 func finishUnstarted(root string) error {

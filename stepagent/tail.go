@@ -254,7 +254,7 @@ func checkSupervisor(root string) error {
 		if !exists(Path(root, StartedFile)) {
 			return ErrNotStarted
 		}
-		return writeStatus(root, Status{Reason: ReasonLost, Message: "step agent lost before the process ended"})
+		return writeStatus(root, lostStatus)
 	})
 }
 
