@@ -212,24 +212,29 @@ func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
 		case <-ctx.Done():
 		}
 	})
+	// The log's own status frame comes a moment before status.json, the
+	// supervisor's last write; the tail ends with status.json's, after it.
+	// The step ends with that one: nothing touches its folder after.
 	br := bufio.NewReaderSize(pr, 64<<10)
+	var st *stepagent.Status
 	for {
 		f, err := stepagent.ReadFrame(br)
-		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				err = errors.New("the step's log ended before its status")
-			}
+		switch {
+		case errors.Is(err, io.EOF) && st != nil:
+			return *st, nil
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			return stepagent.Status{}, errors.New("the step's log ended before its status")
+		case err != nil:
 			return stepagent.Status{}, err
-		}
-		if f.Kind == stepagent.KindStatus {
-			var st stepagent.Status
-			if err := json.Unmarshal(f.Payload, &st); err != nil {
-				return st, fmt.Errorf("the step's status: %w", err)
+		case f.Kind == stepagent.KindStatus:
+			st = new(stepagent.Status)
+			if err := json.Unmarshal(f.Payload, st); err != nil {
+				return *st, fmt.Errorf("the step's status: %w", err)
 			}
-			return st, nil
-		}
-		if e, ok := steps.FrameEvent(f); ok {
-			s.emit(e)
+		default:
+			if e, ok := steps.FrameEvent(f); ok {
+				s.emit(e)
+			}
 		}
 	}
 }
