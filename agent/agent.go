@@ -57,7 +57,8 @@ type Agent struct {
 	started time.Time
 
 	mu      sync.Mutex
-	ctx     context.Context // Start's; nil before and after
+	begun   bool            // Start has begun, and not yet returned
+	ctx     context.Context // Start's once it takes steps; nil before and after
 	life    lifeState
 	steps   map[key]*step
 	changed chan struct{} // closed and replaced on any change of the target
@@ -107,13 +108,20 @@ const stepsDir = "steps"
 // go on; the next start reads them back.
 func (a *Agent) Start(ctx context.Context) error {
 	a.mu.Lock()
-	if a.ctx != nil {
+	if a.begun {
 		a.mu.Unlock()
 		return errors.New("agent: already started")
 	}
-	a.ctx = ctx
+	a.begun = true
 	a.mu.Unlock()
+	// The steps are read back before the agent takes any: a step
+	// submitted meanwhile could have its folder read back as a restarted
+	// agent's, and run twice.
 	a.adopt(ctx)
+	a.mu.Lock()
+	a.ctx = ctx
+	a.notifyLocked()
+	a.mu.Unlock()
 	sweep := time.NewTicker(10 * time.Second)
 	defer sweep.Stop()
 	for done := false; !done; {
@@ -130,6 +138,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.wg.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.begun = false
 	for _, s := range a.steps {
 		s.stopVolumes()
 	}

@@ -75,7 +75,7 @@ func TestATaskRunsAsALocalProcess(t *testing.T) {
 	assert.Equal(t, "exited", typs[4])
 	v, err = a.Get(mainCaller, "", "hello")
 	require.NoError(t, err)
-	assert.Equal(t, steps.Failed, v.Phase)
+	assert.Equal(t, steps.Failed, v.Phase, "%s: %s", v.Reason, v.Message)
 	require.NotNil(t, v.ExitStatus)
 	assert.Equal(t, 3, *v.ExitStatus)
 }

@@ -211,7 +211,7 @@ func (a *Agent) Submit(caller steps.Caller, req steps.Request) (steps.View, bool
 		return s.snapshot(), false, nil
 	}
 	if a.ctx == nil {
-		return steps.View{}, false, steps.ErrUnavailable
+		return steps.View{}, false, fmt.Errorf("%w: agent %s is starting or stopping", steps.ErrUnavailable, a.opts.Name)
 	}
 	if a.life.State != targets.StateRunning {
 		return steps.View{}, false, fmt.Errorf("%w: agent %s is %s and takes no new step", steps.ErrUnavailable, a.opts.Name, a.life.State)

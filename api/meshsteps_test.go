@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"sync"
@@ -31,7 +32,7 @@ func runningManager(t *testing.T) *steps.Manager {
 	})
 	require.Eventually(t, func() bool {
 		_, err := m.Get(steps.Caller{Admin: true}, "", "none")
-		return err != steps.ErrUnavailable
+		return !errors.Is(err, steps.ErrUnavailable)
 	}, time.Second, time.Millisecond)
 	return m
 }

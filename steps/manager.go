@@ -29,14 +29,18 @@ var (
 	ErrNotFound = errors.New("step not found")
 	// ErrForbidden: a team token acting for another team.
 	ErrForbidden = errors.New("a team token acts only for its own team")
-	// ErrUnavailable: the manager is not running (starting or stopping).
-	ErrUnavailable = errors.New("steps are not accepted now: the gateway is starting or stopping")
+	// ErrUnavailable: steps are not accepted now; the error says why.
+	ErrUnavailable = errors.New("steps are not accepted now")
 	// ErrInput: an input names a step output that cannot be used.
 	ErrInput = errors.New("input not available")
 	// ErrConflict: an upload or download the step's state does not allow
 	// (an input uploaded already, an output of a step still running).
 	ErrConflict = errors.New("conflict")
 )
+
+// errNotRunning: the manager is starting (reading back its steps' pods)
+// or stopping.
+var errNotRunning = fmt.Errorf("%w: the gateway is starting or stopping", ErrUnavailable)
 
 // Registry is what the manager reads of the targets.
 type Registry interface {
@@ -206,7 +210,7 @@ func (m *Manager) visible(caller Caller, team, handle string) (*step, error) {
 	s, ok := m.steps[key{team, handle}]
 	switch {
 	case !ok && !m.recovered:
-		return nil, ErrUnavailable
+		return nil, errNotRunning
 	case !ok:
 		return nil, ErrNotFound
 	}
@@ -218,7 +222,7 @@ func (m *Manager) visible(caller Caller, team, handle string) (*step, error) {
 // false.
 func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 	if !m.running() {
-		return View{}, false, ErrUnavailable
+		return View{}, false, errNotRunning
 	}
 	if ferr := req.Validate(); ferr != nil {
 		return View{}, false, ferr
@@ -242,7 +246,7 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 		return s.snapshot(), false, nil
 	}
 	if !m.recovered {
-		return View{}, false, ErrUnavailable
+		return View{}, false, errNotRunning
 	}
 	if err := m.resolveInputs(&req); err != nil {
 		return View{}, false, err

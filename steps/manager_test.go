@@ -2,6 +2,7 @@ package steps
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -35,7 +36,7 @@ func startManager(t *testing.T) *Manager {
 	})
 	require.Eventually(t, func() bool {
 		_, err := m.Get(Caller{Admin: true}, "", "none")
-		return err != ErrUnavailable
+		return !errors.Is(err, ErrUnavailable)
 	}, time.Second, time.Millisecond)
 	return m
 }
