@@ -51,7 +51,7 @@ func (s *session) close() { s.mux.Close() }
 func (s *session) run() {
 	defer close(s.done)
 	defer s.cancel()
-	go func() {
+	s.wg.Go(func() {
 		select {
 		case <-s.mux.CloseChan():
 		case <-s.ctx.Done():
@@ -60,7 +60,7 @@ func (s *session) run() {
 			}
 			s.mux.Close()
 		}
-	}()
+	})
 	s.wg.Go(func() { s.acceptStreams(s.mux) })
 	if s.redial != nil {
 		for range s.m.opts.BulkConns {
@@ -91,6 +91,7 @@ func (s *session) readControl() error {
 		case msgRoutes:
 			s.m.learn(s, msg.Routes)
 		case msgLeaving:
+			s.settle()
 			return errLeft
 		default:
 			// A newer peer's message this version does not know: the
@@ -104,14 +105,61 @@ func (s *session) readControl() error {
 // errLeft ends a session whose peer said it leaves for good.
 var errLeft = errors.New("mesh: the peer left")
 
-// leave tells the peer that this member leaves for good, within a second:
-// the session closes right after.
+// leave tells the peer that this member leaves for good, within a second,
+// and waits, for at most leaveLinger, for the peer to close the session.
+//
+// The peer closes it once its calls to this member are done. Closing it
+// here first could fail a call this member has answered already: a yamux
+// write whose frame went out still fails if the session ends before its
+// writer hears so, and an HTTP client takes such a failed write for a
+// request never sent, retries it, and reports the closed session instead
+// of the answer. That is how a retired agent's retire call failed.
 func (s *session) leave() {
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	s.ctrl.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = writeMessage(s.ctrl, control{Type: msgLeaving})
+	err := writeMessage(s.ctrl, control{Type: msgLeaving})
+	s.wmu.Unlock()
+	if err != nil {
+		return
+	}
+	linger := time.NewTimer(leaveLinger)
+	defer linger.Stop()
+	select {
+	case <-s.mux.CloseChan():
+	case <-linger.C:
+	}
 }
+
+// settle waits, for at most leaveLinger, for the calls under way with a
+// peer that said it leaves: until the session carries no stream but the
+// control stream. Idle HTTP streams (the client's kept-alive
+// connections) are closed on the way; a call that ended has its stream
+// closed by the leaving side's server.
+func (s *session) settle() {
+	linger := time.NewTimer(leaveLinger)
+	defer linger.Stop()
+	tick := time.NewTicker(settlePoll)
+	defer tick.Stop()
+	for s.mux.NumStreams() > 1 {
+		s.m.transport.CloseIdleConnections()
+		s.m.bulk.CloseIdleConnections()
+		select {
+		case <-tick.C:
+		case <-linger.C:
+			return
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// leaveLinger bounds how long a leaving member and its peer wait for the
+// calls under way between them before the session closes; settlePoll is
+// how often the peer looks.
+const (
+	leaveLinger = time.Second
+	settlePoll  = 2 * time.Millisecond
+)
 
 // announce sends routes to the peer; a failed write ends the session.
 func (s *session) announce(routes []Route) {
