@@ -31,13 +31,20 @@ var mainCaller = steps.Caller{Team: "main"}
 // started runs an agent over a fresh work dir until the test ends.
 func started(t *testing.T, dir string) *Agent {
 	t.Helper()
+	a := starting(t, dir)
+	require.Eventually(t, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.ctx != nil }, 5*time.Second, time.Millisecond)
+	return a
+}
+
+// starting starts an agent over dir, to run until the test ends.
+func starting(t *testing.T, dir string) *Agent {
+	t.Helper()
 	a, err := New(Options{Name: "mac", WorkDir: dir, Platform: "darwin", Tags: []string{"mac"}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- a.Start(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	require.Eventually(t, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.ctx != nil }, 5*time.Second, time.Millisecond)
 	return a
 }
 

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -24,12 +23,7 @@ func TestNoStepIsTakenWhileStepsAreReadBack(t *testing.T) {
 	old := filepath.Join(dir, stepsDir, "old")
 	require.NoError(t, os.MkdirAll(old, 0o700))
 	require.NoError(t, syscall.Mkfifo(filepath.Join(old, recordFile), 0o600))
-	a, err := New(Options{Name: "mac", WorkDir: dir, Platform: "darwin", Tags: []string{"mac"}})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- a.Start(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	a := starting(t, dir)
 
 	record, err := os.OpenFile(filepath.Join(old, recordFile), os.O_WRONLY, 0) // returns once the agent reads it
 	require.NoError(t, err)
