@@ -56,7 +56,9 @@ func TestAStepEndsOnlyOnceItsSupervisorIsDone(t *testing.T) {
 	fi, err := os.Stat(stepagent.Path(root, stepagent.LogFile))
 	require.NoError(t, err)
 	final, _ := json.Marshal(stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 7, LogSize: fi.Size(), FinishedAt: time.Now().UTC()})
-	require.NoError(t, os.WriteFile(stepagent.Path(root, stepagent.StatusFile), final, 0o644))
+	tmp := stepagent.Path(root, stepagent.StatusFile) + ".tmp" // written whole, as the supervisor does
+	require.NoError(t, os.WriteFile(tmp, final, 0o644))
+	require.NoError(t, os.Rename(tmp, stepagent.Path(root, stepagent.StatusFile)))
 	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_UN), "the supervisor exits")
 
 	r := <-followed
