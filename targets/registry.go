@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/watchcache"
 )
 
 // State is a target's Concourse worker state.
@@ -112,7 +114,7 @@ type Registry struct {
 	reconciler Reconciler
 	wg         sync.WaitGroup
 
-	changes broadcast // any target's state, configuration, pods or record
+	changes watchcache.Broadcast // any target's state, configuration, pods or record
 
 	mu      sync.RWMutex
 	ctx     context.Context // Start's, parent of every health loop; nil before Start
@@ -253,18 +255,18 @@ func (r *Registry) Apply(results map[string]Result) {
 		rec.cfg, rec.problem = res.Config, ""
 		rec.target, rec.targetErr = NewTarget(res.Config, r.opts.Installation)
 		if rec.target != nil {
-			rec.target.pods.onChange = r.changes.notify
-			rec.target.record.onChange = r.changes.notify
+			rec.target.pods.OnChange(r.changes.Notify)
+			rec.target.record.OnChange(r.changes.Notify)
 		}
 		r.startLoop(rec)
 	}
-	r.changes.notify()
+	r.changes.Notify()
 }
 
 // Changed returns a channel closed at the next change of any target: its
 // state, its configuration, its step pods or its lifecycle record, and the
 // set of targets. Waiters take a new channel after each change.
-func (r *Registry) Changed() <-chan struct{} { return r.changes.wait() }
+func (r *Registry) Changed() <-chan struct{} { return r.changes.Wait() }
 
 // startLoop runs rec's health checks until stopLoop; before Start, Start
 // runs it. Called with r.mu held.
@@ -371,11 +373,11 @@ func (r *Registry) observe(name string, cfg *Config, h Health) {
 	wasHealthy := rec.healthy
 	rec.record(h, r.opts.StallAfter)
 	if wasHealthy != rec.healthy {
-		r.changes.notify() // the state may have changed
+		r.changes.Notify() // the state may have changed
 	}
 	if h.OK() && rec.pruned {
 		rec.pruned = false
-		r.changes.notify()
+		r.changes.Notify()
 		r.opts.Logger.Info("pruned target is back", "target", name)
 	}
 	switch {

@@ -147,7 +147,7 @@ func TestUnlistedCacheKeepsTargetFromWork(t *testing.T) {
 	tg, err := NewTarget(cfg, "test")
 	require.NoError(t, err)
 	r.records["a"] = &record{name: "a", cfg: cfg, checked: true, healthy: true, target: tg}
-	tg.pods.failed(errors.New(`pods is forbidden: cannot watch`))
+	tg.pods.Failed(errors.New(`pods is forbidden: cannot watch`))
 	s, _ := r.Get("a")
 	assert.Equal(t, StateStalled, s.State, "its lifecycle is unknown until the watch lists")
 	assert.Contains(t, s.Error, "pods is forbidden: cannot watch")

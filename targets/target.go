@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/internal/watchcache"
 )
 
 // Target is one target as every component acting on it sees it: its
@@ -43,22 +43,22 @@ type Target struct {
 	authz authorizationv1client.AuthorizationV1Interface
 	raw   rest.Interface
 
-	pods   *watched // step pods, with their counts
-	record *watched // the lifecycle record
+	pods   *watchcache.Cache // step pods, with their counts
+	record *watchcache.Cache // the lifecycle record
 }
 
 // CachedPod returns a step pod as the watch last saw it, or nil. It is
 // shared: do not modify it.
-func (t *Target) CachedPod(name string) *corev1.Pod { return t.pods.view().(podSummary).byName[name] }
+func (t *Target) CachedPod(name string) *corev1.Pod { return t.pods.View().(podSummary).byName[name] }
 
 // PodsChanged returns a channel closed at the next change of the cached
 // step pods.
-func (t *Target) PodsChanged() <-chan struct{} { return t.pods.changes() }
+func (t *Target) PodsChanged() <-chan struct{} { return t.pods.Changes() }
 
 // AwaitPods waits until done holds for the cached step pods, checking on
 // every change, or ctx ends.
 func (t *Target) AwaitPods(ctx context.Context, done func(pods []*corev1.Pod) bool) error {
-	return t.pods.await(ctx, func(items []any) bool {
+	return t.pods.Await(ctx, func(items []any) bool {
 		pods := make([]*corev1.Pod, len(items))
 		for i, it := range items {
 			pods[i] = it.(*corev1.Pod)
@@ -103,8 +103,8 @@ func NewTarget(cfg *Config, installation string) (*Target, error) {
 		RecordName: RecordName(installation, cfg.Name),
 		authz:      authz, raw: authz.RESTClient(),
 	}
-	t.pods = newWatched(podsView)
-	t.record = newWatched(t.recordView)
+	t.pods = watchcache.New(podsView)
+	t.record = watchcache.New(t.recordView)
 	return t, nil
 }
 
@@ -137,9 +137,9 @@ func (t *Target) Run(ctx context.Context) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { t.pods.run(ctx, "pods of "+t.Name(), listWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
+	wg.Go(func() { t.pods.Run(ctx, "pods of "+t.Name(), listWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
 	wg.Go(func() {
-		t.record.run(ctx, "lifecycle of "+t.Name(), listWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
+		t.record.Run(ctx, "lifecycle of "+t.Name(), listWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
 	})
 	wg.Wait()
 }
@@ -167,8 +167,8 @@ func listWatch[L runtime.Object](c lister[L], narrow func(*metav1.ListOptions)) 
 // Synced reports whether both watches have listed once, and if not, the
 // last error of either.
 func (t *Target) Synced() (bool, error) {
-	okPods, errPods := t.pods.synced()
-	okRecord, errRecord := t.record.synced()
+	okPods, errPods := t.pods.Synced()
+	okRecord, errRecord := t.record.Synced()
 	if errPods == nil {
 		errPods = errRecord
 	}
@@ -190,49 +190,39 @@ type Counts struct {
 }
 
 // Counts returns the target's live counts (zero before the first list).
-func (t *Target) Counts() Counts { return t.pods.view().(podSummary).counts }
+func (t *Target) Counts() Counts { return t.pods.View().(podSummary).counts }
 
 // Holding names the target's unfinished step pods, sorted: what a landing
 // target waits for.
-func (t *Target) Holding() []string { return t.pods.view().(podSummary).holding }
+func (t *Target) Holding() []string { return t.pods.View().(podSummary).holding }
 
 // Pods returns the cached step pods. They are shared: do not modify them.
-func (t *Target) Pods() []*corev1.Pod { return t.pods.view().(podSummary).pods }
+func (t *Target) Pods() []*corev1.Pod { return t.pods.View().(podSummary).pods }
 
 // Lifecycle returns the lifecycle recorded in the target cluster, as last
 // seen by the watch, and false before the first list. A record without
 // this installation's ownership labels reads as none (see RecordProblem).
 func (t *Target) Lifecycle() (Lifecycle, bool) {
-	ok, _ := t.record.synced()
-	return t.record.view().(recordSummary).life, ok
+	ok, _ := t.record.Synced()
+	return t.record.View().(recordSummary).life, ok
 }
 
 // RecordProblem says what is wrong with the object where the target's
 // lifecycle record belongs (ErrNotOurs), or nil.
-func (t *Target) RecordProblem() error { return t.record.view().(recordSummary).problem }
+func (t *Target) RecordProblem() error { return t.record.View().(recordSummary).problem }
 
 // AwaitRecord waits until the cache has seen the lifecycle record at
 // resourceVersion or later ("" waits for it to be gone), so that a decision
 // just written shows in the next snapshot. It gives up when ctx ends.
 func (t *Target) AwaitRecord(ctx context.Context, resourceVersion string) error {
-	return t.record.await(ctx, func(items []any) bool {
+	return t.record.Await(ctx, func(items []any) bool {
 		if len(items) == 0 {
 			return resourceVersion == ""
 		}
-		return resourceVersion != "" && notOlder(items[0].(*corev1.ConfigMap).ResourceVersion, resourceVersion)
+		return resourceVersion != "" && watchcache.NotOlder(items[0].(*corev1.ConfigMap).ResourceVersion, resourceVersion)
 	})
 }
 
-// notOlder compares resource versions: equal, or both numbers (as etcd's
-// are) and have not older than want.
-func notOlder(have, want string) bool {
-	if have == want {
-		return true
-	}
-	h, err1 := strconv.ParseUint(have, 10, 64)
-	w, err2 := strconv.ParseUint(want, 10, 64)
-	return err1 == nil && err2 == nil && h >= w
-}
 
 // podSummary is what the pods cache serves, computed on every change.
 type podSummary struct {

@@ -75,11 +75,3 @@ func TestAwaitRecordWaitsForTheWatchToShowAWrite(t *testing.T) {
 		assert.ErrorIs(t, tg.AwaitRecord(ctx, "9"), context.DeadlineExceeded, "gives up with its context")
 	})
 }
-
-func TestNotOlder(t *testing.T) {
-	assert.True(t, notOlder("12", "12"))
-	assert.True(t, notOlder("13", "12"))
-	assert.False(t, notOlder("9", "12"), "compared as numbers, not strings")
-	assert.True(t, notOlder("opaque", "opaque"))
-	assert.False(t, notOlder("opaque-2", "opaque-1"), "opaque versions only match exactly")
-}
