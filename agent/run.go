@@ -202,7 +202,7 @@ func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer pr.Close()
-	wg.Go(func() { pw.CloseWithError(stepagent.TailContext(ctx, s.root, 0, pw)) })
+	wg.Go(func() { pw.CloseWithError(stepagent.TailFrom(ctx, s.root, stepagent.TailOptions{}, pw)) })
 	wg.Go(func() {
 		select {
 		case <-s.abort:

@@ -279,6 +279,12 @@ func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle st
 	return steps.Follow(ctx, since, s.eventsFrom, send)
 }
 
+// Readable says whether the step's events from since on can be read.
+func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) error {
+	_, err := a.visible(caller, team, handle)
+	return err
+}
+
 // Abort stops a running step (its process gets TERM, then KILL after the
 // kill grace) and deletes its folder; on an ended step it deletes the
 // folder. It waits up to 45 s for the step's end.

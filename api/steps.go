@@ -18,6 +18,9 @@ type Steps interface {
 	Submit(caller steps.Caller, req steps.Request) (steps.View, bool, error)
 	Get(caller steps.Caller, team, handle string) (steps.View, error)
 	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error
+	// Readable says whether the step's events from since on can be read:
+	// its view's errors, or ErrGone for events that went with its pod.
+	Readable(caller steps.Caller, team, handle string, since int) error
 	Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error)
 	Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error)
 	Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error)
@@ -76,6 +79,8 @@ func (s *Server) stepError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusForbidden, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrConflict):
 		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
+	case errors.Is(err, steps.ErrGone):
+		writeJSON(w, http.StatusGone, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrInput):
 		writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: err.Error()})
 	case errors.Is(err, steps.ErrUnavailable):
@@ -121,7 +126,7 @@ func (s *Server) stepEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
-	if _, err := s.opts.Steps.Get(c, team, handle); err != nil {
+	if err := s.opts.Steps.Readable(c, team, handle, since); err != nil {
 		s.stepError(w, err)
 		return
 	}

@@ -35,11 +35,14 @@ import (
 
 // Errors an API answer maps to; an *APIError wraps one of them.
 var (
-	ErrBadRequest    = errors.New("bad request")
-	ErrUnauthorized  = errors.New("unauthorized")
-	ErrForbidden     = errors.New("forbidden")
-	ErrNotFound      = errors.New("not found")
-	ErrConflict      = errors.New("conflict")
+	ErrBadRequest   = errors.New("bad request")
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrForbidden    = errors.New("forbidden")
+	ErrNotFound     = errors.New("not found")
+	ErrConflict     = errors.New("conflict")
+	// ErrGone: what was asked for went with a released step's pod (the
+	// events of its log).
+	ErrGone          = errors.New("gone")
 	ErrUnprocessable = errors.New("unprocessable")
 	ErrUnavailable   = errors.New("unavailable")
 )
@@ -73,6 +76,8 @@ func (e *APIError) Unwrap() error {
 		return ErrNotFound
 	case http.StatusConflict:
 		return ErrConflict
+	case http.StatusGone:
+		return ErrGone
 	case http.StatusUnprocessableEntity:
 		return ErrUnprocessable
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:

@@ -72,6 +72,10 @@ func (s *scripted) Get(_ steps.Caller, _, handle string) (steps.View, error) {
 	}
 	return s.view, nil
 }
+func (s *scripted) Readable(c steps.Caller, team, handle string, _ int) error {
+	_, err := s.Get(c, team, handle)
+	return err
+}
 func (s *scripted) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
 	s.aborts++
 	return s.view, nil

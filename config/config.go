@@ -74,6 +74,11 @@ type Config struct {
 	ResourceDir     string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
 	CheckSandboxTTL time.Duration `mapstructure:"check-sandbox-ttl" help:"how long an idle check sandbox (the warm pod of checks with a reuse_key) is kept"`
 
+	// Step state (docs/steps.md, "Ownership"): where the installation's
+	// step records, gateway Leases and placer Lease live.
+	StateKubeconfig string `mapstructure:"state-kubeconfig" help:"kubeconfig of the cluster that keeps the installation's step records and the gateways' leases (docs/steps.md); empty: the cluster the gateway runs in, through its service account"`
+	StateNamespace  string `mapstructure:"state-namespace" help:"namespace of the step records and leases; empty: the state-kubeconfig context's namespace, or the gateway's own namespace in a cluster"`
+
 	// Mesh (docs/mesh.md): set mesh-listen or mesh-peers to join one.
 	MeshListen      string        `mapstructure:"mesh-listen" help:"address to accept mesh peers on (host:port); empty: accept none (a gateway that only dials out is a full member)"`
 	MeshPeers       []string      `mapstructure:"mesh-peers" help:"mesh peers to dial: host:port, or dns:NAME:PORT for every address NAME resolves to (a headless Service), resolved again every 30s"`
@@ -227,6 +232,18 @@ func (c Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.ResourceDir, "/") {
 		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)
+	}
+	if c.StateKubeconfig != "" {
+		if info, err := os.Stat(c.StateKubeconfig); err != nil {
+			add("state-kubeconfig", "%v", err)
+		} else if info.IsDir() {
+			add("state-kubeconfig", "%s is a directory, not a kubeconfig file", c.StateKubeconfig)
+		}
+	}
+	if c.StateNamespace != "" {
+		if msgs := validation.IsDNS1123Label(c.StateNamespace); len(msgs) > 0 {
+			add("state-namespace", "%q is not a namespace name: %s", c.StateNamespace, strings.Join(msgs, "; "))
+		}
 	}
 	if c.CheckSandboxTTL <= 0 {
 		add("check-sandbox-ttl", "must be positive, got %s", c.CheckSandboxTTL)

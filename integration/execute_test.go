@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,10 +169,20 @@ func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	assert.ErrorIs(t, err, client.ErrConflict, "the step still runs")
 	_, err = c.DownloadOutput(ctx, "", "up", "nope", t.TempDir())
 	assert.ErrorIs(t, err, client.ErrNotFound)
+	// A follower reads the events to the end while the step is aborted; a
+	// released step's log goes with its pod.
+	followed := g.followEvents(ctx, t, "up", "")
+	g.waitEvents(t, "up", 5)
 	_, err = c.Abort(ctx, "", "up")
 	require.NoError(t, err)
-	evs := g.stepEvents(ctx, t, "up", "", 0)
+	evs := <-followed
 	assert.Equal(t, "uploaded\n", outputOf(evs, steps.EventStdout), "the upload reached the process")
+	code, body, _ := call(t, http.MethodGet, g.base+"/api/v1/steps/up/events", "")
+	assert.Equal(t, http.StatusGone, code, body)
+	assert.Contains(t, body, "went with its pod")
+	last := evs[len(evs)-1]
+	end := g.stepEvents(ctx, t, "up", "", last.N)
+	assert.Equal(t, []steps.Event{last}, end, "its end is still there")
 	var inputs []steps.Event
 	for _, e := range evs {
 		if e.Type == steps.EventInput {

@@ -135,7 +135,8 @@ func TestResourceSteps(t *testing.T) {
 		Run: steps.Run{Path: "true"}}, nil)
 	var noTarget *client.NoTargetError
 	require.ErrorAs(t, err, &noTarget)
-	assert.Equal(t, "no target satisfies tags 'gpu'", noTarget.Message)
+	assert.Equal(t, "no target satisfies tags 'gpu': res: missing tags gpu", noTarget.Message,
+		"it names each target's refusal, as gateway place does")
 	assert.Equal(t, steps.Aborted, g.step(t, "no-fit").Phase)
 }
 

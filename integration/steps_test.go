@@ -37,11 +37,7 @@ import (
 // answers 503).
 func (g *gateway) submitStep(t *testing.T, token string, req steps.Request) (int, steps.View, string) {
 	t.Helper()
-	select {
-	case <-g.steps.Recovered():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the gateway did not find its steps within 10 s")
-	}
+	eventually(t, 10*time.Second, func() error { return g.steps.Ready() })
 	body, err := json.Marshal(req)
 	require.NoError(t, err)
 	hreq, err := http.NewRequest(http.MethodPost, g.base+"/api/v1/steps", bytes.NewReader(body))
@@ -92,6 +88,37 @@ func (g *gateway) stepEvents(ctx context.Context, t *testing.T, handle, query st
 	}
 	require.NoError(t, sc.Err(), "events of %s", handle)
 	return evs
+}
+
+// followEvents follows a step's events from 0 to its end in the
+// background, as a client does while it acts on the step.
+func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query string) <-chan []steps.Event {
+	t.Helper()
+	out := make(chan []steps.Event, 1)
+	url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=0%s", g.base, handle, query)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if g.token != "" {
+		req.Header.Set("Authorization", "Bearer "+g.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	go func() {
+		defer resp.Body.Close()
+		var evs []steps.Event
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var e steps.Event
+			if err := dec.Decode(&e); err != nil {
+				assert.ErrorIs(t, err, io.EOF, "events of %s", handle)
+				out <- evs
+				return
+			}
+			evs = append(evs, e)
+		}
+	}()
+	return out
 }
 
 // waitEvents waits until the step has n events.
@@ -411,6 +438,7 @@ func TestStepAbortAndTimeout(t *testing.T) {
 		return nil
 	})
 	pod := g.step(t, "abort").Pod
+	followed := g.followEvents(ctx, t, "abort", "")
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/abort", mainToken.Token)
 	assert.Equal(t, http.StatusNotFound, code, "another team's token: %s", body)
 	start := time.Now()
@@ -420,9 +448,11 @@ func TestStepAbortAndTimeout(t *testing.T) {
 	v := g.step(t, "abort")
 	assert.Equal(t, steps.Aborted, v.Phase)
 	assert.True(t, v.Released)
-	evs := g.stepEvents(ctx, t, "abort", "", 0)
+	evs := <-followed
 	assert.Equal(t, "started\n", outputOf(evs, steps.EventStdout))
 	assert.Equal(t, steps.Aborted, evs[len(evs)-1].Phase)
+	code, body, _ = call(t, http.MethodGet, g.base+"/api/v1/steps/abort/events", adminToken.Token)
+	assert.Equal(t, http.StatusGone, code, "a released step's log went with its pod: %s", body)
 	eventually(t, 10*time.Second, func() error {
 		if _, err := clusters[1].Client.CoreV1().Pods("st-abort").Get(ctx, pod, metav1.GetOptions{}); err == nil {
 			return errorf("pod %s still there", pod)

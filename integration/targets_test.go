@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -19,7 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -62,6 +66,8 @@ type gateway struct {
 	stop     func()
 	mesh     *mesh.Mesh // nil: not in a mesh
 	meshAddr string     // where it accepts peers, if it does
+	state    *stateNamespace
+	identity string // its steps identity
 }
 
 // gatewayOptions vary the in-process gateway; zero values are test defaults.
@@ -84,6 +90,47 @@ type gatewayOptions struct {
 	mesh *meshOptions
 	// streamStall is the streams' stall timeout; default 3s.
 	streamStall time.Duration
+	// state keeps the gateway's step records and leases; replicas share
+	// one. nil: the one of the gateway's targets dir (made for the first
+	// gateway over it, so a gateway restarted over it finds its steps).
+	state *stateNamespace
+}
+
+// states are the state namespaces of the targets dirs gateways ran over.
+var states sync.Map // dir -> *stateNamespace
+
+// stateNamespace is a namespace of clusters[0] holding an installation's
+// step state, with a service account granted steps.StatePermissions
+// alone, as an operator would set it up.
+type stateNamespace struct {
+	namespace  string
+	kubeconfig []byte
+	rest       *rest.Config
+}
+
+// newState makes a state namespace, deleted after the test.
+func newState(t *testing.T) *stateNamespace {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	ns := "state-" + hex.EncodeToString(b)
+	tg, err := clusters[0].CreateTarget(ctx, cluster.TargetOptions{Namespace: ns, Rules: targets.RBACRules(steps.StatePermissions)})
+	require.NoError(t, err)
+	rc, err := clientcmd.RESTConfigFromKubeConfig(tg.Kubeconfig)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = clusters[0].Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	return &stateNamespace{namespace: ns, kubeconfig: tg.Kubeconfig, rest: rc}
+}
+
+// flags are a `gateway run`'s flags for the state namespace.
+func (s *stateNamespace) flags(t *testing.T) []string {
+	file := filepath.Join(t.TempDir(), "state.kubeconfig")
+	writeFile(t, file, s.kubeconfig)
+	return []string{"--state-kubeconfig", file, "--state-namespace", s.namespace}
 }
 
 func meshName(m *mesh.Mesh) string {
@@ -165,7 +212,29 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	if meshView != nil {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
+	if o.state == nil {
+		if st, ok := states.Load(dir); ok {
+			o.state = st.(*stateNamespace)
+		} else {
+			o.state = newState(t)
+			states.Store(dir, o.state)
+		}
+	}
+	id := steps.NewIdentity(o.identity)
+	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
+		return steps.StoreOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Logger: logger},
+			steps.OwnersOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Identity: id, Logger: logger},
+			steps.ElectorOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Identity: id, Logger: logger}
+	}
+	so, oo, eo := stateOpts()
+	store, err := steps.NewStore(so)
+	require.NoError(t, err)
+	owners, err := steps.NewOwners(oo)
+	require.NoError(t, err)
+	elector, err := steps.NewElector(eo)
+	require.NoError(t, err)
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: stepStreams, Placement: o.placement,
+		Records: store, Owners: owners, Leader: elector,
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
@@ -177,18 +246,26 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
-	components := []interface{ Start(context.Context) error }{registry, source, dialer, stepper, server}
+	// Stopped in two waves, as gateway run stops them: the API and the
+	// steps first, then what they use (this gateway's leases go once its
+	// runners stopped).
+	first := []interface{ Start(context.Context) error }{server, stepper}
 	if node != nil {
 		node.SetHTTP(server.Handler())
-		components = append(components, node)
+		first = append(first, node)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, c := range components {
-		wg.Go(func() { assert.NoError(t, c.Start(ctx)) })
+	second := []interface{ Start(context.Context) error }{registry, source, dialer, store, owners, elector}
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	var wg1, wg2 sync.WaitGroup
+	for _, c := range first {
+		wg1.Go(func() { assert.NoError(t, c.Start(ctx1)) })
+	}
+	for _, c := range second {
+		wg2.Go(func() { assert.NoError(t, c.Start(ctx2)) })
 	}
 	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
+	stop := func() { once.Do(func() { cancel1(); wg1.Wait(); cancel2(); wg2.Wait() }) }
 	t.Cleanup(func() {
 		stop()
 		if t.Failed() {
@@ -196,7 +273,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		}
 	})
 	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop,
-		mesh: node}
+		mesh: node, state: o.state, identity: id}
 	if node != nil {
 		<-node.Ready()
 		if a := node.Addr(); a != nil {

@@ -118,6 +118,15 @@ func run(t *testing.T, root string, spec []byte) []stepagent.Frame {
 	return frames(t, out)
 }
 
+// position reads a KindPosition frame.
+func position(t *testing.T, f stepagent.Frame) stepagent.Position {
+	t.Helper()
+	require.Equal(t, stepagent.KindPosition, f.Kind)
+	var p stepagent.Position
+	require.NoError(t, json.Unmarshal(f.Payload, &p))
+	return p
+}
+
 func frames(t *testing.T, b []byte) []stepagent.Frame {
 	t.Helper()
 	var fs []stepagent.Frame
@@ -182,7 +191,8 @@ func TestOutputIsCompleteAndInOrderPerStream(t *testing.T) {
 	for _, f := range fs {
 		assert.LessOrEqual(t, len(f.Payload), stepagent.MaxPayload)
 	}
-	assert.Equal(t, stepagent.KindStarted, fs[0].Kind, "started comes first")
+	assert.Equal(t, stepagent.Position{}, position(t, fs[0]), "the tail says where it starts")
+	assert.Equal(t, stepagent.KindStarted, fs[1].Kind, "started comes first")
 	last := fs[len(fs)-1]
 	assert.Equal(t, stepagent.KindStatus, last.Kind, "the trailer comes last")
 }
@@ -197,9 +207,12 @@ func TestADroppedFollowerLosesNothingAndRunsOnce(t *testing.T) {
 	pipe, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	// Read three frames (started and two lines), then kill the follower,
-	// as a kwok node does when the exec drops.
+	// Read three frames of the log (started and two lines), then kill the
+	// follower, as a kwok node does when the exec drops.
 	r := bufio.NewReader(pipe)
+	f, err := stepagent.ReadFrame(r)
+	require.NoError(t, err)
+	require.Equal(t, stepagent.Position{}, position(t, f))
 	var offset int64
 	for range 3 {
 		f, err := stepagent.ReadFrame(r)
@@ -213,11 +226,15 @@ func TestADroppedFollowerLosesNothingAndRunsOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([][]byte, 2)
 	for i := range results {
-		wg.Go(func() { results[i], _ = agent(t, root, nil, "tail", "--offset", strconv.FormatInt(offset, 10)) })
+		wg.Go(func() {
+			results[i], _ = agent(t, root, nil, "tail", "--offset", strconv.FormatInt(offset, 10), "--events", "3")
+		})
 	}
 	wg.Wait()
 	for _, res := range results {
-		stdout, _, st := outcome(t, frames(t, res))
+		fs := frames(t, res)
+		assert.Equal(t, stepagent.Position{Offset: offset, Events: 3}, position(t, fs[0]))
+		stdout, _, st := outcome(t, fs)
 		var want strings.Builder
 		for i := 3; i <= 30; i++ {
 			fmt.Fprintf(&want, "line %d\n", i)
@@ -262,6 +279,9 @@ func TestLostSupervisorIsReported(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	br := bufio.NewReader(pipe)
 	f, err := stepagent.ReadFrame(br)
+	require.NoError(t, err)
+	require.Equal(t, stepagent.KindPosition, f.Kind)
+	f, err = stepagent.ReadFrame(br)
 	require.NoError(t, err)
 	require.Equal(t, stepagent.KindStarted, f.Kind)
 	// Its first output is in the log before the supervisor dies.
@@ -459,7 +479,7 @@ func TestARunningRunIsNotForgotten(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	r := bufio.NewReader(pipe)
-	for range 2 { // started, "up": the process runs
+	for range 3 { // the position, started, "up": the process runs
 		_, err := stepagent.ReadFrame(r)
 		require.NoError(t, err)
 	}
@@ -530,7 +550,9 @@ func TestServeMuxesRunsOfOneSession(t *testing.T) {
 	}
 	assert.Equal(t, `../bad: run "../bad": not a folder name`, runErr)
 	for i := range 3 {
-		stdout, _, st := outcome(t, frames(t, logs[fmt.Sprintf("check-%d", i)].Bytes()))
+		fs := frames(t, logs[fmt.Sprintf("check-%d", i)].Bytes())
+		assert.Equal(t, stepagent.Position{}, position(t, fs[0]), "a run's log is tailed from its start")
+		stdout, _, st := outcome(t, fs)
 		assert.Equal(t, i, st.ExitStatus)
 		assert.Equal(t, 300, strings.Count(stdout, fmt.Sprintf("run %d line", i)))
 	}

@@ -44,10 +44,10 @@ func run(root string, sp Spec, log *os.File) error {
 	if err := writeAtomic(Path(root, StartedFile), p); err != nil {
 		return err
 	}
-	if err := WriteFrame(log, KindStarted, p); err != nil {
+	if err := WriteFrameAt(log, KindStarted, started.At, p); err != nil {
 		return err
 	}
-	copied := pump(log, outR, errR)
+	copied := pump(log, started.At, output{outR, sp.stdoutKind()}, output{errR, KindStderr})
 	stop := make(chan struct{})
 	reason := make(chan string, 1)
 	var wg sync.WaitGroup
@@ -65,22 +65,33 @@ func run(root string, sp Spec, log *os.File) error {
 	st.StartedAt = started.At
 	select {
 	case r := <-reason:
-		st.Reason = r
-		if r == ReasonTimeout {
-			st.Message = "timed out after " + time.Duration(sp.Timeout).String()
-		} else {
-			st.Message = "aborted"
-		}
+		st.Reason, st.Message = r, killMessage(r, sp)
 	default:
 	}
 	// The status goes into the log first, as its last frame: whoever
 	// follows the log has it at once, without waiting for status.json.
 	st.FinishedAt = time.Now().UTC()
 	b, _ := json.Marshal(st)
-	if err := WriteFrame(log, KindStatus, b); err != nil {
+	if err := WriteFrameAt(log, KindStatus, st.FinishedAt, b); err != nil {
 		return err
 	}
 	return writeStatus(root, st)
+}
+
+// stdoutKind is the kind of the frames of the process's stdout.
+func (sp Spec) stdoutKind() byte {
+	if sp.Answer {
+		return KindAnswer
+	}
+	return KindStdout
+}
+
+// killMessage says why guard killed the process.
+func killMessage(reason string, sp Spec) string {
+	if reason == ReasonTimeout {
+		return "timed out after " + time.Duration(sp.Timeout).String()
+	}
+	return "aborted"
 }
 
 // spawnFailed ends a step whose process could not start: 127 when the
@@ -148,22 +159,38 @@ func guard(root string, sp Spec, pid int, started time.Time, stop <-chan struct{
 	}
 }
 
-// pump copies both pipes into the log through one writer, so the log has
-// one order; the channel gets the first write error, or nil at both EOFs.
-func pump(log io.Writer, stdout, stderr *os.File) <-chan error {
+// output is one of the process's pipes and the kind of its frames.
+type output struct {
+	f    *os.File
+	kind byte
+}
+
+// pump copies the pipes into the log through one writer, so the log has
+// one order; the channel gets the first write error, or nil at all EOFs.
+// Each chunk is stamped with the time it was read, never before since nor
+// before the chunk ahead of it in the log (a wall clock may step back).
+func pump(log io.Writer, since time.Time, outputs ...output) <-chan error {
 	frames := make(chan Frame, 64)
+	var (
+		mu   sync.Mutex // orders the stamps as the frames
+		last = since
+	)
 	var readers sync.WaitGroup
-	for _, r := range []struct {
-		f    *os.File
-		kind byte
-	}{{stdout, KindStdout}, {stderr, KindStderr}} {
+	for _, o := range outputs {
 		readers.Go(func() {
-			defer r.f.Close()
+			defer o.f.Close()
 			for {
 				buf := make([]byte, MaxPayload)
-				n, err := r.f.Read(buf)
+				n, err := o.f.Read(buf)
 				if n > 0 {
-					frames <- Frame{Kind: r.kind, Payload: buf[:n]}
+					at := time.Now().UTC()
+					mu.Lock()
+					if at.Before(last) {
+						at = last
+					}
+					last = at
+					frames <- Frame{Kind: o.kind, Time: at, Payload: buf[:n]}
+					mu.Unlock()
 				}
 				if err != nil {
 					return
@@ -177,7 +204,7 @@ func pump(log io.Writer, stdout, stderr *os.File) <-chan error {
 		var werr error
 		for f := range frames {
 			if werr == nil {
-				if err := WriteFrame(log, f.Kind, f.Payload); err != nil {
+				if err := WriteFrameAt(log, f.Kind, f.Time, f.Payload); err != nil {
 					werr = fmt.Errorf("write log: %w", err)
 				}
 			}

@@ -5,7 +5,7 @@
 //
 //	prepare  writes the step's spec and lays out its build dir and volumes
 //	run      starts a detached supervisor (once; never twice) and tails its log
-//	tail     copies the log from a byte offset, following until the step ends
+//	tail     copies the log from a position, following until the step ends
 //	abort    asks the supervisor to kill the process
 //	volumes  the volume sidecar (the baggageclaim API on port 7788)
 //	install  copies the binary into the emptyDir (the init container)
@@ -13,19 +13,31 @@
 //
 // Everything the gateway needs lives in files under the root (/jetway in
 // a pod), so a dropped exec, an API-server restart or a gateway restart
-// loses nothing: the gateway execs tail again from the last offset it
+// loses nothing: the gateway execs tail again from the last position it
 // consumed, and the exit status is read from status.json, never from an
 // exec's own exit code.
 //
 // The log is a sequence of frames: one byte of kind, four bytes of
-// big-endian payload length, then the payload (at most MaxPayload bytes).
-// When the process has ended and all its output is in the log, the
-// supervisor appends a KindStatus frame (the status, without log_size),
-// then writes status.json. After the end of the log, tail writes one more
-// KindStatus frame, a trailer carrying status.json, and exits 0: a reader
-// stops at the first KindStatus frame, which it gets as soon as the
-// supervisor wrote it; the trailer serves logs whose supervisor died
-// (status "lost", written by tail).
+// big-endian payload length, eight bytes of big-endian time (when the
+// frame's content came to be, in Unix nanoseconds; 0 for none), then the
+// payload (at most MaxPayload bytes). The supervisor stamps an output
+// chunk with the time it read it from the process, the started frame with
+// Started.At, the status frame with Status.FinishedAt. When the process
+// has ended and all its output is in the log, the supervisor appends a
+// KindStatus frame (the status, without log_size), then writes
+// status.json.
+//
+// A step's events are the log's event frames (IsEvent), one frame one
+// event, numbered by counting them from the log's start: a reader knows
+// a position in the log as a byte offset and the number of event frames
+// before it (Position), and any reader, at any time, numbers the same
+// events the same way. tail starts from such a position, skipping event
+// frames if asked, and writes a KindPosition frame naming where its
+// output starts, then the log's frames. After the end of the log, tail
+// writes one more KindStatus frame, a trailer carrying status.json, and
+// exits 0: a reader stops at the first KindStatus frame, which it gets as
+// soon as the supervisor wrote it; the trailer serves logs whose
+// supervisor died (status "lost", written by tail).
 package stepagent
 
 import (
@@ -92,6 +104,10 @@ type Spec struct {
 	// Volumes are the step's inputs and outputs: folders of the build dir
 	// that the sidecar serves by handle.
 	Volumes []Volume `json:"volumes,omitempty"`
+	// Answer says the process's stdout is the step's answer (a Concourse
+	// resource script's JSON), not its log: the supervisor writes it as
+	// KindAnswer frames, which are no events. Stderr stays the log.
+	Answer bool `json:"answer,omitempty"`
 }
 
 // Volume is one folder of the build dir served as a volume.
@@ -139,36 +155,72 @@ type Status struct {
 
 // Frame kinds.
 const (
-	KindStdout  byte = 1
-	KindStderr  byte = 2
-	KindInput   byte = 3 // JSON Input
-	KindStarted byte = 4 // JSON Started
-	KindStatus  byte = 0xFF
+	KindStdout   byte = 1
+	KindStderr   byte = 2
+	KindInput    byte = 3 // JSON Input
+	KindStarted  byte = 4 // JSON Started
+	KindAnswer   byte = 5 // the process's stdout when Spec.Answer: no event
+	KindPosition byte = 6 // JSON Position: tail's first frame, never in the log
+	KindStatus   byte = 0xFF
 )
+
+// IsEvent says whether frames of kind are a step's events, one frame one
+// event: output, inputs and the start. A step's events are numbered by
+// counting exactly these frames from the log's start.
+func IsEvent(kind byte) bool {
+	switch kind {
+	case KindStdout, KindStderr, KindInput, KindStarted:
+		return true
+	}
+	return false
+}
+
+// Position is a place in the log, and a KindPosition frame's JSON.
+type Position struct {
+	// Offset is the byte offset, in the log, of the next frame a reader
+	// gets: a frame boundary.
+	Offset int64 `json:"offset"`
+	// Events is how many event frames (IsEvent) the log holds before
+	// Offset: the number of the next event.
+	Events int `json:"events"`
+}
 
 // MaxPayload caps a frame's payload, so that one frame is one event.
 const MaxPayload = 32 << 10
 
-// HeaderSize is a frame's header: kind and length.
-const HeaderSize = 5
+// HeaderSize is a frame's header: kind, payload length and time.
+const HeaderSize = 13
 
 // Frame is one record of the log.
 type Frame struct {
-	Kind    byte
+	Kind byte
+	// Time is when the frame's content came to be, in UTC; zero for none.
+	Time    time.Time
 	Payload []byte
 }
 
 // Size is the frame's length on the wire.
 func (f Frame) Size() int64 { return HeaderSize + int64(len(f.Payload)) }
 
-// WriteFrame writes one frame.
+// WriteFrame writes one frame stamped with the time now.
 func WriteFrame(w io.Writer, kind byte, payload []byte) error {
+	return WriteFrameAt(w, kind, time.Now(), payload)
+}
+
+// WriteFrameAt writes one frame stamped with at, in one Write; a zero at
+// stamps none.
+func WriteFrameAt(w io.Writer, kind byte, at time.Time, payload []byte) error {
 	if len(payload) > MaxPayload {
 		return fmt.Errorf("frame of %d bytes exceeds %d", len(payload), MaxPayload)
 	}
+	var ns int64
+	if !at.IsZero() {
+		ns = at.UnixNano()
+	}
 	var h [HeaderSize]byte
 	h[0] = kind
-	binary.BigEndian.PutUint32(h[1:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(h[1:5], uint32(len(payload)))
+	binary.BigEndian.PutUint64(h[5:], uint64(ns))
 	if _, err := w.Write(append(h[:], payload...)); err != nil {
 		return err
 	}
@@ -181,29 +233,45 @@ var ErrFrame = errors.New("malformed frame")
 // ReadFrame reads one frame. A stream that ends between frames returns
 // io.EOF; one that ends inside a frame io.ErrUnexpectedEOF.
 func ReadFrame(r io.Reader) (Frame, error) {
-	var h [HeaderSize]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	f, n, err := readHeader(r)
+	if err != nil {
 		return Frame{}, err
 	}
-	n := binary.BigEndian.Uint32(h[1:])
-	if n > MaxPayload {
-		return Frame{}, fmt.Errorf("%w: length %d exceeds %d", ErrFrame, n, MaxPayload)
-	}
-	p := make([]byte, n)
-	if _, err := io.ReadFull(r, p); err != nil {
+	f.Payload = make([]byte, n)
+	if _, err := io.ReadFull(r, f.Payload); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return Frame{}, err
 	}
-	return Frame{Kind: h[0], Payload: p}, nil
+	return f, nil
+}
+
+// readHeader reads a frame's header: the frame without its payload, and
+// the payload's length.
+func readHeader(r io.Reader) (Frame, int, error) {
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return Frame{}, 0, err
+	}
+	n := binary.BigEndian.Uint32(h[1:5])
+	if n > MaxPayload {
+		return Frame{}, 0, fmt.Errorf("%w: length %d exceeds %d", ErrFrame, n, MaxPayload)
+	}
+	f := Frame{Kind: h[0]}
+	if ns := int64(binary.BigEndian.Uint64(h[5:])); ns != 0 {
+		f.Time = time.Unix(0, ns).UTC()
+	}
+	return f, int(n), nil
 }
 
 // Duration is a time.Duration that reads and writes as "90s" in JSON.
 type Duration time.Duration
 
+// MarshalText writes d as time.Duration's String does.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
+// UnmarshalText reads what time.ParseDuration reads.
 func (d *Duration) UnmarshalText(b []byte) error {
 	v, err := time.ParseDuration(string(b))
 	if err != nil {

@@ -1,6 +1,7 @@
 package stepagent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,9 +45,10 @@ const ServeIdle = time.Minute
 
 // Serve runs a sandbox session on in and out: each request prepares and
 // starts a run in its own folder (as `run --run NAME` does) and streams
-// its log, muxed with the others' as KindMux chunks, to its end. It ends
-// when in ends, is silent for ServeIdle, or out fails; runs it started
-// go on under their supervisors, and tail finds them.
+// its log as TailFrom writes it from the start (a position frame, the
+// log's frames, the trailer), muxed with the others' as KindMux chunks.
+// It ends when in ends, is silent for ServeIdle, or out fails; runs it
+// started go on under their supervisors, and tail finds them.
 func Serve(root string, in io.Reader, out io.Writer) error {
 	w := &muxOut{out: out}
 	got := make(chan request)
@@ -163,18 +165,20 @@ func (w *muxOut) run(root string, req request) {
 		if err := startHere(runRoot, req.inputs); err != nil {
 			return err
 		}
-		return Tail(runRoot, 0, runWriter{w, req.Run})
+		return TailFrom(context.Background(), runRoot, TailOptions{}, runWriter{w, req.Run})
 	}()
 	if err != nil && w.failed() == nil {
 		_ = w.send(KindRunError, req.Run, []byte(err.Error()))
 	}
 }
 
+// runWriter writes one run's log to the session.
 type runWriter struct {
 	w   *muxOut
 	run string
 }
 
+// Write sends p as one or more of the run's KindMux chunks.
 func (r runWriter) Write(p []byte) (int, error) {
 	if err := r.w.send(KindMux, r.run, p); err != nil {
 		return 0, err

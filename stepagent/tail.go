@@ -1,17 +1,14 @@
 package stepagent
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -21,134 +18,47 @@ import (
 // it looks again (and checks the supervisor is alive).
 const tailPoll = 200 * time.Millisecond
 
-// Start starts a supervisor for the prepared step unless one ever did,
-// with the inputs it writes to the log first, and returns once a
-// supervisor holds the step (or it has ended). Starting twice runs the
-// process once.
-func Start(root string, inputs []byte) error { return start(root, inputs, spawnSupervisor) }
+// skipBuffer is what skipping reads the log through: two whole frames, so
+// a log of any size is skipped in this much memory.
+const skipBuffer = 2 * (HeaderSize + MaxPayload)
 
-// startHere is Start with the supervisor a goroutine of this process, a
-// sandbox session's: a check starts without a process of the agent's
-// own (~10 ms here), and is lost if the session's process dies.
-func startHere(root string, inputs []byte) error {
-	return start(root, inputs, func(root string) error {
-		go func() { _ = Supervise(root) }()
-		return nil
-	})
+// TailOptions say where TailFrom starts.
+type TailOptions struct {
+	// Offset is a frame boundary of the log and Events the number of
+	// event frames before it: a position the caller knows (0 and 0 are
+	// the log's start).
+	Offset int64
+	Events int
+	// Skip is how many event frames to skip from there, with the other
+	// frames before the last of them; below zero, every event frame the
+	// log holds now (start from its current end).
+	Skip int
 }
 
-func start(root string, inputs []byte, spawn func(root string) error) error {
-	if _, err := ReadSpec(root); err != nil {
-		return err
+// Validate reports every problem of o at once.
+func (o TailOptions) Validate() error {
+	var errs []error
+	if o.Offset < 0 {
+		errs = append(errs, fmt.Errorf("offset %d is negative", o.Offset))
 	}
-	// One start at a time: without this, starts side by side each see no
-	// supervisor yet and spawn one, and the extra ones linger, blocked on
-	// the lock, to touch the folder after the step has ended.
-	gate, err := os.OpenFile(Path(root, StartLock), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
+	if o.Events < 0 {
+		errs = append(errs, fmt.Errorf("events %d is negative", o.Events))
 	}
-	defer gate.Close()
-	deadline := time.Now().Add(startWait)
-	if err := lockBy(gate, deadline); err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	if !exists(Path(root, StartedFile)) && !exists(Path(root, StatusFile)) && !supervised(root) {
-		if err := writeAtomic(Path(root, InputsFile), inputs); err != nil {
-			return err
-		}
-		if err := spawn(root); err != nil {
-			return err
-		}
-	}
-	return awaitSupervisor(root, deadline)
+	return errors.Join(errs...)
 }
 
-// startWait bounds a start: waiting for another start, and for the
-// supervisor to take its lock.
-const startWait = 10 * time.Second
-
-// lockBy takes f's lock, waiting for its holder until deadline.
-func lockBy(f *os.File, deadline time.Time) error {
-	for {
-		ok, err := tryLock(f)
-		if ok || err != nil {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return errors.New("another start of this step holds its lock")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// supervised says whether a live supervisor holds the step's lock.
-func supervised(root string) bool {
-	held := true
-	_ = ifNoSupervisor(root, func() error { held = false; return nil })
-	return held
-}
-
-// SelfArgs come before the agent's command when this binary runs it
-// again (a supervisor, a session daemon): none for step-agent; the
-// gateway, whose agent runs steps on its machine, sets its hidden
-// subcommand.
-var SelfArgs []string
-
-// spawnSupervisor starts `step-agent supervise` in a session of its own,
-// with no tie to this exec: a dropped exec, or a kwok node killing what it
-// ran, leaves it running.
-func spawnSupervisor(root string) error {
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(self, append(slices.Clone(SelfArgs), "supervise")...)
-	cmd.Env = append(os.Environ(), RootEnv+"="+root)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start supervisor: %w", err)
-	}
-	return cmd.Process.Release()
-}
-
-// awaitSupervisor waits until a supervisor holds the lock or the step
-// has started or ended.
-func awaitSupervisor(root string, deadline time.Time) error {
-	lock, err := openLock(root)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	for {
-		if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
-			return nil
-		}
-		free, err := tryLock(lock)
-		if err != nil {
-			return err
-		}
-		if !free {
-			return nil
-		}
-		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-		if time.Now().After(deadline) {
-			return errors.New("the supervisor did not start")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// Tail writes the log from offset on to out as it grows and, once the
+// TailFrom writes the log to out from the position o names, after
+// skipping o.Skip event frames: first one KindPosition frame saying where
+// that is (the log's end, if the log ends before that many event frames
+// exist), then every frame from there on as the log grows, and, once the
 // step has ended and the log is all out, a KindStatus trailer. It returns
-// ErrNotPrepared or ErrNotStarted when there is nothing to follow.
-func Tail(root string, offset int64, out io.Writer) error {
-	return TailContext(context.Background(), root, offset, out)
-}
-
-// TailContext is Tail that returns ctx's error once ctx ends: for a
-// reader in a long-lived process (an agent) rather than an exec.
-func TailContext(ctx context.Context, root string, offset int64, out io.Writer) error {
+// ErrNotPrepared or ErrNotStarted when there is nothing to follow, an
+// error when o.Offset is past the log's end, and ctx's error once ctx
+// ends. Skipping reads the log through a buffer of skipBuffer bytes.
+func TailFrom(ctx context.Context, root string, o TailOptions, out io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
 	if _, err := ReadSpec(root); err != nil {
 		return err
 	}
@@ -160,36 +70,19 @@ func TailContext(ctx context.Context, root string, offset int64, out io.Writer) 
 	if err := w.Add(Path(root, "run")); err != nil {
 		return err
 	}
-	var log *os.File
-	defer func() {
-		if log != nil {
-			log.Close()
-		}
-	}()
+	t := &tailer{out: out, pos: Position{Offset: o.Offset, Events: o.Events}, skip: o.Skip}
+	defer t.close()
 	polled := false
 	for {
-		if log == nil {
-			if log, err = os.Open(Path(root, LogFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-		}
-		if log != nil {
-			n, err := copyFrom(log, offset, out)
-			offset += n
-			if err != nil {
-				return err
-			}
+		if err := t.advance(root); err != nil {
+			return err
 		}
 		st, done, err := ReadStatus(root)
 		if err != nil {
 			return err
 		}
-		if done && offset >= st.LogSize {
-			if offset > st.LogSize {
-				return fmt.Errorf("offset %d is past the log's end, %d", offset, st.LogSize)
-			}
-			b, _ := json.Marshal(st)
-			return WriteFrame(out, KindStatus, b)
+		if done && t.pos.Offset >= st.LogSize {
+			return t.finish(st)
 		}
 		// Is anyone writing? Asked only when nothing happened for a while:
 		// it costs a lock round trip, and output does not wait for it.
@@ -202,6 +95,126 @@ func TailContext(ctx context.Context, root string, offset int64, out io.Writer) 
 			return err
 		}
 	}
+}
+
+// tailer is one TailFrom's reading of the log.
+type tailer struct {
+	out io.Writer
+	log *os.File // nil until the log exists
+	// pos is where the reading stands; once the position frame is out
+	// (sent), only its offset is kept.
+	pos  Position
+	skip int // event frames still to skip; below zero, all the log holds
+	sent bool
+	r    *bufio.Reader // skipping's, made once
+}
+
+func (t *tailer) close() {
+	if t.log != nil {
+		t.log.Close()
+	}
+}
+
+// advance reads what the log holds now: skipping, until the position
+// frame is out, then copying.
+func (t *tailer) advance(root string) error {
+	if t.log == nil {
+		log, err := os.Open(Path(root, LogFile))
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		t.log = log
+	}
+	if !t.sent {
+		if err := t.seek(); err != nil || !t.sent {
+			return err
+		}
+	}
+	n, err := copyFrom(t.log, t.pos.Offset, t.out)
+	t.pos.Offset += n
+	return err
+}
+
+// seek skips what there is to skip of the log as it is now, and sends the
+// position once it stands where the output starts: in the log, with no
+// event frame left to skip.
+func (t *tailer) seek() error {
+	fi, err := t.log.Stat()
+	if err != nil {
+		return err
+	}
+	end := fi.Size()
+	if t.pos.Offset > end {
+		return nil // not in the log yet, or never (see finish)
+	}
+	if err := t.skipTo(end); err != nil {
+		return err
+	}
+	if t.skip > 0 {
+		return nil // the event frames to skip are still to come
+	}
+	return t.sendPosition()
+}
+
+// skipTo skips frames up to end over the event frames still to skip,
+// stopping at a frame not whole yet. A frame's payload is never held:
+// only its header is read.
+func (t *tailer) skipTo(end int64) error {
+	if t.skip == 0 {
+		return nil
+	}
+	section := io.NewSectionReader(t.log, t.pos.Offset, end-t.pos.Offset)
+	if t.r == nil {
+		t.r = bufio.NewReaderSize(section, skipBuffer)
+	} else {
+		t.r.Reset(section)
+	}
+	for t.skip != 0 {
+		f, n, err := readHeader(t.r)
+		if err == nil {
+			_, err = t.r.Discard(n)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("skip the log at offset %d: %w", t.pos.Offset, err)
+		}
+		t.pos.Offset += HeaderSize + int64(n)
+		if IsEvent(f.Kind) {
+			t.pos.Events++
+			if t.skip > 0 {
+				t.skip--
+			}
+		}
+	}
+	return nil
+}
+
+// sendPosition writes the KindPosition frame, which carries no time: the
+// same position reads the same from any tail.
+func (t *tailer) sendPosition() error {
+	b, _ := json.Marshal(t.pos)
+	t.sent = true
+	return WriteFrameAt(t.out, KindPosition, time.Time{}, b)
+}
+
+// finish ends a tail at the log's end: the position, if the log ended
+// before it was found, and the trailer, stamped with the step's end.
+func (t *tailer) finish(st Status) error {
+	if t.pos.Offset > st.LogSize {
+		return fmt.Errorf("offset %d is past the log's end, %d", t.pos.Offset, st.LogSize)
+	}
+	if !t.sent {
+		if err := t.sendPosition(); err != nil {
+			return err
+		}
+	}
+	b, _ := json.Marshal(st)
+	return WriteFrameAt(t.out, KindStatus, st.FinishedAt, b)
 }
 
 // next waits for the log to grow or the status to appear (true: neither
@@ -256,71 +269,4 @@ func checkSupervisor(root string) error {
 		}
 		return writeStatus(root, lostStatus)
 	})
-}
-
-// Abort asks the supervisor to kill the process. A step not started yet
-// never starts.
-func Abort(root string) error {
-	if err := writeAtomic(Path(root, AbortFile), []byte("TERM\n")); err != nil {
-		return err
-	}
-	// A live supervisor sees the file; without one, the step is ended here.
-	return ifNoSupervisor(root, func() error {
-		if exists(Path(root, StartedFile)) || exists(Path(root, StatusFile)) {
-			return nil
-		}
-		return finishUnstarted(root)
-	})
-}
-
-// RunRoot is the root of one run of a sandbox pod, where several steps
-// run one after another (or side by side), each in its own folder.
-func RunRoot(root, name string) (string, error) {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`) {
-		return "", fmt.Errorf("run %q: not a folder name", name)
-	}
-	return Path(root, RunsDir+"/"+name), nil
-}
-
-// Forget deletes an ended run's folder. A run whose supervisor still
-// lives after forgetWait stays: forget it once it has ended. (The log's
-// status frame comes a moment before status.json and the supervisor's
-// exit: a reader of the log may ask that early.)
-func Forget(root string) error {
-	deadline := time.Now().Add(forgetWait)
-	for {
-		if !exists(Path(root, SpecFile)) || exists(Path(root, StatusFile)) {
-			return os.RemoveAll(root) // never prepared, forgotten already, or ended
-		}
-		var ended bool
-		if err := ifNoSupervisor(root, func() error { ended = true; return nil }); err != nil {
-			return err
-		}
-		if ended {
-			return os.RemoveAll(root)
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the run's process still runs: abort it first")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// forgetWait is how long forget waits for a run's end.
-const forgetWait = 2 * time.Second
-
-// ifNoSupervisor runs f holding the supervisor's lock, if no supervisor
-// holds it.
-func ifNoSupervisor(root string, f func() error) error {
-	lock, err := openLock(root)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	free, err := tryLock(lock)
-	if err != nil || !free {
-		return err
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	return f()
 }

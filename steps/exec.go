@@ -30,11 +30,12 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// Exec runs a command in a step pod's step container through the API
-// server's pods/exec, streaming stdin in and stdout out; it returns when
-// the command ends, with its error (see stepagent.ExitCode). It is a seam
-// for tests; the default is execPod.
-type Exec func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin []byte, stdout io.Writer) error
+// Exec runs a command in a container of a step pod (the step container,
+// or the volume sidecar when the step's container has ended) through the
+// API server's pods/exec, streaming stdin in and stdout out; it returns
+// when the command ends, with its error (see stepagent.ExitCode). It is a
+// seam for tests; the default is execPod.
+type Exec func(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error
 
 // stderrLimit bounds what is kept of an agent command's stderr for errors.
 const stderrLimit = 4 << 10
@@ -42,22 +43,28 @@ const stderrLimit = 4 << 10
 // ExecStream is Exec with a stdin that streams: a sandbox's session.
 type ExecStream func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error
 
-// execPod is ExecPod with all of stdin at once (nil: none).
-func execPod(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin []byte, stdout io.Writer) error {
+// execPod is ExecContainer with all of stdin at once (nil: none).
+func execPod(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {
 	var in io.Reader
 	if stdin != nil {
 		in = bytes.NewReader(stdin)
 	}
-	return ExecPod(ctx, t, pod, cmd, in, stdout)
+	return ExecContainer(ctx, t, pod, container, cmd, in, stdout)
 }
 
 // ExecPod runs a command in a step pod's step container (the default
-// ExecStream), returning when it ends. It speaks WebSocket to the API
-// server, falling back to SPDY where an older server or a proxy refuses
-// the upgrade, as kubectl does.
+// ExecStream), returning when it ends.
 func ExecPod(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
+	return ExecContainer(ctx, t, pod, StepContainer, cmd, stdin, stdout)
+}
+
+// ExecContainer runs a command in a container of a step pod, returning
+// when it ends. It speaks WebSocket to the API server, falling back to
+// SPDY where an older server or a proxy refuses the upgrade, as kubectl
+// does.
+func ExecContainer(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin io.Reader, stdout io.Writer) error {
 	req := t.Core.RESTClient().Post().Namespace(t.Namespace()).Resource("pods").Name(pod).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: StepContainer, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
 	stderr := &capped{limit: stderrLimit}
 	err := execWebSocket(ctx, t.Config.REST, req.URL(), stdin, stdout, stderr)

@@ -154,3 +154,13 @@ func nodeNotReady(p *corev1.Pod) (failure, bool) {
 	}
 	return failure{}, false
 }
+
+// terminated reports whether a pod's container has ended.
+func terminated(p *corev1.Pod, name string) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == name {
+			return cs.State.Terminated != nil
+		}
+	}
+	return false
+}

@@ -1,16 +1,36 @@
-// Package steps runs steps as pods: it places each step on a target
-// (selection, with the targets' live counts and the steps it placed whose
-// pods the watch has not shown yet), makes its pod, streams its inputs in
-// (streams), runs its process through the step agent (stepagent) over
-// pods/exec, turns the agent's log into the step's events, and ends the
-// step with its exit status or with Kubernetes' reason why it could not
-// run. Every step's state is recoverable from its pod: a restarted
-// gateway re-attaches to the steps it finds and replays their events.
+// Package steps runs steps as pods, on any number of gateways at once.
+// Its parts, in the order a step meets them:
+//
+//   - records (record.go, store.go): every step is a record in the
+//     installation's state namespace from its submission on: the request,
+//     and a status that says where it is. A 202 is that record made.
+//   - ownership (owners.go): each step has one owner, the gateway that
+//     drives it, named in its record and its pod; gateways keep Leases,
+//     and a step whose owner's Lease lapsed is taken over (reconcile.go).
+//   - the queue (placer.go, elector.go): one gateway of the installation,
+//     the holder of the placer Lease, places the waiting steps first come,
+//     first served, over a selection.Pool fed by the targets' watches, so
+//     limits hold across gateways; it keeps the check sandboxes
+//     (sandbox.go).
+//   - runners (runner.go, watch.go, conclude.go): the owner of a placed
+//     step makes its pod, streams its inputs in, runs its process through
+//     the step agent (stepagent) over pods/exec and ends it with its exit
+//     status or Kubernetes' reason; every move is recorded first, so a
+//     runner killed at any line is continued by the next owner.
+//   - the event log (events.go): a step's events are its record's head
+//     (waiting, placed, scheduled), the frames of the agent's log in its
+//     pod, read by position, and its end. Any gateway serves them, with
+//     the same numbers, after any restart; the owner keeps a small tail of
+//     recent ones for its followers, nothing more.
+//   - uploads and downloads (transfer.go), by any gateway.
+//
+// Manager ties them together and is what the API calls.
 package steps
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,10 +56,12 @@ var (
 	// ErrConflict: an upload or download the step's state does not allow
 	// (an input uploaded already, an output of a step still running).
 	ErrConflict = errors.New("conflict")
+	// ErrGone: what was asked for went with the step's pod.
+	ErrGone = errors.New("gone")
 )
 
-// errNotRunning: the manager is starting (reading back its steps' pods)
-// or stopping.
+// errNotRunning: the manager is starting (reading the records) or
+// stopping.
 var errNotRunning = fmt.Errorf("%w: the gateway is starting or stopping", ErrUnavailable)
 
 // Registry is what the manager reads of the targets.
@@ -58,12 +80,30 @@ type Streamer interface {
 	OpenVolume(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error)
 }
 
+// Ownership is what the manager reads of the gateways' Leases: Owners.
+type Ownership interface {
+	Me() string
+	Alive(id string) bool
+	Valid() bool
+	Synced() bool
+	Changed() <-chan struct{}
+}
+
 // Options configure a Manager.
 type Options struct {
-	Registry  Registry
-	Streamer  Streamer
-	Placement PlacementOptions
-	Pod       PodOptions
+	Registry Registry
+	Streamer Streamer
+	// Records keep the steps; nil refuses every step (503), naming
+	// Unavailable.
+	Records Records
+	// Owners and Leader are this gateway's part in the installation's
+	// ownership and placement (Owners, Elector).
+	Owners Ownership
+	Leader Leadership
+	// Unavailable says why Records is nil.
+	Unavailable string
+	Placement   PlacementOptions
+	Pod         PodOptions
 	// ImagePullGrace is how long an image pull refused for a passing
 	// reason (a rate limit, a registry's 5xx) may go on before it fails
 	// the step; default 2m.
@@ -71,8 +111,7 @@ type Options struct {
 	// KillGrace is the time between TERM and KILL when a step is aborted
 	// or times out; default 10s.
 	KillGrace time.Duration
-	// Retain is how long an ended step whose pod is gone stays visible;
-	// default 10m.
+	// Retain is how long a released step stays visible; default 10m.
 	Retain time.Duration
 	// SandboxTTL is how long an idle check sandbox is kept; default
 	// DefaultSandboxTTL.
@@ -89,26 +128,21 @@ type Options struct {
 	Now        func() time.Time
 }
 
-// Manager holds every step this gateway runs or has recovered.
+// Manager is this gateway's step engine: the API's entry, and the parts
+// that place, own and run steps.
 type Manager struct {
-	opts Options
+	opts   Options
+	me     string
+	placer *placer
 
-	mu       sync.Mutex
-	ctx      context.Context // Start's; nil before and after
-	steps    map[key]*step
-	pending  []*step                      // in submission order
-	reserved map[string]map[string]string // target -> pod -> step type, until the watch shows the pod
-	scanned  map[*targets.Target]bool     // targets whose pods were adopted
-	// recovered is set once the step pods of every target were adopted
-	// (or recoverTimeout passed): until then a handle not known may be in
-	// a pod not read yet, so the API answers 503, never 404, and takes no
-	// new step (it might be a second one of a handle).
-	recovered   bool
-	recoveredCh chan struct{} // closed when recovered is set
-	started     time.Time
-	sandboxes   map[sandboxKey][]*sandbox
-	kick        chan struct{}
-	wg          sync.WaitGroup // runners
+	mu      sync.Mutex
+	ctx     context.Context    // Start's; nil before
+	runners map[string]*runner // the steps this gateway drives now, by record
+	tails    map[string]*tail    // their recent events
+	busy     map[string]bool     // records with a housekeeping task under way
+	sessions map[string]*session // into check sandboxes, by target/pod
+	kick    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // New builds a Manager; Start runs it.
@@ -130,51 +164,53 @@ func New(opts Options) *Manager {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Manager{opts: opts, steps: map[key]*step{}, reserved: map[string]map[string]string{},
-		scanned: map[*targets.Target]bool{}, sandboxes: map[sandboxKey][]*sandbox{}, kick: make(chan struct{}, 1), recoveredCh: make(chan struct{})}
+	m := &Manager{opts: opts, runners: map[string]*runner{}, tails: map[string]*tail{}, busy: map[string]bool{},
+		sessions: map[string]*session{}, kick: make(chan struct{}, 1)}
+	if opts.Owners != nil {
+		m.me = opts.Owners.Me()
+	}
+	m.placer = newPlacer(m)
+	return m
 }
 
-// Start places pending steps whenever a target may have room (the
-// registry says when anything changed: a pod, a state, a target), adopts
-// the step pods it finds, and returns once ctx ends and every runner has
-// returned. Steps keep running in their pods meanwhile; the next start
-// re-attaches to them.
+// Start runs the manager until ctx ends: it takes over the steps of
+// gateways gone, drives the steps this gateway owns, and, while it holds
+// the placer Lease, places the waiting ones. When ctx ends it returns once
+// every runner has; the steps go on in their pods, and whoever owns them
+// next continues them.
 func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Lock()
 	if m.ctx != nil {
 		m.mu.Unlock()
 		return errors.New("steps: Start called twice")
 	}
-	m.ctx, m.started = ctx, m.opts.Now()
+	m.ctx = ctx
 	m.mu.Unlock()
-	sweep := time.NewTicker(min(time.Minute, m.opts.SandboxTTL/4))
-	defer sweep.Stop()
-	recovering := time.NewTicker(time.Second) // until recovered
-	defer recovering.Stop()
+	if m.opts.Records == nil {
+		m.opts.Logger.Warn("steps are refused: " + m.opts.Unavailable)
+		<-ctx.Done()
+		return nil
+	}
+	m.wg.Go(func() { m.placer.run(ctx) })
+	tick := time.NewTicker(time.Second) // Leases lapse without a change to see
+	defer tick.Stop()
 	for {
-		changed := m.opts.Registry.Changed()
-		if m.adopt() {
-			recovering.Stop()
-		}
-		m.place()
-		m.tendSandboxes()
+		records, owners := m.opts.Records.Changed(), m.opts.Owners.Changed()
+		registry := m.opts.Registry.Changed()
+		m.reconcile(ctx)
 		select {
 		case <-ctx.Done():
+			m.stopRunners()
 			m.wg.Wait()
 			return nil
-		case <-changed:
+		case <-records:
+		case <-owners:
+		case <-registry:
 		case <-m.kick:
-		case <-sweep.C:
-			m.sweep() // retention and idle sandboxes: no need on every pod change
-			m.tendSandboxes()
-		case <-recovering.C:
+		case <-tick.C:
 		}
 	}
 }
-
-// recoverTimeout bounds how long a start waits for unreachable targets'
-// step pods before it takes steps again.
-const recoverTimeout = 30 * time.Second
 
 func (m *Manager) wake() {
 	select {
@@ -183,47 +219,59 @@ func (m *Manager) wake() {
 	}
 }
 
-// Recovered is closed once a start has found the steps in its targets'
-// pods (see recovered): from then on the API takes steps.
-func (m *Manager) Recovered() <-chan struct{} { return m.recoveredCh }
+// Ready says whether the manager takes steps (its records are read and
+// its Lease renewed), and if not why.
+func (m *Manager) Ready() error { return m.ready() }
 
-// running reports whether Start runs.
-func (m *Manager) running() bool {
+// ready says whether the manager takes steps, and if not why.
+func (m *Manager) ready() error {
+	if m.opts.Records == nil {
+		return fmt.Errorf("%w: %s", ErrUnavailable, m.opts.Unavailable)
+	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.ctx != nil && m.ctx.Err() == nil
+	started := m.ctx != nil && m.ctx.Err() == nil
+	m.mu.Unlock()
+	if !started {
+		return errNotRunning
+	}
+	if ok, err := m.opts.Records.Synced(); !ok {
+		msg := "the step records are not read yet"
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		return fmt.Errorf("%w: %s", ErrUnavailable, msg)
+	}
+	if !m.opts.Owners.Valid() {
+		return fmt.Errorf("%w: this gateway cannot renew its lease in the state namespace", ErrUnavailable)
+	}
+	return nil
 }
 
 // Caller is who calls: an admin, or a team.
 type Caller = streams.Caller
 
-// visible finds the step (team, handle) if caller may see it.
-func (m *Manager) visible(caller Caller, team, handle string) (*step, error) {
+// visible finds the record of step (team, handle) if caller may see it.
+func (m *Manager) visible(caller Caller, team, handle string) (*Record, error) {
 	if !caller.Admin {
 		if team != "" && team != caller.Team {
 			return nil, ErrNotFound // the same answer as for a missing step
 		}
 		team = caller.Team
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s, ok := m.steps[key{team, handle}]
-	switch {
-	case !ok && !m.recovered:
-		return nil, errNotRunning
-	case !ok:
+	if err := m.ready(); err != nil {
+		return nil, err
+	}
+	r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, team, handle))
+	if !ok {
 		return nil, ErrNotFound
 	}
-	return s, nil
+	return r, nil
 }
 
-// Submit accepts a step: it is placed now or as soon as a target has room.
-// The same handle again (within the team) returns the existing step and
-// false.
+// Submit accepts a step: its record is made, and it is placed now or as
+// soon as a target has room, by whichever gateway places. The same handle
+// again (within the team) returns the existing step and false.
 func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
-	if !m.running() {
-		return View{}, false, errNotRunning
-	}
 	if ferr := req.Validate(); ferr != nil {
 		return View{}, false, ferr
 	}
@@ -236,31 +284,44 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 		}
 		req.Team = caller.Team
 	}
+	if err := m.ready(); err != nil {
+		return View{}, false, err
+	}
+	if r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, req.Team, req.Handle)); ok {
+		return m.view(r), false, nil
+	}
 	if req.Resource != nil {
 		req.resourceRun(m.opts.ResourceDir)
-	}
-	k := key{req.Team, req.Handle}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if s, ok := m.steps[k]; ok {
-		return s.snapshot(), false, nil
-	}
-	if !m.recovered {
-		return View{}, false, errNotRunning
 	}
 	if err := m.resolveInputs(&req); err != nil {
 		return View{}, false, err
 	}
-	s := newStep(k, req, callerLabel{Admin: caller.Admin}, m.opts.Now().UTC())
-	m.steps[k] = s
-	m.pending = append(m.pending, s)
-	m.opts.Metrics.submitted(req.Type)
-	m.wake()
-	return s.snapshot(), true, nil
+	raw, _ := json.Marshal(req)
+	sum := summaryOf(req, caller.Admin, m.opts.Now())
+	ctx, cancel := context.WithTimeout(m.ctxOrBackground(), storeTimeout)
+	defer cancel()
+	r, created, err := m.opts.Records.Create(ctx, sum, Status{Owner: m.me}, raw)
+	if err != nil {
+		return View{}, false, err
+	}
+	if created {
+		m.opts.Metrics.submitted(req.Type)
+		m.placer.wake()
+	}
+	return m.view(r), created, nil
+}
+
+func (m *Manager) ctxOrBackground() context.Context {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != nil {
+		return m.ctx
+	}
+	return context.Background()
 }
 
 // resolveInputs turns {step, output} inputs into the pod volumes holding
-// them. Called with m.mu held.
+// them.
 func (m *Manager) resolveInputs(req *Request) error {
 	for i := range req.Inputs {
 		from := &req.Inputs[i].From
@@ -268,11 +329,11 @@ func (m *Manager) resolveInputs(req *Request) error {
 			continue
 		}
 		field := fmt.Sprintf("inputs[%d].from", i)
-		src, ok := m.steps[key{req.Team, from.Step}]
+		src, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, req.Team, from.Step))
 		if !ok {
 			return fmt.Errorf("%w: %s: step %q not found", ErrInput, field, from.Step)
 		}
-		got, err := src.snapshot().OutputSource(field, from.Output)
+		got, err := src.View().OutputSource(field, from.Output)
 		if err != nil {
 			return err
 		}
@@ -281,29 +342,62 @@ func (m *Manager) resolveInputs(req *Request) error {
 	return nil
 }
 
+// view is a step's view, with what this gateway knows beyond its record:
+// the events of a step it runs, and a resource step's answer.
+func (m *Manager) view(r *Record) View {
+	v := r.View()
+	if t := m.tail(r.Name); t != nil && !r.Ended() {
+		v.Events = max(v.Events, t.count())
+	}
+	if r.Summary.Resource && v.Phase == Succeeded {
+		ctx, cancel := context.WithTimeout(m.ctxOrBackground(), storeTimeout)
+		defer cancel()
+		if res, err := m.opts.Records.Result(ctx, r.Name); err == nil {
+			v.Result = res
+		}
+	}
+	return v
+}
+
 // Get returns a step's view.
 func (m *Manager) Get(caller Caller, team, handle string) (View, error) {
-	s, err := m.visible(caller, team, handle)
+	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return View{}, err
 	}
-	return s.snapshot(), nil
+	return m.view(r), nil
 }
 
 // Events calls send with the step's events from since on, as they come,
 // until the step has ended and all were sent, ctx ends or send fails.
 func (m *Manager) Events(ctx context.Context, caller Caller, team, handle string, since int, send func([]Event) error) error {
-	s, err := m.visible(caller, team, handle)
+	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return err
 	}
-	return Follow(ctx, since, s.eventsFrom, send)
+	return m.follow(ctx, r.Name, since, send)
+}
+
+// Readable says whether the step's events from since on can be read:
+// those of the log of a step whose pod is gone cannot (ErrGone).
+func (m *Manager) Readable(caller Caller, team, handle string, since int) error {
+	r, err := m.visible(caller, team, handle)
+	if err != nil {
+		return err
+	}
+	end, ended := r.EndEvent()
+	head, _ := r.Head()
+	if ended && !r.Status.Released.IsZero() && since < end.N && since < len(head)+r.Status.End.LogEvents && r.Status.End.LogEvents > 0 {
+		return fmt.Errorf("%w: step %s was released: the events of its log (%d to %d) went with its pod; its end is event %d",
+			ErrGone, handle, len(head), end.N-1, end.N)
+	}
+	return nil
 }
 
 // Follow sends a step's events from since on, in batches, until the step
-// has ended or ctx ends: how a step's Events are served, on a cluster or
-// on an agent. from returns the events from n on, whether the step has
-// ended with them, and a channel closed at the next change.
+// has ended or ctx ends: how an agent's steps are served. from returns
+// the events from n on, whether the step has ended with them, and a
+// channel closed at the next change.
 func Follow(ctx context.Context, since int, from func(n int) ([]Event, bool, <-chan struct{}), send func([]Event) error) error {
 	for {
 		evs, ended, changed := from(since)
@@ -324,84 +418,53 @@ func Follow(ctx context.Context, since int, from func(n int) ([]Event, bool, <-c
 	}
 }
 
-// Abort kills the step's process (the step ends aborted, unless it ended
-// before) and releases its pod, and with it its outputs. It waits, within
-// ctx, for both.
+// abortWaitPoll bounds how long Abort waits between looks at the record.
+const abortWaitPoll = time.Second
+
+// Abort asks for the step's release: a step not placed yet ends aborted
+// at once; a running one's process is killed (it ends aborted) and its pod
+// deleted, with its outputs, by its owner. It waits, within ctx, for the
+// release.
 func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string) (View, error) {
-	s, err := m.visible(caller, team, handle)
+	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return View{}, err
 	}
-	s.mu.Lock()
-	first := !s.aborted
-	s.aborted = true
-	s.mu.Unlock()
-	if first {
-		close(s.abort)
-	}
-	if m.unqueue(s) {
-		s.finish(Event{Type: EventFailed, Phase: Aborted, Reason: "aborted", Message: "aborted before it was placed"}, m.opts.Now().UTC())
-		m.ended(s)
-		close(s.done)
-	}
-	select {
-	case <-s.done:
-	case <-ctx.Done():
-		return s.snapshot(), ctx.Err()
-	}
-	if err := m.release(ctx, s); err != nil {
-		return s.snapshot(), err
-	}
-	return s.snapshot(), nil
-}
-
-// unqueue takes a pending step out of the queue, reporting whether it was
-// there (and so has no runner).
-func (m *Manager) unqueue(s *step) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i, p := range m.pending {
-		if p == s {
-			m.pending = append(m.pending[:i], m.pending[i+1:]...)
-			return true
+	now := m.opts.Now().UTC()
+	r, err = m.opts.Records.Update(ctx, r.Name, func(r *Record) error {
+		st := &r.Status
+		switch {
+		case !st.Released.IsZero() || st.Release:
+			return errUnchanged
+		case st.Placed == nil && st.End == nil:
+			st.End = &End{Phase: Aborted, Reason: "aborted", Message: "aborted before it was placed", At: now}
+			st.Released, st.WaitingNow = now, ""
+		default:
+			st.Release = true
 		}
-	}
-	return false
-}
-
-// ended records a step's end in the metrics.
-func (m *Manager) ended(s *step) {
-	v := s.snapshot()
-	m.opts.Metrics.finished(v.Type, v.Phase)
-}
-
-// sweep marks released the ended steps whose pods are gone (deleted by
-// the lifecycle's garbage collection, a sync, or by hand) and forgets
-// released steps past their retention.
-func (m *Manager) sweep() {
-	now := m.opts.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for k, s := range m.steps {
-		v := s.snapshot()
-		if v.Phase.Final() && v.Pod != "" && !v.Released && m.podGone(v.Target, v.Pod) {
-			m.released(s)
-		}
-		s.mu.Lock()
-		drop := !s.forget.IsZero() && now.After(s.forget)
-		s.mu.Unlock()
-		if drop {
-			delete(m.steps, k)
-		}
-	}
-}
-
-// podGone reports whether a target's synced watch no longer shows a pod.
-func (m *Manager) podGone(target, pod string) bool {
-	t, err := m.opts.Registry.Target(target)
+		return nil
+	})
 	if err != nil {
-		return true
+		return View{}, err
 	}
-	ok, _ := t.Synced()
-	return ok && t.CachedPod(pod) == nil
+	if r.Status.End != nil && r.Status.Placed == nil {
+		m.opts.Metrics.finished(r.Summary.Type, Aborted)
+	}
+	m.wake()
+	for {
+		if r.Status.Released.After(time.Time{}) {
+			return m.view(r), nil
+		}
+		changed := m.opts.Records.Changed()
+		select {
+		case <-ctx.Done():
+			return m.view(r), ctx.Err()
+		case <-changed:
+		case <-time.After(abortWaitPoll):
+		}
+		var ok bool
+		if r, ok = m.opts.Records.Get(r.Name); !ok {
+			return View{}, ErrNotFound
+		}
+	}
 }

@@ -2,49 +2,44 @@ package steps
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/client-go/rest"
 
+	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// emptyRegistry has no targets: every step waits.
-type emptyRegistry struct{ changed chan struct{} }
-
-func (emptyRegistry) Loaded() bool               { return true }
-func (emptyRegistry) Snapshot() []targets.Status { return nil }
-func (emptyRegistry) Target(string) (*targets.Target, error) {
-	return nil, targets.ErrNotFound
-}
-func (r emptyRegistry) Changed() <-chan struct{} { return r.changed }
-
-func startManager(t *testing.T) *Manager {
+// firstEvents follows a step's events until n came, or fails.
+func firstEvents(t *testing.T, m *Manager, caller Caller, team, handle string, n int) []Event {
 	t.Helper()
-	m := New(Options{Registry: emptyRegistry{changed: make(chan struct{})}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []Event
+	err := m.Events(ctx, caller, team, handle, 0, func(evs []Event) error {
+		got = append(got, evs...)
+		if len(got) >= n {
+			cancel()
+		}
+		return nil
 	})
-	require.Eventually(t, func() bool {
-		_, err := m.Get(Caller{Admin: true}, "", "none")
-		return !errors.Is(err, ErrUnavailable)
-	}, time.Second, time.Millisecond)
-	return m
+	if err != nil {
+		require.ErrorIs(t, err, context.Canceled, "got %d of %d events: %+v", len(got), n, got)
+	}
+	require.GreaterOrEqual(t, len(got), n)
+	return got
 }
 
 func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
-	m := startManager(t)
+	m := startTestManager(t, Options{})
 	team := Caller{Team: "main"}
 	req := validRequest()
+	req.Run.Env = map[string]string{"TOKEN": "s3cret"}
 	v, created, err := m.Submit(team, req)
 	require.NoError(t, err)
 	assert.True(t, created)
@@ -56,23 +51,21 @@ func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
 	assert.False(t, created, "the same handle returns the existing step")
 	assert.Equal(t, v.CreatedAt, again.CreatedAt)
 
-	var waiting Event
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	err = m.Events(ctx, team, "", req.Handle, 0, func(evs []Event) error {
-		waiting = evs[0]
-		cancel()
-		return nil
-	})
-	require.ErrorIs(t, err, context.Canceled)
+	waiting := firstEvents(t, m.Manager, team, "", req.Handle, 1)[0]
 	assert.Equal(t, EventWaiting, waiting.Type)
-	assert.Contains(t, waiting.Message, "no target satisfies team 'main'")
+	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, "no target satisfies team 'main': there are no targets", waiting.Message)
+
+	name := RecordName("jetway", "main", req.Handle)
+	assert.Equal(t, "s3cret", m.records.request(t, name).Run.Env["TOKEN"], "the record keeps the request whole")
+	r, _ := m.records.Get(name)
+	assert.NotContains(t, fmt.Sprintf("%+v", r), "s3cret", "never in what every gateway reads")
 }
 
 // A cluster runs every step in a container: a task without an image,
 // valid for an agent, is refused here, naming the field.
 func TestAClusterStepNeedsAnImage(t *testing.T) {
-	m := startManager(t)
+	m := startTestManager(t, Options{})
 	req := validRequest()
 	req.Image, req.Platform = "", "darwin"
 	_, _, err := m.Submit(Caller{Admin: true}, req)
@@ -82,7 +75,7 @@ func TestAClusterStepNeedsAnImage(t *testing.T) {
 }
 
 func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
-	m := startManager(t)
+	m := startTestManager(t, Options{})
 	_, _, err := m.Submit(Caller{Team: "main"}, validRequest())
 	require.NoError(t, err)
 
@@ -108,12 +101,13 @@ func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
 }
 
 func TestAbortPending(t *testing.T) {
-	m := startManager(t)
+	m := startTestManager(t, Options{})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
 	require.NoError(t, err)
 	v, err := m.Abort(context.Background(), Caller{Admin: true}, "", "build-1")
 	require.NoError(t, err)
 	assert.Equal(t, Aborted, v.Phase)
+	assert.True(t, v.FinishedAt.After(v.CreatedAt) || v.FinishedAt.Equal(v.CreatedAt))
 
 	var all []Event
 	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", 0, func(evs []Event) error {
@@ -123,7 +117,9 @@ func TestAbortPending(t *testing.T) {
 	last := all[len(all)-1]
 	assert.Equal(t, EventFailed, last.Type)
 	assert.Equal(t, Aborted, last.Phase)
-	assert.Equal(t, len(all)-1, last.N)
+	for i, e := range all {
+		assert.Equal(t, i, e.N, "numbered from 0, no gaps")
+	}
 
 	var since []Event
 	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", last.N, func(evs []Event) error {
@@ -134,7 +130,7 @@ func TestAbortPending(t *testing.T) {
 }
 
 func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
-	m := startManager(t)
+	m := startTestManager(t, Options{})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
 	require.NoError(t, err)
 	req := validRequest()
@@ -148,42 +144,110 @@ func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
 	assert.ErrorContains(t, err, `step "nope" not found`)
 }
 
-// unsyncedRegistry has one target whose watch never lists (its cluster
-// does not answer).
-type unsyncedRegistry struct{ t *targets.Target }
-
-func (unsyncedRegistry) Loaded() bool { return true }
-func (r unsyncedRegistry) Snapshot() []targets.Status {
-	return []targets.Status{{Name: r.t.Name(), State: targets.StateStalled}}
-}
-func (r unsyncedRegistry) Target(string) (*targets.Target, error) { return r.t, nil }
-func (unsyncedRegistry) Changed() <-chan struct{}                 { return nil }
-
-// TestUnknownStepsWaitForRecovery: until the step pods of every target
-// were read, a handle this gateway does not know may be in one of them,
-// so it answers "unavailable" (503), never "not found", and takes no new
-// step; an unreachable target holds that up for recoverTimeout at most.
-func TestUnknownStepsWaitForRecovery(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "jetway")
-		require.NoError(t, err)
-		m := New(Options{Registry: unsyncedRegistry{tgt}})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- m.Start(ctx) }()
-		synctest.Wait()
-		_, err = m.Get(Caller{Admin: true}, "", "build-1")
-		assert.ErrorIs(t, err, ErrUnavailable)
-		_, _, err = m.Submit(Caller{Admin: true}, validRequest())
-		assert.ErrorIs(t, err, ErrUnavailable)
-
-		time.Sleep(recoverTimeout + 2*time.Second)
-		_, err = m.Get(Caller{Admin: true}, "", "build-1")
-		assert.ErrorIs(t, err, ErrNotFound)
-		_, created, err := m.Submit(Caller{Admin: true}, validRequest())
-		require.NoError(t, err)
-		assert.True(t, created)
+// TestNoStepBeforeTheRecordsAreRead: until its records were listed, a
+// handle this gateway does not know may be a step of another gateway, so
+// it answers "unavailable" (503), never "not found", and takes no step.
+func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
+	recs := newMemRecords()
+	recs.unread = true
+	m := New(Options{Registry: newFakeRegistry(t), Records: recs, Owners: newFakeOwners("gw-a"), Leader: leading{},
+		Pod: PodOptions{Installation: "jetway"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
 		cancel()
 		require.NoError(t, <-done)
-	})
+	}()
+	require.Eventually(t, func() bool { return m.Ready() != errNotRunning }, time.Second, time.Millisecond)
+	_, err := m.Get(Caller{Admin: true}, "", "build-1")
+	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorContains(t, err, "the step records are not read yet")
+	_, _, err = m.Submit(Caller{Admin: true}, validRequest())
+	assert.ErrorIs(t, err, ErrUnavailable)
+}
+
+// Without a place to keep them, steps are refused, saying why.
+func TestNoStateRefusesSteps(t *testing.T) {
+	m := New(Options{Registry: newFakeRegistry(t), Unavailable: "no state namespace to keep them in"})
+	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
+	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorContains(t, err, "no state namespace to keep them in")
+}
+
+// TestQueueIsFirstComeFirstServedWithinLimits: steps that wait for room
+// are placed in the order they came, and a limit holds: each placed step
+// counts against its target until its pod shows in the watch.
+func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
+	reg := silentRegistry(t, running("a", targets.Metadata{}), running("b", targets.Metadata{}))
+	var mu sync.Mutex
+	clock := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(time.Millisecond)
+		return clock
+	}
+	m := startTestManager(t, Options{Registry: reg, Now: now,
+		Placement: PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 2}}})
+	var handles []string
+	for i := range 7 {
+		req := validRequest()
+		req.Handle = fmt.Sprintf("task-%d", i)
+		_, _, err := m.Submit(Caller{Admin: true}, req)
+		require.NoError(t, err)
+		handles = append(handles, req.Handle)
+	}
+	placedOn := func() map[string]string {
+		out := map[string]string{}
+		for _, h := range handles {
+			if r, ok := m.records.Get(RecordName("jetway", "", h)); ok && r.Status.Placed != nil {
+				out[h] = r.Status.Placed.Target
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(placedOn()) == 4 }, 5*time.Second, time.Millisecond)
+	got := placedOn()
+	var firsts []string
+	perTarget := map[string]int{}
+	for h, tg := range got {
+		firsts = append(firsts, h)
+		perTarget[tg]++
+	}
+	slices.Sort(firsts)
+	assert.Equal(t, []string{"task-0", "task-1", "task-2", "task-3"}, firsts, "the first four came first")
+	assert.Equal(t, map[string]int{"a": 2, "b": 2}, perTarget)
+	waiting := firstEvents(t, m.Manager, Caller{Admin: true}, "", "task-4", 1)[0]
+	assert.Equal(t, ReasonTargetsAtLimit, waiting.Reason)
+	assert.Equal(t, "every compatible target is at a limit (an untagged step without team or platform); placed as soon as one has room: "+
+		"a, b: at limit active-tasks 2/2", waiting.Message)
+}
+
+// TestWaitingNamesEachRefusal: a step no target fits names why each
+// target its team may see refuses it, as gateway place does; another
+// team's targets stay unnamed.
+func TestWaitingNamesEachRefusal(t *testing.T) {
+	reg := newFakeRegistry(t, running("gpu-1", targets.Metadata{Tags: []string{"gpu"}}),
+		running("gpu-2", targets.Metadata{Tags: []string{"gpu"}}), running("mac", targets.Metadata{Platform: "darwin"}),
+		running("theirs", targets.Metadata{Team: "other"}), targets.Status{Name: "down", State: targets.StateStalled, Meta: targets.Metadata{Platform: "linux"}})
+	m := startTestManager(t, Options{Registry: reg})
+	req := validRequest()
+	req.Platform = "linux"
+	_, _, err := m.Submit(Caller{Team: "main"}, req)
+	require.NoError(t, err)
+	waiting := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 1)[0]
+	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, "no target satisfies team 'main', platform 'linux': down: state stalled; gpu-1, gpu-2: untagged step; mac: platform darwin",
+		waiting.Message)
+
+	// A target that fits appears: the step is placed on it.
+	reg.set(t, append(reg.Snapshot(), running("plain", targets.Metadata{}))...)
+	require.Eventually(t, func() bool {
+		v, err := m.Get(Caller{Team: "main"}, "", req.Handle)
+		return err == nil && v.Target == "plain"
+	}, 5*time.Second, time.Millisecond)
+	evs := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 2)
+	assert.Equal(t, EventPlaced, evs[1].Type)
+	assert.Equal(t, 1, evs[1].N)
 }

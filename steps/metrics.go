@@ -1,6 +1,8 @@
 package steps
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -8,6 +10,9 @@ import (
 // nothing.
 type Metrics struct {
 	submissions *prometheus.CounterVec
+	takeovers   prometheus.Counter
+	placements  prometheus.Histogram
+	podDeletes  prometheus.Counter
 	endings     *prometheus.CounterVec
 	reattaches  prometheus.Counter
 	sandboxes   *prometheus.CounterVec
@@ -25,6 +30,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_steps_finished_total",
 			Help: "Steps ended, by type and final phase.",
 		}, []string{"type", "phase"}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_step_takeovers_total",
+			Help: "Steps this gateway took over from a gateway that was gone (its lease lapsed or deleted).",
+		}),
+		placements: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetway_step_queue_seconds",
+			Help:    "Time from a step's submission to its placement, for the steps this gateway placed.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
+		}),
+		podDeletes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_step_owned_pods_deleted_total",
+			Help: "Step and sandbox pods this gateway deleted as their owner (lifecycle deletions: jetway_step_pods_deleted_total).",
+		}),
 		reattaches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_step_reattaches_total",
 			Help: "Times a step's output stream broke and jetway attached again from the last complete frame.",
@@ -38,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Check sandboxes deleted, by why: idle (past check-sandbox-ttl), broken, or target (it takes no new work).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone)
+	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone, m.takeovers, m.placements, m.podDeletes)
 	return m
 }
 
@@ -69,5 +87,23 @@ func (m *Metrics) sandboxUsed(warm bool) {
 func (m *Metrics) sandboxDeleted(reason string) {
 	if m != nil {
 		m.sandboxGone.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) tookOver() {
+	if m != nil {
+		m.takeovers.Inc()
+	}
+}
+
+func (m *Metrics) placed(waited time.Duration) {
+	if m != nil {
+		m.placements.Observe(waited.Seconds())
+	}
+}
+
+func (m *Metrics) podDeleted() {
+	if m != nil {
+		m.podDeletes.Inc()
 	}
 }

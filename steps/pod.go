@@ -3,9 +3,7 @@ package steps
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -16,19 +14,9 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// Labels and annotations of a step pod, besides the ownership labels.
-const (
-	// HandleLabel holds the step's handle (unique within its team).
-	HandleLabel = "jetway-ci.dev/step"
-	// infoAnnotation holds what a restarted gateway needs to pick the step
-	// up: its type, outputs, timeout, the sources of its inputs and when it
-	// was placed. Never the environment or stdin, which may hold secrets:
-	// those reach the pod only through exec.
-	infoAnnotation = "jetway-ci.dev/step-info"
-	// endAnnotation records how the step ended (JSON end), beside
-	// targets.StepEndedAnnotation's time.
-	endAnnotation = "jetway-ci.dev/step-end"
-)
+// HandleLabel holds a step pod's handle (unique within its team),
+// beside the ownership labels, its team and its owner.
+const HandleLabel = "jetway-ci.dev/step"
 
 // Containers of a step pod.
 const (
@@ -43,33 +31,6 @@ const (
 // works in a pod (root /jetway) and on a kwok node, where exec runs a
 // local process in a folder standing in for the pod's emptyDir.
 const agentCommand = stepagent.BinPath
-
-// info is infoAnnotation's content.
-type info struct {
-	Type     string      `json:"type"`
-	Outputs  []Output    `json:"outputs,omitempty"`
-	Inputs   []Input     `json:"inputs,omitempty"`
-	Timeout  string      `json:"timeout,omitempty"`
-	PlacedAt time.Time   `json:"placed_at"`
-	Caller   callerLabel `json:"caller"`
-	// Resource marks a resource step: its stdout is its result.
-	Resource bool `json:"resource,omitempty"`
-}
-
-// callerLabel is who submitted the step, for the streams of its inputs.
-type callerLabel struct {
-	Admin bool `json:"admin,omitempty"`
-}
-
-// end is endAnnotation's content: the step's final view.
-type end struct {
-	Phase      Phase     `json:"phase"`
-	ExitStatus *int      `json:"exit_status,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Message    string    `json:"message,omitempty"`
-	StartedAt  time.Time `json:"started_at,omitzero"`
-	FinishedAt time.Time `json:"finished_at"`
-}
 
 // PodName is the step pod's name (an agent's step folder): readable,
 // and unique per team and handle.
@@ -97,24 +58,20 @@ var sidecarResources = corev1.ResourceRequirements{
 	Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 }
 
-// buildPod is a step's pod on target t.
-func buildPod(req *Request, caller callerLabel, t *targets.Target, placedAt time.Time, opts PodOptions) *corev1.Pod {
+// buildPod is the pod of step sum placed on target t, owned by owner.
+func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts PodOptions) *corev1.Pod {
 	labels := ownership.Labels(t.Name(), opts.Installation)
-	labels[targets.StepTypeLabel] = req.Type
-	labels[HandleLabel] = req.Handle
-	if req.Team != "" {
-		labels[ownership.TeamLabel] = req.Team
+	labels[targets.StepTypeLabel] = sum.Type
+	labels[HandleLabel] = sum.Handle
+	labels[ownership.OwnerLabel] = owner
+	if sum.Team != "" {
+		labels[ownership.TeamLabel] = sum.Team
 	}
-	raw, _ := json.Marshal(info{Type: req.Type, Outputs: req.Outputs, Inputs: req.Inputs, Timeout: req.Timeout,
-		PlacedAt: placedAt.UTC(), Caller: caller, Resource: req.Resource != nil})
 	meta := t.Config.Meta
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: PodName(req.Team, req.Handle), Namespace: t.Namespace(), Labels: labels,
-			Annotations: map[string]string{infoAnnotation: string(raw)},
-		},
+		ObjectMeta: metav1.ObjectMeta{Name: placed.Pod, Namespace: t.Namespace(), Labels: labels},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyNever,
 			AutomountServiceAccountToken: &no,
@@ -130,17 +87,21 @@ func buildPod(req *Request, caller callerLabel, t *targets.Target, placedAt time
 				Resources:       sidecarResources,
 			}},
 			Containers: []corev1.Container{{
-				Name: StepContainer, Image: req.Image,
+				Name: StepContainer, Image: sum.Image,
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
 				Env:       []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
-				Resources: stepResources(req.Resources),
+				Resources: stepResources(sum.Resources),
 				// The step's image decides its user (Concourse tasks often
 				// run as root), but it gets no privilege beyond that.
 				SecurityContext: &corev1.SecurityContext{Privileged: &no, AllowPrivilegeEscalation: &no},
 			}, {
+				// Its working dir is the emptyDir, as the step container's:
+				// the gateway reads the step's log through it (the same
+				// relative bin/step-agent) once the step's container ended.
 				Name: SidecarContainer, Image: opts.AgentImage,
 				Command:         []string{"/step-agent", "volumes", "--listen", ":7788"},
+				WorkingDir:      stepagent.Root,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
 				Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
 				VolumeMounts:    mount,

@@ -30,14 +30,15 @@ func TestBuildPod(t *testing.T) {
 	req.Stdin = "also secret"
 	req.Outputs = []Output{{Name: "out", Path: "out"}}
 	require.Nil(t, req.Validate())
-	placed := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	sum := summaryOf(req, false, time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 
-	p := buildPod(&req, callerLabel{}, tgt, placed, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
+	p := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("main", "build-1")}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
 
 	assert.Equal(t, "ci", p.Namespace)
 	assert.Equal(t, map[string]string{
 		"org.concourse-ci.worker": "east", "jetway-ci.dev/installation": "prod", "jetway-ci.dev/step-type": "task",
-		"jetway-ci.dev/team": "main", "jetway-ci.dev/step": "build-1"}, p.Labels)
+		"jetway-ci.dev/team": "main", "jetway-ci.dev/step": "build-1", "jetway-ci.dev/owner": "gw-a"}, p.Labels)
+	assert.Empty(t, p.Annotations, "what a restarted gateway needs is in the step's record, not the pod")
 	assert.Equal(t, map[string]string{"pool": "ci"}, p.Spec.NodeSelector)
 	assert.Equal(t, cfg.Meta.Tolerations, p.Spec.Tolerations)
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "registry"}}, p.Spec.ImagePullSecrets)
@@ -55,6 +56,7 @@ func TestBuildPod(t *testing.T) {
 	assert.False(t, *step.SecurityContext.Privileged)
 	assert.False(t, *step.SecurityContext.AllowPrivilegeEscalation)
 	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
+	assert.Equal(t, "/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
 	assert.True(t, *side.SecurityContext.RunAsNonRoot)
 	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
 		require.Len(t, c.VolumeMounts, 1, c.Name)
@@ -65,9 +67,6 @@ func TestBuildPod(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, string(raw), "hunter2", "the environment reaches the pod only through exec")
 	assert.NotContains(t, string(raw), "also secret")
-	var in info
-	require.NoError(t, json.Unmarshal([]byte(p.Annotations[infoAnnotation]), &in))
-	assert.Equal(t, info{Type: "task", Outputs: req.Outputs, Timeout: "1h", PlacedAt: placed}, in)
 }
 
 func TestPodNamesAreValidAndApart(t *testing.T) {

@@ -126,11 +126,11 @@ func resourceResult(typ string, out []byte) (json.RawMessage, error) {
 // resourceOutcome reads a resource script's answer: the step succeeds
 // with it as its result, or errors saying what the script printed.
 func (r *runner) resourceOutcome(exited Event) (Event, bool) {
-	result, err := resourceResult(r.s.req.Type, r.answer)
+	result, err := resourceResult(r.sum.Type, r.answer)
 	if err != nil {
 		return Event{Type: EventFailed, Phase: Errored, ExitStatus: exited.ExitStatus, Reason: "ResourceAnswerInvalid",
 			Message: err.Error()}, true
 	}
-	r.s.update(func(v *View) { v.Result = result })
+	r.result = result
 	return exited, true
 }

@@ -1,13 +1,12 @@
 package steps
 
 import (
-	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -15,33 +14,54 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// runner carries one step from its placement to its end. Its fields are
-// the work goroutine's, except started, which the pod watcher reads.
+// runner carries one step this gateway owns from its placement to its
+// end. It keeps nothing that matters only in memory: each move is in the
+// step's record or its pod before the next, so a runner stopped at any
+// line (this gateway stopping or dying, or losing the step) is continued
+// where it was by the step's next owner.
 type runner struct {
-	m       *Manager
-	s       *step
-	t       *targets.Target
-	pod     string
-	adopted *corev1.Pod // the pod a restarted gateway found, or nil
-	offset  int64       // end of the last complete frame consumed
-	inputs  []stepagent.Input
-	run     string // the step's folder in its sandbox pod, if it runs in one
+	m      *Manager
+	name   string // the step's record
+	sum    Summary
+	placed Placed
+	log    *slog.Logger
+	tail   *tail
+	cancel context.CancelCauseFunc
+	done   chan struct{}
 
-	// answer collects a resource step's stdout: its result, not its log.
-	answer []byte
+	// The work goroutine's: the number of the log's first event (the
+	// head's length), where in the log it is (the end of the last complete
+	// frame, and the log's events before it), and a resource step's
+	// answer.
+	base      int
+	offset    int64
+	logEvents int
+	answer    []byte
+	result    []byte // the answer, once it checked out
 
 	mu        sync.Mutex
-	startedAt time.Time // the process's start, once the log says so
+	startedAt time.Time // the process's start, once the log or the record says so
+	seen      bool      // the pod was seen by this runner
 
 	// closing, once the status came, lets the last exec end; run calls it
-	// after the step's end is out.
+	// after the step's end is recorded.
 	closing func()
 }
+
+// Why a runner was stopped.
+var (
+	errRunnerDone = errors.New("the runner returned")
+	errStopping   = errors.New("the gateway stops")
+	errNotDriving = errors.New("this gateway does not drive the step now: another owns it, or this one cannot renew its lease")
+)
 
 // Why the watcher stopped the work.
 var (
@@ -54,36 +74,74 @@ type podFailed struct{ f failure }
 
 func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
 
-// run drives s to its end and records it. When ctx ends first (the
-// gateway stops) it leaves the pod as it is, for the next start.
-func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod string, adopted *corev1.Pod) {
-	defer close(s.done)
-	r := &runner{m: m, s: s, t: t, pod: pod, adopted: adopted}
-	if s.sandbox != nil {
-		r.run = runName(s)
+// startRunner drives the step of r, which this gateway owns. Called with
+// m.mu held.
+func (m *Manager) startRunner(r *Record) {
+	ctx, cancel := context.WithCancelCause(m.ctx)
+	run := &runner{m: m, name: r.Name, sum: r.Summary, placed: *r.Status.Placed, cancel: cancel, done: make(chan struct{}),
+		log: m.opts.Logger.With("target", r.Status.Placed.Target, "pod", r.Status.Placed.Pod, "team", r.Summary.Team, "handle", r.Summary.Handle)}
+	run.startedAt = r.Status.Started
+	m.runners[r.Name] = run
+	m.wg.Go(func() {
+		defer func() {
+			m.mu.Lock()
+			if m.runners[r.Name] == run {
+				delete(m.runners, r.Name)
+			}
+			if t := m.tails[r.Name]; t != nil && t == run.tail {
+				t.end(true)
+				delete(m.tails, r.Name)
+			}
+			m.mu.Unlock()
+			cancel(errRunnerDone)
+			close(run.done)
+			m.wake()
+		}()
+		run.run(ctx)
+	})
+}
+
+// stopRunners stops every runner and waits for them.
+func (m *Manager) stopRunners() {
+	m.mu.Lock()
+	var all []*runner
+	for _, r := range m.runners {
+		r.cancel(errStopping)
+		all = append(all, r)
 	}
+	m.mu.Unlock()
+	for _, r := range all {
+		<-r.done
+	}
+}
+
+// record is the step's record as last seen.
+func (r *runner) record() (*Record, bool) { return r.m.opts.Records.Get(r.name) }
+
+// update changes the step's record, as its owner: errNotOwner once
+// another gateway took it over.
+func (r *runner) update(ctx context.Context, change func(st *Status) error) (*Record, error) {
+	return r.m.opts.Records.Update(ctx, r.name, func(rec *Record) error {
+		if rec.Status.Owner != r.m.me {
+			return errNotOwner
+		}
+		return change(&rec.Status)
+	})
+}
+
+// target resolves the step's target now: a rotated kubeconfig makes a new
+// Target, and the runner follows it.
+func (r *runner) target() (*targets.Target, error) { return r.m.opts.Registry.Target(r.placed.Target) }
+
+// run drives the step to its end and records it. When ctx ends first
+// (the gateway stops, or the step is another's now) it leaves the pod as
+// it is, for the step's next owner.
+func (r *runner) run(ctx context.Context) {
 	defer func() {
 		if r.closing != nil {
 			r.closing()
 		}
 	}()
-	log := m.opts.Logger.With("target", t.Name(), "pod", pod, "team", s.key.team, "handle", s.key.handle)
-	if adopted != nil {
-		if e, ok := ended(adopted); ok {
-			r.replay(ctx, e)
-			return
-		}
-	} else if err := r.create(ctx); err != nil {
-		if s.sandbox != nil {
-			m.leaveSandbox(s.sandbox, false)
-		}
-		m.unreserve(t.Name(), pod)
-		if ctx.Err() == nil {
-			r.conclude(ctx, Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false)
-		}
-		return
-	}
-	r.emitPlaced()
 	work, stop := context.WithCancelCause(ctx)
 	running := make(chan struct{})
 	var wg sync.WaitGroup
@@ -92,37 +150,143 @@ func (m *Manager) run(ctx context.Context, s *step, t *targets.Target, pod strin
 	cause := context.Cause(work)
 	stop(nil)
 	wg.Wait()
-	if ctx.Err() != nil {
-		return // stopping: the step goes on in its pod
+	if ctx.Err() != nil || errors.Is(err, errNotOwner) || errors.Is(cause, errNotOwner) {
+		return // the step goes on; its owner, this gateway again or another, continues it
 	}
 	e, keep := r.outcome(status, err, cause)
 	if err != nil && cause == nil {
-		log.Warn("step errored", "error", err.Error())
+		r.log.Warn("step errored", "error", err.Error())
 	}
 	r.conclude(ctx, e, keep)
-	if s.sandbox != nil {
-		r.leave(ctx, err == nil && cause == nil)
-	}
 }
 
-// leave ends a check's use of its sandbox, deleting its folder there once
-// it ended by its script's exit; else the sandbox is broken and goes.
-func (r *runner) leave(ctx context.Context, healthy bool) {
-	if healthy {
-		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := r.m.opts.Exec(fctx, r.t, r.pod, r.agent("forget"), nil, nopWriter{})
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			r.m.opts.Logger.Warn("check's folder in its sandbox not deleted", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
+// work brings the step to its process's end: its pod, its spec, its
+// inputs, its start, its log to the status.
+func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.Status, error) {
+	rec, ok := r.record()
+	if !ok {
+		return stepagent.Status{}, errRecordGone
+	}
+	if r.placed.Run == "" {
+		if err := r.ensurePod(ctx, rec); err != nil {
+			return stepagent.Status{}, err
 		}
 	}
-	r.m.leaveSandbox(r.s.sandbox, healthy)
+	select {
+	case <-ctx.Done():
+		return stepagent.Status{}, ctx.Err()
+	case <-running:
+	}
+	var err error
+	if rec, ok = r.record(); !ok {
+		return stepagent.Status{}, errRecordGone
+	}
+	if rec.Status.Scheduled == nil {
+		// Running, so scheduled: the head is final once that is recorded,
+		// and the log has nothing before it.
+		if rec, err = r.recordScheduled(ctx); err != nil {
+			return stepagent.Status{}, err
+		}
+	}
+	head, _ := rec.Head()
+	r.base = len(head)
+	r.tail = newTail(r.base)
+	r.m.mu.Lock()
+	r.m.tails[r.name] = r.tail
+	r.m.mu.Unlock()
+	return r.follow(ctx, rec)
+}
+
+// ensurePod makes the step's pod, or takes it as this gateway's: a pod of
+// the step already there (made by this step's earlier owner, or by a
+// retry after a lost answer) gets this gateway as its owner.
+func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
+	t, err := r.target()
+	if err != nil {
+		return err
+	}
+	if rec.Status.Scheduled == nil {
+		pod := buildPod(&r.sum, r.m.me, t, r.placed, r.m.opts.Pod)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return &createFailed{fmt.Errorf("create pod %s: %w", pod.Name, err)}
+		}
+	}
+	return r.own(ctx, t)
+}
+
+// recordScheduled records where the scheduler bound the step's pod, as
+// the pod says: the last event of the step's head.
+func (r *runner) recordScheduled(ctx context.Context) (*Record, error) {
+	t, err := r.target()
+	if err != nil {
+		return nil, err
+	}
+	p := t.CachedPod(r.placed.Pod)
+	if p == nil {
+		if p, err = t.Pod(ctx, r.placed.Pod); err != nil {
+			return nil, fmt.Errorf("read pod %s: %w", r.placed.Pod, err)
+		}
+	}
+	node := Node{Name: p.Spec.NodeName, At: scheduledAt(p)}
+	return r.update(ctx, func(st *Status) error {
+		if st.Scheduled != nil {
+			return errUnchanged
+		}
+		st.Scheduled = &node
+		return nil
+	})
+}
+
+// createFailed: the pod could not be made.
+type createFailed struct{ err error }
+
+func (e *createFailed) Error() string { return e.err.Error() }
+func (e *createFailed) Unwrap() error { return e.err }
+
+// own makes the step's existing pod this gateway's: its owner label names
+// it, written on the version read, so a pod changed meanwhile is read
+// again.
+func (r *runner) own(ctx context.Context, t *targets.Target) error {
+	for attempt := 0; ; attempt++ {
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		p, err := t.Pod(gctx, r.placed.Pod)
+		cancel()
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil // the watcher reports it gone
+		case err != nil:
+			return fmt.Errorf("read pod %s: %w", r.placed.Pod, err)
+		case p.Labels[HandleLabel] != r.sum.Handle || p.Labels[ownership.TeamLabel] != r.sum.Team:
+			return fmt.Errorf("pod %s is not this step's", p.Name)
+		case p.Labels[ownership.OwnerLabel] == r.m.me:
+			return nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion,
+			"labels": map[string]string{ownership.OwnerLabel: r.m.me}}})
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = t.Core.Pods(t.Namespace()).Patch(pctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err == nil {
+			r.log.Info("step pod taken over", "was", p.Labels[ownership.OwnerLabel])
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt > 10 {
+			return fmt.Errorf("own pod %s: %w", p.Name, err)
+		}
+	}
 }
 
 // outcome is the step's last event, and whether its pod stays (its
 // process ran, so its outputs and log may matter).
 func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 	var pf *podFailed
+	var cf *createFailed
 	switch {
 	case errors.As(cause, &pf):
 		return Event{Type: EventFailed, Phase: Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
@@ -132,12 +296,16 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted while waiting for its inputs"}, false
 	case errors.Is(cause, errTimedOut):
 		return Event{Type: EventFailed, Phase: Errored, Reason: stepagent.ReasonTimeout,
-			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.s.req.Timeout)}, false
+			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.sum.Timeout)}, false
+	case errors.As(err, &cf):
+		return Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false
+	case errors.Is(err, errTargetGone):
+		return Event{Type: EventFailed, Phase: Errored, Reason: "TargetRemoved", Message: err.Error()}, false
 	case err != nil:
 		return Event{Type: EventFailed, Phase: Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
 	}
 	e := StatusEvent(st)
-	if e.Phase == Succeeded && r.s.req.Resource != nil {
+	if e.Phase == Succeeded && r.sum.Resource {
 		return r.resourceOutcome(e)
 	}
 	return e, true
@@ -148,7 +316,7 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 // (aborted; errored by a timeout, a spawn failure or a lost supervisor).
 func StatusEvent(st stepagent.Status) Event {
 	code := st.ExitStatus
-	e := Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message}
+	e := Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message, Time: st.FinishedAt}
 	switch st.Reason {
 	case stepagent.ReasonExited:
 		e.Type, e.Phase, e.Reason = EventExited, Succeeded, st.Signal
@@ -169,209 +337,99 @@ func (r *runner) hasStarted() bool {
 	return !r.startedAt.IsZero()
 }
 
-// create makes the step's pod; a check in a sandbox waits for the
-// sandbox's pod instead, made by the first check placed in it. A pod
-// already there with the step's labels
-// (a retry after a lost answer) is taken as made.
-func (r *runner) create(ctx context.Context) error {
-	if sb := r.s.sandbox; sb != nil {
-		if r.s.makes {
-			r.makeSandbox(ctx)
-		}
-		select {
-		case <-sb.ready:
-			return sb.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	pod := buildPod(&r.s.req, r.s.caller, r.t, r.s.snapshot().PlacedAt, r.m.opts.Pod)
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	_, err := r.t.Core.Pods(r.t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		got, gerr := r.t.Pod(cctx, pod.Name)
-		if gerr != nil {
-			return fmt.Errorf("create pod %s: %w", pod.Name, gerr)
-		}
-		if got.Labels[HandleLabel] != r.s.key.handle || got.Labels[targets.StepTypeLabel] != r.s.req.Type {
-			return fmt.Errorf("create pod %s: a pod of that name exists and is not this step's", pod.Name)
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("create pod %s: %w", pod.Name, err)
-	}
-	return nil
-}
-
-func (r *runner) emitPlaced() {
-	v := r.s.snapshot()
-	r.s.emit(Event{Type: EventPlaced, Time: v.PlacedAt, Target: v.Target, Pod: v.Pod})
-}
-
-// work waits for the pod to run, then runs the step through the agent.
-func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.Status, error) {
-	select {
-	case <-ctx.Done():
-		return stepagent.Status{}, ctx.Err()
-	case <-running:
-	}
-	return r.follow(ctx)
-}
-
 // agent builds an agent command line.
 func agent(args ...string) []string { return append([]string{agentCommand}, args...) }
 
 // agent builds an agent command line for the step: in a sandbox, in the
 // step's own folder.
 func (r *runner) agent(args ...string) []string {
-	if r.run != "" {
-		args = append(args, "--run", r.run)
+	if r.placed.Run != "" {
+		args = append(args, "--run", r.placed.Run)
 	}
 	return agent(args...)
 }
 
-// follow starts the process (once: the agent never runs it twice) and
-// reads its log to the end, attaching again from the last complete frame
-// whenever the exec breaks: a dropped connection, an API server restart.
-func (r *runner) follow(ctx context.Context) (stepagent.Status, error) {
-	if r.s.sandbox != nil && r.adopted == nil {
-		spec, err := r.spec()
-		if err != nil {
-			return stepagent.Status{}, err
-		}
-		if st, ok := r.viaSession(ctx, spec); ok {
-			return st, nil
-		}
-		if ctx.Err() != nil {
-			return stepagent.Status{}, ctx.Err()
-		}
-	}
-	cmd, stdin, err := r.first(ctx)
+// exec runs an agent command in the step's pod, on its target as it is
+// now.
+func (r *runner) exec(ctx context.Context, cmd []string, stdin []byte, out interface{ Write([]byte) (int, error) }) error {
+	t, err := r.target()
 	if err != nil {
-		return stepagent.Status{}, err
+		return err
 	}
-	backoff := firstRetry
-	var failingSince time.Time
-	for {
-		before := r.offset
-		st, done, err := r.attach(ctx, cmd, stdin)
-		if done {
-			return st, nil
-		}
-		if ctx.Err() != nil {
-			return stepagent.Status{}, ctx.Err()
-		}
-		now := r.m.opts.Now()
-		if r.offset > before || failingSince.IsZero() {
-			failingSince = now
-		}
-		if now.Sub(failingSince) > lostAfter {
-			return stepagent.Status{}, fmt.Errorf("lost contact with the step for %s: %w", lostAfter, err)
-		}
-		code, ok := stepagent.ExitCode(err)
-		switch {
-		case ok && code == stepagent.ExitNotPrepared:
-			return stepagent.Status{}, errors.New("the step's spec never reached its pod (the gateway restarted before it did); submit the step again")
-		case ok && code == stepagent.ExitNotStarted:
-			if cmd, stdin, err = r.start(ctx); err != nil {
-				return stepagent.Status{}, err
-			}
-		case r.offset > 0 || r.adopted != nil:
-			r.m.opts.Metrics.reattached()
-			r.m.opts.Logger.Warn("step output interrupted; attaching again", "target", r.t.Name(), "pod", r.pod,
-				"offset", r.offset, "error", err.Error())
-			cmd, stdin = r.agent("tail", "--offset", strconv.FormatInt(r.offset, 10)), nil
-		default: // not started yet: the same start again (it never runs twice)
-			r.m.opts.Logger.Debug("step start failed; retrying", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
-		}
-		if err := sleep(ctx, jitter(backoff)); err != nil {
-			return stepagent.Status{}, err
-		}
-		backoff = nextRetry(backoff, now.Sub(failingSince))
-	}
+	return r.m.opts.Exec(ctx, t, r.placed.Pod, StepContainer, cmd, stdin, out)
 }
 
-// nextRetry keeps retrying at firstRetry for the first second of
-// failures (a pod just Running that does not take execs yet costs the
-// step's start no more than that), then backs off to 2 s.
-func nextRetry(last, failingFor time.Duration) time.Duration {
-	if failingFor < time.Second {
-		return firstRetry
+// spec is the step's spec as the agent takes it, from the request in its
+// record: the same on every owner.
+func (r *runner) spec(ctx context.Context) ([]byte, error) {
+	raw, err := r.m.opts.Records.Request(ctx, r.name)
+	if err != nil {
+		return nil, fmt.Errorf("read the step's request: %w", err)
 	}
-	return min(2*last, 2*time.Second)
+	var req Request
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return nil, fmt.Errorf("the step's request: %w", err)
+	}
+	sp := req.Spec()
+	sp.KillGrace = r.placed.KillGrace
+	sp.Answer = r.sum.Resource
+	return json.Marshal(sp)
 }
 
-// first is the first agent command: for a new step its start, for an
-// adopted one a tail of its log from the beginning.
-func (r *runner) first(ctx context.Context) ([]string, []byte, error) {
-	if r.adopted != nil {
-		return r.agent("tail", "--offset", "0"), nil, nil
-	}
-	return r.start(ctx)
-}
-
-// start prepares the step in its pod, streams its inputs in and returns
-// the run command. Without inputs one exec does it all.
-func (r *runner) start(ctx context.Context) ([]string, []byte, error) {
-	spec, err := r.spec()
+// start prepares the step in its pod, brings its inputs in and returns
+// the command that starts it. Without inputs one exec does it all.
+func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, error) {
+	spec, err := r.spec(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	// An adopted step's spec is in its pod already (the gateway that made
-	// it is gone, and with it the step's environment and stdin).
-	if r.adopted == nil && len(r.s.req.Inputs) == 0 {
+	if len(r.sum.Inputs) == 0 {
 		stdin := append(spec, "[]"...)
-		// From the last byte had: a check whose session broke got some.
 		return r.agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2",
-			"--offset", strconv.FormatInt(r.offset, 10)), stdin, nil
+			"--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), stdin, nil
 	}
-	if r.adopted == nil {
+	if rec.Status.Prepared.IsZero() {
 		if err := r.prepare(ctx, spec); err != nil {
 			return nil, nil, err
 		}
+		if rec, err = r.update(ctx, func(st *Status) error {
+			if !st.Prepared.IsZero() {
+				return errUnchanged
+			}
+			st.Prepared = r.m.opts.Now().UTC()
+			return nil
+		}); err != nil {
+			return nil, nil, err
+		}
 	}
-	r.s.readyForUploads()
-	inputs, err := r.streamInputs(ctx)
+	inputs, err := r.inputs(ctx, rec)
 	if err != nil {
 		return nil, nil, err
 	}
 	raw, _ := json.Marshal(inputs)
-	return r.agent("run", "--inputs-bytes", strconv.Itoa(len(raw))), raw, nil
+	return r.agent("run", "--inputs-bytes", strconv.Itoa(len(raw)),
+		"--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), raw, nil
 }
 
-// spec is the step's spec as the agent takes it.
-func (r *runner) spec() ([]byte, error) {
-	sp := r.s.req.Spec()
-	sp.KillGrace = stepagent.Duration(r.m.opts.KillGrace)
-	return json.Marshal(sp)
-}
-
-// lostAfter bounds how long jetway keeps trying to reach a step's agent
-// without getting a byte (its cluster is unreachable, say): then the step
-// errors rather than running forever. An API server restart takes seconds.
-const lostAfter = 5 * time.Minute
-
-// firstRetry is the first pause before an exec is tried again: a pod
-// just Running may not take execs for a moment (a kwok node's exec
-// objects lag the pod by ~230 ms), and every pause there is the step's
-// start latency.
-const firstRetry = 20 * time.Millisecond
-
-// prepare writes the spec into the pod, retrying broken execs.
+// prepare writes the spec into the pod, retrying broken execs. A spec
+// there already (its earlier owner's) stands.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
 	backoff, since := firstRetry, r.m.opts.Now()
 	for {
-		err := r.m.opts.Exec(ctx, r.t, r.pod, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, io.Discard)
+		err := r.exec(ctx, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, nopWriter{})
 		if err == nil {
 			return nil
 		}
-		if code, ok := stepagent.ExitCode(err); ok && (code == stepagent.ExitSpecDiffers || code == stepagent.ExitUsage) {
+		code, coded := stepagent.ExitCode(err)
+		switch {
+		case coded && code == stepagent.ExitSpecDiffers:
+			return nil
+		case coded && code == stepagent.ExitUsage:
 			return fmt.Errorf("prepare the step in its pod: %w", err)
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return ctx.Err()
+		case r.m.opts.Now().Sub(since) > lostAfter:
+			return fmt.Errorf("prepare the step in its pod: no answer for %s: %w", lostAfter, err)
 		}
 		if err := sleep(ctx, jitter(backoff)); err != nil {
 			return err
@@ -380,107 +438,56 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 	}
 }
 
-// attach runs one agent command and consumes its frames until the status
-// trailer (done) or until the exec ends without it.
-func (r *runner) attach(ctx context.Context, cmd []string, stdin []byte) (stepagent.Status, bool, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	pr, pw := io.Pipe()
-	var execErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		execErr = r.m.opts.Exec(ctx, r.t, r.pod, cmd, stdin, pw)
-		pw.CloseWithError(cmp.Or(execErr, io.EOF))
-	})
-	st, done, err := r.consume(pr)
-	if done {
-		// The agent exits on its own after the trailer: the step's end
-		// need not wait for the stream to close (cancelling it now would
-		// only break it under the agent). run lets it close after.
-		r.closing = func() {
-			finished := make(chan struct{})
-			go func() { wg.Wait(); close(finished) }()
-			t := time.NewTimer(5 * time.Second)
-			defer t.Stop()
-			select {
-			case <-finished:
-			case <-t.C:
-			}
-			cancel()
-			pr.CloseWithError(io.ErrClosedPipe)
-			<-finished
+// inputs brings every input into its volume, once: each one in is
+// recorded before the next, and one recorded is never brought in again.
+// Uploads come through the API, on any gateway; the runner waits for
+// them.
+func (r *runner) inputs(ctx context.Context, rec *Record) ([]stepagent.Input, error) {
+	out := []stepagent.Input{}
+	for _, in := range r.sum.Inputs {
+		if got, ok := rec.Status.Inputs[in.Name]; ok {
+			out = append(out, got)
+			continue
 		}
-		return st, true, nil
-	}
-	cancel()
-	pr.CloseWithError(io.ErrClosedPipe)
-	wg.Wait()
-	if execErr != nil {
-		return st, false, execErr
-	}
-	return st, false, fmt.Errorf("the agent's output ended before the step's status: %w", err)
-}
-
-// consume reads frames, turning each complete one into an event, until
-// the status trailer.
-func (r *runner) consume(rd io.Reader) (stepagent.Status, bool, error) {
-	br := bufio.NewReaderSize(rd, 64<<10)
-	for {
-		f, err := stepagent.ReadFrame(br)
+		if in.From.Upload {
+			got, err := r.awaitUpload(ctx, in.Name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, got)
+			continue
+		}
+		got, err := r.stream(ctx, in)
 		if err != nil {
-			return stepagent.Status{}, false, err
+			return nil, err
 		}
-		if f.Kind == stepagent.KindStatus {
-			var st stepagent.Status
-			if err := json.Unmarshal(f.Payload, &st); err != nil {
-				return st, false, fmt.Errorf("the agent's status: %w", err)
+		if rec, err = r.update(ctx, func(st *Status) error {
+			if st.Inputs == nil {
+				st.Inputs = map[string]stepagent.Input{}
 			}
-			return st, true, nil
+			st.Inputs[in.Name] = got
+			return nil
+		}); err != nil {
+			return nil, err
 		}
-		r.handle(f)
-		r.offset += f.Size()
+		out = append(out, got)
 	}
+	return out, nil
 }
 
-// handle turns one frame of the log into an event.
-func (r *runner) handle(f stepagent.Frame) {
-	if f.Kind == stepagent.KindStdout && r.s.req.Resource != nil {
-		r.answer = append(r.answer, f.Payload[:min(len(f.Payload), resultLimit-len(r.answer))]...)
-		return
+// stream copies an input into its volume, as the step's submitter: a
+// team's step reads only its team's pods.
+func (r *runner) stream(ctx context.Context, in Input) (stepagent.Input, error) {
+	req := streams.Request{
+		From:     streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
+		To:       streams.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: InputVolume(in.Name)},
+		Encoding: "raw", Caller: streams.Caller{Admin: r.sum.Admin, Team: r.sum.Team},
 	}
-	e, ok := FrameEvent(f)
-	if !ok {
-		return
+	res, err := r.m.opts.Streamer.Stream(ctx, req, nil)
+	if err != nil {
+		return stepagent.Input{}, fmt.Errorf("input %s: %w", in.Name, err)
 	}
-	if e.Type == EventStarted {
-		r.mu.Lock()
-		r.startedAt = e.Time
-		r.mu.Unlock()
-		r.s.update(func(v *View) { v.Phase, v.StartedAt = Running, e.Time })
-	}
-	r.s.emit(e)
-}
-
-// FrameEvent is the event a frame of a step's log stands for: output, an
-// input streamed in, the process's start. Other frames (and ones that do
-// not decode) are none.
-func FrameEvent(f stepagent.Frame) (Event, bool) {
-	switch f.Kind {
-	case stepagent.KindStdout:
-		return Event{Type: EventStdout}.withData(f.Payload), true
-	case stepagent.KindStderr:
-		return Event{Type: EventStderr}.withData(f.Payload), true
-	case stepagent.KindInput:
-		var in stepagent.Input
-		if json.Unmarshal(f.Payload, &in) == nil {
-			return Event{Type: EventInput, Input: in.Name, Bytes: in.Bytes, SHA256: in.SHA256}, true
-		}
-	case stepagent.KindStarted:
-		var st stepagent.Started
-		if json.Unmarshal(f.Payload, &st) == nil {
-			return Event{Type: EventStarted, Time: st.At}, true
-		}
-	}
-	return Event{}, false
+	return stepagent.Input{Name: in.Name, Bytes: res.Bytes, SHA256: res.SHA256}, nil
 }
 
 // sleep waits d or until ctx ends.
@@ -493,4 +500,26 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// jitter spreads d by ±20%, so retries of many steps do not align.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+type nopWriter struct{}
+
+func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// errTargetGone: the step's target left the targets directory.
+var errTargetGone = errors.New("target removed")
+
+// scheduledAt is when the scheduler bound the pod, as the pod says.
+func scheduledAt(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.UTC()
+		}
+	}
+	return time.Time{}
 }

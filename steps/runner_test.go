@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -20,17 +20,21 @@ import (
 // running forever; until then jetway keeps trying, with backoff.
 func TestFollowGivesUpOnAnUnreachableStep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "jetway")
-		require.NoError(t, err)
+		reg := newFakeRegistry(t, running("east", targets.Metadata{}))
 		calls := 0
-		m := New(Options{Registry: emptyRegistry{}, Exec: func(context.Context, *targets.Target, string, []string, []byte, io.Writer) error {
-			calls++
-			return errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
-		}})
-		s := newStep(key{"", "h"}, validRequest(), callerLabel{}, time.Now())
-		r := &runner{m: m, s: s, t: tgt, pod: "h-0123456789"}
+		recs := newMemRecords()
+		m := New(Options{Registry: reg, Records: recs, Owners: newFakeOwners("gw-a"), Leader: leading{},
+			Exec: func(context.Context, *targets.Target, string, string, []string, []byte, io.Writer) error {
+				calls++
+				return errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+			}})
+		req := validRequest()
+		rec, _, err := recs.Create(context.Background(), summaryOf(req, false, time.Now()), Status{Owner: "gw-a", Started: time.Now()}, nil)
+		require.NoError(t, err)
+		r := &runner{m: m, name: rec.Name, sum: rec.Summary, placed: Placed{Target: "east", Pod: "h-0123456789"},
+			log: slog.New(slog.DiscardHandler)}
 		start := time.Now()
-		_, err = r.follow(context.Background())
+		_, err = r.follow(context.Background(), rec)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "lost contact with the step for 5m0s: dial tcp 127.0.0.1:1")
 		assert.GreaterOrEqual(t, time.Since(start), lostAfter)

@@ -5,14 +5,15 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"fmt"
+	"encoding/json"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/selection"
@@ -24,11 +25,18 @@ import (
 // on one target, each check in its own folder of the pod (step-agent
 // --run). Checks run every minute per resource; a pod per check would be
 // most of their cost.
+//
+// The placer keeps the sandboxes: it alone puts checks in them, so it
+// alone may decide one is idle and delete it; a new placer takes the
+// sandboxes of the targets it finds over (their owner label names it). A
+// check in a sandbox is driven by its own owner, as any step; whether a
+// sandbox is in use, or broken, the placer reads from the records of the
+// checks placed in it.
 const (
 	// SandboxLabel marks a sandbox pod, with a hash of its key.
 	SandboxLabel = "jetway-ci.dev/sandbox"
-	// sandboxKeyAnnotation holds the reuse key as given, for a restarted
-	// gateway to find the sandbox again.
+	// sandboxKeyAnnotation holds the reuse key as given, for a new placer
+	// to find the sandbox again.
 	sandboxKeyAnnotation = "jetway-ci.dev/sandbox-key"
 )
 
@@ -38,26 +46,11 @@ const DefaultSandboxTTL = 10 * time.Minute
 // sandboxKey is what checks share a sandbox by.
 type sandboxKey struct{ team, image, reuse string }
 
+func keyOf(sum Summary) sandboxKey { return sandboxKey{sum.Team, sum.Image, sum.ReuseKey} }
+
 func (k sandboxKey) hash() string {
 	sum := sha256.Sum256([]byte(k.team + "\x00" + k.image + "\x00" + k.reuse))
 	return hex.EncodeToString(sum[:])[:16]
-}
-
-// sandbox is one sandbox pod. Its fields below ready are the manager's,
-// under m.mu.
-type sandbox struct {
-	key    sandboxKey
-	target string
-	pod    string
-	ready  chan struct{} // closed once the pod was made (or found)
-	err    error         // why it could not be made; set before ready closes
-
-	busy     int       // checks running in it
-	lastUsed time.Time // when the last check in it ended (or it was made)
-	made     time.Time // when this gateway asked for it; zero if adopted
-	seen     bool      // the target's watch has shown it
-	broken   bool      // never used again; deleted once idle
-	sess     *session  // the checks' session, once one ran
 }
 
 // sandboxPodName is unique per sandbox: a replacement never meets the pod
@@ -68,36 +61,172 @@ func sandboxPodName(k sandboxKey) string {
 
 // runName is a check's folder in its sandbox: unique even when a handle
 // is used again after the first step was forgotten.
-func runName(s *step) string {
-	return s.key.handle + "-" + strings.ToLower(rand.Text()[:8])
+func runName(handle string) string {
+	return handle + "-" + strings.ToLower(rand.Text()[:8])
 }
 
-// takeSandbox finds a live sandbox for s, on a target that may run it
-// now, and counts s in it; else nil. Called with m.mu held.
-func (m *Manager) takeSandbox(s *step, candidates []selection.Candidate) *sandbox {
-	k := sandboxKey{s.req.Team, s.req.Image, s.req.ReuseKey}
-	for _, sb := range m.sandboxes[k] {
-		if sb.broken || !m.usable(sb) || !m.fits(s, sb.target, candidates) {
+// sandbox is one sandbox pod, as the placer keeps it.
+type sandbox struct {
+	key      sandboxKey
+	target   string
+	pod      string
+	made     time.Time // when this placer asked for it; zero if found
+	seen     bool      // its target's watch has shown it
+	lastUsed time.Time // when a check in it last ended (or it was made, or found)
+	busy     int       // checks placed in it and not ended
+	broken   bool      // never used again; deleted once idle
+	deleting bool
+	err      error // why it could not be made
+}
+
+// sandboxes are the placer's sandboxes, by key. They are the placer's
+// loop's, but for what the creations and deletions it starts report
+// under mu.
+type sandboxes struct {
+	p     *placer
+	byKey map[sandboxKey][]*sandbox
+	mu    sync.Mutex
+}
+
+func newSandboxes(p *placer) *sandboxes {
+	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}}
+}
+
+// tend brings the sandboxes up to what the targets and records show:
+// sandbox pods found are taken over; each one's checks are counted; one
+// a check broke (it ended by a pod failure, an abort, a lost contact) or
+// whose pod went is broken; one nobody uses that is broken, idle past the
+// TTL or on a target taking no new work is deleted.
+func (s *sandboxes) tend(ctx context.Context, snap []targets.Status, recs []*Record, inflight map[string]Placed) {
+	m := s.p.m
+	now := m.opts.Now()
+	s.find(ctx, snap)
+	byPod := map[string]*sandbox{}
+	for _, list := range s.byKey {
+		for _, sb := range list {
+			sb.busy = 0
+			byPod[sb.target+"/"+sb.pod] = sb
+		}
+	}
+	uses := func(pl Placed, end *End) {
+		sb := byPod[pl.Target+"/"+pl.Pod]
+		if sb == nil || pl.Run == "" {
+			return
+		}
+		if end == nil {
+			sb.busy++
+			return
+		}
+		if end.At.After(sb.lastUsed) {
+			sb.lastUsed = end.At
+		}
+		if !healthy(end) {
+			sb.broken = true
+		}
+	}
+	for _, r := range recs {
+		if pl := r.Status.Placed; pl != nil {
+			uses(*pl, r.Status.End)
+		}
+	}
+	for _, pl := range inflight {
+		uses(pl, nil)
+	}
+	states := map[string]targets.State{}
+	for _, st := range snap {
+		states[st.Name] = st.State
+	}
+	for k, list := range s.byKey {
+		kept := list[:0]
+		for _, sb := range list {
+			if why := s.expired(sb, states, now); why != "" {
+				s.delete(ctx, sb, why)
+				continue
+			}
+			kept = append(kept, sb)
+		}
+		if len(kept) == 0 {
+			delete(s.byKey, k)
+		} else {
+			s.byKey[k] = kept
+		}
+	}
+}
+
+// find takes up the sandbox pods of the targets that the placer does not
+// know: a new placer's, made by the one before.
+func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
+	known := map[string]bool{}
+	for _, list := range s.byKey {
+		for _, sb := range list {
+			known[sb.target+"/"+sb.pod] = true
+		}
+	}
+	for _, st := range snap {
+		t, err := s.p.m.opts.Registry.Target(st.Name)
+		if err != nil {
 			continue
 		}
-		sb.busy++
-		m.opts.Metrics.sandboxUsed(true)
-		return sb
+		for _, p := range t.Pods() {
+			if p.Labels[SandboxLabel] == "" || known[st.Name+"/"+p.Name] || p.DeletionTimestamp != nil || len(p.Spec.Containers) == 0 {
+				continue
+			}
+			k := sandboxKey{p.Labels[ownership.TeamLabel], p.Spec.Containers[0].Image, p.Annotations[sandboxKeyAnnotation]}
+			if k.hash() != p.Labels[SandboxLabel] {
+				continue // not one of jetway's: its labels do not match its key
+			}
+			sb := &sandbox{key: k, target: st.Name, pod: p.Name, seen: true, lastUsed: s.p.m.opts.Now()}
+			s.byKey[k] = append(s.byKey[k], sb)
+			if p.Labels[ownership.OwnerLabel] != s.p.m.me {
+				s.p.wg.Go(func() { s.own(ctx, t, p.Name) })
+			}
+			s.p.m.opts.Logger.Info("check sandbox taken over", "target", st.Name, "pod", p.Name, "team", k.team)
+		}
 	}
-	return nil
+}
+
+// own makes a sandbox pod the placer's: its owner label names it.
+func (s *sandboxes) own(ctx context.Context, t *targets.Target, pod string) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{ownership.OwnerLabel: s.p.m.me}}})
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := t.Core.Pods(t.Namespace()).Patch(pctx, pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && ctx.Err() == nil {
+		s.p.m.opts.Logger.Warn("check sandbox's owner not written", "target", t.Name(), "pod", pod, "error", err.Error())
+	}
+}
+
+// expired says why a sandbox goes now (broken, idle or target), or ""
+// while it stays.
+func (s *sandboxes) expired(sb *sandbox, states map[string]targets.State, now time.Time) string {
+	switch {
+	case sb.busy > 0:
+		return ""
+	case sb.broken || !s.usable(sb):
+		return "broken"
+	case now.Sub(sb.lastUsed) > s.p.m.opts.SandboxTTL:
+		return "idle"
+	}
+	switch states[sb.target] {
+	case targets.StateLanding, targets.StateLanded, targets.StateRetiring, targets.StateRetired, "":
+		return "target"
+	}
+	return ""
 }
 
 // usable looks at a sandbox's pod in its target's watch, marking it broken
-// when the pod went or cannot run. Called with m.mu held.
-func (m *Manager) usable(sb *sandbox) bool {
-	t, err := m.opts.Registry.Target(sb.target)
-	if err != nil {
+// when the pod went or cannot run.
+func (s *sandboxes) usable(sb *sandbox) bool {
+	s.mu.Lock()
+	failed := sb.err != nil
+	s.mu.Unlock()
+	t, err := s.p.m.opts.Registry.Target(sb.target)
+	if err != nil || failed {
 		sb.broken = true
 		return false
 	}
 	p := t.CachedPod(sb.pod)
 	switch {
-	case p == nil && (sb.seen || !sb.made.IsZero() && m.opts.Now().Sub(sb.made) > appearTimeout):
+	case p == nil && (sb.seen || !sb.made.IsZero() && s.p.m.opts.Now().Sub(sb.made) > appearTimeout):
 		sb.broken = true
 	case p == nil: // made a moment ago: the watch has not shown it yet
 		return true
@@ -112,153 +241,86 @@ func (m *Manager) usable(sb *sandbox) bool {
 	return !sb.broken
 }
 
-// fits reports whether target may run s by the placement chain, its
-// limits aside: a check in a sandbox adds no pod.
-func (m *Manager) fits(s *step, target string, candidates []selection.Candidate) bool {
-	for _, c := range candidates {
-		if c.Name == target {
-			st := selection.Step{Type: s.req.Type, Team: s.req.Team, Tags: s.req.Tags, Platform: s.req.Platform}
-			d := selection.Place(st, []selection.Candidate{c}, selection.Options{Chain: m.opts.Placement.Chain(s.req.Type, false), Top: 1})
-			return len(d.Order) == 1
+// take finds a live sandbox for a check, on a target whose placement
+// rules take it (not its limits: a check in a sandbox adds no pod), and
+// counts the check in it; else nil.
+func (s *sandboxes) take(sum Summary, cands map[string]selection.Candidate) *sandbox {
+	for _, sb := range s.byKey[keyOf(sum)] {
+		if sb.broken || sb.deleting || !s.usable(sb) {
+			continue
+		}
+		c, ok := cands[sb.target]
+		if !ok {
+			continue
+		}
+		d := selection.Place(stepOf(sum), []selection.Candidate{c},
+			selection.Options{Chain: s.p.m.opts.Placement.Chain(sum.Type, false), Top: 1})
+		if len(d.Order) == 1 {
+			sb.busy++
+			s.p.m.opts.Metrics.sandboxUsed(true)
+			return sb
 		}
 	}
-	return false
+	return nil
 }
 
-// newSandbox records a sandbox to be made on target for s, with s in it.
-// Called with m.mu held.
-func (m *Manager) newSandbox(s *step, target string) *sandbox {
-	k := sandboxKey{s.req.Team, s.req.Image, s.req.ReuseKey}
-	now := m.opts.Now()
-	sb := &sandbox{key: k, target: target, pod: sandboxPodName(k), ready: make(chan struct{}), busy: 1, made: now, lastUsed: now}
-	m.sandboxes[k] = append(m.sandboxes[k], sb)
-	m.opts.Metrics.sandboxUsed(false)
+// make starts a new sandbox on target for a check, with the check in it.
+func (s *sandboxes) make(sum Summary, target string) *sandbox {
+	k := keyOf(sum)
+	now := s.p.m.opts.Now()
+	sb := &sandbox{key: k, target: target, pod: sandboxPodName(k), busy: 1, made: now, lastUsed: now}
+	s.byKey[k] = append(s.byKey[k], sb)
+	s.p.m.opts.Metrics.sandboxUsed(false)
+	ctx := s.p.leadCtx
+	s.p.wg.Go(func() {
+		err := s.create(ctx, sum, sb)
+		if err != nil && ctx.Err() == nil {
+			s.p.m.opts.Logger.Warn("check sandbox not made", "target", target, "pod", sb.pod, "error", err.Error())
+		}
+		s.mu.Lock()
+		sb.err = err
+		s.mu.Unlock()
+		s.p.wake()
+	})
 	return sb
 }
 
-// makeSandbox creates the sandbox's pod and tells the checks waiting for it.
-func (r *runner) makeSandbox(ctx context.Context) {
-	sb := r.s.sandbox
-	pod := buildPod(&r.s.req, r.s.caller, r.t, r.s.snapshot().PlacedAt, r.m.opts.Pod)
-	pod.Name = sb.pod
+// create makes a sandbox's pod: a step pod of the check's image, one
+// container, no volume sidecar (checks have no volumes), owned by this
+// placer.
+func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error {
+	t, err := s.p.m.opts.Registry.Target(sb.target)
+	if err != nil {
+		return err
+	}
+	pod := buildPod(&sum, s.p.m.me, t, Placed{Target: sb.target, Pod: sb.pod}, s.p.m.opts.Pod)
 	delete(pod.Labels, HandleLabel)
 	pod.Labels[SandboxLabel] = sb.key.hash()
 	pod.Annotations = map[string]string{sandboxKeyAnnotation: sb.key.reuse}
-	pod.Spec.Containers = pod.Spec.Containers[:1] // checks have no volumes to serve
+	pod.Spec.Containers = pod.Spec.Containers[:1]
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := r.t.Core.Pods(r.t.Namespace()).Create(cctx, pod, metav1.CreateOptions{}); err != nil {
-		sb.err = fmt.Errorf("create sandbox pod %s: %w", sb.pod, err)
-	}
-	r.m.mu.Lock()
-	sb.broken = sb.err != nil
-	r.m.mu.Unlock()
-	close(sb.ready)
+	_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
+	return err
 }
 
-// leaveSandbox ends a check's use of its sandbox: a check that did not end
-// by its script's exit (its pod failed, it was aborted or lost) breaks it.
-func (m *Manager) leaveSandbox(sb *sandbox, healthy bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb.busy--
-	sb.lastUsed = m.opts.Now()
-	if !healthy {
-		sb.broken = true
-	}
-	m.wake() // a broken one goes now
-}
-
-// tendSandboxes deletes the sandboxes nobody uses that are broken, idle
-// past the TTL, or on a target that is landing or retiring (or gone): a
-// landing target must not wait ten minutes for them. A stalled target's
-// sandboxes stay: its API may be back in a moment.
-func (m *Manager) tendSandboxes() {
-	now := m.opts.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for k, list := range m.sandboxes {
-		kept := list[:0]
-		for _, sb := range list {
-			reason := m.expired(sb, now)
-			if reason == "" {
-				kept = append(kept, sb)
-				continue
-			}
-			if sb.sess != nil {
-				sb.sess.close(errors.New("sandbox deleted"))
-			}
-			m.opts.Metrics.sandboxDeleted(reason)
-			m.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", k.team, "why", reason)
-			m.wg.Go(func() { m.deleteSandbox(sb) })
-		}
-		if len(kept) == 0 {
-			delete(m.sandboxes, k)
-		} else {
-			m.sandboxes[k] = kept
-		}
-	}
-}
-
-// expired says why a sandbox goes now (broken, idle or target), or ""
-// while it stays. Called with m.mu held.
-func (m *Manager) expired(sb *sandbox, now time.Time) string {
-	switch {
-	case sb.busy > 0:
-		return ""
-	case sb.broken || !m.usable(sb):
-		return "broken"
-	case now.Sub(sb.lastUsed) > m.opts.SandboxTTL:
-		return "idle"
-	}
-	t, err := m.opts.Registry.Target(sb.target)
-	if err != nil {
-		return "target"
-	}
-	switch life, _ := t.Lifecycle(); life.State {
-	case targets.StateLanding, targets.StateLanded, targets.StateRetiring, targets.StateRetired:
-		return "target"
-	}
-	return ""
-}
-
-// deleteSandbox deletes a sandbox's pod, once it was made.
-func (m *Manager) deleteSandbox(sb *sandbox) {
-	ctx := m.ctx
-	select {
-	case <-sb.ready:
-	case <-ctx.Done():
-		return
-	}
-	if sb.err != nil {
-		return
-	}
+// delete deletes a sandbox's pod, once made.
+func (s *sandboxes) delete(ctx context.Context, sb *sandbox, why string) {
+	m := s.p.m
+	sb.deleting = true
+	m.opts.Metrics.sandboxDeleted(why)
+	m.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", sb.key.team, "why", why)
+	m.closeSession(sb.target, sb.pod)
 	t, err := m.opts.Registry.Target(sb.target)
 	if err != nil {
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = t.Core.Pods(t.Namespace()).Delete(dctx, sb.pod, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
-		m.opts.Logger.Warn("check sandbox not deleted", "target", sb.target, "pod", sb.pod, "error", err.Error())
-	}
+	s.p.wg.Go(func() {
+		if err := m.deletePod(ctx, t, sb.pod); err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+			m.opts.Logger.Warn("check sandbox not deleted", "target", sb.target, "pod", sb.pod, "error", err.Error())
+		}
+	})
 }
 
-// adoptSandbox takes up a sandbox pod a restarted gateway finds. Checks
-// that ran in it then are not picked up again: their callers ask again.
-// Called with m.mu held.
-func (m *Manager) adoptSandbox(t *targets.Target, p *corev1.Pod) {
-	if len(p.Spec.Containers) == 0 {
-		return
-	}
-	k := sandboxKey{p.Labels[ownership.TeamLabel], p.Spec.Containers[0].Image, p.Annotations[sandboxKeyAnnotation]}
-	if k.hash() != p.Labels[SandboxLabel] {
-		m.opts.Logger.Warn("sandbox pod not adopted: its labels do not match its key", "target", t.Name(), "pod", p.Name)
-		return
-	}
-	sb := &sandbox{key: k, target: t.Name(), pod: p.Name, ready: make(chan struct{}), seen: true, lastUsed: m.opts.Now()}
-	close(sb.ready)
-	m.sandboxes[k] = append(m.sandboxes[k], sb)
-	m.opts.Logger.Info("check sandbox adopted", "target", t.Name(), "pod", p.Name, "team", k.team)
-}
+// sandboxPod reports whether p is a check sandbox's pod.
+func sandboxPod(p *corev1.Pod) bool { return p.Labels[SandboxLabel] != "" }

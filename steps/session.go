@@ -35,19 +35,25 @@ type session struct {
 // stepagent.ServeIdle.
 const sessionPing = stepagent.ServeIdle / 3
 
-// session is sb's live session, opened if it has none. Called with m.mu
-// held.
-func (m *Manager) session(sb *sandbox, t *targets.Target) *session {
-	if s := sb.sess; s != nil && s.alive() {
-		return s
+// session is the live session into a sandbox pod, opened if there is
+// none.
+func (m *Manager) session(t *targets.Target, pod string) (*session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx == nil || m.ctx.Err() != nil {
+		return nil, errNotRunning
+	}
+	k := t.Name() + "/" + pod
+	if s := m.sessions[k]; s != nil && s.alive() {
+		return s, nil
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	s := &session{in: inW, cancel: cancel, runs: map[string]*io.PipeWriter{}}
-	sb.sess = s
+	m.sessions[k] = s
 	m.wg.Go(func() {
-		err := m.opts.ExecStream(ctx, t, sb.pod, agent("serve"), inR, outW)
+		err := m.opts.ExecStream(ctx, t, pod, agent("serve"), inR, outW)
 		outW.CloseWithError(cmp.Or(err, errors.New("the session's exec ended")))
 	})
 	m.wg.Go(func() {
@@ -55,10 +61,25 @@ func (m *Manager) session(sb *sandbox, t *targets.Target) *session {
 		s.end(err)
 		inR.CloseWithError(err) // the exec's stdin copier returns
 		outR.CloseWithError(err)
-		m.opts.Logger.Debug("sandbox session ended", "target", t.Name(), "pod", sb.pod, "error", err.Error())
+		m.mu.Lock()
+		if m.sessions[k] == s {
+			delete(m.sessions, k)
+		}
+		m.mu.Unlock()
+		m.opts.Logger.Debug("sandbox session ended", "target", t.Name(), "pod", pod, "error", err.Error())
 	})
 	m.wg.Go(func() { s.ping(ctx) })
-	return s
+	return s, nil
+}
+
+// closeSession ends the session into a sandbox pod, if one is open.
+func (m *Manager) closeSession(target, pod string) {
+	m.mu.Lock()
+	s := m.sessions[target+"/"+pod]
+	m.mu.Unlock()
+	if s != nil {
+		s.close(errors.New("sandbox deleted"))
+	}
 }
 
 func (s *session) alive() bool {
@@ -174,26 +195,30 @@ func (s *session) forget(run string) {
 // viaSession runs a check through its sandbox's session; false when the
 // session could not carry it to its end (the caller goes on by exec, from
 // r.offset).
-func (r *runner) viaSession(ctx context.Context, spec []byte) (stepagent.Status, bool) {
-	r.m.mu.Lock()
-	if r.m.ctx == nil || r.m.ctx.Err() != nil {
-		r.m.mu.Unlock()
+func (r *runner) viaSession(ctx context.Context) (stepagent.Status, bool) {
+	t, err := r.target()
+	if err != nil {
 		return stepagent.Status{}, false
 	}
-	s := r.m.session(r.s.sandbox, r.t)
-	r.m.mu.Unlock()
-	log, err := s.start(r.run, spec, []byte("[]"))
+	spec, err := r.spec(ctx)
+	if err != nil {
+		return stepagent.Status{}, false
+	}
+	s, err := r.m.session(t, r.placed.Pod)
+	if err != nil {
+		return stepagent.Status{}, false
+	}
+	log, err := s.start(r.placed.Run, spec, []byte("[]"))
 	if err != nil {
 		return stepagent.Status{}, false
 	}
 	stop := context.AfterFunc(ctx, func() { log.CloseWithError(ctx.Err()) })
 	defer stop()
-	st, done, err := r.consume(log)
+	st, done, err := r.consume(ctx, log)
 	log.Close()
-	s.forget(r.run)
+	s.forget(r.placed.Run)
 	if !done {
-		r.m.opts.Logger.Debug("check's session broke; going on by exec", "target", r.t.Name(), "pod", r.pod,
-			"offset", r.offset, "error", fmt.Sprint(err))
+		r.log.Debug("check's session broke; going on by exec", "offset", r.offset, "error", fmt.Sprint(err))
 	}
 	return st, done
 }

@@ -14,67 +14,138 @@ import (
 	"github.com/jetway-ci/jetway/streams"
 )
 
-// upload is one input the caller uploads.
-type upload struct {
-	done chan struct{} // closed once it is in the pod
-	busy bool          // an upload is under way or done; under the step's lock
-	got  stepagent.Input
-}
-
 // uploadWait bounds how long a step whose pod is ready waits for its
-// uploads before it errors.
+// uploads before it errors, counted from its preparation as recorded.
 const uploadWait = 10 * time.Minute
 
 // Upload streams body, a tar (encoding raw) or a compressed one (gzip,
 // zstd), into the step's input named input, which the step declared
-// {from: {upload: true}}. It waits for the step's pod to be ready for it.
-// The step starts once every upload is in.
+// {from: {upload: true}}. Any gateway takes it: it waits for the step's
+// pod to be prepared (its record says so), claims the input in the
+// record, streams it into the pod and records it in; the step's owner
+// starts the step once every upload is in. An input in, or coming in
+// through a live gateway, is a conflict.
 func (m *Manager) Upload(ctx context.Context, caller Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error) {
-	s, err := m.visible(caller, team, handle)
+	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return stepagent.Input{}, err
 	}
-	u := s.uploads[input]
-	if u == nil {
+	if !slices.Contains(r.Summary.uploads(), input) {
 		return stepagent.Input{}, fmt.Errorf("%w: step %s has no input %q to upload", ErrNotFound, handle, input)
 	}
 	if !slices.Contains(streams.Encodings, encoding) {
 		return stepagent.Input{}, &FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
 	}
-	s.mu.Lock()
-	busy := u.busy
-	u.busy = true
-	s.mu.Unlock()
-	if busy {
-		return stepagent.Input{}, fmt.Errorf("%w: input %q of step %s is uploaded already (or being uploaded)", ErrConflict, input, handle)
+	if r, err = m.awaitPrepared(ctx, r, input); err != nil {
+		return stepagent.Input{}, err
 	}
-	got, err := m.upload(ctx, s, input, encoding, body)
+	if err := m.claim(ctx, r.Name, handle, input); err != nil {
+		return stepagent.Input{}, err
+	}
+	digest := NewDigest(body)
+	to := streams.Endpoint{Target: r.Status.Placed.Target, Pod: r.Status.Placed.Pod, Handle: InputVolume(input)}
+	err = m.opts.Streamer.PutVolume(ctx, to, encoding, digest)
+	got := digest.Input(input)
+	_, uerr := m.opts.Records.Update(context.WithoutCancel(ctx), r.Name, func(cur *Record) error {
+		st := &cur.Status
+		if st.Uploading[input].By != m.me {
+			return errUnchanged
+		}
+		delete(st.Uploading, input)
+		if err == nil {
+			if st.Inputs == nil {
+				st.Inputs = map[string]stepagent.Input{}
+			}
+			st.Inputs[input] = got
+		}
+		return nil
+	})
 	if err != nil {
-		s.mu.Lock()
-		u.busy = false // another try may come
-		s.mu.Unlock()
-		return got, err
+		return stepagent.Input{}, fmt.Errorf("input %s: %w", input, err)
 	}
-	u.got = got
-	close(u.done)
+	if uerr != nil {
+		return stepagent.Input{}, fmt.Errorf("input %s is in the step's pod, but not recorded: %w", input, uerr)
+	}
 	return got, nil
 }
 
-func (m *Manager) upload(ctx context.Context, s *step, input, encoding string, body io.Reader) (stepagent.Input, error) {
-	select {
-	case <-s.ready:
-	case <-s.done:
-		return stepagent.Input{}, fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, s.key.handle, input)
-	case <-ctx.Done():
-		return stepagent.Input{}, ctx.Err()
+// awaitPrepared waits until the step's pod takes uploads (its spec is in
+// it), or the step ends.
+func (m *Manager) awaitPrepared(ctx context.Context, r *Record, input string) (*Record, error) {
+	for {
+		switch {
+		case r.Status.End != nil:
+			return nil, fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, r.Summary.Handle, input)
+		case !r.Status.Prepared.IsZero():
+			return r, nil
+		}
+		changed := m.opts.Records.Changed()
+		var ok bool
+		if r, ok = m.opts.Records.Get(r.Name); !ok {
+			return nil, ErrNotFound
+		}
+		if r.Status.End != nil || !r.Status.Prepared.IsZero() {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-changed:
+		}
 	}
-	v := s.snapshot()
-	digest := NewDigest(body)
-	to := streams.Endpoint{Target: v.Target, Pod: v.Pod, Handle: InputVolume(input)}
-	if err := m.opts.Streamer.PutVolume(ctx, to, encoding, digest); err != nil {
-		return stepagent.Input{}, fmt.Errorf("input %s: %w", input, err)
+}
+
+// claim marks input as coming in through this gateway: an input in, or
+// claimed by a live gateway, is a conflict; a claim of a gateway gone
+// (it died mid-upload) is taken.
+func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
+	now := m.opts.Now().UTC()
+	_, err := m.opts.Records.Update(ctx, name, func(cur *Record) error {
+		st := &cur.Status
+		if _, in := st.Inputs[input]; in {
+			return fmt.Errorf("%w: input %q of step %s is uploaded already", ErrConflict, input, handle)
+		}
+		if c, ok := st.Uploading[input]; ok && (c.By == m.me || m.opts.Owners.Alive(c.By)) {
+			return fmt.Errorf("%w: input %q of step %s is being uploaded", ErrConflict, input, handle)
+		}
+		if st.End != nil {
+			return fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, handle, input)
+		}
+		if st.Uploading == nil {
+			st.Uploading = map[string]Claim{}
+		}
+		st.Uploading[input] = Claim{By: m.me, Since: now}
+		return nil
+	})
+	return err
+}
+
+// awaitUpload waits for an uploaded input to be recorded in, within
+// uploadWait of the step's preparation.
+func (r *runner) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
+	for {
+		changed := r.m.opts.Records.Changed()
+		rec, ok := r.record()
+		if !ok {
+			return stepagent.Input{}, errRecordGone
+		}
+		if got, ok := rec.Status.Inputs[name]; ok {
+			return got, nil
+		}
+		left := rec.Status.Prepared.Add(uploadWait).Sub(r.m.opts.Now())
+		if left <= 0 {
+			return stepagent.Input{}, fmt.Errorf("input %s was not uploaded within %s of the step's pod being ready", name, uploadWait)
+		}
+		timer := time.NewTimer(left)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return stepagent.Input{}, ctx.Err()
+		case <-changed:
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
-	return digest.Input(input), nil
 }
 
 // Digest counts and hashes (SHA-256) the bytes read through it: what a
@@ -100,51 +171,20 @@ func (d *Digest) Input(name string) stepagent.Input {
 	return stepagent.Input{Name: name, Bytes: d.n, SHA256: hex.EncodeToString(d.h.Sum(nil))}
 }
 
-// readyForUploads lets the uploads in: the pod is prepared.
-func (s *step) readyForUploads() {
-	if s.ready == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	select {
-	case <-s.ready:
-	default:
-		close(s.ready)
-	}
-}
-
-// awaitUpload waits for an uploaded input to be in the pod.
-func (r *runner) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
-	u := r.s.uploads[name]
-	t := time.NewTimer(uploadWait)
-	defer t.Stop()
-	select {
-	case <-u.done:
-		return u.got, nil
-	case <-r.s.abort:
-		return stepagent.Input{}, errAborted
-	case <-t.C:
-		return stepagent.Input{}, fmt.Errorf("input %s was not uploaded within %s of the step's pod being ready", name, uploadWait)
-	case <-ctx.Done():
-		return stepagent.Input{}, ctx.Err()
-	}
-}
-
 // Download opens an output of an ended step whose pod is kept, as a tar
-// in encoding (raw, gzip or zstd).
+// in encoding (raw, gzip or zstd). Any gateway serves it.
 func (m *Manager) Download(ctx context.Context, caller Caller, team, handle, output, encoding string) (io.ReadCloser, error) {
-	s, err := m.visible(caller, team, handle)
+	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return nil, err
 	}
 	if !slices.Contains(streams.Encodings, encoding) {
 		return nil, &FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
 	}
-	if !slices.ContainsFunc(s.req.Outputs, func(o Output) bool { return o.Name == output }) {
+	if !slices.ContainsFunc(r.Summary.Outputs, func(o Output) bool { return o.Name == output }) {
 		return nil, fmt.Errorf("%w: step %s has no output %q", ErrNotFound, handle, output)
 	}
-	v := s.snapshot()
+	v := r.View()
 	switch {
 	case !v.Phase.Final():
 		return nil, fmt.Errorf("%w: step %s is %s: its outputs are there once it has ended", ErrConflict, handle, v.Phase)
@@ -157,4 +197,13 @@ func (m *Manager) Download(ctx context.Context, caller Caller, team, handle, out
 		}
 	}
 	return nil, fmt.Errorf("%w: step %s has no output %q", ErrNotFound, handle, output)
+}
+
+// OutputVolumes are a step's outputs as volumes of its pod.
+func OutputVolumes(outs []Output, target, pod string) []Volume {
+	var vs []Volume
+	for _, o := range outs {
+		vs = append(vs, Volume{Name: o.Name, Target: target, Pod: pod, Handle: OutputVolume(o.Name)})
+	}
+	return vs
 }

@@ -2,7 +2,8 @@ package steps
 
 import (
 	"context"
-	"math/rand/v2"
+	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,35 +14,74 @@ import (
 // watch before the watcher asks the API server whether it still exists.
 const appearTimeout = 30 * time.Second
 
-// watch follows the step's pod in the target's watch until ctx ends: it
-// reports the pod scheduled, closes running once the pod runs, and stops
-// the work with the reason when Kubernetes says the pod cannot go on, when
-// the step is aborted, or when the agent overran the step's timeout.
+// targetGoneGrace is how long a step's target may be missing from the
+// targets directory (an operator moving its entry) before the step ends.
+const targetGoneGrace = 30 * time.Second
+
+// watch follows the step's pod in its target's watch (the target as it is
+// now: a rotated kubeconfig's new watch too) and its record until ctx
+// ends: it closes running once the pod runs, and stops the work with the
+// reason when Kubernetes says the pod cannot go on, when the step's
+// release is asked for (it is aborted), when the agent overran the step's
+// timeout, when the step's target was removed, or when another gateway
+// owns the step now.
 func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, running chan struct{}) {
 	w := podWatch{r: r, stop: stop, running: running}
 	appear := time.NewTimer(appearTimeout)
 	defer appear.Stop()
-	abort := r.s.abort
+	var aborts sync.WaitGroup
+	defer aborts.Wait()
+	aborting := false
+	var missing time.Time // since when the target is not in the registry
 	for {
-		changed := r.t.PodsChanged()
-		if w.observe(ctx, r.t.CachedPod(r.pod)) {
+		registry, records := r.m.opts.Registry.Changed(), r.m.opts.Records.Changed()
+		var pods <-chan struct{}
+		t, err := r.target()
+		switch {
+		case err != nil:
+			now := r.m.opts.Now()
+			if missing.IsZero() {
+				missing = now
+			}
+			if now.Sub(missing) >= targetGoneGrace {
+				stop(fmt.Errorf("%w: target %s left the targets directory while the step ran (%v); its pod is left as it is", errTargetGone, r.placed.Target, err))
+				return
+			}
+			w.wakeIn(targetGoneGrace - now.Sub(missing))
+		default:
+			missing = time.Time{}
+			pods = t.PodsChanged()
+			if synced, _ := t.Synced(); synced && w.observe(ctx, t.CachedPod(r.placed.Pod)) {
+				return
+			}
+		}
+		rec, ok := r.record()
+		switch {
+		case !ok:
+			stop(errRecordGone)
 			return
+		case rec.Status.Owner != r.m.me:
+			stop(errNotOwner)
+			return
+		case rec.Status.Release && !aborting:
+			aborting = true
+			reachable := w.isRunning
+			aborts.Go(func() { r.abort(ctx, reachable, errAborted, stop) })
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-changed:
+		case <-pods:
+		case <-registry:
+		case <-records:
 		case <-w.timer():
 		case <-appear.C:
-			if !w.seen {
-				if _, err := r.t.Pod(ctx, r.pod); apierrors.IsNotFound(err) {
+			if !w.seen && t != nil {
+				if _, err := t.Pod(ctx, r.placed.Pod); apierrors.IsNotFound(err) {
 					stop(&podFailed{failure{Reason: "PodDeleted", Message: "the step's pod was deleted before it ran"}})
 					return
 				}
 			}
-		case <-abort:
-			abort = nil
-			r.abort(ctx, w.isRunning, errAborted, stop)
 		}
 	}
 }
@@ -52,14 +92,14 @@ type podWatch struct {
 	stop      context.CancelCauseFunc
 	running   chan struct{}
 	seen      bool      // the watch has shown the pod
-	scheduled bool      // the scheduled event went out
 	isRunning bool      // running is closed
 	pullSince time.Time // first sight of a pull failing for a passing reason
 	wake      *time.Timer
 }
 
-// timer fires when the watcher must look again without a pod change: the
-// image-pull grace ending, or the step's timeout overrun.
+// timer fires when the watcher must look again without a change: the
+// image-pull grace ending, the step's timeout overrun, a missing target's
+// grace ending.
 func (w *podWatch) timer() <-chan time.Time {
 	if w.wake == nil {
 		return nil
@@ -85,10 +125,6 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 		return false
 	}
 	w.seen = true
-	if !w.scheduled && p.Spec.NodeName != "" {
-		w.scheduled = true
-		r.s.emit(Event{Type: EventScheduled, Time: scheduledAt(p), Node: p.Spec.NodeName})
-	}
 	if f, ok := podFailure(p); ok {
 		if !f.Transient {
 			w.stop(&podFailed{f})
@@ -118,7 +154,7 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 // past it, the kill grace and a margin, the step is stopped from outside.
 func (w *podWatch) overrun(ctx context.Context) bool {
 	r := w.r
-	limit := r.s.req.timeout()
+	limit := r.sum.timeout()
 	r.mu.Lock()
 	started := r.startedAt
 	r.mu.Unlock()
@@ -128,7 +164,7 @@ func (w *podWatch) overrun(ctx context.Context) bool {
 		}
 		return false
 	}
-	left := started.Add(limit + r.m.opts.KillGrace + overrunMargin).Sub(r.m.opts.Now())
+	left := started.Add(limit + time.Duration(r.placed.KillGrace) + overrunMargin).Sub(r.m.opts.Now())
 	if left > 0 {
 		w.wakeIn(min(left, time.Second))
 		return false
@@ -148,19 +184,23 @@ func (r *runner) abort(ctx context.Context, reachable bool, cause error, stop co
 		stop(cause)
 		return
 	}
-	deadline := time.NewTimer(r.m.opts.KillGrace + 15*time.Second)
+	deadline := time.NewTimer(time.Duration(r.placed.KillGrace) + 15*time.Second)
 	defer deadline.Stop()
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := r.m.opts.Exec(actx, r.t, r.pod, r.agent("abort"), nil, nopWriter{})
+		err := r.exec(actx, r.agent("abort"), nil, nopWriter{})
 		cancel()
+		if err == nil && !r.hasStarted() {
+			stop(cause) // the agent will not start it now: nothing to wait for
+			return
+		}
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		r.m.opts.Logger.Warn("abort failed; retrying", "target", r.t.Name(), "pod", r.pod, "error", err.Error())
+		r.log.Warn("abort failed; retrying", "error", err.Error())
 		select {
 		case <-ctx.Done():
 			return
@@ -175,23 +215,4 @@ func (r *runner) abort(ctx context.Context, reachable bool, cause error, stop co
 	case <-deadline.C:
 		stop(cause)
 	}
-}
-
-type nopWriter struct{}
-
-func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
-
-// scheduledAt is when the scheduler bound the pod, as the pod says.
-func scheduledAt(p *corev1.Pod) time.Time {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
-			return c.LastTransitionTime.UTC()
-		}
-	}
-	return time.Time{}
-}
-
-// jitter spreads d by ±20%, so retries of many steps do not align.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }

@@ -102,6 +102,10 @@ type RegistryOptions struct {
 	// LandTimeout is how long landing may take before the status and the
 	// log name the step pods still holding the target; 0 never.
 	LandTimeout time.Duration
+	// UserAgent is what the targets' clients call themselves (in the API
+	// servers' audit logs, say): jetway/IDENTITY names the gateway
+	// process; default jetway.
+	UserAgent string
 }
 
 // Registry holds the targets, checks each on its own schedule, and hands
@@ -253,7 +257,7 @@ func (r *Registry) Apply(results map[string]Result) {
 			r.stopLoop(rec)
 		}
 		rec.cfg, rec.problem = res.Config, ""
-		rec.target, rec.targetErr = NewTarget(res.Config, r.opts.Installation)
+		rec.target, rec.targetErr = newTarget(res.Config, r.opts.Installation, r.opts.UserAgent)
 		if rec.target != nil {
 			rec.target.pods.OnChange(r.changes.Notify)
 			rec.target.record.OnChange(r.changes.Notify)

@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -79,8 +80,13 @@ func RecordName(installation, target string) string {
 // NewTarget builds a target's clients; it does not touch the network.
 // Its cache fills once Run runs.
 func NewTarget(cfg *Config, installation string) (*Target, error) {
+	return newTarget(cfg, installation, "")
+}
+
+// newTarget is NewTarget whose clients say they are userAgent ("": jetway).
+func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
 	rc := rest.CopyConfig(cfg.REST)
-	rc.QPS, rc.Burst, rc.UserAgent = 50, 100, "jetway"
+	rc.QPS, rc.Burst, rc.UserAgent = 50, 100, cmp.Or(userAgent, "jetway")
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
 		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
@@ -73,6 +72,11 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		logger.Warn("serving the API without authentication (--no-auth): whoever reaches it can see and act on every target")
 	}
 
+	id := steps.NewIdentity(hostname())
+	state, err := newStepState(cfg, id, logger)
+	if err != nil {
+		return err
+	}
 	registry := targets.NewRegistry(targets.RegistryOptions{
 		Interval:     cfg.HealthInterval,
 		Timeout:      cfg.HealthTimeout,
@@ -80,11 +84,12 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		StallAfter:   cfg.StallAfter,
 		Installation: cfg.Installation,
 		LandTimeout:  cfg.LandTimeout,
+		UserAgent:    "jetway/" + id,
 		Logger:       logger.With("component", "targets"),
 		Metrics:      targets.NewMetrics(reg),
 	})
 	controller := lifecycle.New(lifecycle.Options{
-		Identity: identity(),
+		Identity: id,
 		Registry: registry,
 		GCGrace:  cfg.GCGrace,
 		Logger:   logger.With("component", "lifecycle"),
@@ -133,9 +138,10 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if meshView != nil {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
-	stepper := steps.New(steps.Options{
+	stepOpts := steps.Options{
 		Registry:       registry,
 		Streamer:       stepStreams,
+		Unavailable:    state.unavailable,
 		Placement:      placement,
 		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
 		ImagePullGrace: cfg.ImagePullGrace,
@@ -144,7 +150,11 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		SandboxTTL:     cfg.CheckSandboxTTL,
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
-	})
+	}
+	if state.store != nil {
+		stepOpts.Records, stepOpts.Owners, stepOpts.Leader = state.store, state.owners, state.elector
+	}
+	stepper := steps.New(stepOpts)
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -172,11 +182,17 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		meshNode.SetHTTP(server.Handler())
 		components = append(components, meshNode) // serves calls peers forward, with what follows
 	}
-	components = append(components, stepper, closer(streamer.Close), dialer, source, registry)
+	components = append(components, stepper)
+	if state.store != nil {
+		// The placer Lease, then this gateway's own, go once its runners
+		// stopped: the others take its steps over at once.
+		components = append(components, state.elector, state.owners, state.store)
+	}
+	components = append(components, closer(streamer.Close), dialer, source, registry)
 	if tokenFile != nil {
 		components = append(components, tokenFile)
 	}
-	err := runAll(ctx, cfg.ShutdownTimeout, components...)
+	err = runAll(ctx, cfg.ShutdownTimeout, components...)
 	if err == nil {
 		logger.Info("gateway stopped")
 	}
@@ -220,14 +236,11 @@ func newMesh(cfg config.Config, registry *targets.Registry, reg prometheus.Regis
 	return node, nil
 }
 
-// identity names this replica in the Leases that pick who acts on a
-// target: host name (the pod name in Kubernetes) and a random suffix, so a
-// restarted replica never mistakes its predecessor's lease for its own.
-func identity() string {
+// hostname names this machine (the pod, in a cluster) in the gateway's
+// identity.
+func hostname() string {
 	host, _ := os.Hostname()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s-%x", host, b)
+	return host
 }
 
 func policy(cfg config.Config) targets.Policy {

@@ -9,15 +9,24 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
+// usage names the commands and their flags.
+const usage = `usage: step-agent COMMAND [--run NAME] [flags]
+  prepare --spec-bytes S
+  run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
+  tail [--offset O --events E] [--skip N|all]
+  abort | forget --run NAME | serve | serve-daemon | supervise
+  install DEST | pid1 | volumes [--listen ADDR]`
+
 func main() {
 	if len(os.Args) < 2 {
-		fail(stepagent.ExitUsage, errors.New("usage: step-agent install|pid1|prepare|run|tail|abort|forget|serve|serve-daemon|supervise|volumes ..."))
+		fail(stepagent.ExitUsage, errors.New(usage))
 	}
 	if err := dispatch(os.Args[1], os.Args[2:]); err != nil {
 		code := 1
@@ -47,10 +56,16 @@ func dispatch(cmd string, args []string) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	specBytes := fs.Int("spec-bytes", -1, "bytes of spec JSON on stdin")
 	inputBytes := fs.Int("inputs-bytes", 0, "bytes of inputs JSON on stdin, after the spec")
-	offset := fs.Int64("offset", 0, "log offset to tail from")
+	var tail stepagent.TailOptions
+	fs.Int64Var(&tail.Offset, "offset", 0, "log offset to tail from: a frame boundary")
+	fs.IntVar(&tail.Events, "events", 0, "event frames in the log before --offset")
+	fs.Var((*skipFlag)(&tail.Skip), "skip", "event frames to skip from --offset, or all of them the log holds")
 	listen := fs.String("listen", ":7788", "volume sidecar address")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := tail.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *run != "" {
@@ -83,9 +98,9 @@ func dispatch(cmd string, args []string) error {
 		if err := stepagent.Start(root, inputs); err != nil {
 			return err
 		}
-		return stepagent.Tail(root, *offset, os.Stdout)
+		return stepagent.TailFrom(context.Background(), root, tail, os.Stdout)
 	case "tail":
-		return stepagent.Tail(root, *offset, os.Stdout)
+		return stepagent.TailFrom(context.Background(), root, tail, os.Stdout)
 	case "abort":
 		return stepagent.Abort(root)
 	case "serve":
@@ -102,7 +117,32 @@ func dispatch(cmd string, args []string) error {
 	case "volumes":
 		return serveVolumes(*listen, root)
 	}
-	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
+}
+
+// skipFlag is --skip: a number of event frames, or all (-1).
+type skipFlag int
+
+// String is the flag's value as Set reads it.
+func (s *skipFlag) String() string {
+	if *s < 0 {
+		return "all"
+	}
+	return strconv.Itoa(int(*s))
+}
+
+// Set reads a number of event frames, or all.
+func (s *skipFlag) Set(v string) error {
+	if v == "all" {
+		*s = -1
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q is neither a number of event frames nor all", v)
+	}
+	*s = skipFlag(n)
+	return nil
 }
 
 func prepare(root string, n int) error {

@@ -28,9 +28,14 @@ import (
 	"github.com/jetway-ci/jetway/volumes"
 )
 
-// StepContainer is the container of a step pod that the step kubelet runs
-// execs for; jetway's step pods name their main container so.
-const StepContainer = "step"
+// StepContainer and SidecarContainer are the containers of a step pod
+// that the step kubelet runs execs for (jetway's step pods name their
+// main container and their volume sidecar so): both run in the pod's
+// root, as both have the emptyDir as their working dir in a real pod.
+const (
+	StepContainer    = "step"
+	SidecarContainer = "volumes"
+)
 
 // stepCleanupTimeout bounds deleting a pod's kwok objects once it is gone.
 const stepCleanupTimeout = 10 * time.Second
@@ -188,7 +193,7 @@ func (k *stepKubelet) createExec(ctx context.Context, p *stepPod) error {
 		"kind":       "Exec",
 		"metadata":   map[string]any{"name": p.name, "namespace": p.namespace},
 		"spec": map[string]any{"execs": []any{map[string]any{
-			"containers": []any{StepContainer},
+			"containers": []any{StepContainer, SidecarContainer},
 			"local": map[string]any{
 				"workDir": p.root,
 				"envs":    []any{map[string]any{"name": stepagent.RootEnv, "value": p.root}},

@@ -15,6 +15,9 @@ const (
 	// token may stream only from and to pods with its team here; a pod
 	// without it is for admins alone.
 	TeamLabel = "jetway-ci.dev/team"
+	// OwnerLabel names the gateway (its identity) that drives a step pod
+	// or a check sandbox: the only one that changes or deletes it.
+	OwnerLabel = "jetway-ci.dev/owner"
 )
 
 // Labels are the ownership labels of an object created for target by

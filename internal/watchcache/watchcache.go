@@ -22,8 +22,9 @@ import (
 // Cache is a reflector's store with a computed view. Its zero value is
 // not usable: make one with New.
 type Cache struct {
-	store   cache.Store
-	compute func(items []any) any
+	store     cache.Store
+	compute   func(items []any) any
+	transform func(obj any) (any, error)
 
 	mu      sync.Mutex
 	current any
@@ -40,6 +41,11 @@ func New(compute func(items []any) any) *Cache {
 	return &Cache{store: cache.NewStore(cache.MetaNamespaceKeyFunc), compute: compute,
 		current: compute(nil), changed: make(chan struct{})}
 }
+
+// Transform makes every object pass through f before it is stored (a
+// decode done once per change instead of once per read). Set it before
+// Run. An object f fails on is dropped, as if it did not exist.
+func (c *Cache) Transform(f func(obj any) (any, error)) { c.transform = f }
 
 // OnChange makes f run after every change, while the cache's lock is
 // held: f must not call back into the cache. Set it before Run.
@@ -79,6 +85,15 @@ func (c *Cache) View() any {
 	defer c.mu.Unlock()
 	return c.current
 }
+
+// Get returns the stored object of key (namespace/name), as transformed.
+func (c *Cache) Get(key string) (any, bool) {
+	obj, ok, _ := c.store.GetByKey(key)
+	return obj, ok
+}
+
+// List returns the stored objects, as transformed, in no order.
+func (c *Cache) List() []any { return c.store.List() }
 
 // Synced reports whether the objects were listed once and, if not, the
 // last list or watch failure.
@@ -194,11 +209,15 @@ func (c *Cache) Add(obj any) error { return c.Update(obj) }
 // a newer version (one this process wrote and applied): the watch brings
 // the writes before it first.
 func (c *Cache) Update(obj any) error {
+	t, err := c.transformed(obj)
+	if err != nil {
+		return c.Delete(obj) // keyed by namespace and name, as its transform would be
+	}
 	return c.update(func() error {
-		if old, ok, _ := c.store.Get(obj); ok && Newer(old, obj) {
+		if old, ok, _ := c.store.Get(t); ok && Newer(old, t) {
 			return errStale
 		}
-		return c.store.Update(Slim(obj))
+		return c.store.Update(Slim(t))
 	}, false)
 }
 
@@ -209,10 +228,25 @@ func (c *Cache) Delete(obj any) error {
 
 // Replace stores a new list.
 func (c *Cache) Replace(items []any, rv string) error {
-	for i := range items {
-		items[i] = Slim(items[i])
+	kept := items[:0]
+	for _, it := range items {
+		if it, err := c.transformed(it); err == nil {
+			kept = append(kept, Slim(it))
+		}
 	}
+	items = kept
 	return c.update(func() error { return c.store.Replace(items, rv) }, true)
+}
+
+// transformed is obj after the transform, if any.
+func (c *Cache) transformed(obj any) (any, error) {
+	if c.transform == nil {
+		return obj, nil
+	}
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d, nil
+	}
+	return c.transform(obj)
 }
 
 // Resync does nothing: the cache has no handlers to resync.

@@ -1,0 +1,245 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// endAnnotation records on a kept step pod how its step ended (JSON End),
+// beside targets.StepEndedAnnotation's time: for people reading the pod;
+// jetway reads the record.
+const endAnnotation = "jetway-ci.dev/step-end"
+
+// concludeWait bounds how long a runner keeps trying to record its step's
+// end; past it, the step's next owner (this gateway again, or another)
+// finds the process ended and records it.
+const concludeWait = 2 * time.Minute
+
+// conclude records the step's end. Then its pod stops counting against
+// its target (it is marked ended) or, when nothing in it matters (the
+// process never ran), it is deleted: see finish.
+func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
+	count := r.logEvents
+	if e.Type == EventFailed && e.ExitStatus == nil {
+		// The log's status was not read: count what the log holds now, so
+		// the end's number follows every event a reader could have read.
+		count = max(count, r.countLog(ctx))
+	}
+	at := e.Time
+	if at.IsZero() {
+		at = r.m.opts.Now().UTC()
+	}
+	end := &End{Phase: e.Phase, ExitStatus: e.ExitStatus, Reason: e.Reason, Message: e.Message, At: at.UTC(),
+		LogEvents: count, Kept: keep && r.placed.Run == ""}
+	released := r.placed.Run != "" // a check in a sandbox has no pod of its own
+	if !end.Kept && !released {
+		// Nothing in the pod matters: it goes before the end shows, so
+		// whoever sees the end sees it released.
+		if t, err := r.target(); err == nil {
+			if err := r.m.deletePod(ctx, t, r.placed.Pod); err == nil {
+				released = true
+			} else {
+				r.log.Warn("step pod not deleted; its owner tries again", "error", err.Error())
+			}
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, concludeWait)
+	defer cancel()
+	var rec *Record
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		var err error
+		rec, err = r.m.opts.Records.Update(cctx, r.name, func(rec *Record) error {
+			switch {
+			case rec.Status.Owner != r.m.me:
+				return errNotOwner
+			case rec.Status.End != nil:
+				return errUnchanged
+			}
+			rec.Status.End = end
+			if released {
+				rec.Status.Released = r.m.opts.Now().UTC()
+			}
+			if r.result != nil {
+				rec.setResult(r.result)
+			}
+			return nil
+		})
+		if err == nil {
+			break
+		}
+		if errors.Is(err, errNotOwner) || errors.Is(err, errRecordGone) || cctx.Err() != nil {
+			r.log.Warn("step end not recorded", "error", err.Error(), "why", fmt.Sprint(context.Cause(cctx)))
+			return
+		}
+		r.log.Warn("step end not recorded; retrying", "error", err.Error())
+		if sleep(cctx, jitter(backoff)) != nil {
+			return
+		}
+	}
+	r.tail.end(false)
+	r.m.opts.Metrics.finished(r.sum.Type, end.Phase)
+	if r.placed.Run == "" {
+		r.m.finish(ctx, rec)
+	} else if healthy(end) {
+		r.forgetRun(ctx)
+	}
+}
+
+// healthy says a check ended by its script's exit, not by its sandbox's
+// failure, an abort or a lost contact: its sandbox is still good.
+func healthy(e *End) bool { return e.ExitStatus != nil && e.Phase != Aborted }
+
+// forgetRun deletes a check's folder in its sandbox, once it ended.
+func (r *runner) forgetRun(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.exec(fctx, r.agent("forget"), nil, nopWriter{}); err != nil && ctx.Err() == nil {
+		r.log.Warn("check's folder in its sandbox not deleted", "error", err.Error())
+	}
+}
+
+// countLog is the number of events the step's log holds now (0 when it
+// cannot be read): the agent skips them all and says where it is.
+func (r *runner) countLog(ctx context.Context) int {
+	t, err := r.target()
+	if err != nil {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pw.CloseWithError(r.m.execAny(ctx, t, r.placed.Pod, r.agent("tail", "--skip", "all"), pw))
+	}()
+	defer func() { cancel(); pr.Close(); <-done }()
+	f, err := stepagent.ReadFrame(pr)
+	if err != nil || f.Kind != stepagent.KindPosition {
+		return 0
+	}
+	var p stepagent.Position
+	if json.Unmarshal(f.Payload, &p) != nil {
+		return 0
+	}
+	return p.Events
+}
+
+// finish does with an ended step's pod what its end says, as its owner:
+// a kept pod is marked ended (it stops counting as an active container or
+// task; its volumes count until it goes); another is deleted and the step
+// marked released. The step's release (DELETE) deletes a kept one too. A
+// pod gone makes the step released. Each move is repeated until it shows,
+// by whichever owner the step has then.
+func (m *Manager) finish(ctx context.Context, rec *Record) {
+	st := rec.Status
+	if st.End == nil || st.Placed == nil || !st.Released.IsZero() || st.Placed.Run != "" {
+		return
+	}
+	t, err := m.opts.Registry.Target(st.Placed.Target)
+	if err != nil {
+		return // without its target's clients nothing can be done; the lifecycle forgets the target's pods
+	}
+	log := m.opts.Logger.With("target", st.Placed.Target, "pod", st.Placed.Pod, "handle", rec.Summary.Handle)
+	p := t.CachedPod(st.Placed.Pod)
+	switch {
+	case gone(t, st.Placed.Pod):
+		m.released(ctx, rec)
+	case !st.End.Kept || st.Release:
+		if err := m.deletePod(ctx, t, st.Placed.Pod); err != nil {
+			log.Warn("step pod not deleted", "error", err.Error())
+			return
+		}
+		m.released(ctx, rec)
+	case p != nil && p.Annotations[targets.StepEndedAnnotation] == "":
+		raw, _ := json.Marshal(st.End)
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+			targets.StepEndedAnnotation: st.End.At.Format(time.RFC3339Nano), endAnnotation: string(raw)}}})
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := t.Core.Pods(t.Namespace()).Patch(pctx, st.Placed.Pod, types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) {
+			log.Warn("step end not marked on its pod", "error", err.Error())
+		}
+	}
+}
+
+// unfinished reports whether finish has something to do for an ended
+// step, as the caches show it.
+func (m *Manager) unfinished(rec *Record) bool {
+	st := rec.Status
+	if st.End == nil || st.Placed == nil || !st.Released.IsZero() || st.Placed.Run != "" {
+		return false
+	}
+	t, err := m.opts.Registry.Target(st.Placed.Target)
+	if err != nil {
+		return false
+	}
+	if !st.End.Kept || st.Release || gone(t, st.Placed.Pod) {
+		return true
+	}
+	p := t.CachedPod(st.Placed.Pod)
+	return p != nil && p.Annotations[targets.StepEndedAnnotation] == ""
+}
+
+// deletePod deletes a step pod this gateway owns: read fresh, it must
+// name this gateway, and it is deleted at the version read, so a pod
+// taken over meanwhile stays.
+func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string) error {
+	for attempt := 0; attempt < 10; attempt++ {
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		p, err := t.Pod(gctx, name)
+		cancel()
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read pod %s: %w", name, err)
+		}
+		if owner := p.Labels[ownership.OwnerLabel]; owner != m.me {
+			return fmt.Errorf("pod %s is %s's, not this gateway's (%s)", name, owner, m.me)
+		}
+		uid, rv := p.UID, p.ResourceVersion
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = t.Core.Pods(t.Namespace()).Delete(dctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		cancel()
+		if err == nil || apierrors.IsNotFound(err) {
+			m.opts.Metrics.podDeleted()
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("delete pod %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("delete pod %s: it keeps changing", name)
+}
+
+// released records that an ended step's pod, and its outputs, are gone.
+func (m *Manager) released(ctx context.Context, rec *Record) {
+	now := m.opts.Now().UTC()
+	_, err := m.opts.Records.Update(ctx, rec.Name, func(r *Record) error {
+		switch {
+		case r.Status.Owner != m.me:
+			return errNotOwner
+		case !r.Status.Released.IsZero():
+			return errUnchanged
+		}
+		r.Status.Released = now
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotOwner) && !errors.Is(err, errRecordGone) {
+		m.opts.Logger.Warn("step release not recorded", "handle", rec.Summary.Handle, "error", err.Error())
+	}
+}

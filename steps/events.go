@@ -1,0 +1,380 @@
+package steps
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A step's events are positions, the same on every gateway and after any
+// restart:
+//
+//	head  its record's waiting events, placed, scheduled   0 .. h-1
+//	log   the event frames of its agent's log (stepagent.IsEvent)
+//	                                                       h .. h+L-1
+//	end   exited or failed, from its record                h+L
+//
+// The head is final once the step is scheduled (nothing is logged before)
+// or ended. Event k of the log is read from the pod, the agent skipping
+// k event frames of it where it lies (step-agent tail --skip); the owner
+// keeps the last few it read in a tail, for its own followers.
+
+// FrameEvent is the event a frame of a step's log stands for: output, an
+// input streamed in, the process's start, each at the time the agent
+// wrote it. Other frames (and ones that do not decode) are none.
+func FrameEvent(f stepagent.Frame) (Event, bool) {
+	e := Event{Time: f.Time}
+	switch f.Kind {
+	case stepagent.KindStdout:
+		e.Type = EventStdout
+		return e.withData(f.Payload), true
+	case stepagent.KindStderr:
+		e.Type = EventStderr
+		return e.withData(f.Payload), true
+	case stepagent.KindInput:
+		var in stepagent.Input
+		if json.Unmarshal(f.Payload, &in) == nil {
+			e.Type, e.Input, e.Bytes, e.SHA256 = EventInput, in.Name, in.Bytes, in.SHA256
+			return e, true
+		}
+	case stepagent.KindStarted:
+		var st stepagent.Started
+		if json.Unmarshal(f.Payload, &st) == nil {
+			e.Type, e.Time = EventStarted, st.At
+			return e, true
+		}
+	}
+	return Event{}, false
+}
+
+// logReader reads a step's log from a position: frames, the first a
+// position, the last the status.
+type logReader struct {
+	br   *bufio.Reader
+	base int // the head's length: the number of the log's first event
+	next int // the number of the next event
+}
+
+// frame reads the next frame, numbering events.
+func (l *logReader) frame() (stepagent.Frame, *Event, error) {
+	f, err := stepagent.ReadFrame(l.br)
+	if err != nil {
+		return f, nil, err
+	}
+	switch {
+	case f.Kind == stepagent.KindPosition:
+		var p stepagent.Position
+		if err := json.Unmarshal(f.Payload, &p); err != nil {
+			return f, nil, fmt.Errorf("the agent's position: %w", err)
+		}
+		l.next = l.base + p.Events
+	case stepagent.IsEvent(f.Kind):
+		if e, ok := FrameEvent(f); ok {
+			e.N = l.next
+			l.next++
+			return f, &e, nil
+		}
+		l.next++ // counted, as the agent counts it
+	}
+	return f, nil, nil
+}
+
+// tail keeps the last events of a step this gateway runs, for its
+// followers here; older ones are read from the pod. It is bounded by
+// tailEvents and tailBytes of output, whatever the step prints.
+type tail struct {
+	mu      sync.Mutex
+	events  []Event // consecutive, oldest first
+	bytes   int
+	next    int  // the number of the next event
+	done    bool // the log ended (its status came)
+	stopped bool // its runner stopped: followers read the pod
+	changed chan struct{}
+}
+
+// Bounds of a tail.
+const (
+	tailEvents = 256
+	tailBytes  = 512 << 10
+)
+
+func newTail(next int) *tail { return &tail{next: next, changed: make(chan struct{})} }
+
+// add appends an event (numbered by the runner) and wakes followers.
+func (t *tail) add(e Event) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e.N != t.next && len(t.events) > 0 {
+		t.events, t.bytes = nil, 0 // a gap: start again from here
+	}
+	t.events = append(t.events, e)
+	t.bytes += len(e.Data) + len(e.DataBase64)
+	t.next = e.N + 1
+	for len(t.events) > tailEvents || (t.bytes > tailBytes && len(t.events) > 1) {
+		t.bytes -= len(t.events[0].Data) + len(t.events[0].DataBase64)
+		t.events[0] = Event{}
+		t.events = t.events[1:]
+	}
+	t.notify()
+}
+
+// position moves the tail to the log's position next, before any event.
+func (t *tail) position(next int) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if next != t.next {
+		t.events, t.bytes, t.next = nil, 0, next
+		t.notify()
+	}
+}
+
+func (t *tail) end(stopped bool) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if stopped {
+		t.stopped = true
+	} else {
+		t.done = true
+	}
+	t.notify()
+}
+
+func (t *tail) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// count is the number of events the step has had, as far as the tail
+// knows.
+func (t *tail) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.next
+}
+
+// from returns the events from n on if the tail holds n (ok), whether the
+// log has ended with them, and a channel closed at the next change.
+func (t *tail) from(n int) (evs []Event, ok, done bool, changed <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := t.next - len(t.events)
+	if t.stopped || n < first || n > t.next {
+		return nil, false, false, t.changed
+	}
+	return append([]Event(nil), t.events[n-first:]...), true, t.done, t.changed
+}
+
+// tail is the tail of the step of record name, if this gateway runs it.
+func (m *Manager) tail(name string) *tail {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.tails[name]
+}
+
+// errLogGone: the step's log went with its pod.
+var errLogGone = errors.New("the step's log went with its pod")
+
+// eventsPoll bounds how long a follower waits for the record to change
+// before it looks again (a pod the step's log is read from going, say).
+const eventsPoll = 2 * time.Second
+
+// follow sends the events of the step of record name from n on, as they
+// come, until the step has ended and all were sent, ctx ends or send
+// fails.
+func (m *Manager) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
+	backoff := firstRetry
+	for {
+		changed := m.opts.Records.Changed()
+		r, ok := m.opts.Records.Get(name)
+		if !ok {
+			return nil // forgotten meanwhile
+		}
+		head, final := r.Head()
+		if n < len(head) {
+			if err := send(head[n:]); err != nil {
+				return err
+			}
+			n = len(head)
+		}
+		end, ended := r.EndEvent()
+		switch {
+		case ended && n > end.N:
+			return nil
+		case ended && n == end.N:
+			return send([]Event{end})
+		}
+		logged := final && (ended || !r.Status.Started.IsZero())
+		if logged {
+			next, err := m.readLog(ctx, r, len(head), n, send)
+			n = next
+			switch {
+			case err == nil && ended:
+				continue // the end follows
+			case err == nil:
+				backoff = firstRetry // the log is all read: wait for the end's record
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.Is(err, errSend):
+				return errors.Unwrap(err)
+			case errors.Is(err, errLogGone) && ended:
+				return fmt.Errorf("%w: events %d to %d of step %s went with its pod (released)", ErrGone, n, end.N-1, r.Summary.Handle)
+			default:
+				if err := sleep(ctx, jitter(backoff)); err != nil {
+					return err
+				}
+				backoff = min(2*backoff, eventsPoll)
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-time.After(eventsPoll):
+		}
+	}
+}
+
+// errSend wraps a failure of the follower's send.
+var errSend = errors.New("send")
+
+// readLog sends the step's log events from n on (base is the number of
+// its first), from this gateway's tail when it holds them, else from the
+// pod, until the log's status. It returns the number of the next event
+// to send.
+func (m *Manager) readLog(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+	for {
+		t := m.tail(r.Name)
+		if t == nil {
+			return m.readPod(ctx, r, base, n, send)
+		}
+		evs, ok, done, changed := t.from(n)
+		if !ok {
+			return m.readPod(ctx, r, base, n, send)
+		}
+		if len(evs) > 0 {
+			if err := send(evs); err != nil {
+				return n, fmt.Errorf("%w: %w", errSend, err)
+			}
+			n = evs[len(evs)-1].N + 1
+			continue
+		}
+		if done {
+			return n, nil
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// readPod reads the step's log from its pod, from event n on, until its
+// status; it hands over to this gateway's tail when that holds the next
+// event (the runner caught up with it).
+func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+	p := r.Status.Placed
+	t, err := m.opts.Registry.Target(p.Target)
+	if err != nil {
+		return n, err
+	}
+	if gone(t, p.Pod) {
+		return n, errLogGone
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	cmd := agent("tail", "--offset", "0", "--events", "0", "--skip", strconv.Itoa(n-base))
+	if p.Run != "" {
+		cmd = append(cmd, "--run", p.Run)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { pw.CloseWithError(m.execAny(ctx, t, p.Pod, cmd, pw)) })
+	defer func() {
+		cancel()
+		pr.Close() // the exec's writes fail: it returns
+		wg.Wait()
+	}()
+	want := n
+	l := &logReader{br: bufio.NewReaderSize(pr, 64<<10), base: base, next: n}
+	var batch []Event
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := send(batch)
+		batch = batch[:0]
+		if err != nil {
+			return fmt.Errorf("%w: %w", errSend, err)
+		}
+		return nil
+	}
+	for {
+		f, e, err := l.frame()
+		if err != nil {
+			if ferr := flush(); ferr != nil {
+				return l.next, ferr
+			}
+			return l.next, err
+		}
+		switch {
+		case e != nil && e.N >= want:
+			batch = append(batch, *e)
+		case f.Kind == stepagent.KindStatus:
+			// A log that ended with fewer events than asked for has none
+			// from n on.
+			return max(l.next, want), flush()
+		}
+		if l.br.Buffered() == 0 || len(batch) >= 64 {
+			if err := flush(); err != nil {
+				return l.next, err
+			}
+			if tl := m.tail(r.Name); tl != nil {
+				if _, ok, _, _ := tl.from(l.next); ok {
+					return l.next, nil // the tail has it from here
+				}
+			}
+		}
+	}
+}
+
+// execAny runs an agent command in the step container, or in the volume
+// sidecar when the step's container cannot take it (it ended: an OOM
+// kill, say); both see the pod's emptyDir.
+func (m *Manager) execAny(ctx context.Context, t *targets.Target, pod string, cmd []string, out io.Writer) error {
+	err := m.opts.Exec(ctx, t, pod, StepContainer, cmd, nil, out)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	if _, coded := stepagent.ExitCode(err); coded {
+		return err // the agent ran, and answered
+	}
+	if p := t.CachedPod(pod); p != nil && terminated(p, StepContainer) {
+		return m.opts.Exec(ctx, t, pod, SidecarContainer, cmd, nil, out)
+	}
+	return err
+}
+
+// gone reports whether a target's synced watch no longer shows a pod.
+func gone(t *targets.Target, pod string) bool {
+	ok, _ := t.Synced()
+	return ok && t.CachedPod(pod) == nil
+}
