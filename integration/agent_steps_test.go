@@ -218,13 +218,15 @@ func TestAgentPlacement(t *testing.T) {
 	req.Platform = "plan9"
 	asMain.run(t, req)
 	const plan9 = "no target satisfies team 'main', platform 'plan9'"
-	waitWaiting(t, &asMain, "ap-plan9", plan9)
+	// It names every worker's refusal, the agents' too, as place does.
+	const plan9Why = plan9 + ": ap-linux: platform linux; ap-mac: platform darwin; ap-win: platform windows"
+	waitWaiting(t, &asMain, "ap-plan9", plan9Why)
 	code, p, _ := g.place(t, mainToken.Token, api.PlacementRequest{Type: "task", Team: "main", Platform: "plan9"})
 	assert.Equal(t, http.StatusUnprocessableEntity, code, "%+v", p)
 	assert.Equal(t, plan9, p.Error)
 	assert.Equal(t, map[string]string{"ap-mac": "platform darwin", "ap-win": "platform windows", "ap-linux": "platform linux"},
 		p.Rejected)
-	endWaiting(ctx, t, &asMain, "ap-plan9", plan9)
+	endWaiting(ctx, t, &asMain, "ap-plan9", plan9Why)
 
 	// Another team's darwin task: ap-mac is main's, so no worker fits, and
 	// no answer to that team names ap-mac.
@@ -233,7 +235,8 @@ func TestAgentPlacement(t *testing.T) {
 	code, _, body := asOther.submitStep(t, otherTeamToken.Token, req)
 	require.Equal(t, http.StatusAccepted, code, body)
 	const other = "no target satisfies team 'other', platform 'darwin'"
-	waitWaiting(t, &asOther, "ap-other", other)
+	const otherWhy = other + ": ap-linux: platform linux; ap-win: platform windows"
+	waitWaiting(t, &asOther, "ap-other", otherWhy)
 	code, p, _ = g.place(t, otherTeamToken.Token, api.PlacementRequest{Type: "task", Team: "other", Platform: "darwin"})
 	assert.Equal(t, http.StatusUnprocessableEntity, code, "%+v", p)
 	assert.Equal(t, other, p.Error)
@@ -244,7 +247,7 @@ func TestAgentPlacement(t *testing.T) {
 	workers := asOther.get(t, "/api/v1/workers", nil)
 	assert.Contains(t, workers, "ap-win")
 	assert.NotContains(t, workers, "ap-mac", "another team's agent is not listed")
-	evs := endWaiting(ctx, t, &asOther, "ap-other", other)
+	evs := endWaiting(ctx, t, &asOther, "ap-other", otherWhy)
 	for _, e := range evs {
 		assert.NotContains(t, e.Message, "ap-mac")
 	}

@@ -234,7 +234,16 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	elector, err := steps.NewElector(eo)
 	require.NoError(t, err)
 	stepper := steps.New(steps.Options{Registry: registry, Streamer: stepStreams, Placement: o.placement,
-		Records: store, Owners: owners, Leader: elector,
+		Records: store, Owners: owners, Leader: elector, Elsewhere: func() []targets.Status {
+			if node == nil {
+				return nil
+			}
+			var out []targets.Status
+			for _, r := range node.Remotes() {
+				out = append(out, r.Target.Status())
+			}
+			return out
+		},
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: time.Minute,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
@@ -246,15 +255,14 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
-	// Stopped in two waves, as gateway run stops them: the API and the
-	// steps first, then what they use (this gateway's leases go once its
-	// runners stopped).
-	first := []interface{ Start(context.Context) error }{server, stepper}
+	// Stopped in two waves: the steps first, then the rest at once (this
+	// gateway's leases go once its runners stopped, as in gateway run).
+	first := []interface{ Start(context.Context) error }{stepper}
+	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
 	if node != nil {
 		node.SetHTTP(server.Handler())
-		first = append(first, node)
+		second = append(second, node)
 	}
-	second := []interface{ Start(context.Context) error }{registry, source, dialer, store, owners, elector}
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	var wg1, wg2 sync.WaitGroup

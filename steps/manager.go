@@ -102,6 +102,10 @@ type Options struct {
 	Leader Leadership
 	// Unavailable says why Records is nil.
 	Unavailable string
+	// Elsewhere lists the targets other members of the mesh own (nil:
+	// none), for a waiting step to name why each refuses it, as gateway
+	// place does; steps are placed on this gateway's own targets.
+	Elsewhere func() []targets.Status
 	Placement   PlacementOptions
 	Pod         PodOptions
 	// ImagePullGrace is how long an image pull refused for a passing

@@ -35,6 +35,9 @@ type placer struct {
 	poolKey   uint64
 	cands     map[string]selection.Candidate // as in the pool, by name
 	sandboxes *sandboxes
+	// whys are the round's waiting messages, by kind of step: many
+	// waiting steps share a few.
+	whys map[string]string
 
 	mu       sync.Mutex
 	inflight map[string]Placed // placements being written, by record
@@ -137,6 +140,7 @@ func (p *placer) round(ctx context.Context) {
 		}
 		return a.Name < b.Name
 	})
+	p.whys = map[string]string{}
 	for _, r := range pending {
 		p.placeOne(ctx, r)
 	}
@@ -160,7 +164,13 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 		if !d.Compatible {
 			reason, why = ReasonNoTargetFits, noTargetPrefix+describe(sum)
 		}
-		p.wait(ctx, r, reason, why+refusals(d.Reasons(), p.cands, sum.Team))
+		kind := reason + "\x00" + sum.Type + "\x00" + sum.Team + "\x00" + sum.Platform + "\x00" + strings.Join(sum.Tags, ",")
+		msg, ok := p.whys[kind]
+		if !ok {
+			msg = why + p.refusals(d, sum)
+			p.whys[kind] = msg
+		}
+		p.wait(ctx, r, reason, msg)
 		return
 	}
 	target := d.Order[0]
@@ -388,19 +398,53 @@ func Describe(team string, tags []string, platform string) string {
 	return strings.Join(parts, ", ")
 }
 
-// refusals names why each target the step's team may see refuses it, as
-// `gateway place` does, grouped by reason: ": a, b: untagged step; c:
-// at limit active-tasks 2/2". Other teams' targets stay unnamed.
-func refusals(reasons map[string]string, cands map[string]selection.Candidate, team string) string {
+// refusals names why each target of the mesh the step's team may see
+// refuses it, as `gateway place` does, grouped by reason: ": a, b:
+// untagged step; c: at limit active-tasks 2/2". Other teams' targets stay
+// unnamed; an agent refuses all but tasks.
+func (p *placer) refusals(d selection.Decision, sum Summary) string {
+	reasons := d.Reasons()
+	if reasons == nil {
+		reasons = map[string]string{}
+	}
+	teams := map[string]string{}
+	for name, c := range p.cands {
+		teams[name] = c.Team
+	}
+	if p.m.opts.Elsewhere != nil {
+		var others []targets.Status
+		for _, st := range p.m.opts.Elsewhere() {
+			if _, mine := p.cands[st.Name]; mine {
+				continue
+			}
+			teams[st.Name] = st.Meta.Team
+			if targets.IsAgent(st) && sum.Type != selection.StepTask {
+				reasons[st.Name] = "an agent runs tasks only: it has no resource types"
+				continue
+			}
+			others = append(others, st)
+		}
+		od := selection.Place(stepOf(sum), Candidates(others, nil), selection.Options{
+			Chain: p.m.opts.Placement.Chain(sum.Type, false), Limits: p.m.opts.Placement.Limits})
+		for name, why := range od.Rejected {
+			reasons[name] = why
+		}
+	}
+	return groupRefusals(reasons, teams, sum.Team)
+}
+
+// groupRefusals writes reasons (by target; teams says each one's team)
+// as a step of team may read them.
+func groupRefusals(reasons, teams map[string]string, team string) string {
 	byReason := map[string][]string{}
 	for name, why := range reasons {
-		if c := cands[name]; c.Team != "" && team != "" && c.Team != team {
+		if tt := teams[name]; tt != "" && team != "" && tt != team {
 			continue
 		}
 		byReason[why] = append(byReason[why], name)
 	}
 	if len(byReason) == 0 {
-		if len(cands) == 0 {
+		if len(teams) == 0 {
 			return ": there are no targets"
 		}
 		return ""

@@ -154,6 +154,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if state.store != nil {
 		stepOpts.Records, stepOpts.Owners, stepOpts.Leader = state.store, state.owners, state.elector
 	}
+	if meshNode != nil {
+		stepOpts.Elsewhere = func() []targets.Status { return remoteStatuses(meshNode) }
+	}
 	stepper := steps.New(stepOpts)
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
@@ -197,6 +200,16 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		logger.Info("gateway stopped")
 	}
 	return err
+}
+
+// remoteStatuses are the targets the other members of the mesh own.
+func remoteStatuses(m *mesh.Mesh) []targets.Status {
+	remotes := m.Remotes()
+	out := make([]targets.Status, 0, len(remotes))
+	for _, r := range remotes {
+		out = append(out, r.Target.Status())
+	}
+	return out
 }
 
 // meshName is this gateway's name in the mesh; "" outside one.

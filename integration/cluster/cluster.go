@@ -230,6 +230,11 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 	)
+	audit, err := auditFlags(c.dir)
+	if err != nil {
+		return err
+	}
+	c.apiserver.args = append(c.apiserver.args, audit...)
 	if opts.APIServerFeatureGates != "" {
 		c.apiserver.args = append(c.apiserver.args, "--feature-gates="+opts.APIServerFeatureGates)
 	}

@@ -11,8 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/integration/cluster"
 )
 
 const (
@@ -47,14 +52,32 @@ func (e *gatewayExited) Error() string {
 
 func (d *demo) logPath() string { return filepath.Join(d.o.dir, "gateway.log") }
 
+// stateNS is the namespace of the first cluster that keeps the gateway's
+// step records and leases.
+const stateNS = "jetway"
+
+// stateNamespace makes the namespace where the gateway keeps its steps
+// (its state namespace: docs/steps.md) on c, and returns the flags that
+// name it, with c's admin kubeconfig: in a cluster, the chart gives the
+// gateway its own namespace instead.
+func (d *demo) stateNamespace(ctx context.Context, c *cluster.Cluster) ([]string, error) {
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: stateNS}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("state namespace: %w", err)
+	}
+	d.story.line("It keeps its steps (their records, its lease) in namespace %s of %s.", stateNS, c.Name)
+	return []string{"--state-kubeconfig", c.AdminKubeconfig(), "--state-namespace", stateNS}, nil
+}
+
 // startGateway runs `gateway run --no-auth` on the targets directory, its
-// output going to the log file. Stop it with stopGateway.
-func (d *demo) startGateway(ctx context.Context, targetsDir string) (*gatewayProcess, error) {
+// output going to the log file, with the flags of its state namespace.
+// Stop it with stopGateway.
+func (d *demo) startGateway(ctx context.Context, targetsDir string, state []string) (*gatewayProcess, error) {
 	logFile, err := os.Create(d.logPath())
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"run", "--listen", d.o.listen, "--targets-dir", display(targetsDir), "--no-auth", "--health-interval", "5s"}
+	args := append([]string{"run", "--listen", d.o.listen, "--targets-dir", display(targetsDir), "--no-auth", "--health-interval", "5s"}, state...)
 	d.story.command(append([]string{d.gateway()}, args...)...)
 	procCtx, stop := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(procCtx, d.gateway(), args...)

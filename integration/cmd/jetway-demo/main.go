@@ -95,7 +95,11 @@ func (d *demo) tell(ctx context.Context) error {
 
 	d.story.section(2, "The gateway, serving both targets",
 		"(its own JSON logs go to "+display(d.logPath())+")")
-	gw, err := d.startGateway(ctx, targetsDir)
+	state, err := d.stateNamespace(ctx, clusters[0])
+	if err != nil {
+		return err
+	}
+	gw, err := d.startGateway(ctx, targetsDir, state)
 	if err != nil {
 		return err
 	}
