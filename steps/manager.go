@@ -106,8 +106,8 @@ type Options struct {
 	// none), for a waiting step to name why each refuses it, as gateway
 	// place does; steps are placed on this gateway's own targets.
 	Elsewhere func() []targets.Status
-	Placement   PlacementOptions
-	Pod         PodOptions
+	Placement PlacementOptions
+	Pod       PodOptions
 	// ImagePullGrace is how long an image pull refused for a passing
 	// reason (a rate limit, a registry's 5xx) may go on before it fails
 	// the step; default 2m.
@@ -139,14 +139,14 @@ type Manager struct {
 	me     string
 	placer *placer
 
-	mu      sync.Mutex
-	ctx     context.Context    // Start's; nil before
-	runners map[string]*runner // the steps this gateway drives now, by record
+	mu       sync.Mutex
+	ctx      context.Context     // Start's; nil before
+	runners  map[string]*runner  // the steps this gateway drives now, by record
 	tails    map[string]*tail    // their recent events
 	busy     map[string]bool     // records with a housekeeping task under way
 	sessions map[string]*session // into check sandboxes, by target/pod
-	kick    chan struct{}
-	wg      sync.WaitGroup
+	kick     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // New builds a Manager; Start runs it.

@@ -229,7 +229,6 @@ func (t *Target) AwaitRecord(ctx context.Context, resourceVersion string) error 
 	})
 }
 
-
 // podSummary is what the pods cache serves, computed on every change.
 type podSummary struct {
 	pods    []*corev1.Pod
