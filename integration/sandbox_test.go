@@ -35,7 +35,7 @@ func TestCheckSandboxes(t *testing.T) {
 	const ns = "sandbox"
 	dir := t.TempDir()
 	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
-	opts := gatewayOptions{resourceDir: resourceScripts(t), sandboxTTL: 3 * time.Second}
+	opts := gatewayOptions{resourceDir: resourceScripts(t), sandboxTTL: 3 * time.Second, retain: 2 * time.Second}
 	g := startGateway(t, dir, opts)
 	g.waitTarget(t, ns, 10*time.Second, running)
 	api, err := client.New(client.Options{URL: g.base})
@@ -83,7 +83,7 @@ func TestCheckSandboxes(t *testing.T) {
 	require.Eventually(t, func() bool {
 		entries, err := os.ReadDir(runs)
 		return err == nil && len(entries) == 0
-	}, 10*time.Second, 50*time.Millisecond, "each check's folder is deleted after it")
+	}, 10*time.Second, 50*time.Millisecond, "each check's folder, with its log, is deleted once it was kept for retain")
 
 	other := check("other-0", "repo-y")
 	assert.NotEqual(t, sandbox, other.Pod, "another key, another sandbox")

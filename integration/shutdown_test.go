@@ -37,7 +37,13 @@ type gatewayProcess struct {
 // serves.
 func runGateway(t *testing.T, dir string, args ...string) *gatewayProcess {
 	t.Helper()
-	args = append([]string{"run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--no-auth"}, args...)
+	return startGatewayProcess(t, append([]string{"run", "--listen", "127.0.0.1:0", "--targets-dir", dir, "--no-auth"}, args...)...)
+}
+
+// startGatewayProcess starts the gateway binary with args (a `gateway
+// run`) and returns once it serves.
+func startGatewayProcess(t *testing.T, args ...string) *gatewayProcess {
+	t.Helper()
 	cmd := exec.Command(gatewayBinary(t), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,8 +44,8 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	}
 	end := &End{Phase: e.Phase, ExitStatus: e.ExitStatus, Reason: e.Reason, Message: e.Message, At: at.UTC(),
 		LogEvents: count, Kept: keep && r.placed.Run == ""}
-	released := r.placed.Run != "" // a check in a sandbox has no pod of its own
-	if !end.Kept && !released {
+	released := false
+	if !end.Kept && r.placed.Run == "" {
 		// Nothing in the pod matters: it goes before the end shows, so
 		// whoever sees the end sees it released.
 		if t, err := r.target(); err == nil {
@@ -90,24 +91,20 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	}
 	r.tail.end(false)
 	r.m.opts.Metrics.finished(r.sum.Type, end.Phase)
-	if r.placed.Run == "" {
-		r.m.finish(ctx, rec)
-	} else if healthy(end) {
-		r.forgetRun(ctx)
-	}
+	r.m.finish(ctx, rec)
 }
 
 // healthy says a check ended by its script's exit, not by its sandbox's
 // failure, an abort or a lost contact: its sandbox is still good.
 func healthy(e *End) bool { return e.ExitStatus != nil && e.Phase != Aborted }
 
-// forgetRun deletes a check's folder in its sandbox, once it ended.
-func (r *runner) forgetRun(ctx context.Context) {
+// forgetRun deletes an ended check's folder in its sandbox, and with it
+// its log: it is released.
+func (m *Manager) forgetRun(ctx context.Context, t *targets.Target, rec *Record) error {
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := r.exec(fctx, r.agent("forget"), nil, nopWriter{}); err != nil && ctx.Err() == nil {
-		r.log.Warn("check's folder in its sandbox not deleted", "error", err.Error())
-	}
+	p := rec.Status.Placed
+	return m.opts.Exec(fctx, t, p.Pod, StepContainer, agent("forget", "--run", p.Run), nil, nopWriter{})
 }
 
 // countLog is the number of events the step's log holds now (0 when it
@@ -145,7 +142,7 @@ func (r *runner) countLog(ctx context.Context) int {
 // by whichever owner the step has then.
 func (m *Manager) finish(ctx context.Context, rec *Record) {
 	st := rec.Status
-	if st.End == nil || st.Placed == nil || !st.Released.IsZero() || st.Placed.Run != "" {
+	if st.End == nil || st.Placed == nil || !st.Released.IsZero() {
 		return
 	}
 	t, err := m.opts.Registry.Target(st.Placed.Target)
@@ -156,6 +153,17 @@ func (m *Manager) finish(ctx context.Context, rec *Record) {
 	p := t.CachedPod(st.Placed.Pod)
 	switch {
 	case gone(t, st.Placed.Pod):
+		m.released(ctx, rec)
+	case st.Placed.Run != "":
+		// A check's folder in its sandbox, its log with it, stays for
+		// Retain (the sandbox's owner deletes the sandbox when it is idle).
+		if m.opts.Now().Sub(st.End.At) < m.opts.Retain && !st.Release {
+			return
+		}
+		if err := m.forgetRun(ctx, t, rec); err != nil && ctx.Err() == nil {
+			log.Warn("check's folder in its sandbox not deleted", "error", err.Error())
+			return
+		}
 		m.released(ctx, rec)
 	case !st.End.Kept || st.Release:
 		if err := m.deletePod(ctx, t, st.Placed.Pod); err != nil {
@@ -180,23 +188,29 @@ func (m *Manager) finish(ctx context.Context, rec *Record) {
 // step, as the caches show it.
 func (m *Manager) unfinished(rec *Record) bool {
 	st := rec.Status
-	if st.End == nil || st.Placed == nil || !st.Released.IsZero() || st.Placed.Run != "" {
+	if st.End == nil || st.Placed == nil || !st.Released.IsZero() {
 		return false
 	}
 	t, err := m.opts.Registry.Target(st.Placed.Target)
-	if err != nil {
+	switch {
+	case err != nil:
 		return false
-	}
-	if !st.End.Kept || st.Release || gone(t, st.Placed.Pod) {
+	case gone(t, st.Placed.Pod):
+		return true
+	case st.Placed.Run != "":
+		return m.opts.Now().Sub(st.End.At) >= m.opts.Retain || st.Release
+	case !st.End.Kept || st.Release:
 		return true
 	}
 	p := t.CachedPod(st.Placed.Pod)
 	return p != nil && p.Annotations[targets.StepEndedAnnotation] == ""
 }
 
-// deletePod deletes a step pod this gateway owns: read fresh, it must
-// name this gateway, and it is deleted at the version read, so a pod
-// taken over meanwhile stays.
+// deletePod deletes a step pod this gateway owns (its record, or the
+// sandboxes, say so): read fresh, it is made to name this gateway first if
+// it names the owner this gateway took it from, and it is deleted at the
+// version read, so a pod changed meanwhile is read again. The pod's owner
+// label says who deleted it.
 func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string) error {
 	for attempt := 0; attempt < 10; attempt++ {
 		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -208,8 +222,11 @@ func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string)
 		if err != nil {
 			return fmt.Errorf("read pod %s: %w", name, err)
 		}
-		if owner := p.Labels[ownership.OwnerLabel]; owner != m.me {
-			return fmt.Errorf("pod %s is %s's, not this gateway's (%s)", name, owner, m.me)
+		if p.Labels[ownership.OwnerLabel] != m.me {
+			if err := m.relabel(ctx, t, p); err != nil && !apierrors.IsConflict(err) {
+				return err
+			}
+			continue
 		}
 		uid, rv := p.UID, p.ResourceVersion
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -224,6 +241,20 @@ func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string)
 		}
 	}
 	return fmt.Errorf("delete pod %s: it keeps changing", name)
+}
+
+// relabel makes a step pod name this gateway as its owner, at the version
+// read.
+func (m *Manager) relabel(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion,
+		"labels": map[string]string{ownership.OwnerLabel: m.me}}})
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := t.Core.Pods(t.Namespace()).Patch(pctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err == nil {
+		m.opts.Logger.Info("step pod taken over", "target", t.Name(), "pod", p.Name, "was", p.Labels[ownership.OwnerLabel])
+	}
+	return err
 }
 
 // released records that an ended step's pod, and its outputs, are gone.

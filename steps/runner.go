@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
@@ -267,13 +266,8 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 		case p.Labels[ownership.OwnerLabel] == r.m.me:
 			return nil
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion,
-			"labels": map[string]string{ownership.OwnerLabel: r.m.me}}})
-		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err = t.Core.Pods(t.Namespace()).Patch(pctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-		cancel()
+		err = r.m.relabel(ctx, t, p)
 		if err == nil {
-			r.log.Info("step pod taken over", "was", p.Labels[ownership.OwnerLabel])
 			return nil
 		}
 		if !apierrors.IsConflict(err) || attempt > 10 {

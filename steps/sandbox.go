@@ -85,11 +85,14 @@ type sandbox struct {
 type sandboxes struct {
 	p     *placer
 	byKey map[sandboxKey][]*sandbox
-	mu    sync.Mutex
+	// gone are the sandbox pods this placer deleted, until the watch no
+	// longer shows them: find takes none up again.
+	gone map[string]bool
+	mu   sync.Mutex
 }
 
 func newSandboxes(p *placer) *sandboxes {
-	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}}
+	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}, gone: map[string]bool{}}
 }
 
 // tend brings the sandboxes up to what the targets and records show:
@@ -162,12 +165,17 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 			known[sb.target+"/"+sb.pod] = true
 		}
 	}
+	for k := range s.gone {
+		known[k] = true
+	}
+	seen := map[string]bool{}
 	for _, st := range snap {
 		t, err := s.p.m.opts.Registry.Target(st.Name)
 		if err != nil {
 			continue
 		}
 		for _, p := range t.Pods() {
+			seen[st.Name+"/"+p.Name] = true
 			if p.Labels[SandboxLabel] == "" || known[st.Name+"/"+p.Name] || p.DeletionTimestamp != nil || len(p.Spec.Containers) == 0 {
 				continue
 			}
@@ -181,6 +189,11 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 				s.p.wg.Go(func() { s.own(ctx, t, p.Name) })
 			}
 			s.p.m.opts.Logger.Info("check sandbox taken over", "target", st.Name, "pod", p.Name, "team", k.team)
+		}
+	}
+	for k := range s.gone {
+		if !seen[k] {
+			delete(s.gone, k)
 		}
 	}
 }
@@ -308,6 +321,7 @@ func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error 
 func (s *sandboxes) delete(ctx context.Context, sb *sandbox, why string) {
 	m := s.p.m
 	sb.deleting = true
+	s.gone[sb.target+"/"+sb.pod] = true
 	m.opts.Metrics.sandboxDeleted(why)
 	m.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", sb.key.team, "why", why)
 	m.closeSession(sb.target, sb.pod)

@@ -95,9 +95,10 @@ func (m *Manager) awaitPrepared(ctx context.Context, r *Record, input string) (*
 	}
 }
 
-// claim marks input as coming in through this gateway: an input in, or
-// claimed by a live gateway, is a conflict; a claim of a gateway gone
-// (it died mid-upload) is taken.
+// claim marks input as coming in through this gateway: an input in is a
+// conflict; one coming in through another live gateway is unavailable
+// for now (that upload may fail); a claim of a gateway gone (it died
+// mid-upload) is taken.
 func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
 	now := m.opts.Now().UTC()
 	_, err := m.opts.Records.Update(ctx, name, func(cur *Record) error {
@@ -106,7 +107,8 @@ func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
 			return fmt.Errorf("%w: input %q of step %s is uploaded already", ErrConflict, input, handle)
 		}
 		if c, ok := st.Uploading[input]; ok && (c.By == m.me || m.opts.Owners.Alive(c.By)) {
-			return fmt.Errorf("%w: input %q of step %s is being uploaded", ErrConflict, input, handle)
+			return fmt.Errorf("%w: input %q of step %s is being uploaded (through gateway %s since %s); if that fails, it may come again",
+				ErrUnavailable, input, handle, c.By, c.Since.Format(time.RFC3339))
 		}
 		if st.End != nil {
 			return fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, handle, input)
