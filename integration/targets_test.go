@@ -93,6 +93,9 @@ type gatewayOptions struct {
 	// retain is how long an ended step's log stays in a check sandbox,
 	// and a released step's record; default a minute.
 	retain time.Duration
+	// targetGone is how long a step's target may be missing; default
+	// steps.DefaultTargetGoneGrace.
+	targetGone time.Duration
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -248,7 +251,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			return out
 		},
 		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
-		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute),
+		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))

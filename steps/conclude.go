@@ -47,8 +47,11 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	released := false
 	if !end.Kept && r.placed.Run == "" {
 		// Nothing in the pod matters: it goes before the end shows, so
-		// whoever sees the end sees it released.
-		if t, err := r.target(); err == nil {
+		// whoever sees the end sees it released. A pod on a target gone
+		// from the directory is out of reach: released as it is.
+		t, err := r.target()
+		released = errors.Is(err, targets.ErrNotFound)
+		if err == nil {
 			if err := r.m.deletePod(ctx, t, r.placed.Pod); err == nil {
 				released = true
 			} else {
@@ -146,8 +149,14 @@ func (m *Manager) finish(ctx context.Context, rec *Record) {
 		return
 	}
 	t, err := m.opts.Registry.Target(st.Placed.Target)
+	if errors.Is(err, targets.ErrNotFound) {
+		// Its target left the directory: its pod is out of reach (the
+		// target's retire, or its namespace's deletion, takes it).
+		m.released(ctx, rec)
+		return
+	}
 	if err != nil {
-		return // without its target's clients nothing can be done; the lifecycle forgets the target's pods
+		return // an invalid entry: its pod waits for its clients
 	}
 	log := m.opts.Logger.With("target", st.Placed.Target, "pod", st.Placed.Pod, "handle", rec.Summary.Handle)
 	p := t.CachedPod(st.Placed.Pod)
@@ -193,6 +202,8 @@ func (m *Manager) unfinished(rec *Record) bool {
 	}
 	t, err := m.opts.Registry.Target(st.Placed.Target)
 	switch {
+	case errors.Is(err, targets.ErrNotFound):
+		return true
 	case err != nil:
 		return false
 	case gone(t, st.Placed.Pod):

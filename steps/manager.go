@@ -115,8 +115,13 @@ type Options struct {
 	// KillGrace is the time between TERM and KILL when a step is aborted
 	// or times out; default 10s.
 	KillGrace time.Duration
-	// Retain is how long a released step stays visible; default 10m.
+	// Retain is how long a released step stays visible, and a check's log
+	// in its sandbox after its end; default 10m.
 	Retain time.Duration
+	// TargetGoneGrace is how long a step's target may be missing from the
+	// targets directory before the step ends; default
+	// DefaultTargetGoneGrace.
+	TargetGoneGrace time.Duration
 	// SandboxTTL is how long an idle check sandbox is kept; default
 	// DefaultSandboxTTL.
 	SandboxTTL time.Duration
@@ -154,6 +159,7 @@ func New(opts Options) *Manager {
 	opts.ImagePullGrace = cmp.Or(opts.ImagePullGrace, 2*time.Minute)
 	opts.KillGrace = cmp.Or(opts.KillGrace, 10*time.Second)
 	opts.Retain = cmp.Or(opts.Retain, 10*time.Minute)
+	opts.TargetGoneGrace = cmp.Or(opts.TargetGoneGrace, DefaultTargetGoneGrace)
 	opts.ResourceDir = cmp.Or(opts.ResourceDir, DefaultResourceDir)
 	opts.SandboxTTL = cmp.Or(opts.SandboxTTL, DefaultSandboxTTL)
 	if opts.Exec == nil {

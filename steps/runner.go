@@ -288,13 +288,13 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true
 	case errors.Is(err, errAborted):
 		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted while waiting for its inputs"}, false
+	case errors.Is(cause, errTargetGone):
+		return Event{Type: EventFailed, Phase: Errored, Reason: "TargetRemoved", Message: cause.Error()}, false
 	case errors.Is(cause, errTimedOut):
 		return Event{Type: EventFailed, Phase: Errored, Reason: stepagent.ReasonTimeout,
 			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.sum.Timeout)}, false
 	case errors.As(err, &cf):
 		return Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false
-	case errors.Is(err, errTargetGone):
-		return Event{Type: EventFailed, Phase: Errored, Reason: "TargetRemoved", Message: err.Error()}, false
 	case err != nil:
 		return Event{Type: EventFailed, Phase: Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
 	}

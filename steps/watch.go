@@ -14,9 +14,10 @@ import (
 // watch before the watcher asks the API server whether it still exists.
 const appearTimeout = 30 * time.Second
 
-// targetGoneGrace is how long a step's target may be missing from the
-// targets directory (an operator moving its entry) before the step ends.
-const targetGoneGrace = 30 * time.Second
+// DefaultTargetGoneGrace is how long a step's target may be missing from
+// the targets directory (an operator moving its entry) before the step
+// ends.
+const DefaultTargetGoneGrace = 30 * time.Second
 
 // watch follows the step's pod in its target's watch (the target as it is
 // now: a rotated kubeconfig's new watch too) and its record until ctx
@@ -43,11 +44,11 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 			if missing.IsZero() {
 				missing = now
 			}
-			if now.Sub(missing) >= targetGoneGrace {
+			if grace := r.m.opts.TargetGoneGrace; now.Sub(missing) >= grace {
 				stop(fmt.Errorf("%w: target %s left the targets directory while the step ran (%v); its pod is left as it is", errTargetGone, r.placed.Target, err))
 				return
 			}
-			w.wakeIn(targetGoneGrace - now.Sub(missing))
+			w.wakeIn(r.m.opts.TargetGoneGrace - now.Sub(missing))
 		default:
 			missing = time.Time{}
 			pods = t.PodsChanged()
