@@ -82,21 +82,22 @@ func (m *Manager) startRunner(r *Record) {
 	run.startedAt = r.Status.Started
 	m.runners[r.Name] = run
 	m.wg.Go(func() {
-		defer func() {
-			m.mu.Lock()
-			if m.runners[r.Name] == run {
-				delete(m.runners, r.Name)
-			}
-			if t := m.tails[r.Name]; t != nil && t == run.tail {
-				t.end(true)
-				delete(m.tails, r.Name)
-			}
-			m.mu.Unlock()
-			cancel(errRunnerDone)
-			close(run.done)
-			m.wake()
-		}()
 		run.run(ctx)
+		m.mu.Lock()
+		if m.runners[r.Name] == run {
+			delete(m.runners, r.Name)
+		}
+		if t := m.tails[r.Name]; t != nil && t == run.tail {
+			t.end(true)
+			delete(m.tails, r.Name)
+		}
+		m.mu.Unlock()
+		m.wake() // what follows the step's end (its release, say) need not wait for its last exec to close
+		if run.closing != nil {
+			run.closing()
+		}
+		cancel(errRunnerDone)
+		close(run.done)
 	})
 }
 
@@ -136,11 +137,6 @@ func (r *runner) target() (*targets.Target, error) { return r.m.opts.Registry.Ta
 // (the gateway stops, or the step is another's now) it leaves the pod as
 // it is, for the step's next owner.
 func (r *runner) run(ctx context.Context) {
-	defer func() {
-		if r.closing != nil {
-			r.closing()
-		}
-	}()
 	work, stop := context.WithCancelCause(ctx)
 	running := make(chan struct{})
 	var wg sync.WaitGroup

@@ -74,11 +74,19 @@ func runStepsBench(b *testing.B) {
 // of its kubeconfig in the gateway's targets dir.
 const stepsTarget = "steps"
 
-// stepsGateway starts a local cluster's step kubelet, a target on it
-// (namespace bench-steps) and a gateway over it with flags, and waits for
-// the target to run. token is a team's or an admin's, for flags that name
-// an --auth-tokens-file; "" for none.
-func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
+// stepsBed is a local cluster with its step kubelet, a target on it
+// (namespace bench-steps) and a state namespace (bench-state), for any
+// number of gateways sharing them.
+type stepsBed struct {
+	c          *cluster.Cluster
+	restCfg    *rest.Config
+	dir        string
+	bin        string
+	stateFlags []string
+	stop       func()
+}
+
+func newStepsBed(ctx context.Context, b *testing.B) *stepsBed {
 	c := cluster.ForTest(b, 1)[0]
 	agent := buildStepAgent(b)
 	kctx, stopKubelet := context.WithCancel(ctx)
@@ -88,24 +96,37 @@ func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...stri
 			b.Error(err)
 		}
 	})
-	stop := func() { stopKubelet(); kwg.Wait() }
-
-	dir := b.TempDir()
+	bed := &stepsBed{c: c, dir: b.TempDir(), bin: buildGateway(b), stop: func() { stopKubelet(); kwg.Wait() }}
 	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps", Rules: targets.RBACRules(targets.Required)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, stepsTarget), 0o700); err != nil {
-		b.Fatal(err)
-	}
-	if err := writeFile(filepath.Join(dir, stepsTarget, "kubeconfig"), tg.Kubeconfig); err != nil {
-		b.Fatal(err)
-	}
-	restCfg, err := clientcmd.RESTConfigFromKubeConfig(tg.Kubeconfig)
+	state, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-state", Rules: targets.RBACRules(steps.StatePermissions)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	gw := startGateway(b, buildGateway(b), dir, flags...)
+	stateFile := filepath.Join(b.TempDir(), "state.kubeconfig")
+	if err := writeFile(stateFile, state.Kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	bed.stateFlags = []string{"--state-kubeconfig", stateFile, "--state-namespace", "bench-state"}
+	if err := os.MkdirAll(filepath.Join(bed.dir, stepsTarget), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if err := writeFile(filepath.Join(bed.dir, stepsTarget, "kubeconfig"), tg.Kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	if bed.restCfg, err = clientcmd.RESTConfigFromKubeConfig(tg.Kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	return bed
+}
+
+// gateway starts a gateway over the bed (one more replica) with flags and
+// waits for the target to run. token is a team's or an admin's, for flags
+// that name an --auth-tokens-file; "" for none.
+func (bed *stepsBed) gateway(b *testing.B, token string, flags ...string) *gatewayProc {
+	gw := startGateway(b, bed.bin, bed.dir, append(slices.Clone(bed.stateFlags), flags...)...)
 	gw.token = token
 	waitFor(b, time.Minute, func() error {
 		for _, t := range gw.targets(b) {
@@ -115,7 +136,17 @@ func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...stri
 		}
 		return fmt.Errorf("target not running yet")
 	})
-	return c, restCfg, gw, func() { gw.stop(b); stop() }
+	return gw
+}
+
+// stepsGateway starts a local cluster's step kubelet, a target on it
+// (namespace bench-steps) and a gateway over it with flags, and waits for
+// the target to run. token is a team's or an admin's, for flags that name
+// an --auth-tokens-file; "" for none.
+func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
+	bed := newStepsBed(ctx, b)
+	gw := bed.gateway(b, token, flags...)
+	return bed.c, bed.restCfg, gw, func() { gw.stop(b); bed.stop() }
 }
 
 // sample is one task's latencies; made is jetway's alone: from the
@@ -288,8 +319,12 @@ func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
 	}
 	started, exiting := stamps(b, handle, out.String())
 	del, _ := http.NewRequest(http.MethodDelete, base+"/api/v1/steps/"+handle, nil)
+	relStart := time.Now()
 	if resp, err := http.DefaultClient.Do(del); err == nil {
 		resp.Body.Close()
+	}
+	if os.Getenv("BENCH_DEBUG") != "" {
+		b.Logf("%s: start %s, exit %s, release %s, total %s", handle, started.Sub(submit), exited.Sub(exiting), time.Since(relStart), time.Since(submit))
 	}
 	return sample{start: started.Sub(submit), exit: exited.Sub(exiting), made: made.Sub(exiting)}
 }
