@@ -49,7 +49,7 @@ func TestAStepEndsOnlyOnceItsSupervisorIsDone(t *testing.T) {
 	}
 	followed := make(chan result, 1)
 	go func() {
-		st, err := a.follow(ctx, s)
+		st, err := a.follow(ctx, s, false)
 		followed <- result{st, err}
 	}()
 

@@ -34,7 +34,6 @@ var errAborted = errors.New("aborted")
 func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 	defer close(s.done)
 	defer a.settle()
-	s.emit(steps.Event{Type: steps.EventPlaced, Time: s.rec.PlacedAt, Target: a.opts.Name, Pod: s.pod})
 	s.mu.Lock()
 	s.view.Target, s.view.Pod = a.opts.Name, s.pod
 	end := s.rec.End
@@ -44,7 +43,7 @@ func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 		return
 	}
 	if end != nil {
-		a.replay(s, *end)
+		s.restore(*end, steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod))
 		return
 	}
 	if !adopted {
@@ -55,7 +54,7 @@ func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 			return
 		}
 	}
-	st, err := a.follow(ctx, s)
+	st, err := a.follow(ctx, s, adopted)
 	switch {
 	case ctx.Err() != nil:
 	case errors.Is(err, stepagent.ErrNotStarted), errors.Is(err, stepagent.ErrNotPrepared):
@@ -192,17 +191,23 @@ func (s *step) awaitUpload(ctx context.Context, name string) (stepagent.Input, e
 	}
 }
 
-// follow reads the step's log from its start, turning each frame into an
-// event, until its status; an abort on the way asks the supervisor to
-// kill the process, whose status then ends the log.
-func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
+// follow reads the step's log to its status, counting its events (a new
+// step's from its start; a step read back after a restart from where its
+// log is now: its events are read from the log by position, never into
+// memory); an abort on the way asks the supervisor to kill the process,
+// whose status then ends the log.
+func (a *Agent) follow(ctx context.Context, s *step, adopted bool) (stepagent.Status, error) {
+	from := stepagent.TailOptions{}
+	if adopted {
+		from.Skip = -1
+	}
 	pr, pw := io.Pipe()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer pr.Close()
-	wg.Go(func() { pw.CloseWithError(stepagent.TailFrom(ctx, s.root, stepagent.TailOptions{}, pw)) })
+	wg.Go(func() { pw.CloseWithError(stepagent.TailFrom(ctx, s.root, from, pw)) })
 	wg.Go(func() {
 		select {
 		case <-s.abort:
@@ -217,6 +222,7 @@ func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
 	// The step ends with that one: nothing touches its folder after.
 	br := bufio.NewReaderSize(pr, 64<<10)
 	var st *stepagent.Status
+	next := 0
 	for {
 		f, err := stepagent.ReadFrame(br)
 		switch {
@@ -231,31 +237,23 @@ func (a *Agent) follow(ctx context.Context, s *step) (stepagent.Status, error) {
 			if err := json.Unmarshal(f.Payload, st); err != nil {
 				return *st, fmt.Errorf("the step's status: %w", err)
 			}
-		default:
-			if e, ok := steps.FrameEvent(f); ok {
-				s.emit(e)
+		case f.Kind == stepagent.KindPosition:
+			var p stepagent.Position
+			if err := json.Unmarshal(f.Payload, &p); err != nil {
+				return stepagent.Status{}, fmt.Errorf("the step's log position: %w", err)
 			}
+			next = p.Events
+			s.logged(next, nil)
+		case stepagent.IsEvent(f.Kind):
+			next++
+			e, ok := steps.FrameEvent(f)
+			if !ok {
+				s.logged(next, nil)
+				continue
+			}
+			s.logged(next, &e)
 		}
 	}
-}
-
-// replay rebuilds the events of a step that ended before the agent
-// restarted: its log's frames, then the end it recorded.
-func (a *Agent) replay(s *step, end steps.Event) {
-	if f, err := os.Open(filepath.Join(s.root, filepath.FromSlash(stepagent.LogFile))); err == nil {
-		br := bufio.NewReader(f)
-		for {
-			fr, err := stepagent.ReadFrame(br)
-			if err != nil {
-				break
-			}
-			if e, ok := steps.FrameEvent(fr); ok {
-				s.emit(e)
-			}
-		}
-		f.Close()
-	}
-	s.finish(end, end.Time, steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod))
 }
 
 // adopt reads back the steps of the work dir: a restarted agent's.

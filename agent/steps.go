@@ -45,11 +45,13 @@ type step struct {
 	root string // its folder: the step agent's root
 	req  steps.Request
 
-	mu      sync.Mutex
-	rec     record
-	view    steps.View
-	events  []steps.Event
-	changed chan struct{} // closed and replaced on every change
+	mu   sync.Mutex
+	rec  record
+	view steps.View
+	// logEvents counts the events of the step's log its reader has read:
+	// the number of the end event is one (placed) more.
+	logEvents int
+	changed   chan struct{} // closed and replaced on every change
 	abort   chan struct{} // closed by Abort
 	aborted bool
 	done    chan struct{} // closed when the runner returned
@@ -70,7 +72,7 @@ func newStep(k key, pod, root string, req steps.Request, rec record) *step {
 	s := &step{key: k, pod: pod, root: root, req: req, rec: rec, changed: make(chan struct{}),
 		abort: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
 	s.view = steps.View{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Phase: steps.Starting,
-		CreatedAt: rec.CreatedAt, PlacedAt: rec.PlacedAt}
+		CreatedAt: rec.CreatedAt, PlacedAt: rec.PlacedAt, Events: 1}
 	for _, in := range rec.Inputs {
 		if in.From.Upload {
 			if s.uploads == nil {
@@ -95,27 +97,26 @@ func (s *step) snapshot() steps.View {
 	return v
 }
 
-// emit appends an event unless the step has ended, and wakes followers.
-func (s *step) emit(e steps.Event) {
+// logged counts the log events the step's reader read up to the log's
+// position next (the number of events before it), and one more when e is
+// one: the process's start shows in the view.
+func (s *step) logged(next int, e *steps.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.view.Phase.Final() {
 		return
 	}
-	if e.Type == steps.EventStarted {
+	s.logEvents = next
+	if e != nil && e.Type == steps.EventStarted {
 		s.view.Phase, s.view.StartedAt, s.rec.StartedAt = steps.Running, e.Time, e.Time
 	}
-	e.N = len(s.events)
-	if e.Time.IsZero() {
-		e.Time = time.Now().UTC()
-	}
-	s.events = append(s.events, e)
-	s.view.Events = len(s.events)
+	s.view.Events = 1 + s.logEvents
 	s.notify()
 }
 
-// finish ends the step with e, its last event, and records the end in
-// the step's folder. It reports false if the step had ended.
+// finish ends the step with e, its last event (numbered after its log's
+// events), and records the end in the step's folder. It reports false if
+// the step had ended.
 func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool {
 	s.mu.Lock()
 	if s.view.Phase.Final() {
@@ -125,30 +126,72 @@ func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool 
 	if e.Time.IsZero() {
 		e.Time = at
 	}
-	e.N = len(s.events)
-	s.events = append(s.events, e)
+	e.N = 1 + s.logEvents
 	v := &s.view
 	v.Phase, v.ExitStatus, v.Reason, v.Message, v.FinishedAt = e.Phase, e.ExitStatus, e.Reason, e.Message, at
-	v.Events, v.Outputs = len(s.events), outputs
+	v.Events, v.Outputs = e.N+1, outputs
 	s.rec.End = &e
 	rec := s.rec
 	s.notify()
 	s.mu.Unlock()
-	_ = writeRecord(s.root, rec) // best effort: without it a restart replays the log
+	_ = writeRecord(s.root, rec) // best effort: without it a restart ends the step again, from its log
 	return true
 }
 
-// eventsFrom returns the events from n on, whether the step has ended
-// (its last event among them: finish appends it as it ends the step), and
-// a channel closed at the next change.
-func (s *step) eventsFrom(n int) ([]steps.Event, bool, <-chan struct{}) {
+// restore shows a step that ended before the agent restarted as it ended:
+// its record holds its end, numbered after its log's events.
+func (s *step) restore(end steps.Event, outputs []steps.Volume) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []steps.Event
-	if n < len(s.events) {
-		out = append(out, s.events[max(n, 0):]...)
+	v := &s.view
+	v.Phase, v.ExitStatus, v.Reason, v.Message, v.FinishedAt = end.Phase, end.ExitStatus, end.Reason, end.Message, end.Time
+	v.StartedAt, v.Events, v.Outputs = s.rec.StartedAt, end.N+1, outputs
+	s.logEvents = end.N - 1
+	s.notify()
+}
+
+// journal is the step as steps.FollowJournal reads it: placed, its log
+// in its folder, its end.
+type journal struct{ s *step }
+
+func (j journal) State() ([]steps.Event, bool, *steps.Event, <-chan struct{}, bool) {
+	s := j.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	head := []steps.Event{{N: 0, Type: steps.EventPlaced, Time: s.rec.PlacedAt, Target: s.view.Target, Pod: s.pod}}
+	logged := !s.rec.StartedAt.IsZero() || s.rec.End != nil
+	var end *steps.Event
+	if s.rec.End != nil {
+		e := *s.rec.End
+		end = &e
 	}
-	return out, s.view.Phase.Final(), s.changed
+	return head, logged, end, s.changed, true
+}
+
+func (j journal) ReadLog(ctx context.Context, base, n int, send func([]steps.Event) error) (int, error) {
+	s := j.s
+	s.mu.Lock()
+	released := s.view.Released
+	s.mu.Unlock()
+	if released {
+		return n, steps.ErrLogGone
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		pw.CloseWithError(stepagent.TailFrom(ctx, s.root, stepagent.TailOptions{Skip: n - base}, pw))
+	})
+	defer func() {
+		cancel()
+		pr.Close()
+		wg.Wait()
+	}()
+	next, err := steps.ReadEvents(pr, base, n, send, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		err = steps.ErrLogGone // its folder went
+	}
+	return next, err
 }
 
 func (s *step) stopVolumes() {
@@ -276,13 +319,23 @@ func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle st
 	if err != nil {
 		return err
 	}
-	return steps.Follow(ctx, since, s.eventsFrom, send)
+	return steps.FollowJournal(ctx, journal{s}, since, send)
 }
 
-// Readable says whether the step's events from since on can be read.
+// Readable says whether the step's events from since on can be read:
+// those of the log of a released step (its folder is gone) cannot.
 func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) error {
-	_, err := a.visible(caller, team, handle)
-	return err
+	s, err := a.visible(caller, team, handle)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.rec.End; e != nil && s.view.Released && since < e.N && e.N > 1 {
+		return fmt.Errorf("%w: step %s was released: the events of its log (1 to %d) went with its folder; its end is event %d",
+			steps.ErrGone, handle, e.N-1, e.N)
+	}
+	return nil
 }
 
 // Abort stops a running step (its process gets TERM, then KILL after the

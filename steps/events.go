@@ -189,53 +189,72 @@ func (m *Manager) tail(name string) *tail {
 	return m.tails[name]
 }
 
-// errLogGone: the step's log went with its pod.
-var errLogGone = errors.New("the step's log went with its pod")
+// ErrLogGone: a step's log went with its pod (or its folder).
+var ErrLogGone = errors.New("the step's log is gone")
 
-// eventsPoll bounds how long a follower waits for the record to change
-// before it looks again (a pod the step's log is read from going, say).
+// eventsPoll bounds how long a follower waits for a step to change before
+// it looks again (a pod its log is read from going, say).
 const eventsPoll = 2 * time.Second
 
-// follow sends the events of the step of record name from n on, as they
-// come, until the step has ended and all were sent, ctx ends or send
-// fails.
-func (m *Manager) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
+// Journal is where a step's events are: its head and its end in its
+// record, its log where its agent keeps it. A gateway's steps and an
+// agent's are served from one.
+type Journal interface {
+	// State returns the step's head (its events before its log, numbered
+	// from 0), whether its log may be read now (it began, or the step
+	// ended), its end event, numbered, once it ended, and a channel closed
+	// at the next change; ok is false once the step is forgotten.
+	State() (head []Event, logged bool, end *Event, changed <-chan struct{}, ok bool)
+	// ReadLog sends the step's log events from number n on (base is the
+	// number of its first) until the log's status, and returns the number
+	// of the next event; ErrLogGone when the log is gone. A failure of
+	// send is returned as a *SendError.
+	ReadLog(ctx context.Context, base, n int, send func([]Event) error) (int, error)
+}
+
+// SendError is a follower's send failing: the follow ends with it.
+type SendError struct{ Err error }
+
+func (e *SendError) Error() string { return e.Err.Error() }
+func (e *SendError) Unwrap() error { return e.Err }
+
+// FollowJournal sends a step's events from n on, as they come, until the
+// step has ended and all were sent, ctx ends or send fails. Events of the
+// log of a step whose log is gone are ErrGone.
+func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) error) error {
 	backoff := firstRetry
 	for {
-		changed := m.opts.Records.Changed()
-		r, ok := m.opts.Records.Get(name)
+		head, logged, end, changed, ok := j.State()
 		if !ok {
 			return nil // forgotten meanwhile
 		}
-		head, final := r.Head()
 		if n < len(head) {
 			if err := send(head[n:]); err != nil {
 				return err
 			}
 			n = len(head)
 		}
-		end, ended := r.EndEvent()
 		switch {
-		case ended && n > end.N:
+		case end != nil && n > end.N:
 			return nil
-		case ended && n == end.N:
-			return send([]Event{end})
+		case end != nil && n == end.N:
+			return send([]Event{*end})
 		}
-		logged := final && (ended || !r.Status.Started.IsZero())
 		if logged {
-			next, err := m.readLog(ctx, r, len(head), n, send)
+			next, err := j.ReadLog(ctx, len(head), n, send)
 			n = next
+			var se *SendError
 			switch {
-			case err == nil && ended:
+			case err == nil && end != nil:
 				continue // the end follows
 			case err == nil:
-				backoff = firstRetry // the log is all read: wait for the end's record
+				backoff = firstRetry // the log is all read: wait for the end to be recorded
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case errors.Is(err, errSend):
-				return errors.Unwrap(err)
-			case errors.Is(err, errLogGone) && ended:
-				return fmt.Errorf("%w: events %d to %d of step %s went with its pod (released)", ErrGone, n, end.N-1, r.Summary.Handle)
+			case errors.As(err, &se):
+				return se.Err
+			case errors.Is(err, ErrLogGone) && end != nil:
+				return fmt.Errorf("%w: events %d to %d went with the step's log", ErrGone, n, end.N-1)
 			default:
 				if err := sleep(ctx, jitter(backoff)); err != nil {
 					return err
@@ -253,8 +272,88 @@ func (m *Manager) follow(ctx context.Context, name string, n int, send func([]Ev
 	}
 }
 
-// errSend wraps a failure of the follower's send.
-var errSend = errors.New("send")
+// ReadEvents sends the events of a log read from r (an agent's tail: a
+// position first, the status last) from number want on (base is the
+// number of the log's first event), in batches, until the status; it
+// returns the number of the next event. handover, if set, is asked after
+// each batch whether the caller takes it from the next event on (then
+// ReadEvents returns).
+func ReadEvents(r io.Reader, base, want int, send func([]Event) error, handover func(next int) bool) (int, error) {
+	l := &logReader{br: bufio.NewReaderSize(r, 64<<10), base: base, next: want}
+	var batch []Event
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := send(batch)
+		batch = batch[:0]
+		if err != nil {
+			return &SendError{err}
+		}
+		return nil
+	}
+	for {
+		f, e, err := l.frame()
+		if err != nil {
+			if ferr := flush(); ferr != nil {
+				return l.next, ferr
+			}
+			return l.next, err
+		}
+		switch {
+		case e != nil && e.N >= want:
+			batch = append(batch, *e)
+		case f.Kind == stepagent.KindStatus:
+			// A log that ended with fewer events than asked for has none
+			// from want on.
+			return max(l.next, want), flush()
+		}
+		if l.br.Buffered() == 0 || len(batch) >= 64 {
+			if err := flush(); err != nil {
+				return l.next, err
+			}
+			if handover != nil && handover(l.next) {
+				return l.next, nil
+			}
+		}
+	}
+}
+
+// journal is a gateway's step as a Journal: its record, and its pod's
+// log (or this gateway's tail of it).
+type journal struct {
+	m    *Manager
+	name string
+}
+
+func (j journal) State() ([]Event, bool, *Event, <-chan struct{}, bool) {
+	changed := j.m.opts.Records.Changed()
+	r, ok := j.m.opts.Records.Get(j.name)
+	if !ok {
+		return nil, false, nil, changed, false
+	}
+	head, final := r.Head()
+	end, ended := r.EndEvent()
+	logged := final && (ended || !r.Status.Started.IsZero())
+	if !ended {
+		return head, logged, nil, changed, true
+	}
+	return head, logged, &end, changed, true
+}
+
+func (j journal) ReadLog(ctx context.Context, base, n int, send func([]Event) error) (int, error) {
+	r, ok := j.m.opts.Records.Get(j.name)
+	if !ok {
+		return n, ErrLogGone
+	}
+	return j.m.readLog(ctx, r, base, n, send)
+}
+
+// follow sends the events of the step of record name from n on: see
+// FollowJournal.
+func (m *Manager) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
+	return FollowJournal(ctx, journal{m, name}, n, send)
+}
 
 // readLog sends the step's log events from n on (base is the number of
 // its first), from this gateway's tail when it holds them, else from the
@@ -272,7 +371,7 @@ func (m *Manager) readLog(ctx context.Context, r *Record, base, n int, send func
 		}
 		if len(evs) > 0 {
 			if err := send(evs); err != nil {
-				return n, fmt.Errorf("%w: %w", errSend, err)
+				return n, &SendError{err}
 			}
 			n = evs[len(evs)-1].N + 1
 			continue
@@ -298,7 +397,7 @@ func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func
 		return n, err
 	}
 	if gone(t, p.Pod) {
-		return n, errLogGone
+		return n, ErrLogGone
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	pr, pw := io.Pipe()
@@ -313,47 +412,13 @@ func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func
 		pr.Close() // the exec's writes fail: it returns
 		wg.Wait()
 	}()
-	want := n
-	l := &logReader{br: bufio.NewReaderSize(pr, 64<<10), base: base, next: n}
-	var batch []Event
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+	return ReadEvents(pr, base, n, send, func(next int) bool {
+		if tl := m.tail(r.Name); tl != nil {
+			_, ok, _, _ := tl.from(next)
+			return ok
 		}
-		err := send(batch)
-		batch = batch[:0]
-		if err != nil {
-			return fmt.Errorf("%w: %w", errSend, err)
-		}
-		return nil
-	}
-	for {
-		f, e, err := l.frame()
-		if err != nil {
-			if ferr := flush(); ferr != nil {
-				return l.next, ferr
-			}
-			return l.next, err
-		}
-		switch {
-		case e != nil && e.N >= want:
-			batch = append(batch, *e)
-		case f.Kind == stepagent.KindStatus:
-			// A log that ended with fewer events than asked for has none
-			// from n on.
-			return max(l.next, want), flush()
-		}
-		if l.br.Buffered() == 0 || len(batch) >= 64 {
-			if err := flush(); err != nil {
-				return l.next, err
-			}
-			if tl := m.tail(r.Name); tl != nil {
-				if _, ok, _, _ := tl.from(l.next); ok {
-					return l.next, nil // the tail has it from here
-				}
-			}
-		}
-	}
+		return false
+	})
 }
 
 // execAny runs an agent command in the step container, or in the volume

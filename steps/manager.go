@@ -404,30 +404,6 @@ func (m *Manager) Readable(caller Caller, team, handle string, since int) error 
 	return nil
 }
 
-// Follow sends a step's events from since on, in batches, until the step
-// has ended or ctx ends: how an agent's steps are served. from returns
-// the events from n on, whether the step has ended with them, and a
-// channel closed at the next change.
-func Follow(ctx context.Context, since int, from func(n int) ([]Event, bool, <-chan struct{}), send func([]Event) error) error {
-	for {
-		evs, ended, changed := from(since)
-		if len(evs) > 0 {
-			if err := send(evs); err != nil {
-				return err
-			}
-			since = evs[len(evs)-1].N + 1
-		}
-		if ended {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		}
-	}
-}
-
 // abortWaitPoll bounds how long Abort waits between looks at the record.
 const abortWaitPoll = time.Second
 
