@@ -306,6 +306,7 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	require.Equal(t, "aa-mac", v.Target)
 	build := filepath.Join(ag.folder(v), "build")
 	shell, child := liveProc(t, readPid(t, filepath.Join(build, "pid"))), liveProc(t, readPid(t, filepath.Join(build, "child")))
+	followed := asMain.followEvents(ctx, t, "aa-abort", "")
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/aa-abort", otherTeamToken.Token)
 	assert.Equal(t, http.StatusNotFound, code, "another team's token: %s", body)
 	require.True(t, shell.alive())
@@ -322,8 +323,10 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	v = asMain.step(t, "aa-abort")
 	assert.Equal(t, steps.Aborted, v.Phase)
 	assert.True(t, v.Released)
-	evs := asMain.stepEvents(ctx, t, "aa-abort", "", 0)
+	evs := <-followed
 	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
+	code, body, _ = call(t, http.MethodGet, g.base+"/api/v1/steps/aa-abort/events", mainToken.Token)
+	assert.Equal(t, http.StatusGone, code, "its log went with its folder: %s", body)
 	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, steps.EventStdout), "TERM first")
 	last := evs[len(evs)-1]
 	assert.Equal(t, steps.Aborted, last.Phase)
