@@ -1,20 +1,18 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steps/stepstest"
 )
 
 // runningManager starts a steps manager without targets (its steps
@@ -22,19 +20,7 @@ import (
 // against.
 func runningManager(t *testing.T) *steps.Manager {
 	t.Helper()
-	m := steps.New(steps.Options{Registry: noTargets{}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	require.Eventually(t, func() bool {
-		_, err := m.Get(steps.Caller{Admin: true}, "", "none")
-		return !errors.Is(err, steps.ErrUnavailable)
-	}, time.Second, time.Millisecond)
-	return m
+	return stepstest.Start(t, steps.Options{Registry: noTargets{}}).Manager
 }
 
 // A step whose best target is another gateway's is submitted there, as

@@ -1,9 +1,10 @@
-package steps
+package steps_test
 
 import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/selection"
+	. "github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -36,7 +39,7 @@ func firstEvents(t *testing.T, m *Manager, caller Caller, team, handle string, n
 }
 
 func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
-	m := startTestManager(t, Options{})
+	m := stepstest.Start(t, Options{})
 	team := Caller{Team: "main"}
 	req := validRequest()
 	req.Run.Env = map[string]string{"TOKEN": "s3cret"}
@@ -57,15 +60,15 @@ func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
 	assert.Equal(t, "no target satisfies team 'main': there are no targets", waiting.Message)
 
 	name := RecordName("jetway", "main", req.Handle)
-	assert.Equal(t, "s3cret", m.records.request(t, name).Run.Env["TOKEN"], "the record keeps the request whole")
-	r, _ := m.records.Get(name)
+	assert.Equal(t, "s3cret", m.Records.DecodedRequest(t, name).Run.Env["TOKEN"], "the record keeps the request whole")
+	r, _ := m.Records.Get(name)
 	assert.NotContains(t, fmt.Sprintf("%+v", r), "s3cret", "never in what every gateway reads")
 }
 
 // A cluster runs every step in a container: a task without an image,
 // valid for an agent, is refused here, naming the field.
 func TestAClusterStepNeedsAnImage(t *testing.T) {
-	m := startTestManager(t, Options{})
+	m := stepstest.Start(t, Options{})
 	req := validRequest()
 	req.Image, req.Platform = "", "darwin"
 	_, _, err := m.Submit(Caller{Admin: true}, req)
@@ -75,7 +78,7 @@ func TestAClusterStepNeedsAnImage(t *testing.T) {
 }
 
 func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
-	m := startTestManager(t, Options{})
+	m := stepstest.Start(t, Options{})
 	_, _, err := m.Submit(Caller{Team: "main"}, validRequest())
 	require.NoError(t, err)
 
@@ -101,7 +104,7 @@ func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
 }
 
 func TestAbortPending(t *testing.T) {
-	m := startTestManager(t, Options{})
+	m := stepstest.Start(t, Options{})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
 	require.NoError(t, err)
 	v, err := m.Abort(context.Background(), Caller{Admin: true}, "", "build-1")
@@ -130,7 +133,7 @@ func TestAbortPending(t *testing.T) {
 }
 
 func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
-	m := startTestManager(t, Options{})
+	m := stepstest.Start(t, Options{})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
 	require.NoError(t, err)
 	req := validRequest()
@@ -148,9 +151,9 @@ func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
 // handle this gateway does not know may be a step of another gateway, so
 // it answers "unavailable" (503), never "not found", and takes no step.
 func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
-	recs := newMemRecords()
-	recs.unread = true
-	m := New(Options{Registry: newFakeRegistry(t), Records: recs, Owners: newFakeOwners("gw-a"), Leader: leading{},
+	recs := stepstest.NewRecords()
+	recs.Unread()
+	m := New(Options{Registry: stepstest.NewRegistry(t), Records: recs, Owners: stepstest.NewOwners("gw-a"), Leader: stepstest.Leading{},
 		Pod: PodOptions{Installation: "jetway"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -159,7 +162,10 @@ func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
 		cancel()
 		require.NoError(t, <-done)
 	}()
-	require.Eventually(t, func() bool { return m.Ready() != errNotRunning }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		err := m.Ready()
+		return err != nil && strings.Contains(err.Error(), "not read yet")
+	}, time.Second, time.Millisecond)
 	_, err := m.Get(Caller{Admin: true}, "", "build-1")
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.ErrorContains(t, err, "the step records are not read yet")
@@ -169,7 +175,7 @@ func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
 
 // Without a place to keep them, steps are refused, saying why.
 func TestNoStateRefusesSteps(t *testing.T) {
-	m := New(Options{Registry: newFakeRegistry(t), Unavailable: "no state namespace to keep them in"})
+	m := New(Options{Registry: stepstest.NewRegistry(t), Unavailable: "no state namespace to keep them in"})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.ErrorContains(t, err, "no state namespace to keep them in")
@@ -179,7 +185,7 @@ func TestNoStateRefusesSteps(t *testing.T) {
 // are placed in the order they came, and a limit holds: each placed step
 // counts against its target until its pod shows in the watch.
 func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
-	reg := silentRegistry(t, running("a", targets.Metadata{}), running("b", targets.Metadata{}))
+	reg := stepstest.SilentRegistry(t, stepstest.Running("a", targets.Metadata{}), stepstest.Running("b", targets.Metadata{}))
 	var mu sync.Mutex
 	clock := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	now := func() time.Time {
@@ -188,7 +194,7 @@ func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
 		clock = clock.Add(time.Millisecond)
 		return clock
 	}
-	m := startTestManager(t, Options{Registry: reg, Now: now,
+	m := stepstest.Start(t, Options{Registry: reg, Now: now,
 		Placement: PlacementOptions{Strategy: selection.Chain{selection.LimitActiveTasks}, Limits: selection.Limits{ActiveTasks: 2}}})
 	var handles []string
 	for i := range 7 {
@@ -201,7 +207,7 @@ func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
 	placedOn := func() map[string]string {
 		out := map[string]string{}
 		for _, h := range handles {
-			if r, ok := m.records.Get(RecordName("jetway", "", h)); ok && r.Status.Placed != nil {
+			if r, ok := m.Records.Get(RecordName("jetway", "", h)); ok && r.Status.Placed != nil {
 				out[h] = r.Status.Placed.Target
 			}
 		}
@@ -228,10 +234,10 @@ func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
 // target its team may see refuses it, as gateway place does; another
 // team's targets stay unnamed.
 func TestWaitingNamesEachRefusal(t *testing.T) {
-	reg := newFakeRegistry(t, running("gpu-1", targets.Metadata{Tags: []string{"gpu"}}),
-		running("gpu-2", targets.Metadata{Tags: []string{"gpu"}}), running("mac", targets.Metadata{Platform: "darwin"}),
-		running("theirs", targets.Metadata{Team: "other"}), targets.Status{Name: "down", State: targets.StateStalled, Meta: targets.Metadata{Platform: "linux"}})
-	m := startTestManager(t, Options{Registry: reg})
+	reg := stepstest.NewRegistry(t, stepstest.Running("gpu-1", targets.Metadata{Tags: []string{"gpu"}}),
+		stepstest.Running("gpu-2", targets.Metadata{Tags: []string{"gpu"}}), stepstest.Running("mac", targets.Metadata{Platform: "darwin"}),
+		stepstest.Running("theirs", targets.Metadata{Team: "other"}), targets.Status{Name: "down", State: targets.StateStalled, Meta: targets.Metadata{Platform: "linux"}})
+	m := stepstest.Start(t, Options{Registry: reg})
 	req := validRequest()
 	req.Platform = "linux"
 	_, _, err := m.Submit(Caller{Team: "main"}, req)
@@ -242,7 +248,7 @@ func TestWaitingNamesEachRefusal(t *testing.T) {
 		waiting.Message)
 
 	// A target that fits appears: the step is placed on it.
-	reg.set(t, append(reg.Snapshot(), running("plain", targets.Metadata{}))...)
+	reg.Set(t, append(reg.Snapshot(), stepstest.Running("plain", targets.Metadata{}))...)
 	require.Eventually(t, func() bool {
 		v, err := m.Get(Caller{Team: "main"}, "", req.Handle)
 		return err == nil && v.Target == "plain"
@@ -250,4 +256,8 @@ func TestWaitingNamesEachRefusal(t *testing.T) {
 	evs := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 2)
 	assert.Equal(t, EventPlaced, evs[1].Type)
 	assert.Equal(t, 1, evs[1].N)
+}
+
+func validRequest() Request {
+	return Request{Handle: "build-1", Type: "task", Image: "busybox", Run: Run{Path: "sh", Args: []string{"-c", "true"}}}
 }

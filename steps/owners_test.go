@@ -1,15 +1,12 @@
 package steps
 
 import (
-	"context"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetway-ci/jetway/targets"
 )
 
 // TestLiveness: a gateway is alive while its Lease keeps changing, as
@@ -51,53 +48,6 @@ func TestLiveness(t *testing.T) {
 		l.stop()
 		assert.False(t, l.alive("me"))
 	})
-}
-
-// TestTakeOverFromAGoneOwner: a step whose owner is gone is taken over
-// and driven here; one whose owner lives is left alone; a released one
-// stays as it is.
-func TestTakeOverFromAGoneOwner(t *testing.T) {
-	m := startTestManager(t, Options{Registry: silentRegistry(t, running("east", targets.Metadata{}))})
-	ctx := context.Background()
-	mk := func(handle, owner string, st Status) string {
-		req := validRequest()
-		req.Handle = handle
-		st.Owner = owner
-		st.Placed = &Placed{Target: "east", Pod: PodName("", handle), At: time.Now()}
-		r, _, err := m.records.Create(ctx, summaryOf(req, false, time.Now()), st, nil)
-		require.NoError(t, err)
-		return r.Name
-	}
-	gone := mk("gone-owner", "gw-dead", Status{})
-	alive := mk("live-owner", "gw-b", Status{})
-	released := mk("released", "gw-dead", Status{End: &End{Phase: Succeeded}, Released: time.Now()})
-	m.owners.kill("gw-dead")
-	require.Eventually(t, func() bool {
-		r, _ := m.records.Get(gone)
-		return r.Status.Owner == "gw-a"
-	}, 5*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.runners[gone] != nil
-	}, 5*time.Second, time.Millisecond, "a step taken over is driven here")
-	r, _ := m.records.Get(alive)
-	assert.Equal(t, "gw-b", r.Status.Owner)
-	r, _ = m.records.Get(released)
-	assert.Equal(t, "gw-dead", r.Status.Owner, "a released step needs no owner")
-
-	// The step is another's again (this gateway was partitioned, say): its
-	// runner stops, and changes nothing in the record.
-	_, err := m.records.Update(ctx, gone, func(r *Record) error { r.Status.Owner = "gw-c"; return nil })
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.runners[gone] == nil
-	}, 5*time.Second, time.Millisecond)
-	r, _ = m.records.Get(gone)
-	assert.Equal(t, "gw-c", r.Status.Owner)
-	assert.Nil(t, r.Status.End, "the runner that lost the step did not end it")
 }
 
 // TestEventsAreNumberedFromTheRecord: the head and the end come from the

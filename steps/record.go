@@ -59,6 +59,16 @@ type Record struct {
 // status.
 func (r *Record) setResult(b []byte) { r.result = b }
 
+// NewResult is the answer a change set (setResult): for a Records
+// implementation, to write with the status.
+func (r *Record) NewResult() []byte { return r.result }
+
+// Copy is a deep copy of the record, without a result to write: what a
+// Records implementation hands a change, and keeps.
+func (r *Record) Copy() *Record {
+	return &Record{ObjectMeta: *r.ObjectMeta.DeepCopy(), Summary: r.Summary, Status: r.Status.clone()}
+}
+
 // Summary is what every gateway needs of the request: to place the step,
 // show it and stream its inputs. It is written once, at submission.
 type Summary struct {

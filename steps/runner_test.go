@@ -1,10 +1,9 @@
-package steps
+package steps_test
 
 import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	. "github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -20,25 +21,22 @@ import (
 // running forever; until then jetway keeps trying, with backoff.
 func TestFollowGivesUpOnAnUnreachableStep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reg := newFakeRegistry(t, running("east", targets.Metadata{}))
+		reg := stepstest.NewRegistry(t, stepstest.Running("east", targets.Metadata{}))
 		calls := 0
-		recs := newMemRecords()
-		m := New(Options{Registry: reg, Records: recs, Owners: newFakeOwners("gw-a"), Leader: leading{},
+		recs := stepstest.NewRecords()
+		m := New(Options{Registry: reg, Records: recs, Owners: stepstest.NewOwners("gw-a"), Leader: stepstest.Leading{},
 			Exec: func(context.Context, *targets.Target, string, string, []string, []byte, io.Writer) error {
 				calls++
 				return errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 			}})
-		req := validRequest()
-		rec, _, err := recs.Create(context.Background(), summaryOf(req, false, time.Now()), Status{Owner: "gw-a", Started: time.Now()}, nil)
+		rec, _, err := recs.Create(context.Background(), SummaryOf(validRequest(), false, time.Now()), Status{Owner: "gw-a", Started: time.Now()}, nil)
 		require.NoError(t, err)
-		r := &runner{m: m, name: rec.Name, sum: rec.Summary, placed: Placed{Target: "east", Pod: "h-0123456789"},
-			log: slog.New(slog.DiscardHandler)}
 		start := time.Now()
-		_, err = r.follow(context.Background(), rec)
+		err = m.FollowPlaced(context.Background(), rec, Placed{Target: "east", Pod: "h-0123456789"})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "lost contact with the step for 5m0s: dial tcp 127.0.0.1:1")
-		assert.GreaterOrEqual(t, time.Since(start), lostAfter)
-		assert.Less(t, time.Since(start), lostAfter+5*time.Second, "retries at most every 2 s (jittered)")
+		assert.GreaterOrEqual(t, time.Since(start), LostAfter)
+		assert.Less(t, time.Since(start), LostAfter+5*time.Second, "retries at most every 2 s (jittered)")
 		assert.Greater(t, calls, 100, "it kept trying")
 	})
 }

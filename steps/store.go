@@ -43,7 +43,7 @@ type Records interface {
 	Create(ctx context.Context, sum Summary, st Status, request []byte) (*Record, bool, error)
 	// Update changes a record's status with change, applied to the record
 	// as it is (again, if another writer came first). change returns
-	// errUnchanged to write nothing. A result set with setResult is
+	// ErrUnchanged to write nothing. A result set with setResult is
 	// written with the status.
 	Update(ctx context.Context, name string, change func(r *Record) error) (*Record, error)
 	// Request and Result read what the records keep out of their
@@ -60,10 +60,14 @@ type Records interface {
 }
 
 var (
-	// errUnchanged: a change that has nothing to write.
-	errUnchanged = errors.New("nothing to change")
-	// errRecordGone: the record was deleted.
-	errRecordGone = errors.New("the step's record is gone")
+	// ErrUnchanged: a change that has nothing to write (Records.Update
+	// writes nothing and returns the record as it is).
+	ErrUnchanged = errors.New("nothing to change")
+	// ErrRecordGone: the record was deleted.
+	ErrRecordGone = errors.New("the step's record is gone")
+
+	errUnchanged  = ErrUnchanged
+	errRecordGone = ErrRecordGone
 )
 
 // storeTimeout bounds one call to the state namespace's API server.
@@ -256,7 +260,7 @@ func (s *Store) Update(ctx context.Context, name string, change func(r *Record) 
 				return nil, err
 			}
 		}
-		next := &Record{ObjectMeta: cur.ObjectMeta, Summary: cur.Summary, Status: cur.Status.clone()}
+		next := cur.Copy()
 		if err := change(next); err != nil {
 			if errors.Is(err, errUnchanged) {
 				return cur, nil

@@ -75,6 +75,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+The state namespace: where the gateways keep the installation's step
+records and Leases. The release namespace unless state.namespace names
+another; the gateway finds the release namespace itself (its pod's), so
+only another one is passed as a flag.
+*/}}
+{{- define "jetway.stateNamespace" -}}
+{{- default .Release.Namespace .Values.state.namespace }}
+{{- end }}
+
+{{/*
+The Role and RoleBinding granting the state permissions: the full name in
+the release namespace. In another namespace, which releases of several
+namespaces may share, the release namespace comes first so that two
+releases of one name do not claim the same Role.
+*/}}
+{{- define "jetway.stateRoleName" -}}
+{{- if eq (include "jetway.stateNamespace" .) .Release.Namespace }}
+{{- include "jetway.fullname" . }}
+{{- else }}
+{{- printf "%s-%s" .Release.Namespace (include "jetway.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
 The settings the chart gives as flags; flags win over the config file, so
 these never come from config (the schema refuses them there).
 */}}
@@ -108,6 +132,10 @@ these never come from config (the schema refuses them there).
 - /etc/jetway/mesh/tls.key
 - --mesh-leave-on-stop
 {{- end }}
+{{- with .Values.state.namespace }}
+- --state-namespace
+- {{ . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -132,6 +160,11 @@ render with what to do.
 {{- end }}
 {{- if and .Values.mesh.enabled .Values.mesh.ca.existingSecret .Values.mesh.certManager.enabled }}
 {{- fail "mesh: give mesh.ca.existingSecret or mesh.certManager.enabled, not both" }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if has .name (list "JETWAY_STATE_KUBECONFIG" "JETWAY_STATE_NAMESPACE") }}
+{{- fail (printf "extraEnv: %s would move the gateways' step state away from the Role the chart grants; set state.namespace instead" .name) }}
+{{- end }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (kindIs "invalid" $pdb.minAvailable) (kindIs "invalid" $pdb.maxUnavailable) }}
