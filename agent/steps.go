@@ -52,13 +52,13 @@ type step struct {
 	// the number of the end event is one (placed) more.
 	logEvents int
 	changed   chan struct{} // closed and replaced on every change
-	abort   chan struct{} // closed by Abort
-	aborted bool
-	done    chan struct{} // closed when the runner returned
-	forget  time.Time     // when a released step is dropped
-	vol     *volumes.Server
-	uploads map[string]*upload
-	ready   chan struct{} // closed once the folder takes uploads
+	abort     chan struct{} // closed by Abort
+	aborted   bool
+	done      chan struct{} // closed when the runner returned
+	forget    time.Time     // when a released step is dropped
+	vol       *volumes.Server
+	uploads   map[string]*upload
+	ready     chan struct{} // closed once the folder takes uploads
 }
 
 // upload is an input the caller sends.

@@ -51,4 +51,3 @@ func TestTakeOverFromAGoneOwner(t *testing.T) {
 	assert.Equal(t, "gw-c", r.Status.Owner)
 	assert.Nil(t, r.Status.End, "the runner that lost the step did not end it")
 }
-
