@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,6 +36,8 @@ import (
 
 	"github.com/jetway-ci/jetway/deploy/helm"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // TestHelmChart installs the chart into a real API server as Helm would:
@@ -41,10 +45,12 @@ import (
 // applied with server-side apply (strict field validation) into a
 // namespace of its own that enforces the restricted Pod Security Standard,
 // and read back as applied; the pod the Deployment would make is admitted
-// there (a dry run). Objects of kinds the cluster does not serve are
-// skipped and named: first without CRDs, then with prometheus-operator's
-// and cert-manager's (testdata/crds) installed, which apply too. An
-// upgrade keeps the mesh CA the install generated.
+// there (a dry run). The pods' ServiceAccount may use the state namespace
+// (the release's or the one state.namespace names, where the Role goes)
+// as the gateway does, and nothing more. Objects of kinds the cluster does
+// not serve are skipped and named: first without CRDs, then with
+// prometheus-operator's and cert-manager's (testdata/crds) installed, which
+// apply too. An upgrade keeps the mesh CA the install generated.
 func TestHelmChart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -104,7 +110,9 @@ func newApplier(c *cluster.Cluster) *applier {
 }
 
 // install renders the chart with values as release "jw" in a new namespace
-// ns, applies every object, checks each and the pod the Deployment makes,
+// ns, applies every object (one the chart puts in another namespace, the
+// state namespace, there: created if missing, as an operator must), checks
+// each, the pod the Deployment makes and what its ServiceAccount may do,
 // and returns the kind/name of the objects skipped for want of their CRD.
 func (a *applier) install(t *testing.T, ctx context.Context, ns string, values map[string]any) (skipped []string) {
 	t.Helper()
@@ -115,8 +123,18 @@ func (a *applier) install(t *testing.T, ctx context.Context, ns string, values m
 	r, err := helm.Render(helm.Release{Name: "jw", Namespace: ns, Values: values, Cluster: a.c.AdminConfig()})
 	require.NoError(t, err)
 	var deployment *unstructured.Unstructured
+	var stateNamespace string // the RoleBinding's, if the chart makes one
 	for _, obj := range r.Objects {
 		what := obj.GetKind() + "/" + obj.GetName()
+		if other := obj.GetNamespace(); other != "" && other != ns {
+			_, err := a.c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}}, metav1.CreateOptions{})
+			if !apierrors.IsAlreadyExists(err) {
+				require.NoError(t, err, what)
+			}
+		}
+		if obj.GetKind() == "RoleBinding" {
+			stateNamespace = cmp.Or(obj.GetNamespace(), ns)
+		}
 		live, err := a.apply(ctx, ns, obj)
 		if meta.IsNoMatchError(err) {
 			t.Logf("%s skipped: the cluster does not serve %s (its CRD is not installed)", what, obj.GroupVersionKind())
@@ -131,10 +149,14 @@ func (a *applier) install(t *testing.T, ctx context.Context, ns string, values m
 	}
 	require.NotNil(t, deployment)
 	a.admitsPod(t, ctx, ns, deployment)
+	if stateNamespace != "" {
+		a.grantsState(t, ctx, ns, stateNamespace, deployment)
+	}
 	return skipped
 }
 
-// apply applies obj to namespace ns (if namespaced) and reads it back.
+// apply applies obj to its namespace, else ns, (if namespaced) and reads
+// it back.
 func (a *applier) apply(ctx context.Context, ns string, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 	gvk := obj.GroupVersionKind()
 	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
@@ -143,7 +165,7 @@ func (a *applier) apply(ctx context.Context, ns string, obj *unstructured.Unstru
 	}
 	var ri dynamic.ResourceInterface = a.c.Dynamic.Resource(m.Resource)
 	if m.Scope.Name() == meta.RESTScopeNameNamespace {
-		ri = a.c.Dynamic.Resource(m.Resource).Namespace(ns)
+		ri = a.c.Dynamic.Resource(m.Resource).Namespace(cmp.Or(obj.GetNamespace(), ns))
 	}
 	data, err := json.Marshal(obj.Object)
 	if err != nil {
@@ -158,7 +180,9 @@ func (a *applier) apply(ctx context.Context, ns string, obj *unstructured.Unstru
 
 // admitsPod creates, as a dry run, the pod the Deployment d would make:
 // admission, the restricted Pod Security Standard included, must accept
-// it. To show the namespace enforces it, the same pod with a container
+// it, and mount the gateway its ServiceAccount's token where
+// rest.InClusterConfig reads it, though the ServiceAccount asks for none.
+// To show the namespace enforces it, the same pod with a container
 // that may escalate its privileges must be refused.
 func (a *applier) admitsPod(t *testing.T, ctx context.Context, ns string, d *unstructured.Unstructured) {
 	t.Helper()
@@ -173,14 +197,57 @@ func (a *applier) admitsPod(t *testing.T, ctx context.Context, ns string, d *uns
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: dep.Name + "-", Labels: dep.Spec.Template.Labels},
 		Spec: dep.Spec.Template.Spec}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	_, err := pods.Create(ctx, pod, dryRun)
+	admitted, err := pods.Create(ctx, pod, dryRun)
 	require.NoError(t, err, "the Deployment's pod is refused")
+	var token bool
+	for _, m := range admitted.Spec.Containers[0].VolumeMounts {
+		token = token || m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount"
+	}
+	assert.True(t, token, "the gateway has no service account token: %v", admitted.Spec.Containers[0].VolumeMounts)
 
 	escalate := true
 	pod.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = &escalate
 	_, err = pods.Create(ctx, pod, dryRun)
 	require.True(t, apierrors.IsForbidden(err), "a pod allowed to escalate privileges was not refused: %v", err)
 	assert.Contains(t, err.Error(), `violates PodSecurity "restricted:latest"`)
+}
+
+// grantsState asks the API server (SubjectAccessReviews) what the
+// ServiceAccount of the Deployment d in ns may do: every state permission
+// (steps.StatePermissions) in stateNs, none outside them, nor anything in
+// ns when the state is elsewhere (the targets and tokens Secrets are
+// mounted, never read through the API).
+func (a *applier) grantsState(t *testing.T, ctx context.Context, ns, stateNs string, d *unstructured.Unstructured) {
+	t.Helper()
+	sa, _, err := unstructured.NestedString(d.Object, "spec", "template", "spec", "serviceAccountName")
+	require.NoError(t, err)
+	may := func(namespace string, p targets.Permission) bool {
+		review, err := a.c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   "system:serviceaccount:" + ns + ":" + sa,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: p.Verb, Group: p.Group,
+					Resource: p.Resource, Subresource: p.Subresource},
+			}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return review.Status.Allowed
+	}
+	for _, p := range steps.StatePermissions {
+		assert.True(t, may(stateNs, p), "%s may not %s in %s", sa, p, stateNs)
+	}
+	for _, p := range []targets.Permission{
+		{Resource: "secrets", Verb: "update"},
+		{Resource: "configmaps", Verb: "get"},
+		{Resource: "pods", Verb: "list"},
+		{Group: "coordination.k8s.io", Resource: "leases", Verb: "patch"},
+	} {
+		assert.False(t, may(stateNs, p), "%s may %s in %s", sa, p, stateNs)
+	}
+	if stateNs != ns {
+		for _, p := range steps.StatePermissions {
+			assert.False(t, may(ns, p), "%s may %s in %s, not its state namespace", sa, p, ns)
+		}
+	}
 }
 
 // installCRDs applies the gzipped CRD manifests of dir, waits until the

@@ -5,8 +5,8 @@ package mesh
 // BenchmarkMesh is `make bench-mesh`: real Mesh members (New, Start, mutual
 // TLS 1.3 with test-CA identities) on loopback against plain TLS 1.3
 // connections with the same certificates, both through a delay proxy, in
-// one run. It prints a table at the end; the study behind the settings is
-// /work/notes/mesh-tuning.md, the results /work/notes/bench-mesh.md.
+// one run. It prints a table at the end; docs/mesh.md says which settings
+// it chose and why.
 //
 //	go test -run '^$' -bench BenchmarkMesh -benchtime 1x -timeout 30m ./mesh/
 //

@@ -22,7 +22,7 @@ import (
 
 // defaultBulkConns is Options.BulkConns unless set: as many bulk sessions
 // as the concurrent volume streams the mesh must carry at full speed, each
-// with a TCP window of its own (docs/mesh.md; /work/notes/bench-mesh.md).
+// with a TCP window of its own (docs/mesh.md, "Bulk sessions"; make bench-mesh measures it).
 const defaultBulkConns = 8
 
 // redialFunc makes another connection to a session's peer for a bulk

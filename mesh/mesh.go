@@ -81,7 +81,7 @@ const (
 
 // Each stream's receive window. One stream carries at most about
 // window/2 per RTT, as yamux returns credit in half-window steps
-// (/work/notes/mesh-tuning.md, finding 1), so a volume stream's must be
+// (docs/mesh.md, "yamux"; measured with make bench-mesh), so a volume stream's must be
 // twice the bandwidth-delay product of the links between gateways: 16 MiB
 // keeps up with a Linux-default TCP window (~4 MiB) at any RTT, and is 190
 // MB/s at 40 ms. A session's own streams carry calls: a small window

@@ -276,7 +276,7 @@ func writeHTTPError(c net.Conn, code int, msg string) {
 // send loop while it goes out, ahead of other streams' frames, window
 // updates and pings: 128 KiB is 1.3 ms at 100 MB/s, where a 16 MiB frame
 // would be 0.17 s. 64 to 256 KiB measured the same throughput
-// (/work/notes/mesh-tuning.md, finding 5).
+// (make bench-mesh; docs/mesh.md).
 const maxWrite = 128 << 10
 
 // copyBuffers are the buffers streams are copied with: yamux's Stream

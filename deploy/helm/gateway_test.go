@@ -1,6 +1,7 @@
 package helm_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"maps"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/jetway-ci/jetway/api"
@@ -23,10 +25,13 @@ import (
 
 // chartKeys are the settings the chart gives as flags, never from the
 // config value. mesh-name is one though the chart never sets it: the
-// certificate each replica issues itself names it.
+// certificate each replica issues itself names it; so is state-kubeconfig:
+// the gateway reaches its state namespace with its pod's token, which the
+// chart's Role is for.
 var chartKeys = []string{
 	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
 	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name", "mesh-leave-on-stop",
+	"state-kubeconfig", "state-namespace",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
@@ -57,6 +62,7 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			require.NoError(t, err)
 			grace := time.Duration(*d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
 			assert.Greater(t, grace, cfg.ShutdownTimeout+5*time.Second)
+			assertStateGranted(t, o, cfg)
 
 			if cfg.AuthTokensFile != "" {
 				_, tokens, err := api.NewTokenFile(api.TokenFileOptions{Path: cfg.AuthTokensFile, Set: func([]api.Token) {}})
@@ -71,6 +77,23 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// assertStateGranted: the gateway keeps its steps where the chart's
+// RoleBinding lets its ServiceAccount: in the cluster it runs in (no state
+// kubeconfig), in the state namespace it was given or else its pod's own.
+func assertStateGranted(t *testing.T, o objects, cfg config.Config) {
+	t.Helper()
+	assert.Empty(t, cfg.StateKubeconfig)
+	var bindings []string
+	for _, k := range o.keys() {
+		if name, ok := strings.CutPrefix(k, "RoleBinding/"); ok {
+			bindings = append(bindings, name)
+		}
+	}
+	require.Len(t, bindings, 1)
+	rb := get[rbacv1.RoleBinding](t, o, "RoleBinding", bindings[0])
+	assert.Equal(t, cmp.Or(cfg.StateNamespace, namespace), rb.Namespace)
 }
 
 // layOut writes what the pod mounts under root: the config file, the

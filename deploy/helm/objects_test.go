@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -25,6 +26,8 @@ func TestDefaults(t *testing.T) {
 		"ConfigMap/" + fullname + "-config",
 		"Deployment/" + fullname,
 		"PodDisruptionBudget/" + fullname,
+		"Role/" + fullname,
+		"RoleBinding/" + fullname,
 		"Secret/" + fullname + "-auth",
 		"Secret/" + fullname + "-mesh-ca",
 		"Service/" + fullname,
@@ -39,7 +42,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, d.Spec.Selector.MatchLabels, subset(d.Spec.Template.Labels, d.Spec.Selector.MatchLabels))
 	assert.Equal(t, "ghcr.io/jetway-ci/gateway:0.1.0", c.Image)
 	assert.Equal(t, fullname, pod.ServiceAccountName)
-	assert.False(t, *pod.AutomountServiceAccountToken)
+	assert.True(t, *pod.AutomountServiceAccountToken, "the state namespace is reached with it")
 	assertLockedDown(t, pod)
 
 	f := flags(t, c.Args)
@@ -113,7 +116,8 @@ func TestDefaultMounts(t *testing.T) {
 }
 
 // TestDefaultServicesAndBudget: the API and mesh Services, the budget, the
-// ServiceAccount without a token and the replicas' spread select the pods.
+// ServiceAccount (whose token only the gateway's pods ask for) and the
+// replicas' spread select the pods.
 func TestDefaultServicesAndBudget(t *testing.T) {
 	o, _ := renderCI(t, "default-values.yaml")
 	d, _ := deployment(t, o, fullname)
@@ -135,7 +139,7 @@ func TestDefaultServicesAndBudget(t *testing.T) {
 	assert.Equal(t, d.Spec.Selector, pdb.Spec.Selector)
 
 	sa := get[corev1.ServiceAccount](t, o, "ServiceAccount", fullname)
-	assert.False(t, *sa.AutomountServiceAccountToken)
+	assert.False(t, *sa.AutomountServiceAccountToken, "other pods running as it get no token")
 
 	anti := pod.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	require.Len(t, anti, 1, "replicas prefer other nodes")
@@ -218,6 +222,8 @@ func TestWithoutMesh(t *testing.T) {
 	assert.Equal(t, []string{
 		"ConfigMap/" + fullname + "-config",
 		"Deployment/" + fullname,
+		"Role/" + fullname,
+		"RoleBinding/" + fullname,
 		"Service/" + fullname,
 	}, o.keys())
 	d, c := deployment(t, o, fullname)
@@ -268,7 +274,7 @@ func TestCertManager(t *testing.T) {
 }
 
 // TestTargetsAndConfig: targets and settings given as values, the CA from
-// an existing Secret, another full name.
+// an existing Secret, another full name, a state namespace of its own.
 func TestTargetsAndConfig(t *testing.T) {
 	o, _ := renderCI(t, "targets-values.yaml")
 	assert.NotContains(t, o, "Secret/gateways-mesh-ca", "the CA comes from mesh.ca.existingSecret")
@@ -277,6 +283,10 @@ func TestTargetsAndConfig(t *testing.T) {
 	assert.Equal(t, "ci-targets", volume(t, pod, "targets").Secret.SecretName)
 	assert.Equal(t, "jetway-mesh-ca", volume(t, pod, "mesh-ca").Secret.SecretName)
 	assert.Equal(t, "30s", flags(t, c.Args)["shutdown-timeout"])
+	assert.Equal(t, "jetway-state", flags(t, c.Args)["state-namespace"])
+	rb := get[rbacv1.RoleBinding](t, o, "RoleBinding", namespace+"-gateways")
+	assert.Equal(t, "jetway-state", rb.Namespace)
+	assert.Equal(t, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "gateways", Namespace: namespace}}, rb.Subjects)
 	assert.Greater(t, *pod.TerminationGracePeriodSeconds, int64(30+5))
 
 	s := get[corev1.Secret](t, o, "Secret", "ci-targets")
