@@ -186,10 +186,19 @@ bench-placement:
 # wait for Running, exec), alternating, in one run: p50/p99 from submit to
 # process start and from process exit to the exited event; then 100 checks
 # of one resource, a fresh pod each against a warm sandbox: p50/p99 from
-# call to answer.
+# call to answer; then the same 100 tasks, 10 at once, through one gateway
+# and through two replicas sharing the target and the state namespace,
+# alternating (BENCH_ROUNDS, default 2): throughput and start p50 ratios.
 .PHONY: bench-steps
 bench-steps: tools
-	$(GO) test -run '^$$' -bench '^Benchmark(Steps|CheckSandboxes)$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^Benchmark(Steps|CheckSandboxes|StepsReplicas)$$' -benchtime 1x -timeout 45m -v ./integration/bench/
+
+# bench-output: one task printing 1 GiB (BENCH_OUTPUT_MIB changes it)
+# followed to its end: the gateway's RSS growth while it runs and after,
+# then, after a restart, while the new gateway serves its events from 0.
+.PHONY: bench-output
+bench-output: tools
+	$(GO) test -run '^$$' -bench '^BenchmarkStepOutput$$' -benchtime 1x -timeout 30m -v ./integration/bench/
 
 # bench-mesh: real mesh members against plain TLS 1.3 connections with the
 # same certificates, at RTT 0 and 40 ms through a delay proxy, in one run:

@@ -24,6 +24,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -189,11 +190,8 @@ func (noTargets) Target(string) (*targets.Target, error) { return nil, targets.E
 func (noTargets) Changed() <-chan struct{}               { return nil }
 
 func TestErrorsAreTyped(t *testing.T) {
-	m := steps.New(steps.Options{Registry: noTargets{}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- m.Start(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	m := stepstest.Start(t, steps.Options{Registry: noTargets{}}).Manager
+	ctx := context.Background()
 	c := serve(t, m, nil)
 	require.Eventually(t, func() bool {
 		_, err := c.Step(ctx, "", "none")

@@ -24,6 +24,7 @@ func (oneStep) Get(steps.Caller, string, string) (steps.View, error) {
 	code := 3
 	return steps.View{Handle: "unit-1", Phase: steps.Failed, ExitStatus: &code}, nil
 }
+func (oneStep) Readable(steps.Caller, string, string, int) error { return nil }
 func (oneStep) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
 	return steps.View{}, nil
 }
