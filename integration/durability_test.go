@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/client"
@@ -131,4 +132,30 @@ func TestARemovedTargetEndsItsSteps(t *testing.T) {
 	assert.True(t, v.Released, "nothing left to do for it")
 	code, _, _ := call(t, http.MethodGet, g.base+"/api/v1/steps/orphan", "")
 	assert.Equal(t, http.StatusOK, code)
+}
+
+// TestOwnersCollectTheirPods: an ended step's kept pod goes gc-grace after
+// its end, deleted by the step's owner (the lifecycle's collection leaves
+// a live owner's pods to it), and the step shows released.
+func TestOwnersCollectTheirPods(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := targetGateway(ctx, t, clusters[0], "gc-owned", "{}\n", gatewayOptions{gcGrace: 2 * time.Second})
+	req := shStep("collected", "echo done")
+	req.Outputs = []steps.Output{{Name: "out"}}
+	g.run(t, req)
+	evs := g.stepEvents(ctx, t, "collected", "", 0)
+	require.Equal(t, steps.EventExited, evs[len(evs)-1].Type)
+	v := g.step(t, "collected")
+	require.False(t, v.Released, "kept for its outputs")
+	eventually(t, 20*time.Second, func() error {
+		if v = g.step(t, "collected"); !v.Released {
+			return errorf("not released yet")
+		}
+		return nil
+	})
+	_, err := clusters[0].Client.CoreV1().Pods("gc-owned").Get(ctx, v.Pod, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "its pod is gone: %v", err)
+	assert.Equal(t, float64(1), metricValue(t, g, "jetway_step_owned_pods_deleted_total"), "by its owner")
+	assert.Zero(t, metricValue(t, g, `jetway_step_pods_deleted_total{reason="gc"}`), "not by the lifecycle's collection")
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -185,8 +186,10 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Interval: 300 * time.Millisecond, Timeout: 2 * time.Second, Concurrency: 8, StallAfter: 3,
 		Installation: o.installation, LandTimeout: o.landTimeout, Logger: logger, Metrics: targets.NewMetrics(reg),
 	})
+	var stepper *steps.Manager // made below; its owners collect their own pods
 	controller := lifecycle.New(lifecycle.Options{
 		Identity: o.identity, Registry: registry, GCGrace: o.gcGrace, Logger: logger, Metrics: lifecycle.NewMetrics(reg),
+		Owned: func(p *corev1.Pod) bool { return stepper != nil && stepper.Owned(p) },
 	})
 	registry.SetReconciler(controller)
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute, Logger: logger}, registry.Apply)
@@ -239,7 +242,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	require.NoError(t, err)
 	elector, err := steps.NewElector(eo)
 	require.NoError(t, err)
-	stepper := steps.New(steps.Options{Registry: registry, Streamer: stepStreams, Placement: o.placement,
+	stepper = steps.New(steps.Options{Registry: registry, Streamer: stepStreams, Placement: o.placement, GCGrace: o.gcGrace,
 		Records: store, Owners: owners, Leader: elector, Elsewhere: func() []targets.Status {
 			if node == nil {
 				return nil

@@ -39,6 +39,11 @@ type Options struct {
 	// GCGrace is how long a finished step pod stays before it is deleted
 	// without a sync.
 	GCGrace time.Duration
+	// Owned reports whether a step pod has an owner that collects it
+	// itself (the step engine's live owner, which deletes its step's pod
+	// gc-grace after the step's end): garbage collection leaves those
+	// alone. Nil: none has.
+	Owned func(p *corev1.Pod) bool
 	// AwaitTimeout bounds how long a decision waits for the target's cache
 	// to show it, so the next list does; default 5s.
 	AwaitTimeout time.Duration
@@ -274,6 +279,9 @@ func (c *Controller) leftovers(ctx context.Context, k *kube) ([]string, error) {
 func (c *Controller) stale(pods []*corev1.Pod) []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, p := range pods {
+		if c.opts.Owned != nil && c.opts.Owned(p) {
+			continue
+		}
 		if targets.Finished(p) && p.DeletionTimestamp == nil && c.opts.Now().Sub(finishedAt(p)) > c.opts.GCGrace {
 			out = append(out, p)
 		}

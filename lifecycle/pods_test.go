@@ -42,6 +42,14 @@ func TestUnfinishedAndStale(t *testing.T) {
 		stale = append(stale, p.Name)
 	}
 	assert.Equal(t, []string{"done-long-ago", "failed-long-ago"}, stale)
+
+	// A pod whose live owner collects it itself is left to it.
+	c.opts.Owned = func(p *corev1.Pod) bool { return p.Name == "done-long-ago" }
+	stale = nil
+	for _, p := range c.stale(pods) {
+		stale = append(stale, p.Name)
+	}
+	assert.Equal(t, []string{"failed-long-ago"}, stale)
 }
 
 func TestFinishedAtFallsBack(t *testing.T) {

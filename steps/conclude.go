@@ -94,7 +94,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	}
 	r.tail.end(false)
 	r.m.opts.Metrics.finished(r.sum.Type, end.Phase)
-	r.m.finish(ctx, rec)
+	_ = r.m.finish(ctx, rec) // what fails here, the reconcile tries again
 }
 
 // healthy says a check ended by its script's exit, not by its sandbox's
@@ -143,43 +143,42 @@ func (r *runner) countLog(ctx context.Context) int {
 // marked released. The step's release (DELETE) deletes a kept one too. A
 // pod gone makes the step released. Each move is repeated until it shows,
 // by whichever owner the step has then.
-func (m *Manager) finish(ctx context.Context, rec *Record) {
+func (m *Manager) finish(ctx context.Context, rec *Record) error {
 	st := rec.Status
 	if st.End == nil || st.Placed == nil || !st.Released.IsZero() {
-		return
+		return nil
 	}
 	t, err := m.opts.Registry.Target(st.Placed.Target)
 	if errors.Is(err, targets.ErrNotFound) {
 		// Its target left the directory: its pod is out of reach (the
 		// target's retire, or its namespace's deletion, takes it).
-		m.released(ctx, rec)
-		return
+		return m.released(ctx, rec)
 	}
 	if err != nil {
-		return // an invalid entry: its pod waits for its clients
+		return err // an invalid entry: its pod waits for its clients
 	}
 	log := m.opts.Logger.With("target", st.Placed.Target, "pod", st.Placed.Pod, "handle", rec.Summary.Handle)
 	p := t.CachedPod(st.Placed.Pod)
 	switch {
 	case gone(t, st.Placed.Pod):
-		m.released(ctx, rec)
+		return m.released(ctx, rec)
 	case st.Placed.Run != "":
 		// A check's folder in its sandbox, its log with it, stays for
 		// Retain (the sandbox's owner deletes the sandbox when it is idle).
 		if m.opts.Now().Sub(st.End.At) < m.opts.Retain && !st.Release {
-			return
+			return nil
 		}
 		if err := m.forgetRun(ctx, t, rec); err != nil && ctx.Err() == nil {
 			log.Warn("check's folder in its sandbox not deleted", "error", err.Error())
-			return
+			return err
 		}
-		m.released(ctx, rec)
-	case !st.End.Kept || st.Release:
+		return m.released(ctx, rec)
+	case !st.End.Kept || st.Release || m.opts.Now().Sub(st.End.At) > m.opts.GCGrace:
 		if err := m.deletePod(ctx, t, st.Placed.Pod); err != nil {
 			log.Warn("step pod not deleted", "error", err.Error())
-			return
+			return err
 		}
-		m.released(ctx, rec)
+		return m.released(ctx, rec)
 	case p != nil && p.Annotations[targets.StepEndedAnnotation] == "":
 		raw, _ := json.Marshal(st.End)
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
@@ -189,8 +188,10 @@ func (m *Manager) finish(ctx context.Context, rec *Record) {
 		cancel()
 		if err != nil && !apierrors.IsNotFound(err) {
 			log.Warn("step end not marked on its pod", "error", err.Error())
+			return err
 		}
 	}
+	return nil
 }
 
 // unfinished reports whether finish has something to do for an ended
@@ -210,7 +211,7 @@ func (m *Manager) unfinished(rec *Record) bool {
 		return true
 	case st.Placed.Run != "":
 		return m.opts.Now().Sub(st.End.At) >= m.opts.Retain || st.Release
-	case !st.End.Kept || st.Release:
+	case !st.End.Kept || st.Release || m.opts.Now().Sub(st.End.At) > m.opts.GCGrace:
 		return true
 	}
 	p := t.CachedPod(st.Placed.Pod)
@@ -269,7 +270,7 @@ func (m *Manager) relabel(ctx context.Context, t *targets.Target, p *corev1.Pod)
 }
 
 // released records that an ended step's pod, and its outputs, are gone.
-func (m *Manager) released(ctx context.Context, rec *Record) {
+func (m *Manager) released(ctx context.Context, rec *Record) error {
 	now := m.opts.Now().UTC()
 	_, err := m.opts.Records.Update(ctx, rec.Name, func(r *Record) error {
 		switch {
@@ -283,5 +284,7 @@ func (m *Manager) released(ctx context.Context, rec *Record) {
 	})
 	if err != nil && !errors.Is(err, errNotOwner) && !errors.Is(err, errRecordGone) {
 		m.opts.Logger.Warn("step release not recorded", "handle", rec.Summary.Handle, "error", err.Error())
+		return err
 	}
+	return nil
 }

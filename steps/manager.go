@@ -39,6 +39,9 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -122,6 +125,10 @@ type Options struct {
 	// targets directory before the step ends; default
 	// DefaultTargetGoneGrace.
 	TargetGoneGrace time.Duration
+	// GCGrace is how long an ended step's kept pod (its outputs, its log)
+	// stays before its owner deletes it, unless released before; default
+	// 10m, as the lifecycle's gc-grace.
+	GCGrace time.Duration
 	// SandboxTTL is how long an idle check sandbox is kept; default
 	// DefaultSandboxTTL.
 	SandboxTTL time.Duration
@@ -149,6 +156,7 @@ type Manager struct {
 	runners  map[string]*runner  // the steps this gateway drives now, by record
 	tails    map[string]*tail    // their recent events
 	busy     map[string]bool     // records with a housekeeping task under way
+	retry    map[string]retry    // records whose last housekeeping failed: when to try again
 	sessions map[string]*session // into check sandboxes, by target/pod
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -160,6 +168,7 @@ func New(opts Options) *Manager {
 	opts.KillGrace = cmp.Or(opts.KillGrace, 10*time.Second)
 	opts.Retain = cmp.Or(opts.Retain, 10*time.Minute)
 	opts.TargetGoneGrace = cmp.Or(opts.TargetGoneGrace, DefaultTargetGoneGrace)
+	opts.GCGrace = cmp.Or(opts.GCGrace, 10*time.Minute)
 	opts.ResourceDir = cmp.Or(opts.ResourceDir, DefaultResourceDir)
 	opts.SandboxTTL = cmp.Or(opts.SandboxTTL, DefaultSandboxTTL)
 	if opts.Exec == nil {
@@ -174,7 +183,7 @@ func New(opts Options) *Manager {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	m := &Manager{opts: opts, runners: map[string]*runner{}, tails: map[string]*tail{}, busy: map[string]bool{},
+	m := &Manager{opts: opts, runners: map[string]*runner{}, tails: map[string]*tail{}, busy: map[string]bool{}, retry: map[string]retry{},
 		sessions: map[string]*session{}, kick: make(chan struct{}, 1)}
 	if opts.Owners != nil {
 		m.me = opts.Owners.Me()
@@ -255,6 +264,14 @@ func (m *Manager) ready() error {
 		return fmt.Errorf("%w: this gateway cannot renew its lease in the state namespace", ErrUnavailable)
 	}
 	return nil
+}
+
+// Owned reports whether a step pod has a live owner of this
+// installation, which deletes it itself gc-grace after its step ended:
+// the lifecycle's garbage collection leaves it alone.
+func (m *Manager) Owned(p *corev1.Pod) bool {
+	owner := p.Labels[ownership.OwnerLabel]
+	return owner != "" && m.opts.Owners != nil && m.opts.Owners.Synced() && m.opts.Owners.Alive(owner)
 }
 
 // Caller is who calls: an admin, or a team.

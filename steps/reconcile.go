@@ -3,6 +3,7 @@ package steps
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // reconcile makes this gateway do its part for every record: take over
@@ -39,8 +40,8 @@ func (m *Manager) reconcile(ctx context.Context) {
 		switch {
 		case st.End == nil && m.runners[r.Name] == nil:
 			m.startRunner(r)
-		case st.End != nil && m.runners[r.Name] == nil && !m.busy[r.Name] && m.unfinished(r):
-			m.task(ctx, r.Name, func(ctx context.Context) { m.finish(ctx, r) })
+		case st.End != nil && m.runners[r.Name] == nil && !m.busy[r.Name] && m.unfinished(r) && m.due(r.Name):
+			m.task(ctx, r.Name, func(ctx context.Context) { m.failed(r.Name, m.finish(ctx, r)) })
 		}
 	}
 	for name, run := range m.runners {
@@ -48,6 +49,42 @@ func (m *Manager) reconcile(ctx context.Context) {
 			run.cancel(errNotDriving)
 		}
 	}
+	for name := range m.retry {
+		if _, ok := owned[name]; !ok {
+			delete(m.retry, name) // forgotten
+		}
+	}
+}
+
+// retry is when a record's failed housekeeping is tried again.
+type retry struct {
+	at    time.Time
+	pause time.Duration
+}
+
+// maxRetryPause bounds the pause before housekeeping that keeps failing
+// (a pod its owner may not delete, say) is tried again.
+const maxRetryPause = 5 * time.Minute
+
+// due says whether a record's housekeeping may run now: not before the
+// pause after its last failure. Called with m.mu held.
+func (m *Manager) due(name string) bool {
+	r, ok := m.retry[name]
+	return !ok || !m.opts.Now().Before(r.at)
+}
+
+// failed notes how a record's housekeeping went: a failure pauses the
+// next try, twice as long each time, up to maxRetryPause.
+func (m *Manager) failed(name string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil {
+		delete(m.retry, name)
+		return
+	}
+	pause := min(2*m.retry[name].pause, maxRetryPause)
+	pause = max(pause, time.Second)
+	m.retry[name] = retry{at: m.opts.Now().Add(jitter(pause)), pause: pause}
 }
 
 // task runs f for record name unless one runs for it already. Called

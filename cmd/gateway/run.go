@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -88,10 +89,12 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:       logger.With("component", "targets"),
 		Metrics:      targets.NewMetrics(reg),
 	})
+	var stepper *steps.Manager // made below; its owners collect their own pods
 	controller := lifecycle.New(lifecycle.Options{
 		Identity: id,
 		Registry: registry,
 		GCGrace:  cfg.GCGrace,
+		Owned:    func(p *corev1.Pod) bool { return stepper != nil && stepper.Owned(p) },
 		Logger:   logger.With("component", "lifecycle"),
 		Metrics:  lifecycle.NewMetrics(reg),
 	})
@@ -146,6 +149,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
+		GCGrace:        cfg.GCGrace,
 		ResourceDir:    cfg.ResourceDir,
 		SandboxTTL:     cfg.CheckSandboxTTL,
 		Logger:         logger.With("component", "steps"),
@@ -157,7 +161,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if meshNode != nil {
 		stepOpts.Elsewhere = func() []targets.Status { return remoteStatuses(meshNode) }
 	}
-	stepper := steps.New(stepOpts)
+	stepper = steps.New(stepOpts)
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
