@@ -15,11 +15,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/internal/watchcache"
 )
@@ -147,17 +144,7 @@ func (w *Owners) leaseName(id string) string {
 // gateway's until ctx ends; then it deletes its own, telling the others
 // its steps are theirs to take.
 func (w *Owners) Start(ctx context.Context) error {
-	sel := GatewayLeaseLabel + "=" + w.opts.Installation
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = sel
-			return w.leases.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = sel
-			return w.leases.Watch(ctx, o)
-		},
-	}
+	lw := watchcache.ListWatch(w.leases, watchcache.Labelled(GatewayLeaseLabel+"="+w.opts.Installation))
 	var wg sync.WaitGroup
 	wg.Go(func() { w.cache.Run(ctx, "gateway leases", lw, &coordinationv1.Lease{}) })
 	w.renew(ctx)

@@ -12,14 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/watchcache"
@@ -134,17 +131,7 @@ func (s *Store) Namespace() string { return s.namespace }
 
 // Start watches the records until ctx ends.
 func (s *Store) Start(ctx context.Context) error {
-	sel := RecordLabel + "=" + s.installation
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = sel
-			return s.meta.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = sel
-			return s.meta.Watch(ctx, o)
-		},
-	}
+	lw := watchcache.ListWatch(s.meta, watchcache.Labelled(RecordLabel+"="+s.installation))
 	s.cache.Run(ctx, "step records in "+s.namespace, lw, &metav1.PartialObjectMetadata{})
 	return nil
 }

@@ -10,13 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/watchcache"
@@ -143,31 +140,11 @@ func (t *Target) Run(ctx context.Context) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { t.pods.Run(ctx, "pods of "+t.Name(), listWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
+	wg.Go(func() { t.pods.Run(ctx, "pods of "+t.Name(), watchcache.ListWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
 	wg.Go(func() {
-		t.record.Run(ctx, "lifecycle of "+t.Name(), listWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
+		t.record.Run(ctx, "lifecycle of "+t.Name(), watchcache.ListWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
 	})
 	wg.Wait()
-}
-
-// lister is what a typed client of one kind offers a watch.
-type lister[L runtime.Object] interface {
-	List(ctx context.Context, o metav1.ListOptions) (L, error)
-	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
-}
-
-// listWatch lists and watches c's objects that narrow selects.
-func listWatch[L runtime.Object](c lister[L], narrow func(*metav1.ListOptions)) *cache.ListWatch {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			narrow(&o)
-			return c.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			narrow(&o)
-			return c.Watch(ctx, o)
-		},
-	}
 }
 
 // Synced reports whether both watches have listed once, and if not, the

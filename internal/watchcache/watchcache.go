@@ -252,6 +252,33 @@ func (c *Cache) transformed(obj any) (any, error) {
 // Resync does nothing: the cache has no handlers to resync.
 func (c *Cache) Resync() error { return nil }
 
+// Lister is what a typed client of one kind (or a metadata client of one
+// resource) offers a watch.
+type Lister[L runtime.Object] interface {
+	List(ctx context.Context, o metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
+}
+
+// ListWatch lists and watches c's objects that narrow selects (a label or
+// field selector), for Run.
+func ListWatch[L runtime.Object](c Lister[L], narrow func(*metav1.ListOptions)) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			narrow(&o)
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			narrow(&o)
+			return c.Watch(ctx, o)
+		},
+	}
+}
+
+// Labelled narrows a list to the objects selector selects.
+func Labelled(selector string) func(*metav1.ListOptions) {
+	return func(o *metav1.ListOptions) { o.LabelSelector = selector }
+}
+
 // Broadcast tells waiters that something changed: Wait's channel is
 // closed at the next Notify. It allocates only while someone waits. The
 // zero value is ready to use.
