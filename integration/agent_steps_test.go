@@ -306,7 +306,7 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	require.Equal(t, "aa-mac", v.Target)
 	build := filepath.Join(ag.folder(v), "build")
 	shell, child := liveProc(t, readPid(t, filepath.Join(build, "pid"))), liveProc(t, readPid(t, filepath.Join(build, "child")))
-	followed := asMain.followEvents(ctx, t, "aa-abort", "")
+	followed := asMain.followEvents(ctx, t, "aa-abort", "", 0)
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/aa-abort", otherTeamToken.Token)
 	assert.Equal(t, http.StatusNotFound, code, "another team's token: %s", body)
 	require.True(t, shell.alive())

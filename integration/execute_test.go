@@ -171,7 +171,7 @@ func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	assert.ErrorIs(t, err, client.ErrNotFound)
 	// A follower reads the events to the end while the step is aborted; a
 	// released step's log goes with its pod.
-	followed := g.followEvents(ctx, t, "up", "")
+	followed := g.followEvents(ctx, t, "up", "", 0)
 	g.waitEvents(t, "up", 5)
 	_, err = c.Abort(ctx, "", "up")
 	require.NoError(t, err)

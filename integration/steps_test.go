@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -68,34 +67,15 @@ func (g *gateway) run(t *testing.T, req steps.Request) steps.View {
 // stepEvents follows a step's events from since to its end, within ctx.
 func (g *gateway) stepEvents(ctx context.Context, t *testing.T, handle, query string, since int) []steps.Event {
 	t.Helper()
-	url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=%d%s", g.base, handle, since, query)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	require.NoError(t, err)
-	if g.token != "" {
-		req.Header.Set("Authorization", "Bearer "+g.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var evs []steps.Event
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var e steps.Event
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &e), sc.Text())
-		evs = append(evs, e)
-	}
-	require.NoError(t, sc.Err(), "events of %s", handle)
-	return evs
+	return <-g.followEvents(ctx, t, handle, query, since)
 }
 
-// followEvents follows a step's events from 0 to its end in the
+// followEvents follows a step's events from since to its end in the
 // background, as a client does while it acts on the step.
-func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query string) <-chan []steps.Event {
+func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query string, since int) <-chan []steps.Event {
 	t.Helper()
 	out := make(chan []steps.Event, 1)
-	url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=0%s", g.base, handle, query)
+	url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=%d%s", g.base, handle, since, query)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	require.NoError(t, err)
 	if g.token != "" {
@@ -438,7 +418,7 @@ func TestStepAbortAndTimeout(t *testing.T) {
 		return nil
 	})
 	pod := g.step(t, "abort").Pod
-	followed := g.followEvents(ctx, t, "abort", "")
+	followed := g.followEvents(ctx, t, "abort", "", 0)
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/abort", mainToken.Token)
 	assert.Equal(t, http.StatusNotFound, code, "another team's token: %s", body)
 	start := time.Now()
