@@ -40,7 +40,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	}
 	at := e.Time
 	if at.IsZero() {
-		at = r.m.opts.Now().UTC()
+		at = r.k.opts.Now().UTC()
 	}
 	end := &End{Phase: e.Phase, ExitStatus: e.ExitStatus, Reason: e.Reason, Message: e.Message, At: at.UTC(),
 		LogEvents: count, Kept: keep && r.placed.Run == ""}
@@ -52,7 +52,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 		t, err := r.target()
 		released = errors.Is(err, targets.ErrNotFound)
 		if err == nil {
-			if err := r.m.deletePod(ctx, t, r.placed.Pod); err == nil {
+			if err := r.k.deletePod(ctx, t, r.placed.Pod); err == nil {
 				released = true
 			} else {
 				r.log.Warn("step pod not deleted; its owner tries again", "error", err.Error())
@@ -64,16 +64,16 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	var rec *Record
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		var err error
-		rec, err = r.m.opts.Records.Update(cctx, r.name, func(rec *Record) error {
+		rec, err = r.k.opts.Records.Update(cctx, r.name, func(rec *Record) error {
 			switch {
-			case rec.Status.Owner != r.m.me:
+			case rec.Status.Owner != r.k.me:
 				return errNotOwner
 			case rec.Status.End != nil:
 				return errUnchanged
 			}
 			rec.Status.End = end
 			if released {
-				rec.Status.Released = r.m.opts.Now().UTC()
+				rec.Status.Released = r.k.opts.Now().UTC()
 			}
 			if r.result != nil {
 				rec.setResult(r.result)
@@ -93,8 +93,8 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 		}
 	}
 	r.tail.end(false)
-	r.m.opts.Metrics.finished(r.sum.Type, end.Phase)
-	_ = r.m.finish(ctx, rec) // what fails here, the reconcile tries again
+	r.k.opts.Metrics.finished(r.sum.Type, end.Phase)
+	_ = r.k.finish(ctx, rec) // what fails here, the reconcile tries again
 }
 
 // healthy says a check ended by its script's exit, not by its sandbox's
@@ -103,11 +103,11 @@ func healthy(e *End) bool { return e.ExitStatus != nil && e.Phase != Aborted }
 
 // forgetRun deletes an ended check's folder in its sandbox, and with it
 // its log: it is released.
-func (m *Manager) forgetRun(ctx context.Context, t *targets.Target, rec *Record) error {
+func (k *keeper) forgetRun(ctx context.Context, t *targets.Target, rec *Record) error {
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	p := rec.Status.Placed
-	return m.opts.Exec(fctx, t, p.Pod, StepContainer, agent("forget", "--run", p.Run), nil, nopWriter{})
+	return k.opts.Exec(fctx, t, p.Pod, StepContainer, agent("forget", "--run", p.Run), nil, nopWriter{})
 }
 
 // countLog is the number of events the step's log holds now (0 when it
@@ -123,7 +123,7 @@ func (r *runner) countLog(ctx context.Context) int {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pw.CloseWithError(r.m.execAny(ctx, t, r.placed.Pod, r.agent("tail", "--skip", "all"), pw))
+		pw.CloseWithError(r.k.execAny(ctx, t, r.placed.Pod, r.agent("tail", "--skip", "all"), pw))
 	}()
 	defer func() { cancel(); pr.Close(); <-done }()
 	f, err := stepagent.ReadFrame(pr)
@@ -143,42 +143,42 @@ func (r *runner) countLog(ctx context.Context) int {
 // marked released. The step's release (DELETE) deletes a kept one too. A
 // pod gone makes the step released. Each move is repeated until it shows,
 // by whichever owner the step has then.
-func (m *Manager) finish(ctx context.Context, rec *Record) error {
+func (k *keeper) finish(ctx context.Context, rec *Record) error {
 	st := rec.Status
 	if st.End == nil || st.Placed == nil || !st.Released.IsZero() {
 		return nil
 	}
-	t, err := m.opts.Registry.Target(st.Placed.Target)
+	t, err := k.opts.Registry.Target(st.Placed.Target)
 	if errors.Is(err, targets.ErrNotFound) {
 		// Its target left the directory: its pod is out of reach (the
 		// target's retire, or its namespace's deletion, takes it).
-		return m.released(ctx, rec)
+		return k.released(ctx, rec)
 	}
 	if err != nil {
 		return err // an invalid entry: its pod waits for its clients
 	}
-	log := m.opts.Logger.With("target", st.Placed.Target, "pod", st.Placed.Pod, "handle", rec.Summary.Handle)
+	log := k.opts.Logger.With("target", st.Placed.Target, "pod", st.Placed.Pod, "handle", rec.Summary.Handle)
 	p := t.CachedPod(st.Placed.Pod)
 	switch {
 	case gone(t, st.Placed.Pod):
-		return m.released(ctx, rec)
+		return k.released(ctx, rec)
 	case st.Placed.Run != "":
 		// A check's folder in its sandbox, its log with it, stays for
 		// Retain (the sandbox's owner deletes the sandbox when it is idle).
-		if m.opts.Now().Sub(st.End.At) < m.opts.Retain && !st.Release {
+		if k.opts.Now().Sub(st.End.At) < k.opts.Retain && !st.Release {
 			return nil
 		}
-		if err := m.forgetRun(ctx, t, rec); err != nil && ctx.Err() == nil {
+		if err := k.forgetRun(ctx, t, rec); err != nil && ctx.Err() == nil {
 			log.Warn("check's folder in its sandbox not deleted", "error", err.Error())
 			return err
 		}
-		return m.released(ctx, rec)
-	case !st.End.Kept || st.Release || m.opts.Now().Sub(st.End.At) > m.opts.GCGrace:
-		if err := m.deletePod(ctx, t, st.Placed.Pod); err != nil {
+		return k.released(ctx, rec)
+	case !st.End.Kept || st.Release || k.opts.Now().Sub(st.End.At) > k.opts.GCGrace:
+		if err := k.deletePod(ctx, t, st.Placed.Pod); err != nil {
 			log.Warn("step pod not deleted", "error", err.Error())
 			return err
 		}
-		return m.released(ctx, rec)
+		return k.released(ctx, rec)
 	case p != nil && p.Annotations[targets.StepEndedAnnotation] == "":
 		raw, _ := json.Marshal(st.End)
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
@@ -196,12 +196,12 @@ func (m *Manager) finish(ctx context.Context, rec *Record) error {
 
 // unfinished reports whether finish has something to do for an ended
 // step, as the caches show it.
-func (m *Manager) unfinished(rec *Record) bool {
+func (k *keeper) unfinished(rec *Record) bool {
 	st := rec.Status
 	if st.End == nil || st.Placed == nil || !st.Released.IsZero() {
 		return false
 	}
-	t, err := m.opts.Registry.Target(st.Placed.Target)
+	t, err := k.opts.Registry.Target(st.Placed.Target)
 	switch {
 	case errors.Is(err, targets.ErrNotFound):
 		return true
@@ -210,8 +210,8 @@ func (m *Manager) unfinished(rec *Record) bool {
 	case gone(t, st.Placed.Pod):
 		return true
 	case st.Placed.Run != "":
-		return m.opts.Now().Sub(st.End.At) >= m.opts.Retain || st.Release
-	case !st.End.Kept || st.Release || m.opts.Now().Sub(st.End.At) > m.opts.GCGrace:
+		return k.opts.Now().Sub(st.End.At) >= k.opts.Retain || st.Release
+	case !st.End.Kept || st.Release || k.opts.Now().Sub(st.End.At) > k.opts.GCGrace:
 		return true
 	}
 	p := t.CachedPod(st.Placed.Pod)
@@ -223,7 +223,7 @@ func (m *Manager) unfinished(rec *Record) bool {
 // it names the owner this gateway took it from, and it is deleted at the
 // version read, so a pod changed meanwhile is read again. The pod's owner
 // label says who deleted it.
-func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string) error {
+func (g *gateway) deletePod(ctx context.Context, t *targets.Target, name string) error {
 	for attempt := 0; attempt < 10; attempt++ {
 		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		p, err := t.Pod(gctx, name)
@@ -234,8 +234,8 @@ func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string)
 		if err != nil {
 			return fmt.Errorf("read pod %s: %w", name, err)
 		}
-		if p.Labels[ownership.OwnerLabel] != m.me {
-			if err := m.relabel(ctx, t, p); err != nil && !apierrors.IsConflict(err) {
+		if p.Labels[ownership.OwnerLabel] != g.me {
+			if err := g.relabel(ctx, t, p); err != nil && !apierrors.IsConflict(err) {
 				return err
 			}
 			continue
@@ -245,7 +245,7 @@ func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string)
 		err = t.Core.Pods(t.Namespace()).Delete(dctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 		cancel()
 		if err == nil || apierrors.IsNotFound(err) {
-			m.opts.Metrics.podDeleted()
+			g.opts.Metrics.podDeleted()
 			return nil
 		}
 		if !apierrors.IsConflict(err) {
@@ -257,24 +257,24 @@ func (m *Manager) deletePod(ctx context.Context, t *targets.Target, name string)
 
 // relabel makes a step pod name this gateway as its owner, at the version
 // read.
-func (m *Manager) relabel(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+func (g *gateway) relabel(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion,
-		"labels": map[string]string{ownership.OwnerLabel: m.me}}})
+		"labels": map[string]string{ownership.OwnerLabel: g.me}}})
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, err := t.Core.Pods(t.Namespace()).Patch(pctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err == nil {
-		m.opts.Logger.Info("step pod taken over", "target", t.Name(), "pod", p.Name, "was", p.Labels[ownership.OwnerLabel])
+		g.opts.Logger.Info("step pod taken over", "target", t.Name(), "pod", p.Name, "was", p.Labels[ownership.OwnerLabel])
 	}
 	return err
 }
 
 // released records that an ended step's pod, and its outputs, are gone.
-func (m *Manager) released(ctx context.Context, rec *Record) error {
-	now := m.opts.Now().UTC()
-	_, err := m.opts.Records.Update(ctx, rec.Name, func(r *Record) error {
+func (k *keeper) released(ctx context.Context, rec *Record) error {
+	now := k.opts.Now().UTC()
+	_, err := k.opts.Records.Update(ctx, rec.Name, func(r *Record) error {
 		switch {
-		case r.Status.Owner != m.me:
+		case r.Status.Owner != k.me:
 			return errNotOwner
 		case !r.Status.Released.IsZero():
 			return errUnchanged
@@ -283,7 +283,7 @@ func (m *Manager) released(ctx context.Context, rec *Record) error {
 		return nil
 	})
 	if err != nil && !errors.Is(err, errNotOwner) && !errors.Is(err, errRecordGone) {
-		m.opts.Logger.Warn("step release not recorded", "handle", rec.Summary.Handle, "error", err.Error())
+		k.opts.Logger.Warn("step release not recorded", "handle", rec.Summary.Handle, "error", err.Error())
 		return err
 	}
 	return nil

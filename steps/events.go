@@ -182,11 +182,46 @@ func (t *tail) from(n int) (evs []Event, ok, done bool, changed <-chan struct{})
 	return append([]Event(nil), t.events[n-first:]...), true, t.done, t.changed
 }
 
+// The eventLog serves steps' events, by number, from their records and
+// their logs in their pods; for the steps this gateway runs, from the
+// tails their runners keep when those hold them.
+type eventLog struct {
+	*gateway
+	mu    sync.Mutex
+	tails map[string]*tail // of the steps this gateway runs, by record
+}
+
+func newEventLog(g *gateway) *eventLog { return &eventLog{gateway: g, tails: map[string]*tail{}} }
+
+// open starts the tail of the step of record name, whose log's first
+// event is number base: its runner reads the log.
+func (l *eventLog) open(name string, base int) *tail {
+	t := newTail(base)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tails[name] = t
+	return t
+}
+
+// close stops t, the tail of the step of record name: its followers read
+// the pod from where they are.
+func (l *eventLog) close(name string, t *tail) {
+	if t == nil {
+		return
+	}
+	t.end(true)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tails[name] == t {
+		delete(l.tails, name)
+	}
+}
+
 // tail is the tail of the step of record name, if this gateway runs it.
-func (m *Manager) tail(name string) *tail {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.tails[name]
+func (l *eventLog) tail(name string) *tail {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.tails[name]
 }
 
 // ErrLogGone: a step's log went with its pod (or its folder).
@@ -322,13 +357,13 @@ func ReadEvents(r io.Reader, base, want int, send func([]Event) error, handover 
 // journal is a gateway's step as a Journal: its record, and its pod's
 // log (or this gateway's tail of it).
 type journal struct {
-	m    *Manager
+	l    *eventLog
 	name string
 }
 
 func (j journal) State() ([]Event, bool, *Event, <-chan struct{}, bool) {
-	changed := j.m.opts.Records.Changed()
-	r, ok := j.m.opts.Records.Get(j.name)
+	changed := j.l.opts.Records.Changed()
+	r, ok := j.l.opts.Records.Get(j.name)
 	if !ok {
 		return nil, false, nil, changed, false
 	}
@@ -342,32 +377,32 @@ func (j journal) State() ([]Event, bool, *Event, <-chan struct{}, bool) {
 }
 
 func (j journal) ReadLog(ctx context.Context, base, n int, send func([]Event) error) (int, error) {
-	r, ok := j.m.opts.Records.Get(j.name)
+	r, ok := j.l.opts.Records.Get(j.name)
 	if !ok {
 		return n, ErrLogGone
 	}
-	return j.m.readLog(ctx, r, base, n, send)
+	return j.l.readLog(ctx, r, base, n, send)
 }
 
 // follow sends the events of the step of record name from n on: see
 // FollowJournal.
-func (m *Manager) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
-	return FollowJournal(ctx, journal{m, name}, n, send)
+func (l *eventLog) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
+	return FollowJournal(ctx, journal{l, name}, n, send)
 }
 
 // readLog sends the step's log events from n on (base is the number of
 // its first), from this gateway's tail when it holds them, else from the
 // pod, until the log's status. It returns the number of the next event
 // to send.
-func (m *Manager) readLog(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+func (l *eventLog) readLog(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
 	for {
-		t := m.tail(r.Name)
+		t := l.tail(r.Name)
 		if t == nil {
-			return m.readPod(ctx, r, base, n, send)
+			return l.readPod(ctx, r, base, n, send)
 		}
 		evs, ok, done, changed := t.from(n)
 		if !ok {
-			return m.readPod(ctx, r, base, n, send)
+			return l.readPod(ctx, r, base, n, send)
 		}
 		if len(evs) > 0 {
 			if err := send(evs); err != nil {
@@ -390,9 +425,9 @@ func (m *Manager) readLog(ctx context.Context, r *Record, base, n int, send func
 // readPod reads the step's log from its pod, from event n on, until its
 // status; it hands over to this gateway's tail when that holds the next
 // event (the runner caught up with it).
-func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
 	p := r.Status.Placed
-	t, err := m.opts.Registry.Target(p.Target)
+	t, err := l.opts.Registry.Target(p.Target)
 	if err != nil {
 		return n, err
 	}
@@ -406,14 +441,14 @@ func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func
 		cmd = append(cmd, "--run", p.Run)
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { pw.CloseWithError(m.execAny(ctx, t, p.Pod, cmd, pw)) })
+	wg.Go(func() { pw.CloseWithError(l.execAny(ctx, t, p.Pod, cmd, pw)) })
 	defer func() {
 		cancel()
 		pr.Close() // the exec's writes fail: it returns
 		wg.Wait()
 	}()
 	return ReadEvents(pr, base, n, send, func(next int) bool {
-		if tl := m.tail(r.Name); tl != nil {
+		if tl := l.tail(r.Name); tl != nil {
 			_, ok, _, _ := tl.from(next)
 			return ok
 		}
@@ -424,8 +459,8 @@ func (m *Manager) readPod(ctx context.Context, r *Record, base, n int, send func
 // execAny runs an agent command in the step container, or in the volume
 // sidecar when the step's container cannot take it (it ended: an OOM
 // kill, say); both see the pod's emptyDir.
-func (m *Manager) execAny(ctx context.Context, t *targets.Target, pod string, cmd []string, out io.Writer) error {
-	err := m.opts.Exec(ctx, t, pod, StepContainer, cmd, nil, out)
+func (g *gateway) execAny(ctx context.Context, t *targets.Target, pod string, cmd []string, out io.Writer) error {
+	err := g.opts.Exec(ctx, t, pod, StepContainer, cmd, nil, out)
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
@@ -433,7 +468,7 @@ func (m *Manager) execAny(ctx context.Context, t *targets.Target, pod string, cm
 		return err // the agent ran, and answered
 	}
 	if p := t.CachedPod(pod); p != nil && terminated(p, StepContainer) {
-		return m.opts.Exec(ctx, t, pod, SidecarContainer, cmd, nil, out)
+		return g.opts.Exec(ctx, t, pod, SidecarContainer, cmd, nil, out)
 	}
 	return err
 }

@@ -75,7 +75,7 @@ func (r *runner) follow(ctx context.Context, rec *Record) (stepagent.Status, err
 		if ctx.Err() != nil {
 			return stepagent.Status{}, ctx.Err()
 		}
-		now := r.m.opts.Now()
+		now := r.k.opts.Now()
 		if r.offset > before || failingSince.IsZero() {
 			failingSince = now
 		}
@@ -95,7 +95,7 @@ func (r *runner) follow(ctx context.Context, rec *Record) (stepagent.Status, err
 				return stepagent.Status{}, err
 			}
 		case r.offset > 0 || len(stdin) == 0:
-			r.m.opts.Metrics.reattached()
+			r.k.opts.Metrics.reattached()
 			r.log.Warn("step output interrupted; attaching again", "offset", r.offset, "error", err.Error())
 			cmd, stdin = r.agent("tail", "--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), nil
 		default: // not started yet: the same start again (it never runs twice)

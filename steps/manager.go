@@ -5,26 +5,31 @@
 //     installation's state namespace from its submission on: the request,
 //     and a status that says where it is. A 202 is that record made.
 //   - ownership (owners.go): each step has one owner, the gateway that
-//     drives it, named in its record and its pod; gateways keep Leases,
-//     and a step whose owner's Lease lapsed is taken over (reconcile.go).
+//     drives it, named in its record and its pod; gateways keep Leases.
 //   - the queue (placer.go, elector.go): one gateway of the installation,
 //     the holder of the placer Lease, places the waiting steps first come,
 //     first served, over a selection.Pool fed by the targets' watches, so
 //     limits hold across gateways; it keeps the check sandboxes
 //     (sandbox.go).
-//   - runners (runner.go, watch.go, conclude.go): the owner of a placed
-//     step makes its pod, streams its inputs in, runs its process through
-//     the step agent (stepagent) over pods/exec and ends it with its exit
-//     status or Kubernetes' reason; every move is recorded first, so a
-//     runner killed at any line is continued by the next owner.
+//   - the keeper (reconcile.go, conclude.go): each gateway's part for the
+//     steps it owns. It takes over the steps whose owner's Lease lapsed,
+//     runs a runner for each placed one, and finishes the ended ones
+//     (their pods marked ended or deleted, their releases).
+//   - runners (runner.go, follow.go, watch.go, conclude.go): a runner
+//     makes its step's pod, streams its inputs in, runs its process
+//     through the step agent (stepagent) over pods/exec, or a session into
+//     a check sandbox (session.go), and ends it with its exit status or
+//     Kubernetes' reason; every move is recorded first, so a runner killed
+//     at any line is continued by the step's next owner.
 //   - the event log (events.go): a step's events are its record's head
 //     (waiting, placed, scheduled), the frames of the agent's log in its
 //     pod, read by position, and its end. Any gateway serves them, with
-//     the same numbers, after any restart; the owner keeps a small tail of
+//     the same numbers, after any restart; a runner keeps a small tail of
 //     recent ones for its followers, nothing more.
 //   - uploads and downloads (transfer.go), by any gateway.
 //
-// Manager ties them together and is what the API calls.
+// Manager is what the API calls: it checks the caller, reads and writes
+// the records, and starts and stops the parts.
 package steps
 
 import (
@@ -144,22 +149,26 @@ type Options struct {
 	Now        func() time.Time
 }
 
-// Manager is this gateway's step engine: the API's entry, and the parts
-// that place, own and run steps.
-type Manager struct {
-	opts   Options
-	me     string
-	placer *placer
+// gateway is what every part of the engine reads: the options, and this
+// gateway's identity, which owns steps and pods. It does not change after
+// New.
+type gateway struct {
+	opts Options
+	me   string
+}
 
-	mu       sync.Mutex
-	ctx      context.Context     // Start's; nil before
-	runners  map[string]*runner  // the steps this gateway drives now, by record
-	tails    map[string]*tail    // their recent events
-	busy     map[string]bool     // records with a housekeeping task under way
-	retry    map[string]retry    // records whose last housekeeping failed: when to try again
-	sessions map[string]*session // into check sandboxes, by target/pod
-	kick     chan struct{}
-	wg       sync.WaitGroup
+// Manager is this gateway's step engine: the API's entry, over the parts
+// that place (placer), own and run (keeper, runners), and read (eventLog)
+// steps.
+type Manager struct {
+	*gateway
+	placer   *placer
+	keeper   *keeper
+	events   *eventLog
+	sessions *sessions
+
+	mu  sync.Mutex
+	ctx context.Context // Start's; nil before
 }
 
 // New builds a Manager; Start runs it.
@@ -183,19 +192,20 @@ func New(opts Options) *Manager {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	m := &Manager{opts: opts, runners: map[string]*runner{}, tails: map[string]*tail{}, busy: map[string]bool{}, retry: map[string]retry{},
-		sessions: map[string]*session{}, kick: make(chan struct{}, 1)}
+	g := &gateway{opts: opts}
 	if opts.Owners != nil {
-		m.me = opts.Owners.Me()
+		g.me = opts.Owners.Me()
 	}
-	m.placer = newPlacer(m)
+	m := &Manager{gateway: g, events: newEventLog(g), sessions: newSessions(g)}
+	m.placer = newPlacer(g, m.sessions)
+	m.keeper = newKeeper(g, m.events, m.sessions)
 	return m
 }
 
 // Start runs the manager until ctx ends: it takes over the steps of
 // gateways gone, drives the steps this gateway owns, and, while it holds
 // the placer Lease, places the waiting ones. When ctx ends it returns once
-// every runner has; the steps go on in their pods, and whoever owns them
+// every part has; the steps go on in their pods, and whoever owns them
 // next continues them.
 func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Lock()
@@ -210,40 +220,18 @@ func (m *Manager) Start(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	m.wg.Go(func() { m.placer.run(ctx) })
-	tick := time.NewTicker(time.Second) // Leases lapse without a change to see
-	defer tick.Stop()
-	for {
-		records, owners := m.opts.Records.Changed(), m.opts.Owners.Changed()
-		registry := m.opts.Registry.Changed()
-		m.reconcile(ctx)
-		select {
-		case <-ctx.Done():
-			m.stopRunners()
-			m.wg.Wait()
-			return nil
-		case <-records:
-		case <-owners:
-		case <-registry:
-		case <-m.kick:
-		case <-tick.C:
-		}
-	}
-}
-
-func (m *Manager) wake() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
+	m.sessions.start(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { m.placer.run(ctx) })
+	m.keeper.run(ctx) // returns once its runners have: nothing opens a session after
+	wg.Wait()
+	m.sessions.wait()
+	return nil
 }
 
 // Ready says whether the manager takes steps (its records are read and
 // its Lease renewed), and if not why.
-func (m *Manager) Ready() error { return m.ready() }
-
-// ready says whether the manager takes steps, and if not why.
-func (m *Manager) ready() error {
+func (m *Manager) Ready() error {
 	if m.opts.Records == nil {
 		return fmt.Errorf("%w: %s", ErrUnavailable, m.opts.Unavailable)
 	}
@@ -285,7 +273,7 @@ func (m *Manager) visible(caller Caller, team, handle string) (*Record, error) {
 		}
 		team = caller.Team
 	}
-	if err := m.ready(); err != nil {
+	if err := m.Ready(); err != nil {
 		return nil, err
 	}
 	r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, team, handle))
@@ -311,7 +299,7 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 		}
 		req.Team = caller.Team
 	}
-	if err := m.ready(); err != nil {
+	if err := m.Ready(); err != nil {
 		return View{}, false, err
 	}
 	if r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, req.Team, req.Handle)); ok {
@@ -373,7 +361,7 @@ func (m *Manager) resolveInputs(req *Request) error {
 // the events of a step it runs, and a resource step's answer.
 func (m *Manager) view(r *Record) View {
 	v := r.View()
-	if t := m.tail(r.Name); t != nil && !r.Ended() {
+	if t := m.events.tail(r.Name); t != nil && !r.Ended() {
 		v.Events = max(v.Events, t.count())
 	}
 	if r.Summary.Resource && v.Phase == Succeeded {
@@ -402,7 +390,7 @@ func (m *Manager) Events(ctx context.Context, caller Caller, team, handle string
 	if err != nil {
 		return err
 	}
-	return m.follow(ctx, r.Name, since, send)
+	return m.events.follow(ctx, r.Name, since, send)
 }
 
 // Readable says whether the step's events from since on can be read:
@@ -453,7 +441,7 @@ func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string)
 	if r.Status.End != nil && r.Status.Placed == nil {
 		m.opts.Metrics.finished(r.Summary.Type, Aborted)
 	}
-	m.wake()
+	m.keeper.wake()
 	for {
 		if r.Status.Released.After(time.Time{}) {
 			return m.view(r), nil

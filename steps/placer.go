@@ -26,8 +26,9 @@ import (
 // them plus the steps placed on it whose pods it does not show yet, read
 // from the records (a new placer reads them fresh before it places).
 type placer struct {
-	m    *Manager
-	kick chan struct{}
+	*gateway
+	sessions *sessions // a sandbox deleted closes its session
+	kick     chan struct{}
 
 	// The leader's, made anew for each leadership.
 	leadCtx   context.Context
@@ -45,7 +46,9 @@ type placer struct {
 	wg       sync.WaitGroup    // the writes
 }
 
-func newPlacer(m *Manager) *placer { return &placer{m: m, kick: make(chan struct{}, 1)} }
+func newPlacer(g *gateway, sessions *sessions) *placer {
+	return &placer{gateway: g, sessions: sessions, kick: make(chan struct{}, 1)}
+}
 
 func (p *placer) wake() {
 	select {
@@ -56,12 +59,12 @@ func (p *placer) wake() {
 
 // run places steps whenever this gateway leads, until ctx ends.
 func (p *placer) run(ctx context.Context) {
-	if p.m.opts.Leader == nil {
+	if p.opts.Leader == nil {
 		return
 	}
 	for {
-		changed := p.m.opts.Leader.Changed()
-		if lead, ok := p.m.opts.Leader.Leading(); ok {
+		changed := p.opts.Leader.Changed()
+		if lead, ok := p.opts.Leader.Leading(); ok {
 			lctx, cancel := context.WithCancel(ctx)
 			stop := context.AfterFunc(lead, cancel)
 			p.lead(lctx)
@@ -87,17 +90,17 @@ func (p *placer) lead(ctx context.Context) {
 	p.pool, p.poolKey, p.inflight, p.writing = nil, 0, map[string]Placed{}, map[string]bool{}
 	p.sandboxes = newSandboxes(p)
 	for ctx.Err() == nil {
-		if err := p.m.opts.Records.Refresh(ctx); err == nil {
+		if err := p.opts.Records.Refresh(ctx); err == nil {
 			break
 		} else if ctx.Err() == nil {
-			p.m.opts.Logger.Warn("placer: step records not read", "error", err.Error())
+			p.opts.Logger.Warn("placer: step records not read", "error", err.Error())
 			_ = sleep(ctx, time.Second)
 		}
 	}
 	sweep := time.NewTicker(placerSweep)
 	defer sweep.Stop()
 	for {
-		records, registry := p.m.opts.Records.Changed(), p.m.opts.Registry.Changed()
+		records, registry := p.opts.Records.Changed(), p.opts.Registry.Changed()
 		p.round(ctx)
 		select {
 		case <-ctx.Done():
@@ -114,7 +117,7 @@ func (p *placer) lead(ctx context.Context) {
 // round places every waiting step that a target has room for, in order,
 // and says why each other one waits.
 func (p *placer) round(ctx context.Context) {
-	recs := p.m.opts.Records.List()
+	recs := p.opts.Records.List()
 	p.mu.Lock()
 	inflight := make(map[string]Placed, len(p.inflight))
 	for k, v := range p.inflight {
@@ -124,7 +127,7 @@ func (p *placer) round(ctx context.Context) {
 	// Reservations first: a pod the watch shows between the two reads is
 	// then counted twice (for one round), never not at all.
 	reserved := p.reservations(recs, inflight)
-	snap := p.m.opts.Registry.Snapshot()
+	snap := p.opts.Registry.Snapshot()
 	p.refresh(snap, reserved)
 	p.sandboxes.tend(ctx, snap, recs, inflight)
 	var pending []*Record
@@ -157,8 +160,8 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 		}
 	}
 	st := stepOf(sum)
-	d := p.pool.Place(st, selection.Options{Chain: p.m.opts.Placement.Chain(sum.Type, false),
-		Limits: p.m.opts.Placement.Limits, Top: 1})
+	d := p.pool.Place(st, selection.Options{Chain: p.opts.Placement.Chain(sum.Type, false),
+		Limits: p.opts.Placement.Limits, Top: 1})
 	if len(d.Order) == 0 {
 		reason, why := ReasonTargetsAtLimit, "every compatible target is at a limit ("+describe(sum)+"); placed as soon as one has room"
 		if !d.Compatible {
@@ -201,14 +204,14 @@ func stepOf(sum Summary) selection.Step {
 // place writes r's placement; until the write is done it counts as a
 // reservation of its target.
 func (p *placer) place(ctx context.Context, r *Record, placed Placed) {
-	placed.At = p.m.opts.Now().UTC()
-	placed.KillGrace = stepagent.Duration(p.m.opts.KillGrace)
+	placed.At = p.opts.Now().UTC()
+	placed.KillGrace = stepagent.Duration(p.opts.KillGrace)
 	p.mu.Lock()
 	p.inflight[r.Name] = placed
 	p.mu.Unlock()
 	p.wg.Go(func() {
 		defer p.wake()
-		_, err := p.m.opts.Records.Update(ctx, r.Name, func(cur *Record) error {
+		_, err := p.opts.Records.Update(ctx, r.Name, func(cur *Record) error {
 			if !cur.pending() || cur.Status.Release {
 				return errUnchanged // aborted meanwhile
 			}
@@ -220,9 +223,9 @@ func (p *placer) place(ctx context.Context, r *Record, placed Placed) {
 		p.mu.Unlock()
 		switch {
 		case err == nil:
-			p.m.opts.Metrics.placed(placed.At.Sub(r.Summary.Submitted))
+			p.opts.Metrics.placed(placed.At.Sub(r.Summary.Submitted))
 		case !errors.Is(err, errRecordGone) && ctx.Err() == nil:
-			p.m.opts.Logger.Warn("step placement not recorded", "handle", r.Summary.Handle, "target", placed.Target, "error", err.Error())
+			p.opts.Logger.Warn("step placement not recorded", "handle", r.Summary.Handle, "target", placed.Target, "error", err.Error())
 		}
 	})
 }
@@ -241,14 +244,14 @@ func (p *placer) wait(ctx context.Context, r *Record, reason, why string) {
 	}
 	p.writing[r.Name] = true
 	p.mu.Unlock()
-	now := p.m.opts.Now().UTC()
+	now := p.opts.Now().UTC()
 	p.wg.Go(func() {
 		defer func() {
 			p.mu.Lock()
 			delete(p.writing, r.Name)
 			p.mu.Unlock()
 		}()
-		_, err := p.m.opts.Records.Update(ctx, r.Name, func(cur *Record) error {
+		_, err := p.opts.Records.Update(ctx, r.Name, func(cur *Record) error {
 			st := &cur.Status
 			if !cur.pending() || st.WaitingNow == why {
 				return errUnchanged
@@ -260,7 +263,7 @@ func (p *placer) wait(ctx context.Context, r *Record, reason, why string) {
 			return nil
 		})
 		if err != nil && !errors.Is(err, errRecordGone) && ctx.Err() == nil {
-			p.m.opts.Logger.Warn("step's wait not recorded", "handle", r.Summary.Handle, "error", err.Error())
+			p.opts.Logger.Warn("step's wait not recorded", "handle", r.Summary.Handle, "error", err.Error())
 		}
 	})
 }
@@ -276,7 +279,7 @@ func (p *placer) reservations(recs []*Record, inflight map[string]Placed) map[st
 			return
 		}
 		seen[pl.Target+"/"+pl.Pod] = true
-		t, err := p.m.opts.Registry.Target(pl.Target)
+		t, err := p.opts.Registry.Target(pl.Target)
 		if err != nil || t.CachedPod(pl.Pod) != nil {
 			return
 		}
@@ -295,7 +298,7 @@ func (p *placer) reservations(recs []*Record, inflight map[string]Placed) map[st
 		}
 	}
 	for name, pl := range inflight {
-		if r, ok := p.m.opts.Records.Get(name); ok {
+		if r, ok := p.opts.Records.Get(name); ok {
 			add(pl, r.Summary.Type)
 		}
 	}
@@ -355,11 +358,11 @@ func (p *placer) count(target, typ string) {
 
 // forget deletes the records of steps released longer than Retain ago.
 func (p *placer) forget(ctx context.Context) {
-	cutoff := p.m.opts.Now().Add(-p.m.opts.Retain)
-	for _, r := range p.m.opts.Records.List() {
+	cutoff := p.opts.Now().Add(-p.opts.Retain)
+	for _, r := range p.opts.Records.List() {
 		if rel := r.Status.Released; !rel.IsZero() && rel.Before(cutoff) {
-			if err := p.m.opts.Records.Delete(ctx, r); err != nil && ctx.Err() == nil {
-				p.m.opts.Logger.Warn("step record not forgotten", "record", r.Name, "error", err.Error())
+			if err := p.opts.Records.Delete(ctx, r); err != nil && ctx.Err() == nil {
+				p.opts.Logger.Warn("step record not forgotten", "record", r.Name, "error", err.Error())
 			}
 		}
 	}
@@ -411,9 +414,9 @@ func (p *placer) refusals(d selection.Decision, sum Summary) string {
 	for name, c := range p.cands {
 		teams[name] = c.Team
 	}
-	if p.m.opts.Elsewhere != nil {
+	if p.opts.Elsewhere != nil {
 		var others []targets.Status
-		for _, st := range p.m.opts.Elsewhere() {
+		for _, st := range p.opts.Elsewhere() {
 			if _, mine := p.cands[st.Name]; mine {
 				continue
 			}
@@ -425,7 +428,7 @@ func (p *placer) refusals(d selection.Decision, sum Summary) string {
 			others = append(others, st)
 		}
 		od := selection.Place(stepOf(sum), Candidates(others, nil), selection.Options{
-			Chain: p.m.opts.Placement.Chain(sum.Type, false), Limits: p.m.opts.Placement.Limits})
+			Chain: p.opts.Placement.Chain(sum.Type, false), Limits: p.opts.Placement.Limits})
 		for name, why := range od.Rejected {
 			reasons[name] = why
 		}

@@ -27,7 +27,7 @@ import (
 // line (this gateway stopping or dying, or losing the step) is continued
 // where it was by the step's next owner.
 type runner struct {
-	m      *Manager
+	k      *keeper
 	name   string // the step's record
 	sum    Summary
 	placed Placed
@@ -73,56 +73,14 @@ type podFailed struct{ f failure }
 
 func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
 
-// startRunner drives the step of r, which this gateway owns. Called with
-// m.mu held.
-func (m *Manager) startRunner(r *Record) {
-	ctx, cancel := context.WithCancelCause(m.ctx)
-	run := &runner{m: m, name: r.Name, sum: r.Summary, placed: *r.Status.Placed, cancel: cancel, done: make(chan struct{}),
-		log: m.opts.Logger.With("target", r.Status.Placed.Target, "pod", r.Status.Placed.Pod, "team", r.Summary.Team, "handle", r.Summary.Handle)}
-	run.startedAt = r.Status.Started
-	m.runners[r.Name] = run
-	m.wg.Go(func() {
-		run.run(ctx)
-		m.mu.Lock()
-		if m.runners[r.Name] == run {
-			delete(m.runners, r.Name)
-		}
-		if t := m.tails[r.Name]; t != nil && t == run.tail {
-			t.end(true)
-			delete(m.tails, r.Name)
-		}
-		m.mu.Unlock()
-		m.wake() // what follows the step's end (its release, say) need not wait for its last exec to close
-		if run.closing != nil {
-			run.closing()
-		}
-		cancel(errRunnerDone)
-		close(run.done)
-	})
-}
-
-// stopRunners stops every runner and waits for them.
-func (m *Manager) stopRunners() {
-	m.mu.Lock()
-	var all []*runner
-	for _, r := range m.runners {
-		r.cancel(errStopping)
-		all = append(all, r)
-	}
-	m.mu.Unlock()
-	for _, r := range all {
-		<-r.done
-	}
-}
-
 // record is the step's record as last seen.
-func (r *runner) record() (*Record, bool) { return r.m.opts.Records.Get(r.name) }
+func (r *runner) record() (*Record, bool) { return r.k.opts.Records.Get(r.name) }
 
 // update changes the step's record, as its owner: errNotOwner once
 // another gateway took it over.
 func (r *runner) update(ctx context.Context, change func(st *Status) error) (*Record, error) {
-	return r.m.opts.Records.Update(ctx, r.name, func(rec *Record) error {
-		if rec.Status.Owner != r.m.me {
+	return r.k.opts.Records.Update(ctx, r.name, func(rec *Record) error {
+		if rec.Status.Owner != r.k.me {
 			return errNotOwner
 		}
 		return change(&rec.Status)
@@ -131,7 +89,7 @@ func (r *runner) update(ctx context.Context, change func(st *Status) error) (*Re
 
 // target resolves the step's target now: a rotated kubeconfig makes a new
 // Target, and the runner follows it.
-func (r *runner) target() (*targets.Target, error) { return r.m.opts.Registry.Target(r.placed.Target) }
+func (r *runner) target() (*targets.Target, error) { return r.k.opts.Registry.Target(r.placed.Target) }
 
 // run drives the step to its end and records it. When ctx ends first
 // (the gateway stops, or the step is another's now) it leaves the pod as
@@ -185,10 +143,7 @@ func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.S
 	}
 	head, _ := rec.Head()
 	r.base = len(head)
-	r.tail = newTail(r.base)
-	r.m.mu.Lock()
-	r.m.tails[r.name] = r.tail
-	r.m.mu.Unlock()
+	r.tail = r.k.events.open(r.name, r.base)
 	return r.follow(ctx, rec)
 }
 
@@ -201,7 +156,7 @@ func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 		return err
 	}
 	if rec.Status.Scheduled == nil {
-		pod := buildPod(&r.sum, r.m.me, t, r.placed, r.m.opts.Pod)
+		pod := buildPod(&r.sum, r.k.me, t, r.placed, r.k.opts.Pod)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
 		cancel()
@@ -259,10 +214,10 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 			return fmt.Errorf("read pod %s: %w", r.placed.Pod, err)
 		case p.Labels[HandleLabel] != r.sum.Handle || p.Labels[ownership.TeamLabel] != r.sum.Team:
 			return fmt.Errorf("pod %s is not this step's", p.Name)
-		case p.Labels[ownership.OwnerLabel] == r.m.me:
+		case p.Labels[ownership.OwnerLabel] == r.k.me:
 			return nil
 		}
-		err = r.m.relabel(ctx, t, p)
+		err = r.k.relabel(ctx, t, p)
 		if err == nil {
 			return nil
 		}
@@ -346,13 +301,13 @@ func (r *runner) exec(ctx context.Context, cmd []string, stdin []byte, out inter
 	if err != nil {
 		return err
 	}
-	return r.m.opts.Exec(ctx, t, r.placed.Pod, StepContainer, cmd, stdin, out)
+	return r.k.opts.Exec(ctx, t, r.placed.Pod, StepContainer, cmd, stdin, out)
 }
 
 // spec is the step's spec as the agent takes it, from the request in its
 // record: the same on every owner.
 func (r *runner) spec(ctx context.Context) ([]byte, error) {
-	raw, err := r.m.opts.Records.Request(ctx, r.name)
+	raw, err := r.k.opts.Records.Request(ctx, r.name)
 	if err != nil {
 		return nil, fmt.Errorf("read the step's request: %w", err)
 	}
@@ -386,7 +341,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 			if !st.Prepared.IsZero() {
 				return errUnchanged
 			}
-			st.Prepared = r.m.opts.Now().UTC()
+			st.Prepared = r.k.opts.Now().UTC()
 			return nil
 		}); err != nil {
 			return nil, nil, err
@@ -404,7 +359,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 // prepare writes the spec into the pod, retrying broken execs. A spec
 // there already (its earlier owner's) stands.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
-	backoff, since := firstRetry, r.m.opts.Now()
+	backoff, since := firstRetry, r.k.opts.Now()
 	for {
 		err := r.exec(ctx, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, nopWriter{})
 		if err == nil {
@@ -418,13 +373,13 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 			return fmt.Errorf("prepare the step in its pod: %w", err)
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case r.m.opts.Now().Sub(since) > lostAfter:
+		case r.k.opts.Now().Sub(since) > lostAfter:
 			return fmt.Errorf("prepare the step in its pod: no answer for %s: %w", lostAfter, err)
 		}
 		if err := sleep(ctx, jitter(backoff)); err != nil {
 			return err
 		}
-		backoff = nextRetry(backoff, r.m.opts.Now().Sub(since))
+		backoff = nextRetry(backoff, r.k.opts.Now().Sub(since))
 	}
 }
 
@@ -473,7 +428,7 @@ func (r *runner) stream(ctx context.Context, in Input) (stepagent.Input, error) 
 		To:       streams.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: InputVolume(in.Name)},
 		Encoding: "raw", Caller: streams.Caller{Admin: r.sum.Admin, Team: r.sum.Team},
 	}
-	res, err := r.m.opts.Streamer.Stream(ctx, req, nil)
+	res, err := r.k.opts.Streamer.Stream(ctx, req, nil)
 	if err != nil {
 		return stepagent.Input{}, fmt.Errorf("input %s: %w", in.Name, err)
 	}

@@ -101,8 +101,7 @@ func newSandboxes(p *placer) *sandboxes {
 // whose pod went is broken; one nobody uses that is broken, idle past the
 // TTL or on a target taking no new work is deleted.
 func (s *sandboxes) tend(ctx context.Context, snap []targets.Status, recs []*Record, inflight map[string]Placed) {
-	m := s.p.m
-	now := m.opts.Now()
+	now := s.p.opts.Now()
 	s.find(ctx, snap)
 	byPod := map[string]*sandbox{}
 	for _, list := range s.byKey {
@@ -170,7 +169,7 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 	}
 	seen := map[string]bool{}
 	for _, st := range snap {
-		t, err := s.p.m.opts.Registry.Target(st.Name)
+		t, err := s.p.opts.Registry.Target(st.Name)
 		if err != nil {
 			continue
 		}
@@ -183,12 +182,12 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 			if k.hash() != p.Labels[SandboxLabel] {
 				continue // not one of jetway's: its labels do not match its key
 			}
-			sb := &sandbox{key: k, target: st.Name, pod: p.Name, seen: true, lastUsed: s.p.m.opts.Now()}
+			sb := &sandbox{key: k, target: st.Name, pod: p.Name, seen: true, lastUsed: s.p.opts.Now()}
 			s.byKey[k] = append(s.byKey[k], sb)
-			if p.Labels[ownership.OwnerLabel] != s.p.m.me {
+			if p.Labels[ownership.OwnerLabel] != s.p.me {
 				s.p.wg.Go(func() { s.own(ctx, t, p.Name) })
 			}
-			s.p.m.opts.Logger.Info("check sandbox taken over", "target", st.Name, "pod", p.Name, "team", k.team)
+			s.p.opts.Logger.Info("check sandbox taken over", "target", st.Name, "pod", p.Name, "team", k.team)
 		}
 	}
 	for k := range s.gone {
@@ -200,11 +199,11 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 
 // own makes a sandbox pod the placer's: its owner label names it.
 func (s *sandboxes) own(ctx context.Context, t *targets.Target, pod string) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{ownership.OwnerLabel: s.p.m.me}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{ownership.OwnerLabel: s.p.me}}})
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := t.Core.Pods(t.Namespace()).Patch(pctx, pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && ctx.Err() == nil {
-		s.p.m.opts.Logger.Warn("check sandbox's owner not written", "target", t.Name(), "pod", pod, "error", err.Error())
+		s.p.opts.Logger.Warn("check sandbox's owner not written", "target", t.Name(), "pod", pod, "error", err.Error())
 	}
 }
 
@@ -216,7 +215,7 @@ func (s *sandboxes) expired(sb *sandbox, states map[string]targets.State, now ti
 		return ""
 	case sb.broken || !s.usable(sb):
 		return "broken"
-	case now.Sub(sb.lastUsed) > s.p.m.opts.SandboxTTL:
+	case now.Sub(sb.lastUsed) > s.p.opts.SandboxTTL:
 		return "idle"
 	}
 	switch states[sb.target] {
@@ -232,14 +231,14 @@ func (s *sandboxes) usable(sb *sandbox) bool {
 	s.mu.Lock()
 	failed := sb.err != nil
 	s.mu.Unlock()
-	t, err := s.p.m.opts.Registry.Target(sb.target)
+	t, err := s.p.opts.Registry.Target(sb.target)
 	if err != nil || failed {
 		sb.broken = true
 		return false
 	}
 	p := t.CachedPod(sb.pod)
 	switch {
-	case p == nil && (sb.seen || !sb.made.IsZero() && s.p.m.opts.Now().Sub(sb.made) > appearTimeout):
+	case p == nil && (sb.seen || !sb.made.IsZero() && s.p.opts.Now().Sub(sb.made) > appearTimeout):
 		sb.broken = true
 	case p == nil: // made a moment ago: the watch has not shown it yet
 		return true
@@ -267,10 +266,10 @@ func (s *sandboxes) take(sum Summary, cands map[string]selection.Candidate) *san
 			continue
 		}
 		d := selection.Place(stepOf(sum), []selection.Candidate{c},
-			selection.Options{Chain: s.p.m.opts.Placement.Chain(sum.Type, false), Top: 1})
+			selection.Options{Chain: s.p.opts.Placement.Chain(sum.Type, false), Top: 1})
 		if len(d.Order) == 1 {
 			sb.busy++
-			s.p.m.opts.Metrics.sandboxUsed(true)
+			s.p.opts.Metrics.sandboxUsed(true)
 			return sb
 		}
 	}
@@ -280,15 +279,15 @@ func (s *sandboxes) take(sum Summary, cands map[string]selection.Candidate) *san
 // make starts a new sandbox on target for a check, with the check in it.
 func (s *sandboxes) make(sum Summary, target string) *sandbox {
 	k := keyOf(sum)
-	now := s.p.m.opts.Now()
+	now := s.p.opts.Now()
 	sb := &sandbox{key: k, target: target, pod: sandboxPodName(k), busy: 1, made: now, lastUsed: now}
 	s.byKey[k] = append(s.byKey[k], sb)
-	s.p.m.opts.Metrics.sandboxUsed(false)
+	s.p.opts.Metrics.sandboxUsed(false)
 	ctx := s.p.leadCtx
 	s.p.wg.Go(func() {
 		err := s.create(ctx, sum, sb)
 		if err != nil && ctx.Err() == nil {
-			s.p.m.opts.Logger.Warn("check sandbox not made", "target", target, "pod", sb.pod, "error", err.Error())
+			s.p.opts.Logger.Warn("check sandbox not made", "target", target, "pod", sb.pod, "error", err.Error())
 		}
 		s.mu.Lock()
 		sb.err = err
@@ -302,11 +301,11 @@ func (s *sandboxes) make(sum Summary, target string) *sandbox {
 // container, no volume sidecar (checks have no volumes), owned by this
 // placer.
 func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error {
-	t, err := s.p.m.opts.Registry.Target(sb.target)
+	t, err := s.p.opts.Registry.Target(sb.target)
 	if err != nil {
 		return err
 	}
-	pod := buildPod(&sum, s.p.m.me, t, Placed{Target: sb.target, Pod: sb.pod}, s.p.m.opts.Pod)
+	pod := buildPod(&sum, s.p.me, t, Placed{Target: sb.target, Pod: sb.pod}, s.p.opts.Pod)
 	delete(pod.Labels, HandleLabel)
 	pod.Labels[SandboxLabel] = sb.key.hash()
 	pod.Annotations = map[string]string{sandboxKeyAnnotation: sb.key.reuse}
@@ -319,19 +318,19 @@ func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error 
 
 // delete deletes a sandbox's pod, once made.
 func (s *sandboxes) delete(ctx context.Context, sb *sandbox, why string) {
-	m := s.p.m
+	p := s.p
 	sb.deleting = true
 	s.gone[sb.target+"/"+sb.pod] = true
-	m.opts.Metrics.sandboxDeleted(why)
-	m.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", sb.key.team, "why", why)
-	m.closeSession(sb.target, sb.pod)
-	t, err := m.opts.Registry.Target(sb.target)
+	p.opts.Metrics.sandboxDeleted(why)
+	p.opts.Logger.Info("check sandbox deleted", "target", sb.target, "pod", sb.pod, "team", sb.key.team, "why", why)
+	p.sessions.close(sb.target, sb.pod)
+	t, err := p.opts.Registry.Target(sb.target)
 	if err != nil {
 		return
 	}
-	s.p.wg.Go(func() {
-		if err := m.deletePod(ctx, t, sb.pod); err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
-			m.opts.Logger.Warn("check sandbox not deleted", "target", sb.target, "pod", sb.pod, "error", err.Error())
+	p.wg.Go(func() {
+		if err := p.deletePod(ctx, t, sb.pod); err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+			p.opts.Logger.Warn("check sandbox not deleted", "target", sb.target, "pod", sb.pod, "error", err.Error())
 		}
 	})
 }

@@ -35,48 +35,69 @@ type session struct {
 // stepagent.ServeIdle.
 const sessionPing = stepagent.ServeIdle / 3
 
-// session is the live session into a sandbox pod, opened if there is
-// none.
-func (m *Manager) session(t *targets.Target, pod string) (*session, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.ctx == nil || m.ctx.Err() != nil {
+// sessions are the sessions open into check sandboxes, by target/pod.
+type sessions struct {
+	*gateway
+	mu   sync.Mutex
+	ctx  context.Context // start's; nil before
+	open map[string]*session
+	wg   sync.WaitGroup
+}
+
+func newSessions(g *gateway) *sessions { return &sessions{gateway: g, open: map[string]*session{}} }
+
+// start lets sessions open until ctx ends; each ends with it.
+func (ss *sessions) start(ctx context.Context) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.ctx = ctx
+}
+
+// wait returns once every session has ended, after start's ctx did and
+// nothing opens one any more.
+func (ss *sessions) wait() { ss.wg.Wait() }
+
+// get is the live session into a sandbox pod, opened if there is none.
+func (ss *sessions) get(t *targets.Target, pod string) (*session, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ctx == nil || ss.ctx.Err() != nil {
 		return nil, errNotRunning
 	}
 	k := t.Name() + "/" + pod
-	if s := m.sessions[k]; s != nil && s.alive() {
+	if s := ss.open[k]; s != nil && s.alive() {
 		return s, nil
 	}
-	ctx, cancel := context.WithCancel(m.ctx)
+	ctx, cancel := context.WithCancel(ss.ctx)
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	s := &session{in: inW, cancel: cancel, runs: map[string]*io.PipeWriter{}}
-	m.sessions[k] = s
-	m.wg.Go(func() {
-		err := m.opts.ExecStream(ctx, t, pod, agent("serve"), inR, outW)
+	ss.open[k] = s
+	ss.wg.Go(func() {
+		err := ss.opts.ExecStream(ctx, t, pod, agent("serve"), inR, outW)
 		outW.CloseWithError(cmp.Or(err, errors.New("the session's exec ended")))
 	})
-	m.wg.Go(func() {
+	ss.wg.Go(func() {
 		err := s.demux(outR)
 		s.end(err)
 		inR.CloseWithError(err) // the exec's stdin copier returns
 		outR.CloseWithError(err)
-		m.mu.Lock()
-		if m.sessions[k] == s {
-			delete(m.sessions, k)
+		ss.mu.Lock()
+		if ss.open[k] == s {
+			delete(ss.open, k)
 		}
-		m.mu.Unlock()
-		m.opts.Logger.Debug("sandbox session ended", "target", t.Name(), "pod", pod, "error", err.Error())
+		ss.mu.Unlock()
+		ss.opts.Logger.Debug("sandbox session ended", "target", t.Name(), "pod", pod, "error", err.Error())
 	})
-	m.wg.Go(func() { s.ping(ctx) })
+	ss.wg.Go(func() { s.ping(ctx) })
 	return s, nil
 }
 
-// closeSession ends the session into a sandbox pod, if one is open.
-func (m *Manager) closeSession(target, pod string) {
-	m.mu.Lock()
-	s := m.sessions[target+"/"+pod]
-	m.mu.Unlock()
+// close ends the session into a sandbox pod, if one is open.
+func (ss *sessions) close(target, pod string) {
+	ss.mu.Lock()
+	s := ss.open[target+"/"+pod]
+	ss.mu.Unlock()
 	if s != nil {
 		s.close(errors.New("sandbox deleted"))
 	}
@@ -204,7 +225,7 @@ func (r *runner) viaSession(ctx context.Context) (stepagent.Status, bool) {
 	if err != nil {
 		return stepagent.Status{}, false
 	}
-	s, err := r.m.session(t, r.placed.Pod)
+	s, err := r.k.sessions.get(t, r.placed.Pod)
 	if err != nil {
 		return stepagent.Status{}, false
 	}

@@ -126,7 +126,7 @@ func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
 // uploadWait of the step's preparation.
 func (r *runner) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
 	for {
-		changed := r.m.opts.Records.Changed()
+		changed := r.k.opts.Records.Changed()
 		rec, ok := r.record()
 		if !ok {
 			return stepagent.Input{}, errRecordGone
@@ -134,7 +134,7 @@ func (r *runner) awaitUpload(ctx context.Context, name string) (stepagent.Input,
 		if got, ok := rec.Status.Inputs[name]; ok {
 			return got, nil
 		}
-		left := rec.Status.Prepared.Add(uploadWait).Sub(r.m.opts.Now())
+		left := rec.Status.Prepared.Add(uploadWait).Sub(r.k.opts.Now())
 		if left <= 0 {
 			return stepagent.Input{}, fmt.Errorf("input %s was not uploaded within %s of the step's pod being ready", name, uploadWait)
 		}

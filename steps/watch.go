@@ -35,20 +35,20 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 	aborting := false
 	var missing time.Time // since when the target is not in the registry
 	for {
-		registry, records := r.m.opts.Registry.Changed(), r.m.opts.Records.Changed()
+		registry, records := r.k.opts.Registry.Changed(), r.k.opts.Records.Changed()
 		var pods <-chan struct{}
 		t, err := r.target()
 		switch {
 		case err != nil:
-			now := r.m.opts.Now()
+			now := r.k.opts.Now()
 			if missing.IsZero() {
 				missing = now
 			}
-			if grace := r.m.opts.TargetGoneGrace; now.Sub(missing) >= grace {
+			if grace := r.k.opts.TargetGoneGrace; now.Sub(missing) >= grace {
 				stop(fmt.Errorf("%w: target %s left the targets directory while the step ran (%v); its pod is left as it is", errTargetGone, r.placed.Target, err))
 				return
 			}
-			w.wakeIn(r.m.opts.TargetGoneGrace - now.Sub(missing))
+			w.wakeIn(r.k.opts.TargetGoneGrace - now.Sub(missing))
 		default:
 			missing = time.Time{}
 			pods = t.PodsChanged()
@@ -61,7 +61,7 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 		case !ok:
 			stop(errRecordGone)
 			return
-		case rec.Status.Owner != r.m.me:
+		case rec.Status.Owner != r.k.me:
 			stop(errNotOwner)
 			return
 		case rec.Status.Release && !aborting:
@@ -131,15 +131,15 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 			w.stop(&podFailed{f})
 			return true
 		}
-		now := r.m.opts.Now()
+		now := r.k.opts.Now()
 		if w.pullSince.IsZero() {
 			w.pullSince = now
 		}
-		if left := r.m.opts.ImagePullGrace - now.Sub(w.pullSince); left > 0 {
+		if left := r.k.opts.ImagePullGrace - now.Sub(w.pullSince); left > 0 {
 			w.wakeIn(left)
 			return false
 		}
-		f.Message += " (still failing after the image-pull grace of " + r.m.opts.ImagePullGrace.String() + ")"
+		f.Message += " (still failing after the image-pull grace of " + r.k.opts.ImagePullGrace.String() + ")"
 		w.stop(&podFailed{f})
 		return true
 	}
@@ -165,7 +165,7 @@ func (w *podWatch) overrun(ctx context.Context) bool {
 		}
 		return false
 	}
-	left := started.Add(limit + time.Duration(r.placed.KillGrace) + overrunMargin).Sub(r.m.opts.Now())
+	left := started.Add(limit + time.Duration(r.placed.KillGrace) + overrunMargin).Sub(r.k.opts.Now())
 	if left > 0 {
 		w.wakeIn(min(left, time.Second))
 		return false
