@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -143,25 +146,70 @@ func TestLandingDeletesIdleSandboxes(t *testing.T) {
 	assert.Equal(t, float64(1), metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="target"}`))
 }
 
-// cutAfter passes n bytes on, then drops the exec they come from, as a
-// broken connection does.
-type cutAfter struct {
-	w    io.Writer
-	n    int
-	drop context.CancelFunc
+// cutAfterFrames passes a sandbox session's output on until frames
+// complete frames of a run's log went through, then the first bytes of the
+// next one (frames 0: of the first), and drops the exec, as a connection
+// broken mid-frame does. It re-muxes each frame of the log on its own, so
+// where the cut falls does not depend on how the agent's reads chunk the
+// log.
+type cutAfterFrames struct {
+	w      io.Writer
+	frames int
+	drop   context.CancelFunc
+
+	in   bytes.Buffer             // the session's output not parsed yet
+	logs map[string]*bytes.Buffer // each run's log not passed on yet
 }
 
-func (c *cutAfter) Write(p []byte) (int, error) {
-	if len(p) > c.n {
-		if c.n > 0 {
-			_, _ = c.w.Write(p[:c.n])
+func (c *cutAfterFrames) Write(p []byte) (int, error) {
+	c.in.Write(p)
+	for {
+		raw := c.in.Bytes()
+		if len(raw) < stepagent.HeaderSize {
+			return len(p), nil
 		}
-		c.n = 0
-		c.drop()
-		return 0, errors.New("cut by the test")
+		size := stepagent.HeaderSize + int(binary.BigEndian.Uint32(raw[1:5]))
+		if len(raw) < size {
+			return len(p), nil
+		}
+		f, err := stepagent.ReadFrame(&c.in)
+		if err != nil {
+			return 0, err
+		}
+		if f.Kind != stepagent.KindMux {
+			if err := stepagent.WriteFrameAt(c.w, f.Kind, f.Time, f.Payload); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		prefix := f.Payload[:1+int(f.Payload[0])]
+		if c.logs == nil {
+			c.logs = map[string]*bytes.Buffer{}
+		}
+		log := c.logs[string(prefix)]
+		if log == nil {
+			log = &bytes.Buffer{}
+			c.logs[string(prefix)] = log
+		}
+		log.Write(f.Payload[len(prefix):])
+		for log.Len() >= stepagent.HeaderSize {
+			size := stepagent.HeaderSize + int(binary.BigEndian.Uint32(log.Bytes()[1:5]))
+			if log.Len() < size {
+				break
+			}
+			if c.frames == 0 {
+				part := append(bytes.Clone(prefix), log.Bytes()[:size-1]...)
+				_ = stepagent.WriteFrameAt(c.w, stepagent.KindMux, f.Time, part)
+				c.drop()
+				return 0, errors.New("cut by the test")
+			}
+			whole := append(bytes.Clone(prefix), log.Next(size)...)
+			if err := stepagent.WriteFrameAt(c.w, stepagent.KindMux, f.Time, whole); err != nil {
+				return 0, err
+			}
+			c.frames--
+		}
 	}
-	c.n -= len(p)
-	return c.w.Write(p)
 }
 
 // TestCheckSurvivesABrokenSession: every sandbox session breaks after its
@@ -174,14 +222,15 @@ func TestCheckSurvivesABrokenSession(t *testing.T) {
 	const ns = "sandbox-cut"
 	dir := t.TempDir()
 	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
-	// The first session breaks inside the first frame, the next ones
-	// after it: checks go on from offset 0 and from further on.
+	// The first session breaks inside the first frame of the check's log,
+	// the next ones after one and two frames: checks go on from offset 0
+	// and from further on.
 	var sessions atomic.Int32
 	cutting := func(ctx context.Context, tg *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
 		ctx, drop := context.WithCancel(ctx)
 		defer drop()
-		n := []int{40, 150, 300}[min(sessions.Add(1)-1, 2)]
-		return steps.ExecPod(ctx, tg, pod, cmd, stdin, &cutAfter{w: stdout, n: n, drop: drop})
+		n := min(int(sessions.Add(1)-1), 2)
+		return steps.ExecPod(ctx, tg, pod, cmd, stdin, &cutAfterFrames{w: stdout, frames: n, drop: drop})
 	}
 	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t), execStream: cutting})
 	g.waitTarget(t, ns, 10*time.Second, running)
