@@ -49,15 +49,25 @@ KWOK_DATA_FILES := \
 	kustomize/crd/bases/kwok.x-k8s.io_clusterlogs.yaml
 KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
 
-KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager
+KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet
 TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
+
+# The real test node (integration/cluster/node.go, docs/testing.md) runs
+# pods with containerd, runc and the bridge CNI plugin from Debian's
+# packages; `make tools` installs the missing ones (as root; otherwise it
+# says what to install). No registry is reachable, so every image its pods
+# run is built here: NODE_IMAGES, with the step agent's (`make image`).
+NODE_PACKAGES     := containerd runc containernetworking-plugins busybox-static iproute2
+NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar
+PAUSE_IMAGE_REF   := jetway.test/pause:1
+BUSYBOX_IMAGE_REF := jetway.test/busybox:1
 
 # Clusters started by tests keep their files here, so that after the tests
 # integration/leftovers.sh can prove no process of theirs is still running.
 export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
 export JETWAY_BIN_DIR     := $(BIN)
 
-.PHONY: all build image tools test vet demo clean-tools
+.PHONY: all build image node-images node-packages tools test vet demo clean-tools kubelet-cluster
 
 all: build
 
@@ -84,6 +94,23 @@ image: $(BIN)/mkimage
 		-description "jetway: runs Concourse steps as pods on many Kubernetes clusters" \
 		-o $(BIN)/gateway-image.tar
 
+# node-images writes the images the real test node's pods run besides the
+# step agent's: its sandbox (pause) image, a static Go program that reaps
+# and waits, and a base image for tasks, Debian's busybox-static with a
+# link for each of its commands (/bin/sh, /usr/bin/env, ...), run as root
+# as many task images are.
+node-images: $(NODE_IMAGES)
+
+$(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
+	$(STATIC_BUILD) -o $(BIN)/pause-linux-$(IMAGE_ARCH) ./integration/cmd/pause
+	$(MKIMAGE) -binary $(BIN)/pause-linux-$(IMAGE_ARCH) -path /pause -user 65535:65535 \
+		-ref $(PAUSE_IMAGE_REF) -title "jetway test pause" -o $@
+
+$(BIN)/busybox-image.tar: $(BIN)/mkimage | node-packages
+	$(MKIMAGE) -binary /bin/busybox -path /bin/busybox -user 0:0 -dir /tmp -cmd sh \
+		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
+		-ref $(BUSYBOX_IMAGE_REF) -title "busybox (jetway's test base image)" -o $@
+
 $(BIN)/mkimage: tools/mkimage/go.mod tools/mkimage/go.sum tools/mkimage/main.go
 	cd tools/mkimage && $(GO) build -trimpath -o $@ .
 
@@ -94,7 +121,7 @@ vet:
 # the cluster tools first if they are missing and the images (their test
 # reads them), then fails if any control-plane process of the run is left
 # behind.
-test: tools vet image
+test: tools vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
 	status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
 	bash integration/leftovers.sh || status=1; \
@@ -113,18 +140,39 @@ demo: build tools
 	$(GO) build -o $(BIN)/jetway-demo ./integration/cmd/jetway-demo
 	$(BIN)/jetway-demo --gateway $(BIN)/gateway --step-agent $(BIN)/step-agent --dir .demo --listen 127.0.0.1:8080 $(DEMO_FLAGS)
 
-# tools builds the pinned control-plane binaries the integration clusters run.
-# Each is rebuilt only when missing or when its pinning go.mod changes.
-tools: $(TOOLS)
+# kubelet-cluster starts, for a person, the one-node cluster with a real
+# kubelet the tests run real containers on (docs/testing.md): it prints the
+# admin kubeconfig's path and how to stop it, and runs until Ctrl-C. As
+# root; its folder is .kubelet-cluster, apart from the tests'.
+kubelet-cluster: tools image node-images
+	$(GO) build -o $(BIN)/kubelet-cluster ./integration/cmd/kubelet-cluster
+	JETWAY_CLUSTER_DIR=$(CURDIR)/.kubelet-cluster $(BIN)/kubelet-cluster
+
+# tools builds the pinned control-plane binaries the integration clusters
+# run, and kubelet for the real test node, whose Debian packages it
+# installs when missing. Each binary is rebuilt only when missing or when
+# its pinning go.mod changes.
+tools: $(TOOLS) node-packages
+
+node-packages:
+	@missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" != 0 ]; then echo "the real test node needs Debian's$$missing: apt-get install$$missing (as root)"; exit 1; fi; \
+		echo "installing$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
 $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 	cd tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-scheduler \
-		k8s.io/kubernetes/cmd/kube-controller-manager
+		k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kubelet
 	touch $(KUBE_BINS)
 
-# kubectl is only for the streams benchmark's reference path.
+# kubectl is for the streams benchmark's reference path, and for people
+# (`make kubectl`; docs/testing.md).
+.PHONY: kubectl
+kubectl: $(BIN)/kubectl
 $(BIN)/kubectl: tools/kube/go.mod tools/kube/go.sum
 	cd tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
 
@@ -147,7 +195,7 @@ $(KWOK_DATA) &: $(BIN)/kwok
 	chmod u+w $(BIN)/kwok-data/*
 
 clean-tools:
-	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage
+	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage $(NODE_IMAGES)
 
 # bench-targets: a real gateway over 1,000 targets on 3 local clusters at a
 # 10 s health interval for 2 minutes (BENCH_TARGETS / BENCH_DURATION shrink it).

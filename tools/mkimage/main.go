@@ -42,6 +42,12 @@ type options struct {
 	cmd []string
 	// created is the config's created time and the created label.
 	created time.Time
+	// links are absolute paths of symbolic links to the binary (a
+	// multi-call binary's commands: /bin/sh for busybox).
+	links []string
+	// dirs are absolute paths of empty folders, writable by everyone with
+	// the sticky bit (/tmp).
+	dirs []string
 }
 
 func main() {
@@ -61,6 +67,14 @@ func main() {
 		o.cmd = append(o.cmd, s)
 		return nil
 	})
+	flag.Func("link", "absolute path of a symbolic link to the binary, such as /bin/sh; repeat for more", func(s string) error {
+		o.links = append(o.links, s)
+		return nil
+	})
+	flag.Func("dir", "absolute path of an empty folder writable by all, sticky (mode 1777), such as /tmp; repeat for more", func(s string) error {
+		o.dirs = append(o.dirs, s)
+		return nil
+	})
 	o.created = epoch
 	flag.Func("created", "RFC 3339 time the image was made: its created time and org.opencontainers.image.created label (default the Unix epoch)", func(s string) error {
 		t, err := time.Parse(time.RFC3339, s)
@@ -71,8 +85,8 @@ func main() {
 		return nil
 	})
 	flag.Parse()
-	if o.binary == "" || o.ref == "" || o.out == "" || !path.IsAbs(o.path) {
-		fmt.Fprintln(os.Stderr, "mkimage: -binary, -ref and -o are required and -path must be absolute")
+	if o.binary == "" || o.ref == "" || o.out == "" || !allAbs(append([]string{o.path}, append(o.links, o.dirs...)...)) {
+		fmt.Fprintln(os.Stderr, "mkimage: -binary, -ref and -o are required and -path, -link and -dir must be absolute")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -94,7 +108,7 @@ func build(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("read binary: %w", err)
 	}
-	layerTar, err := layerOf(strings.TrimPrefix(o.path, "/"), bin)
+	layerTar, err := layerOf(o, bin)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("write layer: %w", err)
 	}
@@ -164,14 +178,29 @@ func labels(o options) map[string]string {
 	return l
 }
 
-// layerOf is a tar holding one file, read-only and executable for all,
-// owned by root, at the fixed epoch.
-func layerOf(name string, content []byte) ([]byte, error) {
+func allAbs(paths []string) bool {
+	for _, p := range paths {
+		if !path.IsAbs(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// layerOf is a tar holding the binary, read-only and executable for all,
+// the links to it and the folders, owned by root, at the fixed epoch.
+func layerOf(o options, content []byte) ([]byte, error) {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
+	rel := func(p string) string { return strings.TrimPrefix(path.Clean(p), "/") }
+	for _, d := range o.dirs {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: rel(d) + "/", Mode: 0o1777, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
 	hdr := &tar.Header{
 		Typeflag: tar.TypeReg,
-		Name:     name,
+		Name:     rel(o.path),
 		Mode:     0o555,
 		Size:     int64(len(content)),
 		ModTime:  epoch,
@@ -181,6 +210,11 @@ func layerOf(name string, content []byte) ([]byte, error) {
 	}
 	if _, err := tw.Write(content); err != nil {
 		return nil, err
+	}
+	for _, l := range o.links {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: rel(l), Linkname: path.Clean(o.path), Mode: 0o777, ModTime: epoch}); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err
