@@ -54,6 +54,11 @@ type Options struct {
 	// APIServerFeatureGates is passed to kube-apiserver's --feature-gates,
 	// e.g. "PortForwardWebsockets=false" for a server that only speaks SPDY.
 	APIServerFeatureGates string
+	// RealNode gives the cluster one real node, kubelet with containerd
+	// and runc, instead of kwok's fake ones (node.go); Nodes is ignored.
+	// One real node runs on a machine at a time: a start waits for another
+	// to stop.
+	RealNode bool
 }
 
 // Cluster is a running local control plane. Stop it when done.
@@ -73,6 +78,7 @@ type Cluster struct {
 	admin  *rest.Config
 
 	etcd, apiserver, scheduler, controllerManager, kwok *process
+	node                                                *node // nil: kwok's fake nodes
 
 	stopOnce sync.Once
 }
@@ -137,6 +143,13 @@ func (c *Cluster) configure(bin string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	advertise := "127.0.0.1"
+	if opts.RealNode {
+		// The node's IP cannot be loopback; the API server advertises it
+		// (it still listens on loopback alone).
+		advertise = NodeIP
+		p.serverIPs = append(p.serverIPs, net.ParseIP(NodeIP))
+	}
 	if _, _, err := p.issue("apiserver", "kube-apiserver", nil, true); err != nil {
 		return err
 	}
@@ -154,6 +167,7 @@ func (c *Cluster) configure(bin string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	// kwokPort is the real node's kubelet healthz port when it has one.
 	etcdClient, etcdPeer, apiPort, schedPort, kcmPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
 
 	c.Server = "https://127.0.0.1:" + strconv.Itoa(apiPort)
@@ -198,7 +212,7 @@ func (c *Cluster) configure(bin string, opts Options) error {
 	)
 	c.apiserver = newProc("kube-apiserver",
 		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--advertise-address="+advertise,
 		"--secure-port="+strconv.Itoa(apiPort),
 		"--etcd-servers=http://"+loop(etcdClient),
 		"--tls-cert-file="+p.path("apiserver.crt"),
@@ -260,6 +274,12 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--service-account-private-key-file="+p.path("sa.key"),
 		"--use-service-account-credentials=false",
 	)
+	if opts.RealNode {
+		if _, err := os.Stat(filepath.Join(bin, "kubelet")); err != nil {
+			return fmt.Errorf("%w: kubelet not in %s (run `make tools`)", ErrNoTools, bin)
+		}
+		return c.configureNode(bin, p, kwokPort)
+	}
 	c.kwok = newProc("kwok",
 		"--kubeconfig="+adminKubeconfig,
 		"--config="+kwokConfig,
@@ -277,6 +297,11 @@ func (c *Cluster) configure(bin string, opts Options) error {
 }
 
 func (c *Cluster) boot(ctx context.Context, nodes int) error {
+	if c.node != nil {
+		if err := checkNodePackages(); err != nil {
+			return err
+		}
+	}
 	if err := c.etcd.start(); err != nil {
 		return err
 	}
@@ -287,10 +312,14 @@ func (c *Cluster) boot(ctx context.Context, nodes int) error {
 	if err := c.StartAPIServer(ctx); err != nil {
 		return err
 	}
-	if err := c.installKwokCRDs(ctx, filepath.Dir(c.kwok.path)); err != nil {
-		return err
+	controlPlane := []*process{c.scheduler, c.controllerManager}
+	if c.kwok != nil {
+		if err := c.installKwokCRDs(ctx, filepath.Dir(c.kwok.path)); err != nil {
+			return err
+		}
+		controlPlane = append(controlPlane, c.kwok)
 	}
-	for _, p := range []*process{c.scheduler, c.controllerManager, c.kwok} {
+	for _, p := range controlPlane {
 		if err := p.start(); err != nil {
 			return err
 		}
@@ -302,7 +331,11 @@ func (c *Cluster) boot(ctx context.Context, nodes int) error {
 			return err
 		}
 	}
-	if err := c.createNodes(ctx, nodes); err != nil {
+	if c.node != nil {
+		if err := c.startNode(ctx); err != nil {
+			return err
+		}
+	} else if err := c.createNodes(ctx, nodes); err != nil {
 		return err
 	}
 	// Pods need the namespace's default service account, which the
@@ -329,7 +362,7 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})
-	if err != nil || !c.kwok.running() {
+	if err != nil || c.kwok == nil || !c.kwok.running() {
 		return err // at boot, kwok starts after the CRDs are installed
 	}
 	c.kwok.stop(0)
@@ -375,6 +408,11 @@ func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }
 // idempotent.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		// A real node is drained while the API server runs, then stopped
+		// and the machine put back.
+		if c.node != nil {
+			c.stopNode()
+		}
 		// The cluster is thrown away: no component needs a graceful stop,
 		// and the API server's takes over 10 s.
 		for _, p := range []*process{c.kwok, c.controllerManager, c.scheduler, c.apiserver, c.etcd} {
@@ -388,10 +426,31 @@ func (c *Cluster) Stop() {
 	})
 }
 
+// NodeName is the real node's name ("" for kwok's nodes).
+func (c *Cluster) NodeName() string {
+	if c.node == nil {
+		return ""
+	}
+	return c.node.name
+}
+
+// NodeImage is the reference of the image the real node imported from the
+// bin folder's tarball (one of NodeImages), such as the step agent's.
+func (c *Cluster) NodeImage(tarball string) string {
+	if c.node == nil {
+		return ""
+	}
+	return c.node.images[tarball]
+}
+
 // Logs returns the last lines of every component's log, for a failing test.
 func (c *Cluster) Logs(lines int) string {
 	var b strings.Builder
-	for _, p := range []*process{c.etcd, c.apiserver, c.scheduler, c.controllerManager, c.kwok} {
+	procs := []*process{c.etcd, c.apiserver, c.scheduler, c.controllerManager, c.kwok}
+	if c.node != nil {
+		procs = append(procs, c.node.containerd, c.node.kubelet)
+	}
+	for _, p := range procs {
 		if p != nil {
 			fmt.Fprintf(&b, "--- %s\n%s\n", p.name, indent(p.logTail(lines)))
 		}

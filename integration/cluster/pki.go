@@ -22,6 +22,9 @@ type pki struct {
 	caCert *x509.Certificate
 	caKey  *ecdsa.PrivateKey
 	caPEM  []byte
+	// serverIPs are addresses serving certificates are valid for besides
+	// loopback: the real node's IP.
+	serverIPs []net.IP
 }
 
 func newPKI(dir string) (*pki, error) {
@@ -76,7 +79,7 @@ func (p *pki) issue(name, cn string, groups []string, server bool) (certPEM, key
 	}
 	if server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}
+		tmpl.IPAddresses = append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}, p.serverIPs...)
 		tmpl.DNSNames = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)

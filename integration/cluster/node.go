@@ -1,0 +1,683 @@
+package cluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
+)
+
+// A real node: kubelet (built from the pinned module, `make tools`) with
+// containerd, runc and the bridge CNI plugin from Debian's packages, so
+// that pods run real containers. ../shared/REAL-NODE.md and
+// docs/testing.md say what this kind of machine needs; in short:
+//
+//   - the node's IP is NodeIP on a bridge of its own (NodeBridge), which
+//     the CNI bridge plugin puts the pods on (host-local IPAM on
+//     NodeSubnet, no masquerade, so no iptables rule is made); kubelet
+//     listens there, the API server advertises it;
+//   - containerd has its root, state, socket and runc root under the
+//     node's folder, restrict_oom_score_adj (the machine lacks
+//     CAP_SYS_RESOURCE) and the pause image as its sandbox image;
+//   - kubelet runs on cgroup v1 (failCgroupV1: false) with the cgroupfs
+//     driver under NodeCgroupRoot, no swap check, no iptables chains;
+//   - no registry is reachable: the images in the bin folder (NodeImages)
+//     are imported into containerd before kubelet starts.
+//
+// There is one node per machine at a time (port 10250, the sysctls kubelet
+// changes, the bridge and the cgroup root are the machine's): a start
+// waits for NodeLock. Teardown puts back everything the node changed:
+// see node.stop.
+const (
+	NodeIP         = "10.244.77.1"
+	NodeSubnet     = "10.244.77.0/24"
+	NodeBridge     = "jetway0"
+	NodeCgroupRoot = "/jetway-node"
+	NodeLock       = "/run/jetway-node.lock"
+
+	// BusyboxImage is the base image for tasks on the real node: Debian's
+	// busybox-static with a link for each command, run as root.
+	BusyboxImage = "jetway.test/busybox:1"
+	// PauseImage is containerd's sandbox image (integration/cmd/pause).
+	PauseImage = "jetway.test/pause:1"
+)
+
+// NodeImages are the image tarballs in the bin folder imported into the
+// node's containerd: `make image` and `make node-images` write them.
+var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar"}
+
+// nodePackages are the programs the node runs from Debian's packages.
+var nodePackages = map[string]string{
+	"/usr/bin/containerd":     "containerd",
+	"/usr/bin/ctr":            "containerd",
+	"/usr/sbin/runc":          "runc",
+	"/usr/lib/cni/bridge":     "containernetworking-plugins",
+	"/usr/lib/cni/host-local": "containernetworking-plugins",
+	"/usr/lib/cni/loopback":   "containernetworking-plugins",
+	"/usr/sbin/ip":            "iproute2",
+}
+
+// nodeSysctls are the machine-wide settings kubelet and the bridge plugin
+// change; teardown writes back what they were.
+var nodeSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward"}
+
+// nodeHostPaths are paths outside the node's folder that kubelet,
+// containerd or the CNI plugins make; teardown removes those that did not
+// exist before.
+var nodeHostPaths = []string{"/var/lib/kubelet", "/var/lib/cni", "/var/log/containers", "/run/mount", "/run/containerd"}
+
+// nodeState is what teardown needs to put the machine back, written to
+// the node's folder so that a later start can clean up after a test
+// process that was killed.
+type nodeState struct {
+	Dir      string            `json:"dir"`
+	Sysctls  map[string]string `json:"sysctls"`
+	NewPaths []string          `json:"newPaths"` // nodeHostPaths that did not exist
+}
+
+// node is the real node of a cluster started with Options.RealNode.
+type node struct {
+	name, dir string
+	images    map[string]string // tarball -> image reference
+	lock      *os.File
+	state     nodeState
+
+	containerd, kubelet *process
+}
+
+func (n *node) path(elem ...string) string { return filepath.Join(append([]string{n.dir}, elem...)...) }
+func (n *node) socket() string             { return n.path("c.sock") }
+
+// checkNodePackages names the missing programs and their packages.
+func checkNodePackages() error {
+	var missing []string
+	for path, pkg := range nodePackages {
+		if _, err := os.Stat(path); err != nil && !slices.Contains(missing, pkg) {
+			missing = append(missing, pkg)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("%w: the real node needs Debian's %s (make tools installs them)", ErrNoTools, strings.Join(missing, ", "))
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the real node needs root: it makes a bridge, cgroups and mounts")
+	}
+	return nil
+}
+
+// lockNode takes the machine's node lock, waiting while another node
+// runs, and cleans up after a holder that died without its teardown.
+func lockNode(ctx context.Context) (*os.File, error) {
+	f, err := os.OpenFile(NodeLock, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", NodeLock, err)
+		}
+		select {
+		case <-ctx.Done():
+			holder, _ := os.ReadFile(NodeLock)
+			f.Close()
+			return nil, fmt.Errorf("another real node runs on this machine (its folder: %s): %w", strings.TrimSpace(string(holder)), ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if prev, _ := os.ReadFile(NodeLock); len(bytes.TrimSpace(prev)) > 0 {
+		var st nodeState
+		if b, err := os.ReadFile(filepath.Join(string(bytes.TrimSpace(prev)), "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
+			(&node{dir: st.Dir, state: st}).teardown()
+		}
+	}
+	return f, nil
+}
+
+// writeLockHolder records the node's folder in the lock file, or clears it.
+func writeLockHolder(f *os.File, dir string) {
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(dir), 0)
+}
+
+// configureNode issues the node's certificates and writes its
+// containerd, CNI and kubelet configuration.
+func (c *Cluster) configureNode(bin string, p *pki, healthzPort int) error {
+	n := &node{name: "node-" + c.Name, dir: filepath.Join(c.dir, "node"), images: map[string]string{}}
+	c.node = n
+	for _, d := range []string{"cni", "kubelet", "logs", "containerd"} {
+		if err := os.MkdirAll(n.path(d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, tarball := range NodeImages {
+		ref, err := imageRef(filepath.Join(bin, tarball))
+		if err != nil {
+			return fmt.Errorf("%w: %v (run `make image node-images`)", ErrNoTools, err)
+		}
+		n.images[tarball] = ref
+	}
+	if _, _, err := p.issue("kubelet-client", "system:node:"+n.name, []string{"system:nodes"}, false); err != nil {
+		return err
+	}
+	if _, _, err := p.issue("kubelet-serving", n.name, nil, true); err != nil {
+		return err
+	}
+	kubeconfig := clientcmdapi.NewConfig()
+	kubeconfig.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: p.path("ca.crt")}
+	kubeconfig.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path("kubelet-client.crt"), ClientKey: p.path("kubelet-client.key")}
+	kubeconfig.Contexts["node"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "node"}
+	kubeconfig.CurrentContext = "node"
+	if err := clientcmd.WriteToFile(*kubeconfig, n.path("kubelet.kubeconfig")); err != nil {
+		return err
+	}
+	containerdConfig := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = %[3]q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[4]q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[5]q
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = %[6]q
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[7]q
+`, n.path("containerd", "root"), n.path("containerd", "state"), n.socket(), n.path("containerd", "opt"),
+		PauseImage, n.path("containerd", "runc"), n.path("cni"))
+	if err := os.WriteFile(n.path("containerd.toml"), []byte(containerdConfig), 0o600); err != nil {
+		return err
+	}
+	cni, err := json.MarshalIndent(map[string]any{
+		"cniVersion": "0.4.0",
+		"name":       "jetway-node",
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": NodeBridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+			"ipam": map[string]any{
+				"type":    "host-local",
+				"ranges":  []any{[]any{map[string]any{"subnet": NodeSubnet, "rangeStart": "10.244.77.10", "gateway": NodeIP}}},
+				"dataDir": n.path("cni-ipam"),
+			},
+		}},
+	}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.path("cni", "10-jetway.conflist"), cni, 0o600); err != nil {
+		return err
+	}
+	kubeletConfig, err := yaml.Marshal(map[string]any{
+		"apiVersion":         "kubelet.config.k8s.io/v1beta1",
+		"kind":               "KubeletConfiguration",
+		"address":            NodeIP,
+		"port":               10250,
+		"readOnlyPort":       0,
+		"healthzBindAddress": "127.0.0.1",
+		"healthzPort":        healthzPort,
+		"tlsCertFile":        p.path("kubelet-serving.crt"),
+		"tlsPrivateKeyFile":  p.path("kubelet-serving.key"),
+		"authentication": map[string]any{
+			"anonymous": map[string]any{"enabled": false},
+			"webhook":   map[string]any{"enabled": false},
+			"x509":      map[string]any{"clientCAFile": p.path("ca.crt")},
+		},
+		"authorization":            map[string]any{"mode": "AlwaysAllow"},
+		"cgroupDriver":             "cgroupfs",
+		"cgroupRoot":               NodeCgroupRoot,
+		"failCgroupV1":             false,
+		"failSwapOn":               false,
+		"containerRuntimeEndpoint": "unix://" + n.socket(),
+		"imageServiceEndpoint":     "unix://" + n.socket(),
+		"makeIPTablesUtilChains":   false,
+		"resolvConf":               "/etc/resolv.conf",
+		"podLogsDir":               n.path("logs"),
+		"evictionHard": map[string]any{
+			"memory.available": "1Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%", "imagefs.available": "1%",
+		},
+		"imageGCHighThresholdPercent":   100,
+		"imageGCLowThresholdPercent":    99,
+		"serializeImagePulls":           false,
+		"syncFrequency":                 "10s",
+		"nodeStatusUpdateFrequency":     "4s",
+		"enableServer":                  true,
+		"registerNode":                  true,
+		"maxPods":                       110,
+		"shutdownGracePeriod":           "0s",
+		"localStorageCapacityIsolation": true,
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.path("kubelet.yaml"), kubeletConfig, 0o600); err != nil {
+		return err
+	}
+	n.containerd = &process{name: c.Name + "/containerd", path: "/usr/bin/containerd",
+		args: []string{"--config", n.path("containerd.toml")}, logPath: filepath.Join(c.dir, "containerd.log")}
+	n.kubelet = &process{name: c.Name + "/kubelet", path: filepath.Join(bin, "kubelet"), logPath: filepath.Join(c.dir, "kubelet.log"),
+		args: []string{
+			"--config=" + n.path("kubelet.yaml"),
+			"--kubeconfig=" + n.path("kubelet.kubeconfig"),
+			"--root-dir=" + n.path("kubelet"),
+			"--cert-dir=" + n.path("kubelet", "pki"),
+			"--node-ip=" + NodeIP,
+			"--hostname-override=" + n.name,
+			"--v=1",
+		}}
+	return nil
+}
+
+// startNode brings up the node once the control plane runs: it prepares
+// the machine, starts containerd, imports the images and starts kubelet,
+// and waits until the node is Ready.
+func (c *Cluster) startNode(ctx context.Context) error {
+	n := c.node
+	lock, err := lockNode(ctx)
+	if err != nil {
+		return err
+	}
+	n.lock = lock
+	writeLockHolder(lock, n.dir)
+	n.state = nodeState{Dir: n.dir, Sysctls: map[string]string{}}
+	for _, s := range nodeSysctls {
+		b, err := os.ReadFile("/proc/sys/" + s)
+		if err != nil {
+			return fmt.Errorf("read sysctl %s: %w", s, err)
+		}
+		n.state.Sysctls[s] = strings.TrimSpace(string(b))
+	}
+	for _, p := range nodeHostPaths {
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			n.state.NewPaths = append(n.state.NewPaths, p)
+		}
+	}
+	st, err := json.Marshal(n.state)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.path("state.json"), st, 0o600); err != nil {
+		return err
+	}
+	if err := makeBridge(); err != nil {
+		return err
+	}
+	if err := makeCgroups(); err != nil {
+		return err
+	}
+	if err := n.containerd.start(); err != nil {
+		return err
+	}
+	if err := poll(ctx, n.containerd, "containerd", func(ctx context.Context) (bool, error) {
+		_, err := n.ctr(ctx, "version")
+		return err == nil, err
+	}); err != nil {
+		return err
+	}
+	for tarball := range n.images {
+		if _, err := n.ctr(ctx, "images", "import",
+			filepath.Join(filepath.Dir(n.kubelet.path), tarball)); err != nil {
+			return fmt.Errorf("import %s: %w", tarball, err)
+		}
+	}
+	if err := n.kubelet.start(); err != nil {
+		return err
+	}
+	return poll(ctx, n.kubelet, "node "+n.name+" Ready", func(ctx context.Context) (bool, error) {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return false, ignoreNotFound(err)
+		}
+		for _, t := range node.Spec.Taints {
+			if t.Key == "node.kubernetes.io/not-ready" {
+				return false, nil
+			}
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// ctr runs containerd's client against the node's containerd, in the
+// namespace the CRI plugin uses.
+func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", append([]string{"--address", n.socket(), "--namespace", "k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+func makeBridge() error {
+	_ = exec.Command("ip", "link", "del", NodeBridge).Run() // left by a killed run
+	for _, args := range [][]string{
+		{"link", "add", "name", NodeBridge, "type", "bridge"},
+		{"addr", "add", NodeIP + "/24", "dev", NodeBridge},
+		{"link", "set", NodeBridge, "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+		}
+	}
+	return nil
+}
+
+// cgroupHierarchies are the cgroup v1 hierarchies mounted under
+// /sys/fs/cgroup (and the v2 one a hybrid machine has), each a folder
+// kubelet makes NodeCgroupRoot in.
+func cgroupHierarchies() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, m := range mounts(b) {
+		if m.fstype == "cgroup" || m.fstype == "cgroup2" {
+			dirs = append(dirs, m.point)
+		}
+	}
+	return dirs
+}
+
+// makeCgroups makes NodeCgroupRoot in every v1 hierarchy: kubelet
+// expects its cgroup root to exist.
+func makeCgroups() error {
+	for _, h := range cgroupHierarchies() {
+		if strings.HasSuffix(h, "/unified") {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Join(h, NodeCgroupRoot), 0o755); err != nil {
+			return fmt.Errorf("make cgroup %s: %w", filepath.Join(h, NodeCgroupRoot), err)
+		}
+	}
+	return nil
+}
+
+type mount struct{ point, fstype string }
+
+// mounts parses /proc/self/mountinfo: each line's mount point (field 5,
+// octal-escaped) and filesystem type (the first field after " - ").
+func mounts(info []byte) []mount {
+	var ms []mount
+	for line := range strings.SplitSeq(string(info), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 {
+			continue
+		}
+		typ, _, _ := strings.Cut(post, " ")
+		ms = append(ms, mount{point: unescapeOctal(f[4]), fstype: typ})
+	}
+	return ms
+}
+
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// drain deletes every pod while kubelet runs, so that kubelet and the CNI
+// plugin undo what they made for them, and waits until containerd runs no
+// task.
+func (c *Cluster) drainNode(ctx context.Context) {
+	n := c.node
+	nss, err := c.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err == nil {
+		zero := int64(0)
+		for _, ns := range nss.Items {
+			_ = c.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		}
+	}
+	_ = poll(ctx, n.kubelet, "node drained", func(ctx context.Context) (bool, error) {
+		out, err := n.ctr(ctx, "tasks", "ls", "-q")
+		return err == nil && strings.TrimSpace(out) == "", err
+	})
+}
+
+// stop drains the node, stops kubelet and containerd and puts the machine
+// back (teardown).
+func (c *Cluster) stopNode() {
+	n := c.node
+	if n.kubelet.running() && !n.kubelet.exited() && c.apiserver.running() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.drainNode(ctx)
+		cancel()
+	}
+	n.kubelet.stop(5 * time.Second)
+	if n.containerd.running() && !n.containerd.exited() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if out, err := n.ctr(ctx, "tasks", "ls", "-q"); err == nil {
+			for id := range strings.FieldsSeq(out) {
+				_, _ = n.ctr(ctx, "tasks", "kill", "--all", "--signal", "SIGKILL", id)
+				_, _ = n.ctr(ctx, "tasks", "delete", "--force", id)
+			}
+		}
+		cancel()
+	}
+	n.containerd.stop(5 * time.Second)
+	if n.state.Dir != "" {
+		n.teardown()
+	}
+	if n.lock != nil {
+		writeLockHolder(n.lock, "")
+		n.lock.Close()
+	}
+}
+
+// teardown puts back what the node changed on the machine, whatever is
+// left of it: it kills the shims and every process in the node's
+// cgroups, unmounts everything under its folder (deepest first), deletes
+// the pods' veths and the bridge, removes the cgroups, writes back the
+// sysctls and removes the host paths that were not there before.
+func (n *node) teardown() {
+	killProcesses(func(pid int, cmdline string) bool {
+		return strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, n.dir)
+	})
+	for range 20 {
+		if killCgroupProcesses() == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	unmountUnder(n.dir)
+	deleteBridge()
+	removeCgroups()
+	for s, v := range n.state.Sysctls {
+		_ = os.WriteFile("/proc/sys/"+s, []byte(v), 0o644)
+	}
+	for _, p := range n.state.NewPaths {
+		unmountUnder(p)
+		_ = os.RemoveAll(p)
+	}
+	_ = os.Remove(filepath.Join(n.dir, "state.json"))
+}
+
+// killProcesses SIGKILLs every process whose command line matches.
+func killProcesses(match func(pid int, cmdline string) bool) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if match(pid, string(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// killCgroupProcesses SIGKILLs every process in the node's cgroups and
+// returns how many it found.
+func killCgroupProcesses() int {
+	found := 0
+	for _, h := range cgroupHierarchies() {
+		_ = filepath.WalkDir(filepath.Join(h, NodeCgroupRoot), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(path)
+			for f := range strings.FieldsSeq(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					found++
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			return nil
+		})
+	}
+	return found
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first.
+func unmountUnder(dir string) {
+	for range 5 {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			return
+		}
+		var points []string
+		for _, m := range mounts(b) {
+			if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+				points = append(points, m.point)
+			}
+		}
+		if len(points) == 0 {
+			return
+		}
+		slices.SortFunc(points, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+		for _, p := range points {
+			_ = unix.Unmount(p, unix.MNT_DETACH)
+		}
+	}
+}
+
+// deleteBridge deletes the veths on the node's bridge (a pod whose
+// sandbox was not torn down by its CNI plugin leaves one) and the bridge.
+func deleteBridge() {
+	out, _ := exec.Command("ip", "-o", "link", "show", "master", NodeBridge).Output()
+	for line := range strings.SplitSeq(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		_ = exec.Command("ip", "link", "del", name).Run()
+	}
+	_ = exec.Command("ip", "link", "del", NodeBridge).Run()
+}
+
+// removeCgroups removes NodeCgroupRoot and every cgroup below it, in
+// every hierarchy, deepest first.
+func removeCgroups() {
+	for _, h := range cgroupHierarchies() {
+		var dirs []string
+		_ = filepath.WalkDir(filepath.Join(h, NodeCgroupRoot), func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		slices.Reverse(dirs)
+		for _, d := range dirs {
+			for range 20 {
+				if err := unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// imageRef reads the reference a `docker save`-style tarball names.
+func imageRef(tarball string) (string, error) {
+	f, err := os.Open(tarball)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	manifest, err := tarFile(f, "manifest.json")
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", tarball, err)
+	}
+	var m []struct{ RepoTags []string }
+	if err := json.Unmarshal(manifest, &m); err != nil || len(m) == 0 || len(m[0].RepoTags) == 0 {
+		return "", fmt.Errorf("%s: manifest.json names no image (%v)", tarball, err)
+	}
+	return m[0].RepoTags[0], nil
+}
+
+// tarFile reads the file name from a tar stream.
+func tarFile(r io.Reader, name string) ([]byte, error) {
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil, fmt.Errorf("no %s", name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if hdr.Name == name {
+			return io.ReadAll(io.LimitReader(tr, 1<<20))
+		}
+	}
+}
