@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +34,7 @@ func run(root string, sp Spec, log *os.File) error {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
+	ooms := oomKills(cgroupFS)
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
@@ -67,6 +71,9 @@ func run(root string, sp Spec, log *os.File) error {
 	case r := <-reason:
 		st.Reason, st.Message = r, killMessage(r, sp)
 	default:
+		if st.Signal == syscall.SIGKILL.String() && oomKills(cgroupFS) > ooms {
+			st.Reason, st.Message = ReasonOOMKilled, oomMessage
+		}
 	}
 	// The status goes into the log first, as its last frame: whoever
 	// follows the log has it at once, without waiting for status.json.
@@ -84,6 +91,35 @@ func (sp Spec) stdoutKind() byte {
 		return KindAnswer
 	}
 	return KindStdout
+}
+
+// cgroupFS is where the container sees its own cgroups.
+var cgroupFS = os.DirFS("/sys/fs/cgroup")
+
+// oomMessage says what ReasonOOMKilled means.
+const oomMessage = "the kernel killed the process: its container reached its memory limit"
+
+// oomKills is how many processes the kernel's OOM killer has killed in the
+// container's memory cgroup (cgroup v2 memory.events, v1
+// memory.oom_control; 0 where neither can be read: outside a container, a
+// kernel before 4.13). A process that died of SIGKILL while it grew was
+// one of them: the kernel kills the largest process of a cgroup at its
+// limit, which is the step's, not the agent's pid1, so the container
+// lives on and only the agent can tell.
+func oomKills(cgroups fs.FS) int64 {
+	for _, file := range []string{"memory.events", "memory/memory.oom_control"} {
+		b, err := fs.ReadFile(cgroups, file)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // killMessage says why guard killed the process.

@@ -138,6 +138,9 @@ const (
 	ReasonAborted     = "aborted"      // killed on request
 	ReasonSpawnFailed = "spawn-failed" // the process could not start
 	ReasonLost        = "lost"         // the supervisor died without a status
+	// ReasonOOMKilled: the kernel killed the process at its container's
+	// memory limit (exit status 137).
+	ReasonOOMKilled = "oom-killed"
 )
 
 // Status is status.json: how the step ended.
