@@ -20,7 +20,7 @@ type failure struct {
 // podFailure reads a step pod's status as a kubelet, the scheduler and the
 // node controller write it, and says whether the step cannot go on.
 func podFailure(p *corev1.Pod) (failure, bool) {
-	checks := []func(*corev1.Pod) (failure, bool){oomKilled, phaseFailed, disrupted, unschedulable, waitingFailure, containerEnded, nodeNotReady}
+	checks := []func(*corev1.Pod) (failure, bool){oomKilled, phaseFailed, disrupted, deleting, unschedulable, waitingFailure, containerEnded, nodeNotReady}
 	for _, check := range checks {
 		if f, ok := check(p); ok {
 			return f, true
@@ -73,6 +73,16 @@ func disrupted(p *corev1.Pod) (failure, bool) {
 		}
 	}
 	return failure{}, false
+}
+
+// podDeleted: the pod was deleted by someone else than its owner.
+var podDeleted = failure{Reason: "PodDeleted", Message: "the step's pod was deleted by someone else"}
+
+// deleting: the pod is being deleted. A kubelet stops its containers
+// first (TERM to each container's first process, the agent's pid1, which
+// exits 0), so the containers' ends say less than the deletion does.
+func deleting(p *corev1.Pod) (failure, bool) {
+	return podDeleted, p.DeletionTimestamp != nil
 }
 
 func unschedulable(p *corev1.Pod) (failure, bool) {

@@ -2,9 +2,11 @@ package steps
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func runningPod() *corev1.Pod {
@@ -84,6 +86,10 @@ func TestPodFailure(t *testing.T) {
 			p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget,
 				Status: corev1.ConditionTrue, Reason: "DeletionByTaintManager", Message: "Taint manager: deleting due to NoExecute taint"})
 		}, failed: true, reason: "DeletionByTaintManager"},
+		{name: "deleted: the containers stop on their kubelet's TERM", change: func(p *corev1.Pod) {
+			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
+			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed"}}
+		}, failed: true, reason: "PodDeleted", message: "the step's pod was deleted by someone else"},
 		{name: "step container ended", change: func(p *corev1.Pod) {
 			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 2}}
 		}, failed: true, reason: "Error", message: `container "step" exited 2: `},

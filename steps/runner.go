@@ -257,7 +257,8 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 }
 
 // StatusEvent is the last event of a step whose process ended as st
-// says: exited (succeeded or failed by its exit status), or failed
+// says: exited (succeeded or failed by its exit status, or failed
+// OOMKilled by its memory limit), or failed
 // (aborted; errored by a timeout, a spawn failure or a lost supervisor).
 func StatusEvent(st stepagent.Status) Event {
 	code := st.ExitStatus
@@ -268,6 +269,12 @@ func StatusEvent(st stepagent.Status) Event {
 		if code != 0 {
 			e.Phase = Failed
 		}
+	case stepagent.ReasonOOMKilled:
+		// The step's own process outgrew its memory: it failed, as an
+		// exit status fails it, named as Kubernetes names a container
+		// killed so.
+		e.Type, e.Phase, e.Reason = EventExited, Failed, "OOMKilled"
+		e.Message = fmt.Sprintf("container %q: OOMKilled (%d): %s", StepContainer, code, st.Message)
 	case stepagent.ReasonAborted:
 		e.Type, e.Phase = EventFailed, Aborted
 	default: // timeout, spawn-failed, lost

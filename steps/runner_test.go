@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/stepagent"
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
@@ -39,4 +40,31 @@ func TestFollowGivesUpOnAnUnreachableStep(t *testing.T) {
 		assert.Less(t, time.Since(start), LostAfter+5*time.Second, "retries at most every 2 s (jittered)")
 		assert.Greater(t, calls, 100, "it kept trying")
 	})
+}
+
+// TestStatusEventOfEachEnd: how each end the agent records becomes the
+// step's last event; a process the kernel killed at its memory limit
+// failed, like an exit status, and says OOMKilled with its container.
+func TestStatusEventOfEachEnd(t *testing.T) {
+	for _, c := range []struct {
+		st                 stepagent.Status
+		typ, reason, inMsg string
+		phase              Phase
+	}{
+		{stepagent.Status{Reason: stepagent.ReasonExited}, EventExited, "", "", Succeeded},
+		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 3}, EventExited, "", "", Failed},
+		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 137, Signal: "killed"}, EventExited, "killed", "", Failed},
+		{stepagent.Status{Reason: stepagent.ReasonOOMKilled, ExitStatus: 137, Signal: "killed", Message: "memory limit"},
+			EventExited, "OOMKilled", `container "step": OOMKilled (137): memory limit`, Failed},
+		{stepagent.Status{Reason: stepagent.ReasonAborted, ExitStatus: 143}, EventFailed, stepagent.ReasonAborted, "", Aborted},
+		{stepagent.Status{Reason: stepagent.ReasonTimeout, ExitStatus: 143}, EventFailed, stepagent.ReasonTimeout, "", Errored},
+		{stepagent.Status{Reason: stepagent.ReasonLost, ExitStatus: 1}, EventFailed, stepagent.ReasonLost, "", Errored},
+	} {
+		e := StatusEvent(c.st)
+		assert.Equal(t, c.typ, e.Type, "%+v", c.st)
+		assert.Equal(t, c.phase, e.Phase, "%+v", c.st)
+		assert.Equal(t, c.reason, e.Reason, "%+v", c.st)
+		assert.Contains(t, e.Message, c.inMsg, "%+v", c.st)
+		assert.Equal(t, c.st.ExitStatus, *e.ExitStatus)
+	}
 }

@@ -120,7 +120,7 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 	r := w.r
 	if p == nil {
 		if w.seen {
-			w.stop(&podFailed{failure{Reason: "PodDeleted", Message: "the step's pod was deleted by someone else"}})
+			w.stop(&podFailed{podDeleted})
 			return true
 		}
 		return false
