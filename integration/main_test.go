@@ -13,13 +13,19 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )
 
 // clusters are shared by every test of the package: starting a control
 // plane costs seconds, and tests work in namespaces of their own.
-var clusters []*cluster.Cluster
+// realNode is the cluster whose one node is a real kubelet with
+// containerd and runc (realnode_test.go).
+var (
+	clusters []*cluster.Cluster
+	realNode *cluster.Cluster
+)
 
 func TestMain(m *testing.M) {
 	code := runMain(m)
@@ -39,14 +45,23 @@ func TestMain(m *testing.M) {
 func runMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), cluster.StartupTimeout)
 	defer cancel()
-	var err error
-	// Two clusters for most tests; the mesh's three gateways own one each.
-	clusters, err = cluster.StartN(ctx, 3, "it")
+	// Two clusters for most tests; the mesh's three gateways own one
+	// each. The real node starts beside them.
+	var g errgroup.Group
+	g.Go(func() (err error) {
+		clusters, err = cluster.StartN(ctx, 3, "it")
+		return err
+	})
+	g.Go(func() (err error) {
+		realNode, err = cluster.Start(ctx, cluster.Options{Name: "real", RealNode: true})
+		return err
+	})
+	err := g.Wait()
+	defer cluster.StopAll(append([]*cluster.Cluster{realNode}, clusters...))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1
 	}
-	defer cluster.StopAll(clusters)
 	stopKubelets, err := startStepKubelets(clusters)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
@@ -58,7 +73,7 @@ func runMain(m *testing.M) int {
 		os.RemoveAll(filepath.Dir(builtBin))
 	}
 	if code != 0 {
-		for _, c := range clusters {
+		for _, c := range append(clusters, realNode) {
 			fmt.Fprintf(os.Stderr, "logs of cluster %s:\n%s\n", c.Name, c.Logs(30))
 		}
 	}

@@ -97,6 +97,9 @@ type gatewayOptions struct {
 	// targetGone is how long a step's target may be missing; default
 	// steps.DefaultTargetGoneGrace.
 	targetGone time.Duration
+	// agentImage is the step agent's image in step pods; default one no
+	// kwok pod pulls. The real node's is realNode.NodeImage(...).
+	agentImage string
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -253,7 +256,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			}
 			return out
 		},
-		Pod:            steps.PodOptions{AgentImage: "ghcr.io/jetway-ci/step-agent:test", Installation: o.installation},
+		Pod:            steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})

@@ -1,0 +1,310 @@
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// The step suite on the real node (realNode): kubelet, containerd and
+// runc run the step pods' containers, so what kwok could only stand in
+// for runs for real: the init container's copy of the agent, pid1, the
+// volume sidecar as 65532 with a read-only root, exec and port-forward
+// through a kubelet, OOM kills, image pulls, users and security contexts.
+
+// nodeGateway places target name on the real node and starts a gateway
+// owning it, with the step agent's image the node holds.
+func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOptions) *gateway {
+	t.Helper()
+	o.agentImage = realNode.NodeImage("step-agent-image.tar")
+	return targetGateway(ctx, t, realNode, name, "{}\n", o)
+}
+
+// nodeStep is a shell task in the node's busybox image.
+func nodeStep(handle, script string) steps.Request {
+	req := shStep(handle, script)
+	req.Image = cluster.BusyboxImage
+	return req
+}
+
+// statusField reads a field of /proc/self/status as a step printed it.
+func statusField(t *testing.T, status, field string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + field + `:\s*(.*)$`).FindStringSubmatch(status)
+	require.NotNil(t, m, "%s in %q", field, status)
+	return m[1]
+}
+
+// TestRealNodeTasks: a task's exact exit status, output per stream and
+// environment through the real exec path; run.user; an image without a
+// shell; the step container's security context in effect, read from
+// inside it.
+func TestRealNodeTasks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-tasks", gatewayOptions{})
+
+	for _, code := range []int{0, 1, 42} {
+		handle := "exit-" + strconv.Itoa(code)
+		req := nodeStep(handle, fmt.Sprintf(`for i in 1 2 3; do echo "out $i"; echo "err $i" >&2; done; printf 'no newline'; echo "$GREETING" >&2; exit %d`, code))
+		req.Run.Env = map[string]string{"GREETING": "hello from env"}
+		g.run(t, req)
+		evs := g.stepEvents(ctx, t, handle, "", 0)
+		assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs))
+		assert.Equal(t, "out 1\nout 2\nout 3\nno newline", outputOf(evs, steps.EventStdout))
+		assert.Equal(t, "err 1\nerr 2\nerr 3\nhello from env\n", outputOf(evs, steps.EventStderr))
+		last := evs[len(evs)-1]
+		require.NotNil(t, last.ExitStatus, "%+v", last)
+		assert.Equal(t, code, *last.ExitStatus)
+	}
+
+	t.Run("run.user", func(t *testing.T) {
+		req := nodeStep("user", `id -u; id -g; touch out/mine && ls -n out/mine | awk '{print $3":"$4}'`)
+		req.Run.User = "1000:1001"
+		req.Outputs = []steps.Output{{Name: "out"}}
+		g.run(t, req)
+		evs := g.stepEvents(ctx, t, "user", "", 0)
+		require.Equal(t, steps.EventExited, evs[len(evs)-1].Type, "%+v", evs)
+		assert.Equal(t, "1000\n1001\n1000:1001\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	})
+
+	t.Run("image without a shell", func(t *testing.T) {
+		agent := realNode.NodeImage("step-agent-image.tar")
+		g.run(t, steps.Request{Handle: "no-shell", Type: "task", Image: agent,
+			Run: steps.Run{Path: "/step-agent", Args: []string{"no-such-command"}}})
+		evs := g.stepEvents(ctx, t, "no-shell", "", 0)
+		last := evs[len(evs)-1]
+		require.NotNil(t, last.ExitStatus, "%+v", evs)
+		assert.Equal(t, 2, *last.ExitStatus, "the agent's usage error, from an image with no shell")
+		assert.Contains(t, outputOf(evs, steps.EventStderr), `unknown command "no-such-command"`)
+	})
+
+	t.Run("security context", func(t *testing.T) {
+		g.run(t, nodeStep("status", `cat /proc/self/status`))
+		evs := g.stepEvents(ctx, t, "status", "", 0)
+		status := outputOf(evs, steps.EventStdout)
+		assert.Equal(t, "1", statusField(t, status, "NoNewPrivs"), "allowPrivilegeEscalation: false")
+		capEff, err := strconv.ParseUint(statusField(t, status, "CapEff"), 16, 64)
+		require.NoError(t, err)
+		const sysAdmin = 1 << 21
+		assert.Zero(t, capEff&sysAdmin, "not privileged: no CAP_SYS_ADMIN (%x)", capEff)
+		assert.Equal(t, "0", strings.Fields(statusField(t, status, "Uid"))[0], "the image's user, root")
+	})
+}
+
+// TestRealNodeInputsAndOutputs: an upload and an output streamed into a
+// task through the real volume sidecar (as 65532, read-only root) and the
+// kubelet's port-forward, and the output downloaded: every byte whole.
+func TestRealNodeInputsAndOutputs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-io", gatewayOptions{})
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+
+	src := t.TempDir()
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7 % 251)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(src, "blob"), data, 0o644))
+	sum := sha256.Sum256(data)
+	produce := nodeStep("produce", `sha256sum src/blob | cut -d' ' -f1 > out/sum; cp src/blob out/blob; printf 'from the node' > out/note; cat out/sum`)
+	produce.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
+	produce.Outputs = []steps.Output{{Name: "out"}}
+	_, _, err = c.SubmitStep(ctx, produce)
+	require.NoError(t, err)
+	up, err := c.UploadInput(ctx, "", "produce", "src", src)
+	require.NoError(t, err)
+	assert.Positive(t, up.Bytes)
+	evs := g.stepEvents(ctx, t, "produce", "", 0)
+	require.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
+	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+
+	consume := nodeStep("consume", `cat in/note; echo; sha256sum in/blob | cut -d' ' -f1; echo more > in/written`)
+	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "produce", Output: "out"}}}
+	g.run(t, consume)
+	evs = g.stepEvents(ctx, t, "consume", "", 0)
+	assert.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
+	assert.Equal(t, "from the node\n"+hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	require.NotNil(t, evs[len(evs)-1].ExitStatus)
+	assert.Equal(t, 0, *evs[len(evs)-1].ExitStatus, "an input is writable by the step")
+
+	dst := t.TempDir()
+	_, err = c.DownloadOutput(ctx, "", "produce", "out", dst)
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dst, "blob"))
+	require.NoError(t, err)
+	assert.Equal(t, sum, sha256.Sum256(got))
+	note, err := os.ReadFile(filepath.Join(dst, "note"))
+	require.NoError(t, err)
+	assert.Equal(t, "from the node", string(note))
+}
+
+// TestRealNodeStepSurvivesACutExecAndARestart cuts every connection to
+// the API server mid-step, then restarts the gateway mid-step: the output
+// is complete and in order, the exit status exact, and the process ran
+// once (its output counts its runs).
+func TestRealNodeStepSurvivesACutExecAndARestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	proxy := startCutProxy(t, strings.TrimPrefix(realNode.AdminConfig().Host, "https://"))
+	placeTarget(ctx, t, realNode, dir, "rn-cut", "{}\n", "https://"+proxy.ln.Addr().String())
+	o := gatewayOptions{agentImage: realNode.NodeImage("step-agent-image.tar")}
+	g := startGateway(t, dir, o)
+	g.waitTarget(t, "rn-cut", 10*time.Second, running)
+	const lines = 60
+	long := func(handle string) steps.Request {
+		req := longStep(handle, lines)
+		req.Image = cluster.BusyboxImage
+		return req
+	}
+	check := func(handle string, evs []steps.Event) {
+		t.Helper()
+		var want strings.Builder
+		for i := 1; i <= lines; i++ {
+			fmt.Fprintf(&want, "line %d\n", i)
+		}
+		assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout))
+		for i, e := range evs {
+			require.Equal(t, i, e.N)
+		}
+		last := evs[len(evs)-1]
+		require.NotNil(t, last.ExitStatus, "%+v", last)
+		assert.Equal(t, 42, *last.ExitStatus)
+		c, err := client.New(client.Options{URL: g.base})
+		require.NoError(t, err)
+		out := t.TempDir()
+		_, err = c.DownloadOutput(ctx, "", handle, "out", out)
+		require.NoError(t, err)
+		runs, err := os.ReadFile(filepath.Join(out, "runs"))
+		require.NoError(t, err)
+		assert.Equal(t, "run\n", string(runs), "the process ran once")
+	}
+
+	g.run(t, long("cut"))
+	followed := g.followEvents(ctx, t, "cut", "", 0)
+	g.waitEvents(t, "cut", 8)
+	proxy.Cut()
+	check("cut", <-followed)
+	assert.Positive(t, metricValue(t, g, "jetway_step_reattaches_total"), "the exec was cut and attached again")
+
+	g.run(t, long("restart"))
+	g.waitEvents(t, "restart", 8)
+	g.stop()
+	g = startGateway(t, dir, o)
+	eventually(t, 20*time.Second, func() error {
+		code, body, _ := call(t, http.MethodGet, g.base+"/api/v1/steps/restart", "")
+		if code != http.StatusOK {
+			return errorf("%d %s", code, body)
+		}
+		return nil
+	})
+	evs := g.stepEvents(ctx, t, "restart", "", 0)
+	assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs))
+	check("restart", evs)
+}
+
+// TestRealNodeAbortAndTimeout: abort and timeout send TERM to the process
+// in the container, then KILL after the kill grace to one that ignores
+// TERM.
+func TestRealNodeAbortAndTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-abort", gatewayOptions{killGrace: 2 * time.Second})
+
+	// TERM reaches the process: its trap prints and exits.
+	g.run(t, nodeStep("term", `trap 'echo got TERM; exit 3' TERM; echo started; while true; do sleep 0.1; done`))
+	g.waitPhase(t, "term", steps.Running)
+	g.waitEvents(t, "term", 4)
+	followed := g.followEvents(ctx, t, "term", "", 0)
+	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/term", "")
+	require.Equal(t, http.StatusOK, code, body)
+	evs := <-followed
+	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, steps.EventStdout))
+	assert.Equal(t, steps.Aborted, evs[len(evs)-1].Phase)
+
+	// A process that ignores TERM is killed after the grace.
+	req := nodeStep("kill", `trap 'echo ignoring TERM' TERM; echo started; while true; do sleep 0.1; done`)
+	req.Timeout = "2s"
+	g.run(t, req)
+	evs = g.stepEvents(ctx, t, "kill", "", 0)
+	last := evs[len(evs)-1]
+	assert.Equal(t, steps.EventFailed, last.Type, "%+v", last)
+	assert.Equal(t, "timeout", last.Reason)
+	assert.Contains(t, outputOf(evs, steps.EventStdout), "ignoring TERM", "TERM came first")
+	v := g.step(t, "kill")
+	d := v.FinishedAt.Sub(v.StartedAt)
+	assert.GreaterOrEqual(t, d, 4*time.Second, "the timeout, then the kill grace")
+	assert.Less(t, d, 15*time.Second)
+}
+
+// TestRealNodePodFailures: what only a kubelet makes: an OOM kill from a
+// memory limit, named with its container; an image pull that cannot
+// succeed fails at once, one that may succeed gets the grace.
+func TestRealNodePodFailures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-fail", gatewayOptions{pullGrace: 5 * time.Second})
+
+	t.Run("oom killed", func(t *testing.T) {
+		// The kernel kills the step's process, the largest in the
+		// container, not the agent's pid1: the container lives on, so only
+		// the agent can tell (kwok's suite wrote OOMKilled on the pod).
+		req := nodeStep("oom", `echo filling; x=a; while true; do x="$x$x"; done`)
+		req.Resources.Memory = "32Mi"
+		g.run(t, req)
+		evs := g.stepEvents(ctx, t, "oom", "", 0)
+		last := evs[len(evs)-1]
+		assert.Equal(t, steps.EventExited, last.Type, "%+v", last)
+		assert.Equal(t, steps.Failed, last.Phase, "%+v", last)
+		assert.Equal(t, "OOMKilled", last.Reason, "%+v", last)
+		assert.Contains(t, last.Message, `container "step": OOMKilled (137)`)
+		require.NotNil(t, last.ExitStatus)
+		assert.Equal(t, 137, *last.ExitStatus)
+		assert.Equal(t, "filling\n", outputOf(evs, steps.EventStdout))
+	})
+	t.Run("image that cannot exist fails at once", func(t *testing.T) {
+		req := nodeStep("bad-image", "true")
+		req.Image = "jetway.test/Not_A_Valid/Name:1"
+		start := time.Now()
+		g.run(t, req)
+		last := g.endsWithin(ctx, t, "bad-image", start)
+		assert.Equal(t, "InvalidImageName", last.Reason, "%+v", last)
+	})
+	t.Run("image from an unreachable registry gets the grace", func(t *testing.T) {
+		req := nodeStep("unreachable", "true")
+		req.Image = "registry.invalid/jetway/none:1"
+		start := time.Now()
+		g.run(t, req)
+		last := g.endsWithin(ctx, t, "unreachable", start.Add(5*time.Second))
+		assert.Contains(t, []string{"ErrImagePull", "ImagePullBackOff"}, last.Reason, "%+v", last)
+		v := g.step(t, "unreachable")
+		assert.GreaterOrEqual(t, v.FinishedAt.Sub(start), 5*time.Second, "%+v", last)
+	})
+	t.Run("pod deleted", func(t *testing.T) {
+		g.run(t, nodeStep("deleted", "exec sleep 600"))
+		v := g.waitPhase(t, "deleted", steps.Running)
+		require.NoError(t, realNode.Client.CoreV1().Pods("rn-fail").Delete(ctx, v.Pod, metav1.DeleteOptions{}))
+		last := g.endsWithin(ctx, t, "deleted", time.Now())
+		assert.Equal(t, "PodDeleted", last.Reason, "%+v", last)
+	})
+}
