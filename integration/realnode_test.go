@@ -283,22 +283,33 @@ func TestRealNodePodFailures(t *testing.T) {
 		assert.Equal(t, "filling\n", outputOf(evs, steps.EventStdout))
 	})
 	t.Run("image that cannot exist fails at once", func(t *testing.T) {
-		req := nodeStep("bad-image", "true")
-		req.Image = "jetway.test/Not_A_Valid/Name:1"
+		req := nodeStep("not-found", "true")
+		req.Image = cluster.NodeRegistry + "/none:1"
 		start := time.Now()
 		g.run(t, req)
-		last := g.endsWithin(ctx, t, "bad-image", start)
+		last := g.endsWithin(ctx, t, "not-found", start)
+		assert.Equal(t, "ErrImagePull", last.Reason, "%+v", last)
+		assert.Contains(t, last.Message, "not found")
+		assert.NotContains(t, last.Message, "grace")
+		assert.Less(t, g.step(t, "not-found").FinishedAt.Sub(start), 5*time.Second, "before the grace")
+	})
+	t.Run("invalid image name fails at once", func(t *testing.T) {
+		req := nodeStep("bad-name", "true")
+		req.Image = "jetway.test/Not_A_Valid/Name:1"
+		g.run(t, req)
+		last := g.endsWithin(ctx, t, "bad-name", time.Now())
 		assert.Equal(t, "InvalidImageName", last.Reason, "%+v", last)
 	})
-	t.Run("image from an unreachable registry gets the grace", func(t *testing.T) {
-		req := nodeStep("unreachable", "true")
-		req.Image = "registry.invalid/jetway/none:1"
+	t.Run("rate limited image gets the grace", func(t *testing.T) {
+		req := nodeStep("rate-limited", "true")
+		req.Image = cluster.NodeRegistry + "/busy/image:1"
 		start := time.Now()
 		g.run(t, req)
-		last := g.endsWithin(ctx, t, "unreachable", start.Add(5*time.Second))
+		last := g.endsWithin(ctx, t, "rate-limited", start.Add(5*time.Second))
 		assert.Contains(t, []string{"ErrImagePull", "ImagePullBackOff"}, last.Reason, "%+v", last)
-		v := g.step(t, "unreachable")
-		assert.GreaterOrEqual(t, v.FinishedAt.Sub(start), 5*time.Second, "%+v", last)
+		assert.Contains(t, last.Message, "429")
+		assert.Contains(t, last.Message, "image-pull grace of 5s")
+		assert.GreaterOrEqual(t, g.step(t, "rate-limited").FinishedAt.Sub(start), 5*time.Second)
 	})
 	t.Run("pod deleted", func(t *testing.T) {
 		g.run(t, nodeStep("deleted", "exec sleep 600"))

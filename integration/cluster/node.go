@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +60,14 @@ const (
 	BusyboxImage = "jetway.test/busybox:1"
 	// PauseImage is containerd's sandbox image (integration/cmd/pause).
 	PauseImage = "jetway.test/pause:1"
+
+	// NodeRegistry is the registry host the node pulls from besides the
+	// images it holds: the harness serves it on the node's bridge, and it
+	// has no image. Every manifest under it is unknown (a pull that
+	// cannot succeed: ErrImagePull, "not found"), but those under
+	// NodeRegistry/busy/, which answer 429 Too Many Requests (a pull that
+	// may succeed later).
+	NodeRegistry = "registry.jetway.test"
 )
 
 // NodeImages are the image tarballs in the bin folder imported into the
@@ -99,6 +109,7 @@ type node struct {
 	images    map[string]string // tarball -> image reference
 	lock      *os.File
 	state     nodeState
+	registry  *http.Server // NodeRegistry, nil until the bridge is up
 
 	containerd, kubelet *process
 }
@@ -219,8 +230,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %[7]q
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %[8]q
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.socket(), n.path("containerd", "opt"),
-		PauseImage, n.path("containerd", "runc"), n.path("cni"))
+		PauseImage, n.path("containerd", "runc"), n.path("cni"), n.path("registries"))
 	if err := os.WriteFile(n.path("containerd.toml"), []byte(containerdConfig), 0o600); err != nil {
 		return err
 	}
@@ -339,6 +352,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if err := makeCgroups(); err != nil {
 		return err
 	}
+	if err := n.serveRegistry(); err != nil {
+		return err
+	}
 	if err := n.containerd.start(); err != nil {
 		return err
 	}
@@ -374,6 +390,48 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		}
 		return false, nil
 	})
+}
+
+// serveRegistry serves NodeRegistry on the node's bridge and points
+// containerd at it (a hosts.toml whose server is it alone, so a pull never
+// falls back to the registry's own name, which resolves nowhere).
+func (n *node) serveRegistry() error {
+	ln, err := net.Listen("tcp", NodeIP+":0")
+	if err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	hosts := n.path("registries", NodeRegistry)
+	if err := os.MkdirAll(hosts, 0o755); err != nil {
+		ln.Close()
+		return err
+	}
+	url := "http://" + ln.Addr().String()
+	// containerd 1.6 refuses a hosts.toml without a host table.
+	toml := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", url, url)
+	if err := os.WriteFile(filepath.Join(hosts, "hosts.toml"), []byte(toml), 0o644); err != nil {
+		ln.Close()
+		return err
+	}
+	n.registry = &http.Server{Handler: http.HandlerFunc(registryAPI), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = n.registry.Serve(ln) }()
+	return nil
+}
+
+// registryAPI answers as a registry without images does, but that
+// NodeRegistry/busy/... is rate limited.
+func registryAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	w.Header().Set("Content-Type", "application/json")
+	switch {
+	case r.URL.Path == "/v2/":
+		_, _ = w.Write([]byte("{}"))
+	case strings.HasPrefix(r.URL.Path, "/v2/busy/"):
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"errors":[{"code":"TOOMANYREQUESTS","message":"you have reached your pull rate limit"}]}`))
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}`))
+	}
 }
 
 // ctr runs containerd's client against the node's containerd, in the
@@ -509,6 +567,9 @@ func (c *Cluster) stopNode() {
 		cancel()
 	}
 	n.containerd.stop(5 * time.Second)
+	if n.registry != nil {
+		n.registry.Close()
+	}
 	if n.state.Dir != "" {
 		n.teardown()
 	}
