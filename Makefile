@@ -98,7 +98,8 @@ image: $(BIN)/mkimage
 # step agent's: its sandbox (pause) image, a static Go program that reaps
 # and waits, and a base image for tasks, Debian's busybox-static with a
 # link for each of its commands (/bin/sh, /usr/bin/env, ...), run as root
-# as many task images are.
+# as many task images are, with /usr/bin/stamp (the time in nanoseconds,
+# for the benchmarks) and a test resource type's scripts in /opt/resource.
 node-images: $(NODE_IMAGES)
 
 $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
@@ -106,8 +107,11 @@ $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
 	$(MKIMAGE) -binary $(BIN)/pause-linux-$(IMAGE_ARCH) -path /pause -user 65535:65535 \
 		-ref $(PAUSE_IMAGE_REF) -title "jetway test pause" -o $@
 
-$(BIN)/busybox-image.tar: $(BIN)/mkimage | node-packages
+$(BIN)/busybox-image.tar: $(BIN)/mkimage integration/cmd/stamp/main.go $(wildcard integration/testdata/resource/*) | node-packages
+	$(STATIC_BUILD) -o $(BIN)/stamp-linux-$(IMAGE_ARCH) ./integration/cmd/stamp
 	$(MKIMAGE) -binary /bin/busybox -path /bin/busybox -user 0:0 -dir /tmp -cmd sh \
+		-file $(BIN)/stamp-linux-$(IMAGE_ARCH):/usr/bin/stamp \
+		$(foreach f,check in out,-file integration/testdata/resource/$(f):/opt/resource/$(f)) \
 		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
 		-ref $(BUSYBOX_IMAGE_REF) -title "busybox (jetway's test base image)" -o $@
 

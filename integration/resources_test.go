@@ -16,28 +16,13 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 )
 
-// resourceScripts writes a resource type's check, in and out, as a
-// resource image holds them at /opt/resource (a kwok node runs them from
-// the host, so the gateway's resource-dir points here).
+// resourceScripts is the folder of the test resource type's scripts
+// (check, in, out), which the step kubelet runs where they lie; the real
+// node's busybox image holds them at /opt/resource.
 func resourceScripts(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	scripts := map[string]string{
-		"check": `input=$(cat); echo "check got $input" >&2
-case "$input" in
-  *broken*) echo "oops, not json"; exit 0 ;;
-  *fail*) echo "cannot reach the repository" >&2; exit 3 ;;
-esac
-echo '[{"ref":"a"},{"ref":"b"}]'`,
-		"in": `dest=$1; input=$(cat); echo "$input" > "$dest/input.json"; echo fetched > "$dest/file"
-echo "in wrote $dest" >&2
-echo '{"version":{"ref":"b"},"metadata":[{"name":"author","value":"me"}]}'`,
-		"out": `input=$(cat); echo "out got $input and $(cat src/file)" >&2
-echo '{"version":{"ref":"c"}}'`,
-	}
-	for name, body := range scripts {
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755))
-	}
+	dir, err := filepath.Abs(filepath.Join("testdata", "resource"))
+	require.NoError(t, err)
 	return dir
 }
 

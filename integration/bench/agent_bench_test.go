@@ -172,7 +172,7 @@ func setupAgentBench(ctx context.Context, b *testing.B) *agentBench {
 	if err := writeFile(tokens, []byte("tokens:\n- {name: bench, token: "+benchToken+", team: main}\n")); err != nil {
 		b.Fatal(err)
 	}
-	c, _, gw, stop := stepsGateway(ctx, b, benchToken, "--auth-tokens-file", tokens, "--mesh-listen", "127.0.0.1:0",
+	bed, gw, stop := stepsGateway(ctx, b, kwokNode, benchToken, "--auth-tokens-file", tokens, "--mesh-listen", "127.0.0.1:0",
 		"--mesh-ca", certs.ca, "--mesh-cert", certs.gatewayCert, "--mesh-key", certs.gatewayKey, "--gc-grace", "1h")
 	b.Cleanup(stop)
 	cli, err := client.New(client.Options{URL: gw.base, Token: benchToken})
@@ -180,7 +180,7 @@ func setupAgentBench(ctx context.Context, b *testing.B) *agentBench {
 		b.Fatal(err)
 	}
 	ab := &agentBench{gw: gw, client: cli, certs: certs, kubeconfig: filepath.Join(gw.targetsDir, stepsTarget, "kubeconfig"),
-		shared: append(pidsUnder(filepath.Dir(c.AdminKubeconfig())), os.Getpid())}
+		shared: append(pidsUnder(filepath.Dir(bed.c.AdminKubeconfig())), os.Getpid())}
 	ab.agent = startAgentProc(b, gw.cmd.Path, gw.meshAddr, certs)
 	waitFor(b, time.Minute, func() error {
 		workers, err := cli.Workers(ctx)

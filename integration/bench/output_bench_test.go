@@ -36,12 +36,12 @@ func BenchmarkStepOutput(b *testing.B) {
 func runOutputBench(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	bed := newStepsBed(ctx, b)
+	bed := newStepsBed(ctx, b, kwokNode)
 	defer bed.stop()
 	gw := bed.gateway(b, "")
 	// Warm up (the first step's clients, exec and port-forward paths),
 	// then take the idle size.
-	jetwayStep(ctx, b, gw.base, "warm-up")
+	jetwayStep(ctx, b, kwokNode, gw.base, "warm-up")
 	time.Sleep(2 * time.Second)
 	base := gw.status("VmRSS")
 	size := int64(benchOutputMiB) << 20

@@ -36,7 +36,7 @@ type batch struct {
 func runReplicasBench(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	bed := newStepsBed(ctx, b)
+	bed := newStepsBed(ctx, b, kwokNode)
 	defer bed.stop()
 	first := bed.gateway(b, "")
 	defer first.stop(b)
@@ -85,7 +85,7 @@ func runBatch(ctx context.Context, b *testing.B, gws []*gatewayProc, name string
 	for range benchInFlight {
 		wg.Go(func() {
 			for i := range todo {
-				s := jetwayStep(ctx, b, gws[i%len(gws)].base, fmt.Sprintf("%s-%d", name, i))
+				s := jetwayStep(ctx, b, kwokNode, gws[i%len(gws)].base, fmt.Sprintf("%s-%d", name, i))
 				mu.Lock()
 				bt.lat.add(b, s)
 				mu.Unlock()

@@ -33,9 +33,24 @@ import (
 
 var benchSteps = envInt("BENCH_STEPS", 100)
 
-// benchScript prints the time (ns since the epoch) as the process starts
-// and as it is about to exit, and exits.
-const benchScript = `date +%s%N; echo work; date +%s%N`
+// benchNode is where a benchmark's steps run: kwok's fake node, whose
+// step kubelet runs each process on this machine, or the real node
+// (kubelet, containerd and runc; integration/cluster/node.go).
+type benchNode struct {
+	name  string
+	real  bool
+	image string // the tasks' image
+	// script prints the time (ns since the epoch) as the process starts
+	// and as it is about to exit, and exits.
+	script string
+}
+
+var (
+	kwokNode = benchNode{name: "kwok", image: "busybox:1.37", script: `date +%s%N; echo work; date +%s%N`}
+	// busybox's date has no %N: the node's image has stamp.
+	realNode   = benchNode{name: "real-node", real: true, image: cluster.BusyboxImage, script: `stamp; echo work; stamp`}
+	benchNodes = []benchNode{kwokNode, realNode}
+)
 
 // BenchmarkSteps runs short tasks one after another on a local cluster two
 // ways in one run, alternating: (a) the floor, what a bare client-go
@@ -44,22 +59,28 @@ const benchScript = `date +%s%N; echo work; date +%s%N`
 // through its events. It reports p50 and p99 from submit (pod create) to
 // process start and from process exit to the exited event (the exec's
 // return), and jetway's ratios to the floor.
+//
+// It runs on kwok's node and on the real node, one after the other.
 func BenchmarkSteps(b *testing.B) {
-	for range b.N {
-		runStepsBench(b)
+	for _, node := range benchNodes {
+		b.Run(node.name, func(b *testing.B) {
+			for range b.N {
+				runStepsBench(b, node)
+			}
+		})
 	}
 }
 
-func runStepsBench(b *testing.B) {
+func runStepsBench(b *testing.B, node benchNode) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, restCfg, gw, stop := stepsGateway(ctx, b, "")
+	bed, gw, stop := stepsGateway(ctx, b, node, "")
 	defer stop()
 
 	var floor, jetway latencies
 	for i := range benchSteps {
-		floor.add(b, floorStep(ctx, b, c, restCfg, fmt.Sprintf("floor-%d", i)))
-		jetway.add(b, jetwayStep(ctx, b, gw.base, fmt.Sprintf("jetway-%d", i)))
+		floor.add(b, bed.floorStep(ctx, b, fmt.Sprintf("floor-%d", i)))
+		jetway.add(b, jetwayStep(ctx, b, node, gw.base, fmt.Sprintf("jetway-%d", i)))
 	}
 	floor.report(b, "floor")
 	jetway.report(b, "jetway")
@@ -74,29 +95,41 @@ func runStepsBench(b *testing.B) {
 // of its kubeconfig in the gateway's targets dir.
 const stepsTarget = "steps"
 
-// stepsBed is a local cluster with its step kubelet, a target on it
-// (namespace bench-steps) and a state namespace (bench-state), for any
-// number of gateways sharing them.
+// stepsBed is a local cluster (kwok's with its step kubelet, or the real
+// node's), a target on it (namespace bench-steps) and a state namespace
+// (bench-state), for any number of gateways sharing them.
 type stepsBed struct {
+	node       benchNode
 	c          *cluster.Cluster
 	restCfg    *rest.Config
 	dir        string
 	bin        string
-	stateFlags []string
+	stateFlags []string // and the step agent's image on the real node
 	stop       func()
 }
 
-func newStepsBed(ctx context.Context, b *testing.B) *stepsBed {
-	c := cluster.ForTest(b, 1)[0]
-	agent := buildStepAgent(b)
-	kctx, stopKubelet := context.WithCancel(ctx)
-	var kwg sync.WaitGroup
-	kwg.Go(func() {
-		if err := c.RunStepPods(kctx, agent); err != nil {
-			b.Error(err)
+func newStepsBed(ctx context.Context, b *testing.B, node benchNode) *stepsBed {
+	bed := &stepsBed{node: node, dir: b.TempDir(), bin: buildGateway(b), stop: func() {}}
+	if node.real {
+		c, err := cluster.Start(ctx, cluster.Options{Name: "bench-real", RealNode: true})
+		if err != nil {
+			b.Fatal(err)
 		}
-	})
-	bed := &stepsBed{c: c, dir: b.TempDir(), bin: buildGateway(b), stop: func() { stopKubelet(); kwg.Wait() }}
+		b.Cleanup(c.Stop)
+		bed.c = c
+	} else {
+		bed.c = cluster.ForTest(b, 1)[0]
+		agent := buildStepAgent(b)
+		kctx, stopKubelet := context.WithCancel(ctx)
+		var kwg sync.WaitGroup
+		kwg.Go(func() {
+			if err := bed.c.RunStepPods(kctx, agent); err != nil {
+				b.Error(err)
+			}
+		})
+		bed.stop = func() { stopKubelet(); kwg.Wait() }
+	}
+	c := bed.c
 	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps", Rules: targets.RBACRules(targets.Required)})
 	if err != nil {
 		b.Fatal(err)
@@ -110,6 +143,9 @@ func newStepsBed(ctx context.Context, b *testing.B) *stepsBed {
 		b.Fatal(err)
 	}
 	bed.stateFlags = []string{"--state-kubeconfig", stateFile, "--state-namespace", "bench-state"}
+	if node.real {
+		bed.stateFlags = append(bed.stateFlags, "--step-agent-image", c.NodeImage("step-agent-image.tar"))
+	}
 	if err := os.MkdirAll(filepath.Join(bed.dir, stepsTarget), 0o700); err != nil {
 		b.Fatal(err)
 	}
@@ -139,14 +175,13 @@ func (bed *stepsBed) gateway(b *testing.B, token string, flags ...string) *gatew
 	return gw
 }
 
-// stepsGateway starts a local cluster's step kubelet, a target on it
-// (namespace bench-steps) and a gateway over it with flags, and waits for
-// the target to run. token is a team's or an admin's, for flags that name
-// an --auth-tokens-file; "" for none.
-func stepsGateway(ctx context.Context, b *testing.B, token string, flags ...string) (*cluster.Cluster, *rest.Config, *gatewayProc, func()) {
-	bed := newStepsBed(ctx, b)
+// stepsGateway starts a steps bed on node and a gateway over it with
+// flags, and waits for the target to run. token is a team's or an
+// admin's, for flags that name an --auth-tokens-file; "" for none.
+func stepsGateway(ctx context.Context, b *testing.B, node benchNode, token string, flags ...string) (*stepsBed, *gatewayProc, func()) {
+	bed := newStepsBed(ctx, b, node)
 	gw := bed.gateway(b, token, flags...)
-	return bed.c, bed.restCfg, gw, func() { gw.stop(b); bed.stop() }
+	return bed, gw, func() { gw.stop(b); bed.stop() }
 }
 
 // sample is one task's latencies; made is jetway's alone: from the
@@ -193,7 +228,7 @@ func (l *latencies) report(b *testing.B, name string) {
 	}
 }
 
-// stamps reads the two times benchScript prints.
+// stamps reads the two times a benchNode's script prints.
 func stamps(b *testing.B, name, out string) (time.Time, time.Time) {
 	f := strings.Fields(out)
 	if len(f) != 3 {
@@ -212,12 +247,13 @@ func stamps(b *testing.B, name, out string) (time.Time, time.Time) {
 // floorStep: create a pod, wait for Running with a watch, exec with
 // client-go (retrying while the node does not take execs yet, as jetway
 // does), delete the pod.
-func floorStep(ctx context.Context, b *testing.B, c *cluster.Cluster, cfg *rest.Config, name string) sample {
+func (bed *stepsBed) floorStep(ctx context.Context, b *testing.B, name string) sample {
+	c, cfg := bed.c, bed.restCfg
 	labels := ownership.Labels("steps", "bench")
 	labels[steps.HandleLabel] = name
 	labels[targets.StepTypeLabel] = "task"
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench-steps", Labels: labels},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "busybox:1.37"}}}}
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: bed.node.image, Command: []string{"sleep", "3600"}}}}}
 	pods := c.Client.CoreV1().Pods("bench-steps")
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 	if err != nil {
@@ -236,7 +272,7 @@ func floorStep(ctx context.Context, b *testing.B, c *cluster.Cluster, cfg *rest.
 	var out bytes.Buffer
 	for {
 		out.Reset()
-		err = execOnce(ctx, cfg, name, &out)
+		err = execOnce(ctx, cfg, name, bed.node.script, &out)
 		// A kwok node sometimes answers a first exec with nothing at all
 		// (seen: nil error, empty output); try again, as for an error.
 		if err == nil && len(strings.Fields(out.String())) == 3 || ctx.Err() != nil {
@@ -249,17 +285,18 @@ func floorStep(ctx context.Context, b *testing.B, c *cluster.Cluster, cfg *rest.
 		b.Fatal(err)
 	}
 	started, exiting := stamps(b, name, out.String())
-	_ = pods.Delete(ctx, name, metav1.DeleteOptions{})
+	zero := int64(0) // sleep, the pod's first process, ignores TERM
+	_ = pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	return sample{start: started.Sub(submit), exit: returned.Sub(exiting)}
 }
 
-func execOnce(ctx context.Context, cfg *rest.Config, pod string, out *bytes.Buffer) error {
+func execOnce(ctx context.Context, cfg *rest.Config, pod, script string, out *bytes.Buffer) error {
 	client, err := rest.RESTClientFor(withCore(cfg))
 	if err != nil {
 		return err
 	}
 	req := client.Post().Namespace("bench-steps").Resource("pods").Name(pod).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: "step", Command: []string{"sh", "-c", benchScript}, Stdout: true, Stderr: true},
+		VersionedParams(&corev1.PodExecOptions{Container: "step", Command: []string{"sh", "-c", script}, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
@@ -284,14 +321,14 @@ func withCore(cfg *rest.Config) *rest.Config {
 }
 
 // jetwayStep submits the task to the gateway and follows its events.
-func jetwayStep(ctx context.Context, b *testing.B, base, handle string) sample {
+func jetwayStep(ctx context.Context, b *testing.B, node benchNode, base, handle string) sample {
 	c, err := client.New(client.Options{URL: base})
 	if err != nil {
 		b.Fatal(err)
 	}
 	submit := time.Now()
-	if _, created, err := c.SubmitStep(ctx, steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", benchScript}}}); err != nil || !created {
+	if _, created, err := c.SubmitStep(ctx, steps.Request{Handle: handle, Type: "task", Image: node.image,
+		Run: steps.Run{Path: "sh", Args: []string{"-c", node.script}}}); err != nil || !created {
 		b.Fatalf("submit %s: created %v, %v", handle, created, err)
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/steps/"+handle+"/events", nil)

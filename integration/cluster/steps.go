@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
 
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
@@ -84,6 +87,8 @@ func (c *Cluster) RunStepPods(ctx context.Context, agentBin string) error {
 		k.teardown(p)
 		delete(k.pods, key)
 	}
+	k.errMu.Lock()
+	defer k.errMu.Unlock()
 	return errors.Join(k.errs...)
 }
 
@@ -99,7 +104,9 @@ type stepKubelet struct {
 
 	mu   sync.Mutex
 	pods map[string]*stepPod // by namespace/name
-	errs []error
+
+	errMu sync.Mutex
+	errs  []error
 }
 
 // stepPod is what the kubelet set up for one pod.
@@ -108,6 +115,8 @@ type stepPod struct {
 	uid             types.UID
 	root            string
 	sidecar         *volumes.Server
+	cancel          context.CancelFunc // stops making the Exec
+	execMade        chan struct{}      // closed once the Exec is made, or given up
 }
 
 func (k *stepKubelet) sync(ctx context.Context, obj any) {
@@ -130,9 +139,7 @@ func (k *stepKubelet) sync(ctx context.Context, obj any) {
 	}
 	p, err := k.setup(ctx, pod)
 	if err != nil {
-		err = fmt.Errorf("step kubelet %s: set up pod %s: %w", k.c.Name, key, err)
-		fmt.Fprintln(os.Stderr, err)
-		k.errs = append(k.errs, err)
+		k.fail(fmt.Errorf("step kubelet %s: set up pod %s: %w", k.c.Name, key, err))
 	}
 	if p != nil {
 		k.pods[key] = p
@@ -172,9 +179,6 @@ func (k *stepKubelet) setup(ctx context.Context, pod *corev1.Pod) (*stepPod, err
 			return p, fmt.Errorf("install agent: %w", err)
 		}
 	}
-	if err := k.createExec(ctx, p); err != nil {
-		return p, err
-	}
 	sidecar, err := volumes.Start(p.root)
 	if err != nil {
 		return p, fmt.Errorf("start volume sidecar: %w", err)
@@ -183,7 +187,84 @@ func (k *stepKubelet) setup(ctx context.Context, pod *corev1.Pod) (*stepPod, err
 	if err := k.c.ForwardPodPort(ctx, p.namespace, p.name, stepagent.VolumePort, "127.0.0.1", sidecar.Port()); err != nil {
 		return p, err
 	}
+	// kwok sees a new PortForward a moment later (~230 ms, seconds on a
+	// busy machine), and until then a port-forward fails "no forward
+	// found"; a real kubelet forwards as soon as the sidecar listens. The
+	// Exec is made once the forward works, so that a gateway, whose first
+	// exec into the pod waits for it, never streams into the pod before.
+	pctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	p.execMade = make(chan struct{})
+	go func() {
+		defer close(p.execMade)
+		err := k.c.awaitForward(pctx, p.namespace, p.name, stepagent.VolumePort)
+		if err == nil {
+			err = k.createExec(pctx, p)
+		}
+		if err != nil && pctx.Err() == nil {
+			k.fail(fmt.Errorf("step kubelet %s: set up pod %s/%s: %w", k.c.Name, p.namespace, p.name, err))
+		}
+	}()
 	return p, nil
+}
+
+func (k *stepKubelet) fail(err error) {
+	fmt.Fprintln(os.Stderr, err)
+	k.errMu.Lock()
+	defer k.errMu.Unlock()
+	k.errs = append(k.errs, err)
+}
+
+// awaitForward waits until a port-forward through the API server to the
+// pod's port reaches what listens there: an HTTP request through it gets
+// an answer.
+func (c *Cluster) awaitForward(ctx context.Context, namespace, pod string, port int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cfg := c.AdminConfig()
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		return err
+	}
+	url := c.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(namespace).Name(pod).SubResource("portforward").URL()
+	try := func() error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, url)
+		conn, _, err := dialer.Dial(portforward.PortForwardProtocolV1Name)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		go func() { <-ctx.Done(); conn.Close() }()
+		h := http.Header{}
+		h.Set(corev1.StreamType, corev1.StreamTypeError)
+		h.Set(corev1.PortHeader, strconv.Itoa(port))
+		h.Set(corev1.PortForwardRequestIDHeader, "0")
+		errStream, err := conn.CreateStream(h)
+		if err != nil {
+			return err
+		}
+		errStream.Close()
+		h.Set(corev1.StreamType, corev1.StreamTypeData)
+		data, err := conn.CreateStream(h)
+		if err != nil {
+			return err
+		}
+		if _, err := io.WriteString(data, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		answer, _ := io.ReadAll(io.LimitReader(data, 12))
+		if !strings.HasPrefix(string(answer), "HTTP/") {
+			msg, _ := io.ReadAll(io.LimitReader(errStream, 1024))
+			return fmt.Errorf("port-forward to %s/%s:%d: no answer (%s)", namespace, pod, port, msg)
+		}
+		return nil
+	}
+	return poll(ctx, nil, "port-forward to "+namespace+"/"+pod, func(context.Context) (bool, error) {
+		err := try()
+		return err == nil, err
+	})
 }
 
 // createExec makes pods/exec into the step container run locally in root.
@@ -213,6 +294,10 @@ func (k *stepKubelet) createExec(ctx context.Context, p *stepPod) error {
 // teardown does what a kubelet does when a pod goes: kill its processes,
 // then free what stood in for its containers and volumes.
 func (k *stepKubelet) teardown(p *stepPod) {
+	if p.cancel != nil {
+		p.cancel()
+		<-p.execMade
+	}
 	killStepProcesses(p.root)
 	if p.sidecar != nil {
 		_ = p.sidecar.Kill()

@@ -48,6 +48,8 @@ type options struct {
 	// dirs are absolute paths of empty folders, writable by everyone with
 	// the sticky bit (/tmp).
 	dirs []string
+	// files are more files: SRC:DEST, read-only and executable for all.
+	files []string
 }
 
 func main() {
@@ -73,6 +75,13 @@ func main() {
 	})
 	flag.Func("dir", "absolute path of an empty folder writable by all, sticky (mode 1777), such as /tmp; repeat for more", func(s string) error {
 		o.dirs = append(o.dirs, s)
+		return nil
+	})
+	flag.Func("file", "another file, SRC:DEST with DEST absolute, read-only and executable for all; repeat for more", func(s string) error {
+		if src, dest, ok := strings.Cut(s, ":"); !ok || src == "" || !path.IsAbs(dest) {
+			return fmt.Errorf("want SRC:DEST with DEST absolute, got %q", s)
+		}
+		o.files = append(o.files, s)
 		return nil
 	})
 	o.created = epoch
@@ -187,8 +196,9 @@ func allAbs(paths []string) bool {
 	return true
 }
 
-// layerOf is a tar holding the binary, read-only and executable for all,
-// the links to it and the folders, owned by root, at the fixed epoch.
+// layerOf is a tar holding the binary and the other files, read-only and
+// executable for all, the links to the binary and the folders, owned by
+// root, at the fixed epoch.
 func layerOf(o options, content []byte) ([]byte, error) {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
@@ -210,6 +220,19 @@ func layerOf(o options, content []byte) ([]byte, error) {
 	}
 	if _, err := tw.Write(content); err != nil {
 		return nil, err
+	}
+	for _, f := range o.files {
+		src, dest, _ := strings.Cut(f, ":")
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return nil, err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel(dest), Mode: 0o555, Size: int64(len(b)), ModTime: epoch}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(b); err != nil {
+			return nil, err
+		}
 	}
 	for _, l := range o.links {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: rel(l), Linkname: path.Clean(o.path), Mode: 0o777, ModTime: epoch}); err != nil {
