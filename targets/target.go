@@ -140,7 +140,9 @@ func (t *Target) Run(ctx context.Context) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", t.RecordName).String()
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { t.pods.Run(ctx, "pods of "+t.Name(), watchcache.ListWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{}) })
+	wg.Go(func() {
+		t.pods.Run(ctx, "pods of "+t.Name(), watchcache.ListWatch(t.Core.Pods(ns), bySelector), &corev1.Pod{})
+	})
 	wg.Go(func() {
 		t.record.Run(ctx, "lifecycle of "+t.Name(), watchcache.ListWatch(t.Core.ConfigMaps(ns), byName), &corev1.ConfigMap{})
 	})
