@@ -319,3 +319,43 @@ func TestRealNodePodFailures(t *testing.T) {
 		assert.Equal(t, "PodDeleted", last.Reason, "%+v", last)
 	})
 }
+
+// TestRealNodeResources: check, get and put through a resource type's
+// scripts in a real image (/opt/resource of the node's busybox image), and
+// checks in a warm sandbox, whose session the agent's daemon serves over
+// a real exec: the second check reuses the first's pod.
+func TestRealNodeResources(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-res", gatewayOptions{})
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	source := map[string]string{"uri": "git://x"}
+	res := func(handle string) client.ResourceStep {
+		return client.ResourceStep{Handle: handle, Image: cluster.BusyboxImage, Source: source}
+	}
+
+	var pods []string
+	for _, handle := range []string{"warm-1", "warm-2"} {
+		r := res(handle)
+		r.ReuseKey = "repo"
+		versions, err := c.CheckResource(ctx, r)
+		require.NoError(t, err)
+		assert.Equal(t, []client.Version{{"ref": "a"}, {"ref": "b"}}, versions)
+		pods = append(pods, g.step(t, handle).Pod)
+	}
+	assert.Equal(t, pods[0], pods[1], "the second check ran in the first's sandbox")
+
+	fetched, err := c.GetResource(ctx, func() client.ResourceStep { r := res("get"); r.Version = client.Version{"ref": "b"}; return r }())
+	require.NoError(t, err)
+	assert.Equal(t, client.Version{"ref": "b"}, fetched.Version)
+	assert.Equal(t, []client.MetadataField{{Name: "author", Value: "me"}}, fetched.Metadata)
+	var log strings.Builder
+	put := res("put")
+	put.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Step: "get", Output: "resource"}}}
+	put.OnEvent = func(e steps.Event) { log.WriteString(e.Data) }
+	pushed, err := c.PutResource(ctx, put)
+	require.NoError(t, err)
+	assert.Equal(t, client.Version{"ref": "c"}, pushed.Version)
+	assert.Contains(t, log.String(), "and fetched", "put read what get wrote, streamed between real pods")
+}
