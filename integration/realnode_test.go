@@ -106,6 +106,23 @@ func TestRealNodeTasks(t *testing.T) {
 		const sysAdmin = 1 << 21
 		assert.Zero(t, capEff&sysAdmin, "not privileged: no CAP_SYS_ADMIN (%x)", capEff)
 		assert.Equal(t, "0", strings.Fields(statusField(t, status, "Uid"))[0], "the image's user, root")
+
+		// The agent's containers (its image has no shell) as the host
+		// sees their first process: the restricted profile.
+		pod := g.step(t, "status").Pod
+		for _, container := range []string{steps.SidecarContainer} {
+			status, err := realNode.ContainerProcess(ctx, "rn-tasks", pod, container, "status")
+			require.NoError(t, err)
+			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Uid"))[0], container)
+			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Gid"))[0], container)
+			assert.Equal(t, "1", statusField(t, status, "NoNewPrivs"), container)
+			assert.Equal(t, "0000000000000000", statusField(t, status, "CapEff"), container+": every capability dropped")
+			assert.Equal(t, "0000000000000000", statusField(t, status, "CapBnd"), container)
+			assert.Equal(t, "2", statusField(t, status, "Seccomp"), container+": the runtime's seccomp filter")
+			mounts, err := realNode.ContainerProcess(ctx, "rn-tasks", pod, container, "mountinfo")
+			require.NoError(t, err)
+			assert.Regexp(t, `(?m)^\S+ \S+ \S+ \S+ / ro[, ]`, mounts, container+": a read-only root")
+		}
 	})
 }
 

@@ -742,3 +742,37 @@ func tarFile(r io.Reader, name string) ([]byte, error) {
 		}
 	}
 }
+
+// ContainerProcess reads /proc/<pid>/<file> of the first process of a
+// container of a pod on the real node, as the node's host sees it: what
+// is in effect for a container that has no shell to print it (the step
+// agent's).
+func (c *Cluster) ContainerProcess(ctx context.Context, namespace, pod, container, file string) (string, error) {
+	if c.node == nil {
+		return "", errors.New("not a real node")
+	}
+	p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	var id string
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			_, id, _ = strings.Cut(cs.ContainerID, "://")
+		}
+	}
+	if id == "" {
+		return "", fmt.Errorf("pod %s/%s has no container %s running", namespace, pod, container)
+	}
+	out, err := c.node.ctr(ctx, "tasks", "ls")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
+			b, err := os.ReadFile(filepath.Join("/proc", f[1], file))
+			return string(b), err
+		}
+	}
+	return "", fmt.Errorf("container %s of %s/%s (%s) has no task", container, namespace, pod, id)
+}
