@@ -9,23 +9,41 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/sync/errgroup"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )
 
 // clusters are shared by every test of the package: starting a control
 // plane costs seconds, and tests work in namespaces of their own.
-// realNode is the cluster whose one node is a real kubelet with
-// containerd and runc (realnode_test.go).
+var clusters []*cluster.Cluster
+
+// The cluster whose one node is a real kubelet with containerd and runc
+// (realnode_test.go), started by the first test that needs it
+// (startRealNode): one runs on a machine at a time, and it needs root,
+// which the kwok suites do not.
 var (
-	clusters []*cluster.Cluster
-	realNode *cluster.Cluster
+	realNodeOnce sync.Once
+	realNode     *cluster.Cluster
+	realNodeErr  error
 )
+
+// startRealNode is the real node's cluster, started on first use.
+func startRealNode(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	realNodeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cluster.StartupTimeout)
+		defer cancel()
+		realNode, realNodeErr = cluster.Start(ctx, cluster.Options{Name: "real", RealNode: true})
+	})
+	require.NoError(t, realNodeErr, "start the real node")
+	return realNode
+}
 
 func TestMain(m *testing.M) {
 	code := runMain(m)
@@ -45,23 +63,19 @@ func TestMain(m *testing.M) {
 func runMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), cluster.StartupTimeout)
 	defer cancel()
-	// Two clusters for most tests; the mesh's three gateways own one
-	// each. The real node starts beside them.
-	var g errgroup.Group
-	g.Go(func() (err error) {
-		clusters, err = cluster.StartN(ctx, 3, "it")
-		return err
-	})
-	g.Go(func() (err error) {
-		realNode, err = cluster.Start(ctx, cluster.Options{Name: "real", RealNode: true})
-		return err
-	})
-	err := g.Wait()
-	defer cluster.StopAll(append([]*cluster.Cluster{realNode}, clusters...))
+	// Two clusters for most tests; the mesh's three gateways own one each.
+	var err error
+	clusters, err = cluster.StartN(ctx, 3, "it")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1
 	}
+	defer cluster.StopAll(clusters)
+	defer func() {
+		if realNode != nil {
+			realNode.Stop()
+		}
+	}()
 	stopKubelets, err := startStepKubelets(clusters)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
@@ -73,8 +87,11 @@ func runMain(m *testing.M) int {
 		os.RemoveAll(filepath.Dir(builtBin))
 	}
 	if code != 0 {
-		for _, c := range append(clusters, realNode) {
+		for _, c := range clusters {
 			fmt.Fprintf(os.Stderr, "logs of cluster %s:\n%s\n", c.Name, c.Logs(30))
+		}
+		if realNode != nil {
+			fmt.Fprintf(os.Stderr, "logs of cluster %s:\n%s\n", realNode.Name, realNode.Logs(30))
 		}
 	}
 	return code

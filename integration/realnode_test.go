@@ -23,7 +23,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 )
 
-// The step suite on the real node (realNode): kubelet, containerd and
+// The step suite on the real node (startRealNode): kubelet, containerd and
 // runc run the step pods' containers, so what kwok could only stand in
 // for runs for real: the init container's copy of the agent, pid1, the
 // volume sidecar as 65532 with a read-only root, exec and port-forward
@@ -33,8 +33,9 @@ import (
 // owning it, with the step agent's image the node holds.
 func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOptions) *gateway {
 	t.Helper()
-	o.agentImage = realNode.NodeImage("step-agent-image.tar")
-	return targetGateway(ctx, t, realNode, name, "{}\n", o)
+	rn := startRealNode(t)
+	o.agentImage = rn.NodeImage("step-agent-image.tar")
+	return targetGateway(ctx, t, rn, name, "{}\n", o)
 }
 
 // nodeStep is a shell task in the node's busybox image.
@@ -59,6 +60,7 @@ func statusField(t *testing.T, status, field string) string {
 func TestRealNodeTasks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	rn := startRealNode(t)
 	g := nodeGateway(ctx, t, "rn-tasks", gatewayOptions{})
 
 	for _, code := range []int{0, 1, 42} {
@@ -86,7 +88,7 @@ func TestRealNodeTasks(t *testing.T) {
 	})
 
 	t.Run("image without a shell", func(t *testing.T) {
-		agent := realNode.NodeImage("step-agent-image.tar")
+		agent := rn.NodeImage("step-agent-image.tar")
 		g.run(t, steps.Request{Handle: "no-shell", Type: "task", Image: agent,
 			Run: steps.Run{Path: "/step-agent", Args: []string{"no-such-command"}}})
 		evs := g.stepEvents(ctx, t, "no-shell", "", 0)
@@ -111,7 +113,7 @@ func TestRealNodeTasks(t *testing.T) {
 		// sees their first process: the restricted profile.
 		pod := g.step(t, "status").Pod
 		for _, container := range []string{steps.SidecarContainer} {
-			status, err := realNode.ContainerProcess(ctx, "rn-tasks", pod, container, "status")
+			status, err := rn.ContainerProcess(ctx, "rn-tasks", pod, container, "status")
 			require.NoError(t, err)
 			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Uid"))[0], container)
 			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Gid"))[0], container)
@@ -119,7 +121,7 @@ func TestRealNodeTasks(t *testing.T) {
 			assert.Equal(t, "0000000000000000", statusField(t, status, "CapEff"), container+": every capability dropped")
 			assert.Equal(t, "0000000000000000", statusField(t, status, "CapBnd"), container)
 			assert.Equal(t, "2", statusField(t, status, "Seccomp"), container+": the runtime's seccomp filter")
-			mounts, err := realNode.ContainerProcess(ctx, "rn-tasks", pod, container, "mountinfo")
+			mounts, err := rn.ContainerProcess(ctx, "rn-tasks", pod, container, "mountinfo")
 			require.NoError(t, err)
 			assert.Regexp(t, `(?m)^\S+ \S+ \S+ \S+ / ro[, ]`, mounts, container+": a read-only root")
 		}
@@ -182,10 +184,11 @@ func TestRealNodeInputsAndOutputs(t *testing.T) {
 func TestRealNodeStepSurvivesACutExecAndARestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	rn := startRealNode(t)
 	dir := t.TempDir()
-	proxy := startCutProxy(t, strings.TrimPrefix(realNode.AdminConfig().Host, "https://"))
-	placeTarget(ctx, t, realNode, dir, "rn-cut", "{}\n", "https://"+proxy.ln.Addr().String())
-	o := gatewayOptions{agentImage: realNode.NodeImage("step-agent-image.tar")}
+	proxy := startCutProxy(t, strings.TrimPrefix(rn.AdminConfig().Host, "https://"))
+	placeTarget(ctx, t, rn, dir, "rn-cut", "{}\n", "https://"+proxy.ln.Addr().String())
+	o := gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar")}
 	g := startGateway(t, dir, o)
 	g.waitTarget(t, "rn-cut", 10*time.Second, running)
 	const lines = 60
@@ -280,6 +283,7 @@ func TestRealNodeAbortAndTimeout(t *testing.T) {
 func TestRealNodePodFailures(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	rn := startRealNode(t)
 	g := nodeGateway(ctx, t, "rn-fail", gatewayOptions{pullGrace: 5 * time.Second})
 
 	t.Run("oom killed", func(t *testing.T) {
@@ -331,7 +335,7 @@ func TestRealNodePodFailures(t *testing.T) {
 	t.Run("pod deleted", func(t *testing.T) {
 		g.run(t, nodeStep("deleted", "exec sleep 600"))
 		v := g.waitPhase(t, "deleted", steps.Running)
-		require.NoError(t, realNode.Client.CoreV1().Pods("rn-fail").Delete(ctx, v.Pod, metav1.DeleteOptions{}))
+		require.NoError(t, rn.Client.CoreV1().Pods("rn-fail").Delete(ctx, v.Pod, metav1.DeleteOptions{}))
 		last := g.endsWithin(ctx, t, "deleted", time.Now())
 		assert.Equal(t, "PodDeleted", last.Reason, "%+v", last)
 	})

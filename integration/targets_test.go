@@ -98,7 +98,7 @@ type gatewayOptions struct {
 	// steps.DefaultTargetGoneGrace.
 	targetGone time.Duration
 	// agentImage is the step agent's image in step pods; default one no
-	// kwok pod pulls. The real node's is realNode.NodeImage(...).
+	// kwok pod pulls. The real node's is its NodeImage("step-agent-image.tar").
 	agentImage string
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
