@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -449,6 +450,17 @@ func TestAgentCertificates(t *testing.T) {
 			" is an agent's (URI SAN urn:jetway:mesh:agent); a gateway needs a gateway certificate: gateway mesh issue without --agent\n")
 		assert.NotContains(t, out, "serving http")
 		assert.False(t, g.listed(t, "ac-wrong"))
+	})
+	t.Run("a gateway with a certificate that says nothing of what it is for", func(t *testing.T) {
+		dir := t.TempDir()
+		caFile := filepath.Join(dir, "ca.crt")
+		writeFile(t, caFile, ca.PEM)
+		certFile, keyFile := ca.IssueWith(t, dir, "ac-old", time.Now().Add(time.Hour), func(*x509.Certificate) {})
+		code, out := runGatewayCommand(ctx, t, "run", "--listen", "127.0.0.1:0", "--targets-dir", t.TempDir(), "--no-auth",
+			"--mesh-listen", "127.0.0.1:0", "--mesh-peers", g.meshAddr, "--mesh-ca", caFile, "--mesh-cert", certFile, "--mesh-key", keyFile)
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, out, "gateway: invalid configuration: mesh-cert: mesh: "+certFile+`: certificate of "ac-old" has no role URI`)
+		assert.NotContains(t, out, "serving http")
 	})
 	t.Run("an agent announcing other targets", func(t *testing.T) {
 		// ac-rogue announces itself, a target the gateway owns, and one more.

@@ -447,6 +447,30 @@ func TestStrangersAreRefusedAndSeeNoTarget(t *testing.T) {
 	}
 }
 
+// A peer presenting a certificate that does not say what it is for is
+// refused and counted by its reason.
+func TestBadCertificatesAreCounted(t *testing.T) {
+	c := newCA(t, "mesh-ca")
+	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
+	for name, tt := range badCertificates {
+		t.Run(name, func(t *testing.T) {
+			before := testutil.ToFloat64(hub.metrics.handshakes.WithLabelValues(tt.reason))
+			cfg := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, NextProtos: []string{alpnSession},
+				Certificates: []tls.Certificate{presentingWith(t, c, "odd", tt.change)}}
+			conn, err := tls.Dial("tcp", hub.Addr().String(), cfg)
+			if err == nil {
+				_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the refusal comes as an alert
+				conn.Close()
+			}
+			assert.Error(t, err)
+			eventually(t, hub, "the refusal counted", func() bool {
+				return testutil.ToFloat64(hub.metrics.handshakes.WithLabelValues(tt.reason)) == before+1
+			})
+			assert.Empty(t, hub.Peers())
+		})
+	}
+}
+
 func TestALostPeerRedialsAndItsTargetsStallMeanwhile(t *testing.T) {
 	c := newCA(t, "mesh-ca")
 	var mu sync.Mutex

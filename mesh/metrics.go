@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"state"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_mesh_handshake_failures_total",
-			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, bad-role: a certificate with both role URIs or an unknown one, tls, version, hello, wrong-kind: a hello of another kind than its certificate, or an agent meeting an agent, yamux, bulk: a bulk connection naming no session of its dialer).",
+			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, key-usage: a certificate not for both TLS client and server auth, no-role: one without a role URI, bad-role: one with both role URIs or an unknown one, tls, version, hello, wrong-kind: a hello of another kind than its certificate, or an agent meeting an agent, yamux, bulk: a bulk connection naming no session of its dialer).",
 		}, []string{"reason"}),
 		malformedFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_mesh_malformed_frames_total",

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -50,20 +51,29 @@ const (
 	// RefusedBadRole is a certificate with both role URIs, or a role URI
 	// this version does not know (certKind).
 	RefusedBadRole = "bad-role"
+	// RefusedNoRole is a certificate with no role URI: it does not say
+	// what it is for, and a member never guesses.
+	RefusedNoRole = "no-role"
+	// RefusedKeyUsage is a certificate not for both TLS client and server
+	// authentication: every member dials and accepts.
+	RefusedKeyUsage = "key-usage"
 )
 
 // Role URIs: a certificate's URI SAN says which kind of member it is for
-// (docs/mesh.md, "TLS"). A certificate with none is a gateway's: those
-// issued before agents joined the mesh carry none.
+// (docs/mesh.md, "TLS"); a certificate without one is refused.
 const (
 	rolePrefix  = "urn:jetway:mesh:"
 	roleGateway = rolePrefix + KindGateway
 	roleAgent   = rolePrefix + KindAgent
 )
 
+// errNoRole is a certificate without a role URI.
+var errNoRole = errors.New("no role URI")
+
 // certKind is the kind of member a certificate is for: KindAgent with the
-// agent's role URI, KindGateway with the gateway's or none. Both, or any
-// other URI under rolePrefix, is an error: a member never guesses a role.
+// agent's role URI, KindGateway with the gateway's. None (errNoRole),
+// both, or any other URI under rolePrefix, is an error: a member never
+// guesses a role.
 func certKind(c *x509.Certificate) (string, error) {
 	var roles []string
 	for _, u := range c.URIs {
@@ -73,7 +83,8 @@ func certKind(c *x509.Certificate) (string, error) {
 	}
 	switch {
 	case len(roles) == 0:
-		return KindGateway, nil
+		return "", fmt.Errorf("certificate of %q has %w: it must say what it is for with %s (a gateway) or %s (an agent); gateway mesh issue writes one",
+			certName(c), errNoRole, roleGateway, roleAgent)
 	case len(roles) == 1 && roles[0] == roleGateway:
 		return KindGateway, nil
 	case len(roles) == 1 && roles[0] == roleAgent:
@@ -220,6 +231,9 @@ func (id *Identity) load(now [3]stamp) error {
 	}
 	name := certName(cert.Leaf)
 	kind, err := certKind(cert.Leaf)
+	if err == nil {
+		err = bothAuthUsages(cert.Leaf)
+	}
 	switch {
 	case name == "":
 		return fmt.Errorf("mesh: certificate %s names no one (no common name or DNS name)", id.certFile)
@@ -326,10 +340,38 @@ func verifyChain(chain []*x509.Certificate, pool *x509.CertPool, now time.Time) 
 	case certName(leaf) == "":
 		return &RefusedError{RefusedNoName, errors.New("the peer's certificate names no one")}
 	}
-	if _, err := certKind(leaf); err != nil {
+	if err := bothAuthUsages(leaf); err != nil {
+		return &RefusedError{RefusedKeyUsage, err}
+	}
+	if _, err := certKind(leaf); errors.Is(err, errNoRole) {
+		return &RefusedError{RefusedNoRole, err}
+	} else if err != nil {
 		return &RefusedError{RefusedBadRole, err}
 	}
 	return nil
+}
+
+// bothAuthUsages checks that a member's certificate is for TLS client and
+// server authentication alike, by its extended key usages (not "any").
+func bothAuthUsages(c *x509.Certificate) error {
+	if slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageClientAuth) && slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
+		return nil
+	}
+	return fmt.Errorf("certificate of %q is not for both TLS client and server authentication (its extended key usages: %s); every member dials and accepts: gateway mesh issue writes both",
+		certName(c), usageNames(c.ExtKeyUsage))
+}
+
+func usageNames(us []x509.ExtKeyUsage) string {
+	if len(us) == 0 {
+		return "none"
+	}
+	names := map[x509.ExtKeyUsage]string{x509.ExtKeyUsageAny: "any", x509.ExtKeyUsageServerAuth: "serverAuth",
+		x509.ExtKeyUsageClientAuth: "clientAuth", x509.ExtKeyUsageCodeSigning: "codeSigning", x509.ExtKeyUsageEmailProtection: "emailProtection"}
+	var out []string
+	for _, u := range us {
+		out = append(out, cmp.Or(names[u], fmt.Sprintf("usage %d", u)))
+	}
+	return strings.Join(out, ", ")
 }
 
 // PeerName is the verified peer's mesh name of a finished handshake.

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -265,12 +266,11 @@ func TestACertificatesRoleIsItsKind(t *testing.T) {
 		kind string
 		err  string
 	}{
-		"none: issued before agents": {kind: KindGateway},
-		"a gateway's":                {uris: []string{roleGateway}, kind: KindGateway},
-		"an agent's":                 {uris: []string{roleAgent}, kind: KindAgent},
-		"another URI besides":        {uris: []string{"spiffe://ci/agent", roleAgent}, kind: KindAgent},
-		"both":                       {uris: []string{roleGateway, roleAgent}, err: `has role URIs urn:jetway:mesh:gateway, urn:jetway:mesh:agent; want one of`},
-		"one it does not know":       {uris: []string{"urn:jetway:mesh:robot"}, err: `has role URIs urn:jetway:mesh:robot; want one of`},
+		"a gateway's":          {uris: []string{roleGateway}, kind: KindGateway},
+		"an agent's":           {uris: []string{roleAgent}, kind: KindAgent},
+		"another URI besides":  {uris: []string{"spiffe://ci/agent", roleAgent}, kind: KindAgent},
+		"both":                 {uris: []string{roleGateway, roleAgent}, err: `has role URIs urn:jetway:mesh:gateway, urn:jetway:mesh:agent; want one of`},
+		"one it does not know": {uris: []string{"urn:jetway:mesh:robot"}, err: `has role URIs urn:jetway:mesh:robot; want one of`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			caFile, certFile, keyFile := mesh.Files(t, mesh, t.TempDir(), "m", time.Now().Add(time.Hour), tt.uris...)
@@ -281,6 +281,73 @@ func TestACertificatesRoleIsItsKind(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.kind, id.Kind())
+		})
+	}
+}
+
+// presentingWith is a certificate of c for name, with no URI SAN but what
+// change sets, as a peer presents it.
+func presentingWith(t *testing.T, c *ca, name string, change func(*x509.Certificate)) tls.Certificate {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(c.IssueWith(t, t.TempDir(), name, time.Now().Add(time.Hour), change))
+	require.NoError(t, err)
+	return pair
+}
+
+// withUsages gives a certificate the gateway's role URI and the extended
+// key usages us.
+func withUsages(us ...x509.ExtKeyUsage) func(*x509.Certificate) {
+	return func(c *x509.Certificate) {
+		c.URIs = []*url.URL{{Scheme: "urn", Opaque: "jetway:mesh:gateway"}}
+		c.ExtKeyUsage = us
+	}
+}
+
+// badCertificates are certificates of the mesh CA that do not say what
+// they are for: each is refused with its reason.
+var badCertificates = map[string]struct {
+	change      func(*x509.Certificate)
+	reason, msg string
+}{
+	"no role URI": {func(*x509.Certificate) {}, RefusedNoRole,
+		`certificate of "odd" has no role URI: it must say what it is for with urn:jetway:mesh:gateway (a gateway) or urn:jetway:mesh:agent (an agent)`},
+	"server auth alone": {withUsages(x509.ExtKeyUsageServerAuth), RefusedKeyUsage, notForBoth + "serverAuth)"},
+	"client auth alone": {withUsages(x509.ExtKeyUsageClientAuth), RefusedKeyUsage, notForBoth + "clientAuth)"},
+	"any usage":         {withUsages(x509.ExtKeyUsageAny), RefusedKeyUsage, notForBoth + "any)"},
+	"no usage":          {withUsages(), RefusedKeyUsage, notForBoth + "none)"},
+}
+
+const notForBoth = `certificate of "odd" is not for both TLS client and server authentication (its extended key usages: `
+
+// A certificate without a role URI, or not for both client and server
+// authentication, is refused at the handshake, dialing or listening, and
+// a member will not run with one.
+func TestCertificatesMustSayWhatTheyAreFor(t *testing.T) {
+	mesh := newCA(t, "mesh-ca")
+	b := issued(t, mesh, "gw-b", time.Now().Add(time.Hour))
+	for name, tt := range badCertificates {
+		t.Run(name, func(t *testing.T) {
+			cert := presentingWith(t, mesh, "odd", tt.change)
+			check := func(err error) {
+				t.Helper()
+				var refused *RefusedError
+				require.ErrorAs(t, err, &refused)
+				assert.Equal(t, tt.reason, refused.Reason)
+				assert.ErrorContains(t, err, tt.msg)
+			}
+			dialer := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}
+			_, serr, _, _ := handshakeWith(t, dialer, b.ServerConfig())
+			check(serr)
+			listener := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAnyClientCert}
+			cerr, _, _, _ := handshakeWith(t, b.ClientConfig(), listener)
+			check(cerr)
+
+			dir := t.TempDir()
+			caFile := filepath.Join(dir, "ca.crt")
+			require.NoError(t, os.WriteFile(caFile, mesh.PEM, 0o644))
+			certFile, keyFile := mesh.IssueWith(t, dir, "odd", time.Now().Add(time.Hour), tt.change)
+			_, err := LoadIdentity(caFile, certFile, keyFile)
+			assert.ErrorContains(t, err, "mesh: "+certFile+": "+tt.msg)
 		})
 	}
 }

@@ -40,14 +40,33 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// AgentURI is the URI SAN of an agent's certificate (mesh/tls.go); a
-// certificate without one is a gateway's.
-const AgentURI = "urn:jetway:mesh:agent"
+// The role URIs of members' certificates (mesh/tls.go): every member
+// certificate carries one.
+const (
+	GatewayURI = "urn:jetway:mesh:gateway"
+	AgentURI   = "urn:jetway:mesh:agent"
+)
 
 // Issue writes a certificate for name, valid until notAfter, with the URI
-// SANs uris (role URIs, such as AgentURI), and its key into dir, and
-// returns the files.
+// SANs uris (role URIs, such as AgentURI; GatewayURI when none), and its
+// key into dir, and returns the files.
 func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time, uris ...string) (certFile, keyFile string) {
+	t.Helper()
+	if len(uris) == 0 {
+		uris = []string{GatewayURI}
+	}
+	return c.IssueWith(t, dir, name, notAfter, func(tmpl *x509.Certificate) {
+		for _, u := range uris {
+			parsed, err := url.Parse(u)
+			check(t, err)
+			tmpl.URIs = append(tmpl.URIs, parsed)
+		}
+	})
+}
+
+// IssueWith is Issue of a certificate with no URI SAN that change may
+// alter first: a certificate a member must refuse, say.
+func (c *CA) IssueWith(t testing.TB, dir, name string, notAfter time.Time, change func(*x509.Certificate)) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	check(t, err)
@@ -57,11 +76,7 @@ func (c *CA) Issue(t testing.TB, dir, name string, notAfter time.Time, uris ...s
 		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		KeyUsage:    x509.KeyUsageDigitalSignature}
-	for _, u := range uris {
-		parsed, err := url.Parse(u)
-		check(t, err)
-		tmpl.URIs = append(tmpl.URIs, parsed)
-	}
+	change(tmpl)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	check(t, err)
 	kder, err := x509.MarshalECPrivateKey(key)
