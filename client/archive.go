@@ -3,12 +3,10 @@ package client
 import (
 	"archive/tar"
 	"compress/gzip"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -110,94 +108,26 @@ func tarEntry(tw *tar.Writer, root, file string, d fs.DirEntry) error {
 // name, "..", a link pointing out or a path through one), is an error
 // naming it.
 func Untar(r io.Reader, dir string) (int, error) {
+	return UntarLimited(r, dir, tarsafe.Limits{})
+}
+
+// UntarLimited is Untar within lim (zero fields: tarsafe's defaults): an
+// archive past a limit is a *tarsafe.LimitError naming the entry.
+func UntarLimited(r io.Reader, dir string, lim tarsafe.Limits) (int, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}
-	// Every write goes through root, which refuses to leave dir, even
-	// by a link that was there before.
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return 0, err
-	}
-	defer root.Close()
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return 0, fmt.Errorf("untar into %s: %w", dir, err)
 	}
-	tr := tar.NewReader(zr)
-	files := 0
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			// Read on to the gzip trailer, whose checksum covers it all.
-			if _, err = io.Copy(io.Discard, zr); err == nil {
-				return files, nil
-			}
-		}
-		if err != nil {
-			return files, fmt.Errorf("untar into %s: %w", dir, err)
-		}
-		if err := untarEntry(root, tr, hdr); err != nil {
-			return files, fmt.Errorf("untar %q into %s: %w", hdr.Name, dir, err)
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			files++
-		}
+	done, err := tarsafe.Extract(zr, dir, lim)
+	if err == nil {
+		// Read on to the gzip trailer, whose checksum covers it all.
+		_, err = io.Copy(io.Discard, zr)
 	}
-}
-
-func untarEntry(root *os.Root, r io.Reader, hdr *tar.Header) error {
-	if !filepath.IsLocal(hdr.Name) {
-		return errors.New("the name leaves the folder")
+	if err != nil {
+		return done.Files, fmt.Errorf("untar into %s: %w", dir, err)
 	}
-	name := path.Clean(hdr.Name)
-	perm := fs.FileMode(hdr.Mode).Perm()
-	switch hdr.Typeflag {
-	case tar.TypeDir:
-		if name == "." {
-			return nil // dir itself keeps its mode
-		}
-		if err := root.MkdirAll(name, 0o755); err != nil {
-			return err
-		}
-		// The owner keeps write access: the folder's entries come next.
-		return root.Chmod(name, perm|0o700)
-	case tar.TypeReg:
-		if err := replace(root, name); err != nil {
-			return err
-		}
-		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(f, r)
-		if err == nil {
-			err = f.Chmod(perm) // not narrowed by the umask
-		}
-		return errors.Join(err, f.Close())
-	case tar.TypeSymlink:
-		if hdr.Linkname == "" {
-			return errors.New("symbolic link without a target")
-		}
-		if !tarsafe.LinkInside(name, hdr.Linkname) {
-			return fmt.Errorf("symbolic link to %q leaves the folder", hdr.Linkname)
-		}
-		if err := replace(root, name); err != nil {
-			return err
-		}
-		return root.Symlink(hdr.Linkname, name)
-	}
-	return fmt.Errorf("type %q is not a regular file, directory or symbolic link", hdr.Typeflag)
-}
-
-// replace makes way for a new file or link at name: its folder exists and
-// nothing is at name, so the new one is never written through a link.
-func replace(root *os.Root, name string) error {
-	if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-		return err
-	}
-	if err := root.Remove(name); !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
+	return done.Files, nil
 }

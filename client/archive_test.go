@@ -16,6 +16,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
 // archiveTree writes nested folders, an empty one, an executable, links
@@ -135,68 +138,30 @@ func TestTarDirCloseStopsTheWriter(t *testing.T) {
 	goleak.VerifyNone(t)
 }
 
-// gzipTar builds a gzip-compressed tar of hdrs, each file holding "x".
-func gzipTar(t *testing.T, hdrs ...*tar.Header) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(zw)
-	for _, h := range hdrs {
-		if h.Typeflag == tar.TypeReg {
-			h.Size = 1
-		}
-		require.NoError(t, tw.WriteHeader(h))
-		if h.Typeflag == tar.TypeReg {
-			_, err := tw.Write([]byte("x"))
-			require.NoError(t, err)
-		}
-	}
-	require.NoError(t, tw.Close())
-	require.NoError(t, zw.Close())
-	return buf.Bytes()
-}
-
+// TestUntarRefusesWhatLeavesTheFolder: the hostile archives every
+// extractor refuses (tarsafetest), refused the same way here.
 func TestUntarRefusesWhatLeavesTheFolder(t *testing.T) {
-	outside := t.TempDir()
-	file := func(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644} }
-	link := func(name, to string) *tar.Header {
-		return &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: to}
-	}
-	for _, tc := range []struct {
-		name    string
-		before  func(dir string) // prepares dir
-		entries []*tar.Header
-		want    string
-	}{
-		{name: "dotdot", entries: []*tar.Header{file("../x")}, want: `"../x"`},
-		{name: "dotdot inside", entries: []*tar.Header{file("a/../../x")}, want: `"a/../../x"`},
-		{name: "absolute", entries: []*tar.Header{file(filepath.Join(outside, "x"))}, want: filepath.Join(outside, "x")},
-		{name: "link up", entries: []*tar.Header{link("a/l", "../../x")}, want: `"a/l"`},
-		{name: "link absolute", entries: []*tar.Header{link("l", outside)}, want: `"l"`},
-		{name: "link through link", entries: []*tar.Header{link("d/up", ".."), link("d/l", "up/..")}, want: `"d/l"`},
-		{name: "link without target", entries: []*tar.Header{link("l", "")}, want: `"l"`},
-		{name: "link then file", entries: []*tar.Header{link("a", outside), file("a/passwd")}, want: `"a"`},
-		{name: "relative link then file", entries: []*tar.Header{link("a", "../.."), file("a/passwd")}, want: `"a"`},
-		{
-			name:    "file through a link already there",
-			before:  func(dir string) { require.NoError(t, os.Symlink(outside, filepath.Join(dir, "a"))) },
-			entries: []*tar.Header{file("a/passwd")},
-			want:    `"a/passwd"`,
-		},
-		{name: "hard link", entries: []*tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "x"}}, want: `"h"`},
-		{name: "device", entries: []*tar.Header{{Name: "dev", Typeflag: tar.TypeChar}}, want: `"dev"`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			if tc.before != nil {
-				tc.before(dir)
+	for _, h := range tarsafetest.Hostiles {
+		t.Run(h.Name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			if h.Before != nil {
+				h.Before(t, dir, outside)
 			}
-			_, err := Untar(bytes.NewReader(gzipTar(t, tc.entries...)), dir)
-			assert.ErrorContains(t, err, tc.want)
+			_, err := Untar(bytes.NewReader(tarsafetest.GzipTar(t, h.Entries(outside)...)), dir)
+			assert.ErrorContains(t, err, h.Want)
 			entries, _ := os.ReadDir(outside)
 			assert.Empty(t, entries)
 		})
 	}
+}
+
+// TestUntarStopsAtItsLimit: a gzip bomb stops at the byte limit, naming
+// the limit and the entry.
+func TestUntarStopsAtItsLimit(t *testing.T) {
+	bomb := tarsafetest.Bomb(10<<10, 1<<20)
+	defer bomb.Close()
+	_, err := UntarLimited(bomb, t.TempDir(), tarsafe.Limits{Bytes: 8 << 20})
+	assert.ErrorContains(t, err, `tar entry "zeros/8" goes past the limit of 8388608 bytes an archive may write`)
 }
 
 func TestUntarReplacesALinkWithoutWritingThroughIt(t *testing.T) {
@@ -205,7 +170,7 @@ func TestUntarReplacesALinkWithoutWritingThroughIt(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.Symlink(victim, filepath.Join(dir, "l")))
 
-	n, err := Untar(bytes.NewReader(gzipTar(t, &tar.Header{Name: "l", Typeflag: tar.TypeReg, Mode: 0o644})), dir)
+	n, err := Untar(bytes.NewReader(tarsafetest.GzipTar(t, &tar.Header{Name: "l", Typeflag: tar.TypeReg, Mode: 0o644})), dir)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	b, _ := os.ReadFile(victim)
@@ -215,7 +180,7 @@ func TestUntarReplacesALinkWithoutWritingThroughIt(t *testing.T) {
 }
 
 func TestUntarRefusesATruncatedStream(t *testing.T) {
-	whole := gzipTar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})
+	whole := tarsafetest.GzipTar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})
 	_, err := Untar(bytes.NewReader(whole[:len(whole)-4]), t.TempDir())
 	assert.ErrorContains(t, err, "unexpected EOF")
 }

@@ -12,7 +12,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -50,7 +49,17 @@ type Server struct {
 	served   chan struct{} // closed when Serve returned
 	mu       sync.Mutex
 	killed   bool
+	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
 	handlers sync.WaitGroup
+}
+
+// SetLimits bounds what one stream-in may write into a volume (zero
+// fields: tarsafe's defaults); an archive past them is refused with a
+// 400 naming the limit and the entry, the volume left as it was.
+func (s *Server) SetLimits(l tarsafe.Limits) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limits = l
 }
 
 // Start serves on a new loopback port, storing volumes under root.
@@ -197,7 +206,10 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
-	if err := untar(body, tmp); err != nil {
+	s.mu.Lock()
+	limits := s.limits
+	s.mu.Unlock()
+	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
 		fail(w, http.StatusBadRequest, "stream-in: %v", err)
 		return
 	}
@@ -397,65 +409,6 @@ func writeTar(w io.Writer, root string) error {
 		return err
 	}
 	return tw.Close()
-}
-
-// untar extracts r into dir. A tar cut at an entry boundary ends like a
-// whole one, so truncation is caught by the encoding and HTTP framing
-// around it (see streamIn), never by the tar alone.
-func untar(r io.Reader, dir string) error {
-	// Files and links are made through root, which never leaves dir, even
-	// by a link made earlier in the stream.
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		path := filepath.Join(dir, filepath.FromSlash(hdr.Name))
-		if rel, err := filepath.Rel(dir, path); err != nil || strings.HasPrefix(rel, "..") {
-			return fmt.Errorf("tar entry %q leaves the volume", hdr.Name)
-		}
-		name := filepath.ToSlash(filepath.Clean(filepath.FromSlash(hdr.Name)))
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if !tarsafe.LinkInside(name, hdr.Linkname) {
-				return fmt.Errorf("tar entry %q links to %q, outside the volume", hdr.Name, hdr.Linkname)
-			}
-			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				return err
-			}
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				return err
-			}
-			f, err := root.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode)&0o777)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
 }
 
 // throttled writes at about rate bytes per second, until ctx ends.

@@ -1,7 +1,6 @@
 package volumes
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,9 +18,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// A refused stream-in answers before its body ended; net/http then
+// lingers on the connection for half a second (closeWriteAndWait) before
+// it closes it, after the server is gone.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("net/http.(*conn).closeWriteAndWait"))
+}
 
 func start(t *testing.T) (*Server, string) {
 	t.Helper()
@@ -187,25 +194,45 @@ func TestLinksCrossAsLinks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "../tool", link)
 
-	outside := t.TempDir()
-	for name, entries := range map[string][]*tar.Header{
-		"../../x": {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "../../x"}},
-		outside:   {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside}},
-		"up/..":   {{Name: "d/up", Typeflag: tar.TypeSymlink, Linkname: ".."}, {Name: "d/l", Typeflag: tar.TypeSymlink, Linkname: "up/.."}},
-	} {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for _, h := range entries {
-			require.NoError(t, tw.WriteHeader(h))
+}
+
+// TestStreamInRefusesHostileArchives: the hostile archives every
+// extractor refuses (tarsafetest), refused the same way by stream-in,
+// with a 400, leaving the volume as it was; and a gzip bomb stops at the
+// server's limit.
+func TestStreamInRefusesHostileArchives(t *testing.T) {
+	dst, dstURL := start(t)
+	volume(t, dstURL, "c")
+	kept := filepath.Join(dst.Path("c"), "kept")
+	require.NoError(t, os.WriteFile(kept, []byte("before"), 0o644))
+	for _, h := range tarsafetest.Hostiles {
+		if h.Before != nil {
+			continue // stream-in extracts into a new folder, never into what is there
 		}
-		require.NoError(t, tw.Close())
-		volume(t, dstURL, "c")
-		resp, body := do(t, http.MethodPut, dstURL+"/volumes/c/stream-in?path=in", nil, &buf)
-		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, name)
-		var answer struct{ Error string }
-		require.NoError(t, json.Unmarshal(body, &answer))
-		assert.Contains(t, answer.Error, `links to "`+name+`", outside the volume`)
-		entries, _ := os.ReadDir(outside)
-		assert.Empty(t, entries)
+		t.Run(h.Name, func(t *testing.T) {
+			outside := t.TempDir()
+			resp, body := do(t, http.MethodPut, dstURL+"/volumes/c/stream-in", nil, bytes.NewReader(tarsafetest.Tar(t, h.Entries(outside)...)))
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			var answer struct{ Error string }
+			require.NoError(t, json.Unmarshal(body, &answer))
+			assert.Contains(t, answer.Error, h.Want)
+			entries, _ := os.ReadDir(outside)
+			assert.Empty(t, entries)
+			b, err := os.ReadFile(kept)
+			require.NoError(t, err, "the volume is as it was")
+			assert.Equal(t, "before", string(b))
+		})
 	}
+	t.Run("bomb", func(t *testing.T) {
+		dst.SetLimits(tarsafe.Limits{Bytes: 8 << 20})
+		bomb := tarsafetest.Bomb(10<<10, 1<<20)
+		defer bomb.Close()
+		resp, body := do(t, http.MethodPut, dstURL+"/volumes/c/stream-in", map[string]string{"Content-Encoding": "gzip"}, bomb)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Contains(t, string(body), `tar entry \"zeros/8\" goes past the limit of 8388608 bytes an archive may write`)
+		b, err := os.ReadFile(kept)
+		require.NoError(t, err, "the volume is as it was")
+		assert.Equal(t, "before", string(b))
+	})
+
 }

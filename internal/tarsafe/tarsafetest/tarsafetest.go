@@ -1,0 +1,139 @@
+// Package tarsafetest holds the hostile archives every user of
+// tarsafe.Extract (the volume sidecar, the agent's volumes, the client)
+// must refuse the same way, and writers of archives for their tests.
+package tarsafetest
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+// Hostile is an archive an extractor must refuse, writing nothing
+// outside the folder it extracts into.
+type Hostile struct {
+	Name string
+	// Before prepares the folder extracted into, given a folder outside it.
+	Before  func(t testing.TB, dir, outside string)
+	Entries func(outside string) []*tar.Header
+	// Want is in the error: the entry, and why.
+	Want string
+}
+
+func file(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644} }
+func link(name, to string) *tar.Header {
+	return &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: to}
+}
+func entries(hs ...*tar.Header) func(string) []*tar.Header {
+	return func(string) []*tar.Header { return hs }
+}
+
+// Hostiles are the hostile archives.
+var Hostiles = []Hostile{
+	{Name: "dotdot", Entries: entries(file("../x")), Want: `tar entry "../x": the name leaves the folder`},
+	{Name: "dotdot inside", Entries: entries(file("a/../../x")), Want: `tar entry "a/../../x": the name leaves the folder`},
+	{Name: "absolute", Entries: func(out string) []*tar.Header { return []*tar.Header{file(filepath.Join(out, "x"))} },
+		Want: `: the name leaves the folder`},
+	{Name: "link up", Entries: entries(link("a/l", "../../x")), Want: `tar entry "a/l": symbolic link to "../../x" leaves the folder`},
+	{Name: "link absolute", Entries: func(out string) []*tar.Header { return []*tar.Header{link("l", out)} },
+		Want: `tar entry "l": symbolic link to "/`},
+	{Name: "link through link", Entries: entries(link("d/up", ".."), link("d/l", "up/..")),
+		Want: `tar entry "d/l": symbolic link to "up/.." leaves the folder`},
+	{Name: "link without target", Entries: entries(link("l", "")), Want: `tar entry "l": symbolic link without a target`},
+	{Name: "link then file", Entries: func(out string) []*tar.Header { return []*tar.Header{link("a", out), file("a/passwd")} },
+		Want: `tar entry "a": symbolic link to "/`},
+	{Name: "relative link then file", Entries: entries(link("a", "../.."), file("a/passwd")),
+		Want: `tar entry "a": symbolic link to "../.." leaves the folder`},
+	{
+		Name:    "file through a link already there",
+		Before:  func(t testing.TB, dir, out string) { check(t, os.Symlink(out, filepath.Join(dir, "a"))) },
+		Entries: entries(file("a/passwd")),
+		Want:    `tar entry "a/passwd": `,
+	},
+	{Name: "hard link", Entries: entries(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "x"}),
+		Want: `tar entry "h": type '1' is not a regular file, folder or symbolic link`},
+	{Name: "device", Entries: entries(&tar.Header{Name: "dev", Typeflag: tar.TypeChar}),
+		Want: `tar entry "dev": type '3' is not a regular file, folder or symbolic link`},
+	{Name: "fifo", Entries: entries(&tar.Header{Name: "p", Typeflag: tar.TypeFifo}),
+		Want: `tar entry "p": type '6' is not a regular file, folder or symbolic link`},
+}
+
+// Tar is a tar of hdrs; each regular file holds "x".
+func Tar(t testing.TB, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	check(t, writeTar(&buf, hdrs))
+	return buf.Bytes()
+}
+
+// GzipTar is Tar, gzip-compressed.
+func GzipTar(t testing.TB, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	check(t, writeTar(zw, hdrs))
+	check(t, zw.Close())
+	return buf.Bytes()
+}
+
+func writeTar(w io.Writer, hdrs []*tar.Header) error {
+	tw := tar.NewWriter(w)
+	for _, h := range hdrs {
+		h := *h
+		if h.Typeflag == tar.TypeReg {
+			h.Size = 1
+		}
+		if err := tw.WriteHeader(&h); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write([]byte("x")); err != nil {
+				return err
+			}
+		}
+	}
+	return tw.Close()
+}
+
+// Bomb streams a gzip-compressed tar of files files of size bytes of
+// zeros each (a few MiB say 10 GiB), made as it is read: what is not
+// read is never made. Close it when done.
+func Bomb(files int, size int64) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		zw, _ := gzip.NewWriterLevel(pw, gzip.BestSpeed)
+		tw := tar.NewWriter(zw)
+		zeros := make([]byte, 1<<20)
+		var err error
+		for i := 0; i < files && err == nil; i++ {
+			if err = tw.WriteHeader(&tar.Header{Name: "zeros/" + itoa(i), Typeflag: tar.TypeReg, Mode: 0o644, Size: size}); err != nil {
+				break
+			}
+			for left := size; left > 0 && err == nil; left -= int64(len(zeros)) {
+				_, err = tw.Write(zeros[:min(left, int64(len(zeros)))])
+			}
+		}
+		if err == nil {
+			err = tw.Close()
+		}
+		if err == nil {
+			err = zw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func check(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
