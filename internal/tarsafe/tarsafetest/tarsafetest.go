@@ -25,7 +25,9 @@ type Hostile struct {
 	Want string
 }
 
-func file(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644} }
+func file(name string) *tar.Header {
+	return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644}
+}
 func link(name, to string) *tar.Header {
 	return &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: to}
 }
