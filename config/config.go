@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/selection"
 )
 
@@ -73,6 +74,10 @@ type Config struct {
 	StepKillGrace   time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
 	ResourceDir     string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
 	CheckSandboxTTL time.Duration `mapstructure:"check-sandbox-ttl" help:"how long an idle check sandbox (the warm pod of checks with a reuse_key) is kept"`
+	// What one archive streamed into a step pod may write (its sidecar
+	// refuses more, naming the limit and the entry).
+	ExtractMaxBytes   Bytes `mapstructure:"extract-max-bytes" help:"bytes of file contents one archive streamed into a step's volume may write (32Gi, 500Mi); more is refused, naming the limit and the entry"`
+	ExtractMaxEntries int   `mapstructure:"extract-max-entries" help:"files, folders and links one archive streamed into a step's volume may write"`
 
 	// Step state (docs/steps.md, "Ownership"): where the installation's
 	// step records, gateway Leases and placer Lease live.
@@ -125,6 +130,9 @@ func Default() Config {
 		StepKillGrace:   10 * time.Second,
 		ResourceDir:     "/opt/resource",
 		CheckSandboxTTL: 10 * time.Minute,
+
+		ExtractMaxBytes:   Bytes(tarsafe.DefaultMaxBytes),
+		ExtractMaxEntries: tarsafe.DefaultMaxEntries,
 
 		MeshStallAfter: 30 * time.Second,
 
@@ -229,6 +237,12 @@ func (c Config) Validate() error {
 	}
 	if c.ImagePullGrace < 0 {
 		add("image-pull-grace", "must not be negative, got %s", c.ImagePullGrace)
+	}
+	if c.ExtractMaxBytes <= 0 {
+		add("extract-max-bytes", "must be positive, got %s", c.ExtractMaxBytes)
+	}
+	if c.ExtractMaxEntries <= 0 {
+		add("extract-max-entries", "must be positive, got %d", c.ExtractMaxEntries)
 	}
 	if !strings.HasPrefix(c.ResourceDir, "/") {
 		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)

@@ -93,6 +93,32 @@ func TestLoadReportsEveryBadKey(t *testing.T) {
 	assert.Contains(t, keys["lisen"], "unknown key")
 }
 
+// TestExtractLimits: a step pod's extract limits default to tarsafe's,
+// and must be positive.
+func TestExtractLimits(t *testing.T) {
+	c, err := load(t, nil, nil, "")
+	require.NoError(t, err)
+	assert.Equal(t, Bytes(32<<30), c.ExtractMaxBytes)
+	assert.Equal(t, 1<<20, c.ExtractMaxEntries)
+	c, err = load(t, []string{"--extract-max-bytes", "1Gi"}, map[string]string{"JETWAY_EXTRACT_MAX_ENTRIES": "5000"}, "")
+	require.NoError(t, err)
+	assert.Equal(t, Bytes(1<<30), c.ExtractMaxBytes)
+	c, err = load(t, nil, nil, "extract-max-bytes: 1073741824\n")
+	require.NoError(t, err)
+	assert.Equal(t, Bytes(1<<30), c.ExtractMaxBytes)
+	assert.Equal(t, 5000, c.ExtractMaxEntries)
+	_, err = load(t, []string{"--extract-max-bytes", "0"}, map[string]string{"JETWAY_EXTRACT_MAX_ENTRIES": "-1"}, "")
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	keys := map[string]string{}
+	for _, p := range cerr.Problems {
+		keys[p.Key] = p.Message
+	}
+	assert.Equal(t, map[string]string{"extract-max-bytes": "must be positive, got 0", "extract-max-entries": "must be positive, got -1"}, keys)
+	_, err = load(t, []string{"--extract-max-bytes", "lots"}, nil, "")
+	assert.ErrorContains(t, err, `extract-max-bytes: "lots" is not a size like 32Gi or 1073741824`)
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	RegisterFlags(fs)

@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/jetway-ci/jetway/selection"
 )
 
@@ -40,6 +42,8 @@ func RegisterFlags(fs *pflag.FlagSet) {
 			fs.StringSlice(f.key, v.Interface().([]string), f.help)
 		case selection.Chain:
 			fs.String(f.key, chainString(v.Interface().(selection.Chain)), f.help)
+		case Bytes:
+			fs.String(f.key, v.Interface().(Bytes).String(), f.help)
 		default:
 			panic(fmt.Sprintf("config: field %s has unsupported type %s", f.key, v.Type()))
 		}
@@ -143,12 +147,33 @@ func decode(dst reflect.Value, raw any) error {
 		val, err = toStrings(raw)
 	case selection.Chain:
 		val, err = toChain(raw)
+	case Bytes:
+		val, err = toBytes(raw)
 	}
 	if err != nil {
 		return err
 	}
 	dst.Set(reflect.ValueOf(val))
 	return nil
+}
+
+// Bytes is a size in bytes, given as a whole number or with a suffix as
+// Kubernetes quantities take them (64Mi, 32Gi, 1G).
+type Bytes int64
+
+// String is the size as a quantity: 32Gi.
+func (b Bytes) String() string { return resource.NewQuantity(int64(b), resource.BinarySI).String() }
+
+func toBytes(raw any) (Bytes, error) {
+	s, err := cast.ToStringE(raw)
+	if err != nil {
+		return 0, err
+	}
+	q, err := resource.ParseQuantity(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size like 32Gi or 1073741824", s)
+	}
+	return Bytes(q.Value()), nil
 }
 
 // toStrings accepts a YAML list or a comma-separated string (flags, env).

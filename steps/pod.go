@@ -3,6 +3,7 @@ package steps
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -49,6 +51,21 @@ type PodOptions struct {
 	// the pod and the volume sidecar runs it.
 	AgentImage   string
 	Installation string
+	// Extract bounds what one archive streamed into the pod's volumes may
+	// write (the sidecar's flags; zero fields: tarsafe's defaults).
+	Extract tarsafe.Limits
+}
+
+// sidecarCommand runs the volume sidecar with the pod's extract limits.
+func (o PodOptions) sidecarCommand() []string {
+	cmd := []string{"/step-agent", "volumes", "--listen", ":7788"}
+	if o.Extract.Bytes > 0 {
+		cmd = append(cmd, "--max-extract-bytes", strconv.FormatInt(o.Extract.Bytes, 10))
+	}
+	if o.Extract.Entries > 0 {
+		cmd = append(cmd, "--max-extract-entries", strconv.Itoa(o.Extract.Entries))
+	}
+	return cmd
 }
 
 // sidecarResources bound the volume sidecar: it streams, holding one
@@ -100,7 +117,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				// the gateway reads the step's log through it (the same
 				// relative bin/step-agent) once the step's container ended.
 				Name: SidecarContainer, Image: opts.AgentImage,
-				Command:         []string{"/step-agent", "volumes", "--listen", ":7788"},
+				Command:         opts.sidecarCommand(),
 				WorkingDir:      stepagent.Root,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
 				Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},

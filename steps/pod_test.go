@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -58,6 +59,11 @@ func TestBuildPod(t *testing.T) {
 	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
 	assert.Equal(t, "/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
 	assert.True(t, *side.SecurityContext.RunAsNonRoot)
+	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788"}, side.Command, "the agent's own extract limits")
+	limited := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("main", "build-1")},
+		PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod", Extract: tarsafe.Limits{Bytes: 1 << 30, Entries: 5000}})
+	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788", "--max-extract-bytes", "1073741824", "--max-extract-entries", "5000"},
+		limited.Spec.Containers[1].Command)
 	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
 		require.Len(t, c.VolumeMounts, 1, c.Name)
 		assert.Equal(t, "/jetway", c.VolumeMounts[0].MountPath, c.Name)

@@ -20,6 +20,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
@@ -142,11 +143,12 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
 	stepOpts := steps.Options{
-		Registry:       registry,
-		Streamer:       stepStreams,
-		Unavailable:    state.unavailable,
-		Placement:      placement,
-		Pod:            steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation},
+		Registry:    registry,
+		Streamer:    stepStreams,
+		Unavailable: state.unavailable,
+		Placement:   placement,
+		Pod: steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation,
+			Extract: tarsafe.Limits{Bytes: int64(cfg.ExtractMaxBytes), Entries: cfg.ExtractMaxEntries}},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
 		GCGrace:        cfg.GCGrace,

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/volumes"
 )
@@ -61,6 +62,9 @@ func dispatch(cmd string, args []string) error {
 	fs.IntVar(&tail.Events, "events", 0, "event frames in the log before --offset")
 	fs.Var((*skipFlag)(&tail.Skip), "skip", "event frames to skip from --offset, or all of them the log holds")
 	listen := fs.String("listen", ":7788", "volume sidecar address")
+	var limits tarsafe.Limits
+	fs.Int64Var(&limits.Bytes, "max-extract-bytes", 0, "volumes: bytes of file contents one stream-in may write (0: the default, 32 GiB)")
+	fs.IntVar(&limits.Entries, "max-extract-entries", 0, "volumes: files, folders and links one stream-in may write (0: the default, 1048576)")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -115,7 +119,7 @@ func dispatch(cmd string, args []string) error {
 	case "supervise":
 		return stepagent.Supervise(root)
 	case "volumes":
-		return serveVolumes(*listen, root)
+		return serveVolumes(*listen, root, limits)
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
@@ -157,13 +161,14 @@ func prepare(root string, n int) error {
 }
 
 // serveVolumes runs the volume sidecar until TERM or INT.
-func serveVolumes(addr, root string) error {
+func serveVolumes(addr, root string, limits tarsafe.Limits) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	s, err := volumes.Listen(addr, root)
 	if err != nil {
 		return err
 	}
+	s.SetLimits(limits)
 	fmt.Fprintf(os.Stderr, "step-agent: serving volumes of %s on %s\n", root, addr)
 	<-ctx.Done()
 	return s.Kill()
