@@ -108,12 +108,20 @@ func tarEntry(tw *tar.Writer, root, file string, d fs.DirEntry) error {
 // name, "..", a link pointing out or a path through one), is an error
 // naming it.
 func Untar(r io.Reader, dir string) (int, error) {
-	return UntarLimited(r, dir, tarsafe.Limits{})
+	return UntarLimited(r, dir, Limits{})
 }
 
-// UntarLimited is Untar within lim (zero fields: tarsafe's defaults): an
-// archive past a limit is a *tarsafe.LimitError naming the entry.
-func UntarLimited(r io.Reader, dir string, lim tarsafe.Limits) (int, error) {
+// Limits bound what one archive may write: Bytes of file contents and
+// Entries (files, folders and links). A zero field is its default: 32 GiB,
+// 1,048,576 entries.
+type Limits struct {
+	Bytes   int64
+	Entries int
+}
+
+// UntarLimited is Untar within lim: an archive past a limit is an error
+// naming the limit and the entry.
+func UntarLimited(r io.Reader, dir string, lim Limits) (int, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}
@@ -121,7 +129,7 @@ func UntarLimited(r io.Reader, dir string, lim tarsafe.Limits) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("untar into %s: %w", dir, err)
 	}
-	done, err := tarsafe.Extract(zr, dir, lim)
+	done, err := tarsafe.Extract(zr, dir, tarsafe.Limits(lim))
 	if err == nil {
 		// Read on to the gzip trailer, whose checksum covers it all.
 		_, err = io.Copy(io.Discard, zr)

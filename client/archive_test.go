@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
@@ -160,7 +159,7 @@ func TestUntarRefusesWhatLeavesTheFolder(t *testing.T) {
 func TestUntarStopsAtItsLimit(t *testing.T) {
 	bomb := tarsafetest.Bomb(10<<10, 1<<20)
 	defer bomb.Close()
-	_, err := UntarLimited(bomb, t.TempDir(), tarsafe.Limits{Bytes: 8 << 20})
+	_, err := UntarLimited(bomb, t.TempDir(), Limits{Bytes: 8 << 20})
 	assert.ErrorContains(t, err, `tar entry "zeros/8" goes past the limit of 8388608 bytes an archive may write`)
 }
 

@@ -133,6 +133,9 @@ type Options struct {
 	// step and return a *NoTargetError, as Concourse fails a step no
 	// worker satisfies.
 	WaitForTarget bool
+	// Downloads bounds what one downloaded output may write (zero fields:
+	// the defaults, 32 GiB and 1,048,576 entries).
+	Downloads Limits
 }
 
 // Client calls one gateway. It is safe for concurrent use.
@@ -142,6 +145,7 @@ type Client struct {
 	http  *http.Client
 	retry time.Duration
 	wait  bool
+	limit Limits
 }
 
 // New checks the options and builds a Client; it does not dial.
@@ -150,7 +154,7 @@ func New(opts Options) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("client: URL %q is not an http(s) URL", opts.URL)
 	}
-	c := &Client{base: u, token: opts.Token, http: opts.HTTPClient, retry: opts.Retry, wait: opts.WaitForTarget}
+	c := &Client{base: u, token: opts.Token, http: opts.HTTPClient, retry: opts.Retry, wait: opts.WaitForTarget, limit: opts.Downloads}
 	if c.http == nil {
 		c.http = &http.Client{}
 	}

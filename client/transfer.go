@@ -34,7 +34,7 @@ func (c *Client) DownloadOutput(ctx context.Context, team, handle, name, dir str
 		return 0, err
 	}
 	defer resp.Body.Close()
-	n, err := Untar(resp.Body, dir)
+	n, err := UntarLimited(resp.Body, dir, c.limit)
 	if err != nil {
 		return n, fmt.Errorf("jetway: output %s: %w", name, err)
 	}

@@ -31,3 +31,18 @@ func TestUploadAndDownloadKeepTheTree(t *testing.T) {
 	_, err = c.UploadInput(context.Background(), "", "s", "src", filepath.Join(src, "nope"))
 	assert.ErrorContains(t, err, "nope is not a directory")
 }
+
+// TestDownloadStopsAtTheClientsLimit: Options.Downloads bounds what a
+// downloaded output writes; past it the download fails naming the limit
+// and the file.
+func TestDownloadStopsAtTheClientsLimit(t *testing.T) {
+	st := &scripted{view: steps.View{Handle: "s"}, dir: t.TempDir()}
+	c := serve(t, st, nil)
+	src := archiveTree(t)
+	_, err := c.UploadInput(context.Background(), "", "s", "src", src)
+	require.NoError(t, err)
+	c.limit = Limits{Entries: 2}
+	_, err = c.DownloadOutput(context.Background(), "", "s", "src", filepath.Join(t.TempDir(), "out"))
+	assert.ErrorContains(t, err, "jetway: output src: untar into ")
+	assert.ErrorContains(t, err, "goes past the limit of 2 entries an archive may write")
+}

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )

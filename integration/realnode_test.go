@@ -20,6 +20,7 @@ import (
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -379,4 +380,28 @@ func TestRealNodeResources(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, client.Version{"ref": "c"}, pushed.Version)
 	assert.Contains(t, log.String(), "and fetched", "put read what get wrote, streamed between real pods")
+}
+
+// TestRealNodeSidecarStopsAnArchivePastItsLimit: the gateway's extract
+// limit reaches the step pod's sidecar (its command line), which refuses
+// an upload past it, naming the limit and the entry: the upload fails,
+// and the step does not start on a partial input.
+func TestRealNodeSidecarStopsAnArchivePastItsLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g := nodeGateway(ctx, t, "rn-limit", gatewayOptions{extract: tarsafe.Limits{Bytes: 1 << 20}})
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "small"), make([]byte, 512<<10), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(src, "large"), make([]byte, 2<<20), 0o644))
+	req := nodeStep("over", `echo ran; ls src`)
+	req.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
+	_, _, err = c.SubmitStep(ctx, req)
+	require.NoError(t, err)
+	_, err = c.UploadInput(ctx, "", "over", "src", src)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "goes past the limit of 1048576 bytes an archive may write")
+	v := g.step(t, "over")
+	assert.True(t, v.StartedAt.IsZero(), "the step did not start: %+v", v)
 }

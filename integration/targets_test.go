@@ -28,6 +28,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
@@ -97,6 +98,9 @@ type gatewayOptions struct {
 	// targetGone is how long a step's target may be missing; default
 	// steps.DefaultTargetGoneGrace.
 	targetGone time.Duration
+	// extract bounds what one archive streamed into a step pod writes
+	// (its sidecar's flags: a real node's pods alone read them).
+	extract tarsafe.Limits
 	// agentImage is the step agent's image in step pods; default one no
 	// kwok pod pulls. The real node's is its NodeImage("step-agent-image.tar").
 	agentImage string
@@ -256,7 +260,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			}
 			return out
 		},
-		Pod:            steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation},
+		Pod: steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
+			Extract: o.extract},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})

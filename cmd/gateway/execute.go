@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/spf13/cobra"
 
 	"github.com/jetway-ci/jetway/client"
@@ -38,6 +40,9 @@ type executeOptions struct {
 	vars    []string
 	tags    []string
 	team    string
+	// maxOutputSize and maxOutputEntries bound each downloaded output.
+	maxOutputSize    string
+	maxOutputEntries int
 }
 
 // executeCommand is `gateway execute -c task.yml`: run a Concourse task
@@ -58,12 +63,26 @@ func executeCommand() *cobra.Command {
 	f.StringArrayVarP(&o.vars, "var", "v", nil, "fill ((name)) in the config, as name=value (repeat)")
 	f.StringArrayVar(&o.tags, "tag", nil, "a tag the step needs of its target (repeat)")
 	f.StringVar(&o.team, "team", "", "the team to run as (a team token: its own)")
+	f.StringVar(&o.maxOutputSize, "max-output-size", "32Gi", "bytes of file contents one downloaded output may write (a size: 500Mi, 1073741824); past it the download stops, naming the limit and the file")
+	f.IntVar(&o.maxOutputEntries, "max-output-entries", 1<<20, "files, folders and links one downloaded output may write")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return o.run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	}
 	return cmd
+}
+
+// downloadLimits reads --max-output-size and --max-output-entries.
+func (o *executeOptions) downloadLimits() (client.Limits, error) {
+	q, err := resource.ParseQuantity(o.maxOutputSize)
+	if err != nil || q.Value() <= 0 {
+		return client.Limits{}, usageError{fmt.Errorf("--max-output-size %q: want a positive size like 32Gi or 1073741824", o.maxOutputSize)}
+	}
+	if o.maxOutputEntries <= 0 {
+		return client.Limits{}, usageError{fmt.Errorf("--max-output-entries %d: want a positive number", o.maxOutputEntries)}
+	}
+	return client.Limits{Bytes: q.Value(), Entries: o.maxOutputEntries}, nil
 }
 
 // plan is what execute checked before creating anything.
@@ -177,7 +196,11 @@ func (o *executeOptions) run(ctx context.Context, stdout, stderr io.Writer) erro
 	for _, w := range warnings {
 		fmt.Fprintln(stderr, "warning:", w)
 	}
-	c, err := client.New(client.Options{URL: o.api.url, Token: o.api.token})
+	limits, err := o.downloadLimits()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(client.Options{URL: o.api.url, Token: o.api.token, Downloads: limits})
 	if err != nil {
 		return usageError{err}
 	}

@@ -103,6 +103,8 @@ run: {path: sh}
 		`line 2: unknown key "image"`:                                    {"-c", filepath.Join(work, "bad.yml")},
 		`-v "novalue": want name=value`:                                  {"-c", cfg, "-v", "novalue"},
 		"-c task.yml is required":                                        {},
+		`--max-output-size "lots": want a positive size like 32Gi`:       {"-c", cfg, "-i", "src=" + src, "-i", "lib=" + src, "--max-output-size", "lots"},
+		`--max-output-entries 0: want a positive number`:                 {"-c", cfg, "-i", "src=" + src, "-i", "lib=" + src, "--max-output-entries", "0"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := execute(append([]string{"execute", "--url", "http://127.0.0.1:1"}, args...), &stdout, &stderr)
