@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -44,6 +45,9 @@ type Options struct {
 	// Retain is how long an ended step whose folder is gone stays
 	// visible; default 10m.
 	Retain time.Duration
+	// Extract bounds what one archive streamed into a step's volumes may
+	// write (zero fields: tarsafe's defaults).
+	Extract tarsafe.Limits
 	// Remote opens the inputs other mesh members own; nil: only uploads
 	// and this agent's own volumes can be inputs.
 	Remote Remote

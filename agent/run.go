@@ -276,7 +276,7 @@ func (a *Agent) adopt(ctx context.Context) {
 			continue
 		}
 		req := steps.Request{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Inputs: rec.Inputs, Outputs: rec.Outputs}
-		s := newStep(key{rec.Team, rec.Handle}, e.Name(), root, req, rec)
+		s := newStep(key{rec.Team, rec.Handle}, e.Name(), root, req, rec, a.opts.Extract)
 		a.mu.Lock()
 		a.steps[s.key] = s
 		a.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
@@ -57,6 +58,7 @@ type step struct {
 	done      chan struct{} // closed when the runner returned
 	forget    time.Time     // when a released step is dropped
 	vol       *volumes.Server
+	extract   tarsafe.Limits // what one archive streamed into its volumes may write
 	uploads   map[string]*upload
 	ready     chan struct{} // closed once the folder takes uploads
 }
@@ -68,8 +70,8 @@ type upload struct {
 	taken  bool
 }
 
-func newStep(k key, pod, root string, req steps.Request, rec record) *step {
-	s := &step{key: k, pod: pod, root: root, req: req, rec: rec, changed: make(chan struct{}),
+func newStep(k key, pod, root string, req steps.Request, rec record, extract tarsafe.Limits) *step {
+	s := &step{key: k, pod: pod, root: root, req: req, rec: rec, extract: extract, changed: make(chan struct{}),
 		abort: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
 	s.view = steps.View{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Phase: steps.Starting,
 		CreatedAt: rec.CreatedAt, PlacedAt: rec.PlacedAt, Events: 1}
@@ -300,7 +302,7 @@ func (a *Agent) create(k key, caller steps.Caller, req steps.Request) (*step, er
 		_ = os.RemoveAll(root)
 		return nil, fmt.Errorf("step record: %w", err)
 	}
-	return newStep(k, pod, root, req, rec), nil
+	return newStep(k, pod, root, req, rec, a.opts.Extract), nil
 }
 
 // Get is the step's view.

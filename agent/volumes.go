@@ -30,6 +30,7 @@ func (s *step) serveVolumes() (*volumes.Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("serve the step's volumes: %w", err)
 		}
+		vol.SetLimits(s.extract)
 		s.vol = vol
 	}
 	return s.vol, nil

@@ -13,12 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/jetway-ci/jetway/agent"
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/streams"
@@ -33,6 +35,8 @@ type agentFlags struct {
 	killGrace              time.Duration
 	logLevel               string
 	listen                 string
+	extractSize            string
+	extractEntries         int
 }
 
 // validate reports every problem at once, keyed by flag.
@@ -73,10 +77,22 @@ func (f agentFlags) validate() error {
 			add("listen", "%q: want HOST:PORT: %v", f.listen, err)
 		}
 	}
+	if q, err := resource.ParseQuantity(f.extractSize); err != nil || q.Value() <= 0 {
+		add("extract-max-bytes", "%q: want a positive size like 32Gi or 1073741824", f.extractSize)
+	}
+	if f.extractEntries <= 0 {
+		add("extract-max-entries", "must be positive, got %d", f.extractEntries)
+	}
 	if len(probs) > 0 {
 		return &config.Error{Problems: probs}
 	}
 	return nil
+}
+
+// extract is the validated extract limits.
+func (f agentFlags) extract() tarsafe.Limits {
+	q := resource.MustParse(f.extractSize)
+	return tarsafe.Limits{Bytes: q.Value(), Entries: f.extractEntries}
 }
 
 func agentCommand(stderr io.Writer) *cobra.Command {
@@ -103,6 +119,8 @@ see docs/agent.md for what isolation an operator gets.`,
 	fl.StringArrayVar(&f.tags, "tag", nil, "a tag of this worker (repeat); a tagged worker runs only steps with its tags")
 	fl.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between TERM and KILL when a step is aborted or times out")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.extractSize, "extract-max-bytes", "32Gi", "bytes of file contents one archive streamed into a step's volumes may write (a size: 500Mi, 1073741824)")
+	fl.IntVar(&f.extractEntries, "extract-max-entries", 1<<20, "files, folders and links one archive streamed into a step's volumes may write")
 	fl.StringVar(&f.listen, "listen", "", "HOST:PORT to serve /healthz, /readyz (ready: a session with a gateway) and /metrics on (default: none)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := f.validate(); err != nil {
@@ -134,6 +152,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Team:      f.team,
 		Tags:      f.tags,
 		KillGrace: f.killGrace,
+		Extract:   f.extract(),
 		Remote: func(ctx context.Context, c streams.Caller, from streams.Endpoint, enc string) (io.ReadCloser, error) {
 			return api.MeshVolumes(node, node.Peers)(ctx, c, from, enc)
 		},

@@ -129,3 +129,14 @@ func TestWorkersAgainstRunningGateway(t *testing.T) {
 	assert.Less(t, time.Since(changed), 2*time.Second+200*time.Millisecond, "the old token stopped working within 2 s")
 	assert.Equal(t, http.StatusOK, status("new-ops-token-0123456789"))
 }
+
+// TestAgentRefusesBadExtractLimits: the agent's extract limits are checked
+// with its other flags, each problem named.
+func TestAgentRefusesBadExtractLimits(t *testing.T) {
+	out, err := exec.Command(gatewayBin, "agent", "--extract-max-bytes", "lots", "--extract-max-entries", "0").CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 2, exit.ExitCode())
+	assert.Contains(t, string(out), `extract-max-bytes: "lots": want a positive size like 32Gi or 1073741824`)
+	assert.Contains(t, string(out), "extract-max-entries: must be positive, got 0")
+}

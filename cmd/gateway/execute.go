@@ -14,9 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/steps"
