@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,11 +86,12 @@ func demoClustersDir(t *testing.T) string {
 	return dir
 }
 
-// freeAddr is a loopback address no one listened on a moment ago.
+// freeAddr is a loopback address no one listened on a moment ago, below
+// the ephemeral ports (cluster.FreeAddr): a server restarted on it finds
+// it free.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := cluster.FreeAddr()
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }

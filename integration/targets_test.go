@@ -110,6 +110,26 @@ type gatewayOptions struct {
 	state *stateNamespace
 }
 
+// listenAPI listens on addr, or (empty) on a free port below the
+// ephemeral ones, where a gateway restarted on its address finds it free
+// (cluster.FreeAddr).
+func listenAPI(addr string) (net.Listener, error) {
+	if addr != "" {
+		return net.Listen("tcp", addr)
+	}
+	var err error
+	for range 10 {
+		if addr, err = cluster.FreeAddr(); err != nil {
+			return nil, err
+		}
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+	}
+	return nil, err
+}
+
 // states are the state namespaces of the targets dirs gateways ran over.
 var states sync.Map // dir -> *stateNamespace
 
@@ -265,7 +285,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
-	ln, err := net.Listen("tcp", cmp.Or(o.listen, "127.0.0.1:0"))
+	ln, err := listenAPI(o.listen)
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Mesh: meshView, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
 		Steps: stepper, Placement: o.placement,

@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -543,25 +544,71 @@ func waitHTTP(ctx context.Context, proc *process, url string, tlsConfig *tls.Con
 	})
 }
 
-// freePorts reserves n distinct loopback ports. They are released before
-// the components bind them; the kernel does not hand them out again soon.
+// freePorts reserves n distinct loopback ports below the kernel's
+// ephemeral range. They are released before the components bind them; a
+// port of the ephemeral range could meanwhile be handed out as the
+// source port of an outgoing connection (a busy machine makes many), and
+// an API server restarted on its port would find it taken.
 func freePorts(n int) ([]int, error) {
+	low, high := portsBelow(ephemeralStart())
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
 			ln.Close()
 		}
 	}()
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("no %d free loopback ports in %d-%d", n, low, high)
+		}
+		port := low + mrand.IntN(high-low+1)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
-			return nil, err
+			continue // taken
 		}
 		lns = append(lns, ln)
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+// FreeAddr is a loopback address no one listened on a moment ago, on a
+// port below the kernel's ephemeral range: a server that stops and starts
+// again on it (a restarted gateway) never finds it taken by a connection's
+// source port.
+func FreeAddr() (string, error) {
+	ports, err := freePorts(1)
+	if err != nil {
+		return "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(ports[0]), nil
+}
+
+// ephemeralStart is the first port the kernel hands out as a source port
+// (net.ipv4.ip_local_port_range), 32768 if it cannot be read.
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	start, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return start
+}
+
+// portsBelow is the range the harness picks its ports from: the 12,000
+// ports below start, above the well-known and common service ports.
+func portsBelow(start int) (low, high int) {
+	high = start - 1
+	low = max(high-12000, 10000)
+	return low, high
 }
 
 func argValue(args []string, flag string) string {

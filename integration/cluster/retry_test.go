@@ -36,3 +36,23 @@ func TestStartRetriesTakenPorts(t *testing.T) {
 	assert.Equal(t, other, err)
 	assert.Equal(t, 1, starts)
 }
+
+// The harness's ports lie below the kernel's ephemeral range, where no
+// outgoing connection takes one as its source port while a server is
+// down (an API server restarted on its port found it taken so).
+func TestFreePortsAreNotEphemeral(t *testing.T) {
+	start := ephemeralStart()
+	ports, err := freePorts(50)
+	require.NoError(t, err)
+	seen := map[int]bool{}
+	for _, p := range ports {
+		assert.Less(t, p, start)
+		assert.GreaterOrEqual(t, p, 10000)
+		assert.False(t, seen[p], "distinct")
+		seen[p] = true
+	}
+	low, high := portsBelow(32768)
+	assert.Equal(t, [2]int{20767, 32767}, [2]int{low, high})
+	low, _ = portsBelow(15000)
+	assert.Equal(t, 10000, low, "above the common service ports")
+}
