@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -63,6 +64,27 @@ var Hostiles = []Hostile{
 		Want: `tar entry "dev": type '3' is not a regular file, folder or symbolic link`},
 	{Name: "fifo", Entries: entries(&tar.Header{Name: "p", Typeflag: tar.TypeFifo}),
 		Want: `tar entry "p": type '6' is not a regular file, folder or symbolic link`},
+}
+
+// RefuseAll runs each hostile archive (a tar of it, made by archive:
+// Tar or GzipTar) through extract into a new folder, and checks that it is
+// refused naming its entry, and that nothing was written outside.
+func RefuseAll(t *testing.T, archive func(testing.TB, ...*tar.Header) []byte, extract func(archive []byte, dir string) error) {
+	for _, h := range Hostiles {
+		t.Run(h.Name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			if h.Before != nil {
+				h.Before(t, dir, outside)
+			}
+			err := extract(archive(t, h.Entries(outside)...), dir)
+			if err == nil || !strings.Contains(err.Error(), h.Want) {
+				t.Errorf("got %v, want an error with %q", err, h.Want)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) > 0 {
+				t.Errorf("%d entries written outside the folder", len(entries))
+			}
+		})
+	}
 }
 
 // Tar is a tar of hdrs; each regular file holds "x".
