@@ -58,7 +58,8 @@ func TestTargetAddToDirectory(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Regexp(t, `tadd\s+tadd-ns\s+`+c.Server+`\s+ok\s+-`, stdout)
 	for _, line := range []string{"created namespace tadd-ns", "created service account tadd-ns/jetway-tadd",
-		"created role tadd-ns/jetway-tadd", "created role binding tadd-ns/jetway-tadd", "issued a token for service account tadd-ns/jetway-tadd"} {
+		"created role tadd-ns/jetway-tadd", "created role binding tadd-ns/jetway-tadd", "created network policy tadd-ns/jetway-tadd",
+		"issued a token for service account tadd-ns/jetway-tadd"} {
 		assert.Contains(t, stderr, line)
 	}
 
@@ -93,6 +94,13 @@ func TestTargetAddToDirectory(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, targets.RBACRules(targets.Required), role.Rules)
 	assert.Equal(t, "tadd", role.Labels[provision.AccessLabel])
+	// The NetworkPolicy, as the API server took it.
+	policy, err := c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, provision.Access{Target: "tadd", Namespace: "tadd-ns"}.NetworkPolicy().Spec, policy.Spec)
+	policy.Spec.Ingress = nil // someone opened it to every pod
+	_, err = c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Update(ctx, policy, metav1.UpdateOptions{})
+	require.NoError(t, err)
 
 	// Run again: a new token, and a Role someone trimmed is whole again.
 	role.Rules = role.Rules[:1]
@@ -102,6 +110,7 @@ func TestTargetAddToDirectory(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Contains(t, stderr, "service account tadd-ns/jetway-tadd is up to date")
 	assert.Contains(t, stderr, "updated role tadd-ns/jetway-tadd")
+	assert.Contains(t, stderr, "updated network policy tadd-ns/jetway-tadd")
 	rotated, err := clientcmd.LoadFromFile(filepath.Join(dir, "tadd", "kubeconfig"))
 	require.NoError(t, err)
 	assert.NotEqual(t, token, rotated.AuthInfos[rotated.Contexts[rotated.CurrentContext].AuthInfo].Token)
@@ -128,7 +137,7 @@ func TestTargetAddToDirectory(t *testing.T) {
 	// Remove: the objects, the namespace add created, the entry.
 	stdout, stderr, code = runCLI(t, ctx, "target", "remove", "tadd", "--kubeconfig", admin, "--namespace", "tadd-ns", "--out", dir)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	for _, line := range []string{"deleted role binding tadd-ns/jetway-tadd", "deleted role tadd-ns/jetway-tadd",
+	for _, line := range []string{"deleted network policy tadd-ns/jetway-tadd", "deleted role binding tadd-ns/jetway-tadd", "deleted role tadd-ns/jetway-tadd",
 		"deleted service account tadd-ns/jetway-tadd", "deleted namespace tadd-ns"} {
 		assert.Contains(t, stderr, line)
 	}

@@ -386,9 +386,11 @@ func targetRBACCommand() *cobra.Command {
 	var a provision.Access
 	cmd := &cobra.Command{
 		Use:   "rbac",
-		Short: "Print the service account, Role and RoleBinding jetway needs in a namespace (for GitOps)",
+		Short: "Print the service account, Role, RoleBinding and NetworkPolicy jetway needs in a namespace (for GitOps)",
 		Long: "rbac prints what `target add` creates, as YAML to apply through your own tooling: a service account,\n" +
-			"a Role holding exactly the permissions jetway checks (the one list `gateway check` reviews) and its binding.",
+			"a Role holding exactly the permissions jetway checks (the one list `gateway check` reviews), its binding,\n" +
+			"and a NetworkPolicy admitting to the target's step pods only their volume sidecars' port, from the\n" +
+			"target's own step pods (enforced only by a network plugin that enforces policies; docs/operations.md).",
 		Args: noArgs,
 	}
 	cmd.Flags().StringVar(&a.Namespace, "namespace", "", "namespace the target runs steps in (required)")
@@ -398,7 +400,7 @@ func targetRBACCommand() *cobra.Command {
 			return err
 		}
 		sa, role, binding := a.Objects()
-		for i, obj := range []any{sa, role, binding} {
+		for i, obj := range []any{sa, role, binding, a.NetworkPolicy()} {
 			y, err := yaml.Marshal(obj)
 			if err != nil {
 				return err

@@ -8,7 +8,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/jetway-ci/jetway/targets"
@@ -69,7 +71,7 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, execute([]string{"target", "rbac", "--namespace", "ci", "--name", "prod"}, &stdout, &stderr), stderr.String())
 	docs := bytes.Split(stdout.Bytes(), []byte("\n---\n"))
-	require.Len(t, docs, 3)
+	require.Len(t, docs, 4)
 	var role rbacv1.Role
 	require.NoError(t, yaml.UnmarshalStrict(docs[1], &role))
 	assert.Equal(t, "Role", role.Kind)
@@ -81,4 +83,14 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	assert.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "jetway-prod"}, binding.RoleRef)
 	assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "jetway-prod", Namespace: "ci"}}, binding.Subjects)
 	assert.NotContains(t, stdout.String(), "creationTimestamp")
+	var policy networkingv1.NetworkPolicy
+	require.NoError(t, yaml.UnmarshalStrict(docs[3], &policy))
+	steps := metav1.LabelSelector{MatchLabels: map[string]string{"org.concourse-ci.worker": "prod"}}
+	assert.Equal(t, "jetway-prod", policy.Name)
+	assert.Equal(t, steps, policy.Spec.PodSelector, "the target's step pods")
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes, "their traffic out is theirs")
+	require.Len(t, policy.Spec.Ingress, 1)
+	assert.Equal(t, []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, policy.Spec.Ingress[0].From, "from the target's own step pods")
+	require.Len(t, policy.Spec.Ingress[0].Ports, 1)
+	assert.Equal(t, "7788", policy.Spec.Ingress[0].Ports[0].Port.String(), "to their volume sidecars alone")
 }

@@ -14,14 +14,19 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -102,6 +107,32 @@ func (a Access) Objects() (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBin
 	return sa, role, binding
 }
 
+// NetworkPolicy admits to the target's step pods only what jetway needs
+// over the pod network: their volume sidecars' port, from the target's own
+// step pods (a volume streamed straight from one pod to another within
+// the target). The gateway reaches them through the API server's
+// port-forward, which policies do not see; a step's own traffic out is
+// left alone. It takes effect only where the cluster's network plugin
+// enforces NetworkPolicies.
+func (a Access) NetworkPolicy() *networkingv1.NetworkPolicy {
+	steps := metav1.LabelSelector{MatchLabels: map[string]string{ownership.WorkerLabel: a.Target}}
+	if a.Target == "" {
+		steps = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: ownership.WorkerLabel, Operator: metav1.LabelSelectorOpExists}}}
+	}
+	tcp, port := corev1.ProtocolTCP, intstr.FromInt32(stepagent.VolumePort)
+	return &networkingv1.NetworkPolicy{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "NetworkPolicy"},
+		ObjectMeta: a.meta(),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: steps,
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+			}},
+		},
+	}
+}
+
 // AddOptions say how to add access.
 type AddOptions struct {
 	// CreateNamespace creates the namespace when it does not exist.
@@ -164,6 +195,20 @@ func Add(ctx context.Context, admin *rest.Config, a Access, opts AddOptions) (Cr
 	}
 	if err := ensure(ctx, a, "role binding", binding, rbac.RoleBindings(a.Namespace).Get, rbac.RoleBindings(a.Namespace).Create,
 		nil, say); err != nil {
+		return Credentials{}, err
+	}
+	policy, policies := a.NetworkPolicy(), cs.NetworkingV1().NetworkPolicies(a.Namespace)
+	if err := ensure(ctx, a, "network policy", policy, policies.Get, policies.Create,
+		func(old *networkingv1.NetworkPolicy) (bool, func(context.Context) error) {
+			if equality.Semantic.DeepEqual(old.Spec, policy.Spec) {
+				return false, nil
+			}
+			old.Spec = policy.Spec
+			return true, func(ctx context.Context) error {
+				_, err := policies.Update(ctx, old, metav1.UpdateOptions{})
+				return err
+			}
+		}, say); err != nil {
 		return Credentials{}, err
 	}
 	if opts.LongLivedToken {
@@ -311,6 +356,7 @@ func Remove(ctx context.Context, admin *rest.Config, a Access) (Removed, error) 
 		del        func(context.Context, string, metav1.DeleteOptions) error
 	}{
 		{"token secret", a.TokenSecretName(), objGet(core.Secrets(a.Namespace).Get), core.Secrets(a.Namespace).Delete},
+		{"network policy", a.AccountName(), objGet(cs.NetworkingV1().NetworkPolicies(a.Namespace).Get), cs.NetworkingV1().NetworkPolicies(a.Namespace).Delete},
 		{"role binding", a.AccountName(), objGet(rbac.RoleBindings(a.Namespace).Get), rbac.RoleBindings(a.Namespace).Delete},
 		{"role", a.AccountName(), objGet(rbac.Roles(a.Namespace).Get), rbac.Roles(a.Namespace).Delete},
 		{"service account", a.AccountName(), objGet(core.ServiceAccounts(a.Namespace).Get), core.ServiceAccounts(a.Namespace).Delete},
