@@ -24,6 +24,9 @@ type process struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// stopped is closed once the last process stopped is gone: a start
+	// waits for it, so a restart never races the old process for its port.
+	stopped chan struct{}
 }
 
 // running reports whether the process was started and not stopped.
@@ -36,6 +39,9 @@ func (p *process) running() bool {
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.stopped != nil {
+		<-p.stopped // a stop in progress, maybe in another goroutine
+	}
 	if p.cmd != nil {
 		return fmt.Errorf("start %s: already running", p.name)
 	}
@@ -83,6 +89,9 @@ func (p *process) stop(grace time.Duration) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
 	p.cmd, p.done = nil, nil
+	if cmd != nil {
+		p.stopped = done
+	}
 	p.mu.Unlock()
 	if cmd == nil {
 		return
