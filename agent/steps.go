@@ -58,6 +58,7 @@ type step struct {
 	done      chan struct{} // closed when the runner returned
 	forget    time.Time     // when a released step is dropped
 	vol       *volumes.Server
+	volToken  string         // vol's credential, made with it
 	extract   tarsafe.Limits // what one archive streamed into its volumes may write
 	uploads   map[string]*upload
 	ready     chan struct{} // closed once the folder takes uploads

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
@@ -19,44 +21,50 @@ import (
 // Each step's volumes are served by the volume sidecar's own server
 // (package volumes, the baggageclaim API), on a loopback port of the
 // agent's machine, over its folder: the agent streams in and out of it
-// as the gateway does of a step pod's sidecar.
+// as the gateway does of a step pod's sidecar, with a token it made for
+// that server and keeps in memory, so another user of the machine reaching
+// the port gets a 401.
 
 // serveVolumes starts the step's volume server, if it is not running.
 func (s *step) serveVolumes() (*volumes.Server, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.vol == nil {
-		vol, err := volumes.Start(s.root)
+		token := rand.Text() + rand.Text()
+		vol, err := volumes.Start(s.root, ownership.TokenHash(token))
 		if err != nil {
 			return nil, fmt.Errorf("serve the step's volumes: %w", err)
 		}
 		vol.SetLimits(s.extract)
-		s.vol = vol
+		s.vol, s.volToken = vol, token
 	}
 	return s.vol, nil
 }
 
-func (s *step) volumeURL(handle, op string, q url.Values) (string, error) {
+// volumeRequest is a request of op on a volume of the step's server, with
+// its token.
+func (s *step) volumeRequest(ctx context.Context, handle, op string, q url.Values, body io.Reader) (*http.Request, error) {
 	s.mu.Lock()
-	vol := s.vol
+	vol, token := s.vol, s.volToken
 	s.mu.Unlock()
 	if vol == nil {
-		return "", errNoVolumes
+		return nil, errNoVolumes
 	}
 	u := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(vol.Port()), Path: "/volumes/" + handle + "/" + op,
 		RawQuery: q.Encode()}
-	return u.String(), nil
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	return req, nil
 }
 
 // putVolume streams a tar (encoded as encoding says) into the volume,
 // counting and hashing it as received.
 func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.Reader) (stepagent.Input, error) {
-	u, err := s.volumeURL(handle, "stream-in", nil)
-	if err != nil {
-		return stepagent.Input{}, err
-	}
 	digest := steps.NewDigest(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, digest)
+	req, err := s.volumeRequest(ctx, handle, "stream-in", nil, digest)
 	if err != nil {
 		return stepagent.Input{}, err
 	}
@@ -79,11 +87,7 @@ func (s *step) openVolume(ctx context.Context, handle, path, encoding string) (i
 	if path != "" {
 		q.Set("path", path)
 	}
-	u, err := s.volumeURL(handle, "stream-out", q)
-	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
+	req, err := s.volumeRequest(ctx, handle, "stream-out", q, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -249,8 +249,7 @@ func meshStreams(ctx context.Context, t *testing.T, hub, a, b *gateway, src, dst
 
 	// A source whose volume server dies behind a port-forward that stays
 	// open: reported within the stall timeout and its tick.
-	src2, err := volumes.Start(t.TempDir())
-	require.NoError(t, err)
+	src2 := startVolumes(t, "mesh-a", "src")
 	fill(t, src2, "big", 8<<20)
 	fill(t, src2, "art", 64<<10)
 	require.NoError(t, clusters[1].ForwardPodPort(ctx, "mesh-a", "src", streams.VolumePort, "127.0.0.1", src2.Port()))

@@ -405,3 +405,84 @@ func TestRealNodeSidecarStopsAnArchivePastItsLimit(t *testing.T) {
 	v := g.step(t, "over")
 	assert.True(t, v.StartedAt.IsZero(), "the step did not start: %+v", v)
 }
+
+// TestRealNodeSidecarServesOnlyTheGateway: from another team's step in
+// the same namespace, and from a step in another namespace, every call to
+// a step pod's volume sidecar without its token (stream-out, stream-in,
+// stream-p2p-out, making or listing volumes, registering a ticket), or
+// with a guessed one or an unissued ticket, gets 401 and moves no byte;
+// the gateway's own streams, download and direct (p2p) alike, keep
+// working.
+func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rn := startRealNode(t)
+	dir := t.TempDir()
+	placeTarget(ctx, t, rn, dir, "rn-victim", "tags: [v]\n", "")
+	placeTarget(ctx, t, rn, dir, "rn-other", "tags: [o]\n", "")
+	g := startGateway(t, dir, gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar")})
+	g.waitTarget(t, "rn-victim", 10*time.Second, running)
+	g.waitTarget(t, "rn-other", 10*time.Second, running)
+	c, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+
+	victim := nodeStep("victim", `echo team-main-secret > out/secret`)
+	victim.Team, victim.Tags = "main", []string{"v"}
+	victim.Outputs = []steps.Output{{Name: "out"}}
+	g.run(t, victim)
+	require.Equal(t, steps.Succeeded, g.step(t, "victim").Phase)
+	pod, err := rn.Client.CoreV1().Pods("rn-victim").Get(ctx, g.step(t, "victim").Pod, metav1.GetOptions{})
+	require.NoError(t, err)
+	ip := pod.Status.PodIP
+	require.NotEmpty(t, ip)
+
+	// Each probe is one request; nc prints the status line it gets.
+	requests := []string{
+		"PUT /volumes/output-out/stream-out HTTP/1.1",
+		"PUT /volumes/output-out/stream-in HTTP/1.1",
+		"PUT /volumes/output-out/stream-p2p-out?streamInURL=http%3A%2F%2F" + ip + "%3A7788%2Fvolumes%2Fx%2Fstream-in HTTP/1.1",
+		"POST /volumes HTTP/1.1",
+		"GET /volumes HTTP/1.1",
+		"POST /tickets HTTP/1.1",
+	}
+	var script strings.Builder
+	for _, auth := range []string{"", "Authorization: Bearer guessed-token\r\n"} {
+		for _, r := range requests {
+			fmt.Fprintf(&script, `printf '%s\r\nHost: x\r\n%sContent-Length: 10\r\nConnection: close\r\n\r\n0123456789' | nc -w 10 %s 7788 | head -1; `,
+				r, auth, ip)
+		}
+	}
+	for _, probe := range []struct{ handle, tag string }{{"probe-same-namespace", "v"}, {"probe-other-namespace", "o"}} {
+		req := nodeStep(probe.handle, script.String())
+		req.Team, req.Tags = "other", []string{probe.tag}
+		g.run(t, req)
+		evs := g.stepEvents(ctx, t, probe.handle, "", 0)
+		out := outputOf(evs, steps.EventStdout)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		assert.Len(t, lines, 2*len(requests), "%s: %q (stderr %q)", probe.handle, out, outputOf(evs, steps.EventStderr))
+		for _, l := range lines {
+			assert.Contains(t, l, "401 Unauthorized", probe.handle)
+		}
+		assert.NotContains(t, out, "team-main-secret")
+	}
+
+	// Nothing moved: the output is as the step left it, and the
+	// gateway's own streams work, a download and a direct push alike.
+	dst := t.TempDir()
+	_, err = c.DownloadOutput(ctx, "main", "victim", "out", dst)
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dst, "secret"))
+	require.NoError(t, err)
+	assert.Equal(t, "team-main-secret\n", string(got))
+	entries, err := os.ReadDir(dst)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no stream-in landed")
+	consume := nodeStep("consume", `cat in/secret`)
+	consume.Team, consume.Tags = "main", []string{"v"}
+	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "victim", Output: "out"}}}
+	g.run(t, consume)
+	evs := g.stepEvents(ctx, t, "consume", "", 0)
+	assert.Equal(t, "team-main-secret\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_total{mode="p2p",result="ok"}`), 1.0,
+		"pushed pod to pod, with a ticket for that one stream")
+}

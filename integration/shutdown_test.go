@@ -154,7 +154,7 @@ func TestSIGTERMDrainsStreams(t *testing.T) {
 	dst := volumePod(ctx, t, clusters[1], "sd-c", "dst")
 	data := fill(t, src, "big", 8<<20)
 	want := directSHA(t, src, "big", "raw")
-	p := runGateway(t, dir, "--shutdown-timeout", "30s")
+	p := runGateway(t, dir, append(stateOf(t, dir).flags(t), "--shutdown-timeout", "30s")...)
 	base := "http://" + p.addr
 	req := func(handle string) streams.Request {
 		return streams.Request{

@@ -32,12 +32,24 @@ import (
 	"github.com/jetway-ci/jetway/volumes"
 )
 
+// volumeTokens are the tokens of the volume servers startVolumes started.
+var volumeTokens sync.Map // *volumes.Server -> string
+
+// startVolumes starts a volume server for pod on target, serving the
+// token a gateway derives for it from podKey, stopped after the test.
+func startVolumes(t *testing.T, target, pod string) *volumes.Server {
+	t.Helper()
+	vs, err := volumes.Start(t.TempDir(), sidecarHash(target, pod))
+	require.NoError(t, err)
+	volumeTokens.Store(vs, podKey.Token(target, pod))
+	t.Cleanup(func() { vs.Kill() })
+	return vs
+}
+
 // volumePod runs a step pod whose port 7788 reaches a fresh volume server.
 func volumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) *volumes.Server {
 	t.Helper()
-	vs, err := volumes.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { vs.Kill() })
+	vs := startVolumes(t, ns, pod)
 	stepPod(ctx, t, c, ns, ns, "jetway", pod)
 	require.NoError(t, c.ForwardPodPort(ctx, ns, pod, streams.VolumePort, "127.0.0.1", vs.Port()))
 	return vs
@@ -59,9 +71,12 @@ func directSHA(t *testing.T, vs *volumes.Server, handle, enc string) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d/volumes/%s/stream-out?path=out", vs.Port(), handle), nil)
 	req.Header.Set("Accept-Encoding", enc)
+	tok, _ := volumeTokens.Load(vs)
+	req.Header.Set("Authorization", "Bearer "+tok.(string))
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 	h := sha256.New()
 	_, err = io.Copy(h, resp.Body)
 	require.NoError(t, err)
@@ -199,9 +214,7 @@ func TestStreamFailures(t *testing.T) {
 	})
 
 	// A new source server behind the same pod.
-	src2, err := volumes.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { src2.Kill() })
+	src2 := startVolumes(t, "sf-a", "src")
 	fill(t, src2, "big", 8<<20)
 	require.NoError(t, clusters[0].ForwardPodPort(ctx, "sf-a", "src", streams.VolumePort, "127.0.0.1", src2.Port()))
 	eventually(t, 20*time.Second, func() error {
@@ -349,15 +362,14 @@ func TestSameTargetStreamsGoDirect(t *testing.T) {
 // volume server holding volume "art".
 func labelledVolumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string, labels map[string]string) *volumes.Server {
 	t.Helper()
-	vs, err := volumes.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { vs.Kill() })
+	vs := startVolumes(t, labels[ownership.WorkerLabel], name)
 	fill(t, vs, "art", 64<<10)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels,
+			Annotations: map[string]string{ownership.SealAnnotation: podKey.Seal(labels[ownership.WorkerLabel], name, labels[ownership.TeamLabel])}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}},
 	}
-	_, err = c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	_, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
 	waitRunning(ctx, t, c.Client, ns, name)
 	require.NoError(t, c.ForwardPodPort(ctx, ns, name, streams.VolumePort, "127.0.0.1", vs.Port()))

@@ -23,11 +23,13 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
@@ -142,6 +144,18 @@ type stateNamespace struct {
 	rest       *rest.Config
 }
 
+// stateOf is the state namespace of the gateways over dir: made for the
+// first.
+func stateOf(t *testing.T, dir string) *stateNamespace {
+	t.Helper()
+	if st, ok := states.Load(dir); ok {
+		return st.(*stateNamespace)
+	}
+	st := newState(t)
+	states.Store(dir, st)
+	return st
+}
+
 // newState makes a state namespace, deleted after the test.
 func newState(t *testing.T) *stateNamespace {
 	t.Helper()
@@ -157,7 +171,33 @@ func newState(t *testing.T) *stateNamespace {
 	t.Cleanup(func() {
 		_ = clusters[0].Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 	})
+	// The installation "jetway"'s pod key is the tests' (podKey), so that
+	// the pods tests make by hand are sealed as a gateway's.
+	_, err = clusters[0].Client.CoreV1().Secrets(ns).Create(ctx, ownership.KeySecret("jetway", podKeyBytes), metav1.CreateOptions{})
+	require.NoError(t, err)
 	return &stateNamespace{namespace: ns, kubeconfig: tg.Kubeconfig, rest: rc}
+}
+
+// podKey is installation "jetway"'s pod key in every state namespace the
+// tests make: pods made by hand carry its seals, their volume servers
+// serve its tokens.
+var (
+	podKeyBytes = []byte("integration-tests-pod-key-0123456789abcdef")
+	podKey, _   = ownership.NewKey(podKeyBytes)
+)
+
+// sidecarHash is the token hash the sidecar of pod on target serves.
+func sidecarHash(target, pod string) string { return ownership.TokenHash(podKey.Token(target, pod)) }
+
+// loadKey is the pod key of installation in the state namespace, as a
+// gateway reads it.
+func (s *stateNamespace) loadKey(t *testing.T, installation string) ownership.Key {
+	t.Helper()
+	client, err := kubernetes.NewForConfig(s.rest)
+	require.NoError(t, err)
+	k, err := ownership.LoadKey(context.Background(), client.CoreV1(), s.namespace, installation)
+	require.NoError(t, err)
+	return k
 }
 
 // flags are a `gateway run`'s flags for the state namespace.
@@ -239,22 +279,18 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		require.NoError(t, err)
 		meshView = node
 	}
+	if o.state == nil {
+		o.state = stateOf(t, dir)
+	}
+	key := o.state.loadKey(t, o.installation)
 	streamer := streams.New(streams.Options{Dialer: dialer, Logger: logger, StallTimeout: cmp.Or(o.streamStall, 3*time.Second),
-		Installation: o.installation, Gateway: meshName(node),
+		Installation: o.installation, Key: key, Gateway: meshName(node),
 		Target:  registry.Target,
 		Metrics: streams.NewMetrics(reg)})
 	t.Cleanup(streamer.Close)
 	var stepStreams steps.Streamer = streamer
 	if meshView != nil {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
-	}
-	if o.state == nil {
-		if st, ok := states.Load(dir); ok {
-			o.state = st.(*stateNamespace)
-		} else {
-			o.state = newState(t)
-			states.Store(dir, o.state)
-		}
 	}
 	id := steps.NewIdentity(o.identity)
 	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
@@ -281,7 +317,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			return out
 		},
 		Pod: steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
-			Extract: o.extract},
+			Extract: o.extract, Key: key},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})

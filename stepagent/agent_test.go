@@ -26,6 +26,7 @@ import (
 	"go.uber.org/goleak"
 	utilexec "k8s.io/client-go/util/exec"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/volumes"
 )
@@ -380,11 +381,12 @@ func TestPrepareIsIdempotentAndRefusesAnotherSpec(t *testing.T) {
 
 	// The sidecar serves the step's volumes: what streams in lands in the
 	// build dir.
-	srv, err := volumes.Start(root)
+	srv, err := volumes.Start(root, ownership.TokenHash("the-pods-token"))
 	require.NoError(t, err)
 	defer srv.Kill()
 	tarball := tarOf(t, map[string]string{"file.txt": "hello"})
 	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://127.0.0.1:%d/volumes/input-src/stream-in", srv.Port()), bytes.NewReader(tarball))
+	req.Header.Set("Authorization", "Bearer the-pods-token")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

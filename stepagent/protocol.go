@@ -82,6 +82,11 @@ const (
 // VolumePort is where the volume sidecar listens.
 const VolumePort = 7788
 
+// TokenHashEnv holds, in the volume sidecar's environment, the SHA-256
+// (hex) of the token it serves (package volumes): the gateways derive the
+// token, the pod holds only its hash.
+const TokenHashEnv = "JETWAY_VOLUMES_TOKEN_SHA256"
+
 // Spec is the step as the supervisor runs it. Prepare writes it once; the
 // same spec again is a no-op, a different one an error.
 type Spec struct {

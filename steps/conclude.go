@@ -234,6 +234,12 @@ func (g *gateway) deletePod(ctx context.Context, t *targets.Target, name string)
 		if err != nil {
 			return fmt.Errorf("read pod %s: %w", name, err)
 		}
+		if !g.opts.Pod.Key.Sealed(t.Name(), p) {
+			// Not jetway's, whatever its labels say (planted under the
+			// step's name): none of the step's to delete.
+			g.opts.Logger.Warn("pod left alone: it has a step's name but not jetway's seal", "target", t.Name(), "pod", name)
+			return nil
+		}
 		if p.Labels[ownership.OwnerLabel] != g.me {
 			if err := g.relabel(ctx, t, p); err != nil && !apierrors.IsConflict(err) {
 				return err

@@ -78,6 +78,10 @@ func disrupted(p *corev1.Pod) (failure, bool) {
 // podDeleted: the pod was deleted by someone else than its owner.
 var podDeleted = failure{Reason: "PodDeleted", Message: "the step's pod was deleted by someone else"}
 
+// podReplaced: the pod of the step's name is not the one the step had (its
+// UID differs): the step's was deleted, and another made in its place.
+var podReplaced = failure{Reason: "PodReplaced", Message: "the step's pod was deleted and another pod made under its name; jetway gave it nothing"}
+
 // deleting: the pod is being deleted. A kubelet stops its containers
 // first (TERM to each container's first process, the agent's pid1, which
 // exits 0), so the containers' ends say less than the deletion does.

@@ -17,6 +17,7 @@ type Metrics struct {
 	reattaches  prometheus.Counter
 	sandboxes   *prometheus.CounterVec
 	sandboxGone *prometheus.CounterVec
+	rejected    *prometheus.CounterVec
 }
 
 // NewMetrics registers the steps' metrics on reg.
@@ -55,8 +56,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_check_sandboxes_deleted_total",
 			Help: "Check sandboxes deleted, by why: idle (past check-sandbox-ttl), broken, or target (it takes no new work).",
 		}, []string{"reason"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_steps_rejected_total",
+			Help: "Pods with jetway's labels that a gateway refused to take as a step's or a check sandbox's, by reason: unsealed (jetway did not make it so: planted, or relabelled), replaced (not the pod the step's record names).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone, m.takeovers, m.placements, m.podDeletes)
+	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone, m.takeovers, m.placements, m.podDeletes, m.rejected)
 	return m
 }
 
@@ -105,5 +110,17 @@ func (m *Metrics) placed(waited time.Duration) {
 func (m *Metrics) podDeleted() {
 	if m != nil {
 		m.podDeletes.Inc()
+	}
+}
+
+// Reasons a pod is refused (jetway_steps_rejected_total).
+const (
+	rejectUnsealed = "unsealed"
+	rejectReplaced = "replaced"
+)
+
+func (m *Metrics) rejectedPod(reason string) {
+	if m != nil {
+		m.rejected.WithLabelValues(reason).Inc()
 	}
 }

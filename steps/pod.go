@@ -54,6 +54,9 @@ type PodOptions struct {
 	// Extract bounds what one archive streamed into the pod's volumes may
 	// write (the sidecar's flags; zero fields: tarsafe's defaults).
 	Extract tarsafe.Limits
+	// Key seals the pod and derives its sidecar's token
+	// (ownership.Key): without it no step runs.
+	Key ownership.Key
 }
 
 // sidecarCommand runs the volume sidecar with the pod's extract limits.
@@ -87,8 +90,10 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 	meta := t.Config.Meta
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
+	seal := map[string]string{ownership.SealAnnotation: opts.Key.Seal(t.Name(), placed.Pod, sum.Team)}
+	tokenHash := ownership.TokenHash(opts.Key.Token(t.Name(), placed.Pod))
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: placed.Pod, Namespace: t.Namespace(), Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: placed.Pod, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyNever,
 			AutomountServiceAccountToken: &no,
@@ -117,9 +122,10 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				// the gateway reads the step's log through it (the same
 				// relative bin/step-agent) once the step's container ended.
 				Name: SidecarContainer, Image: opts.AgentImage,
-				Command:         opts.sidecarCommand(),
-				WorkingDir:      stepagent.Root,
-				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
+				Command:    opts.sidecarCommand(),
+				WorkingDir: stepagent.Root,
+				Env: []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root},
+					{Name: stepagent.TokenHashEnv, Value: tokenHash}},
 				Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
 				VolumeMounts:    mount,
 				SecurityContext: agentSecurity(),

@@ -13,7 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -33,13 +35,20 @@ func TestBuildPod(t *testing.T) {
 	require.Nil(t, req.Validate())
 	sum := summaryOf(req, false, time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 
-	p := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("main", "build-1")}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
+	key, err := ownership.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	p := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("main", "build-1")}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod", Key: key})
 
 	assert.Equal(t, "ci", p.Namespace)
 	assert.Equal(t, map[string]string{
 		"org.concourse-ci.worker": "east", "jetway-ci.dev/installation": "prod", "jetway-ci.dev/step-type": "task",
 		"jetway-ci.dev/team": "main", "jetway-ci.dev/step": "build-1", "jetway-ci.dev/owner": "gw-a"}, p.Labels)
-	assert.Empty(t, p.Annotations, "what a restarted gateway needs is in the step's record, not the pod")
+	assert.Equal(t, map[string]string{ownership.SealAnnotation: key.Seal("east", p.Name, "main")}, p.Annotations,
+		"what a restarted gateway needs is in the step's record; the pod has only jetway's seal")
+	assert.True(t, key.Sealed("east", p))
+	token := key.Token("east", p.Name)
+	spec, _ := json.Marshal(p)
+	assert.NotContains(t, string(spec), token, "the sidecar's token is nowhere in the pod")
 	assert.Equal(t, map[string]string{"pool": "ci"}, p.Spec.NodeSelector)
 	assert.Equal(t, cfg.Meta.Tolerations, p.Spec.Tolerations)
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "registry"}}, p.Spec.ImagePullSecrets)
@@ -57,6 +66,8 @@ func TestBuildPod(t *testing.T) {
 	assert.False(t, *step.SecurityContext.Privileged)
 	assert.False(t, *step.SecurityContext.AllowPrivilegeEscalation)
 	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
+	assert.Contains(t, side.Env, corev1.EnvVar{Name: stepagent.TokenHashEnv, Value: ownership.TokenHash(token)},
+		"the sidecar holds the hash of its token")
 	assert.Equal(t, "/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
 	assert.True(t, *side.SecurityContext.RunAsNonRoot)
 	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788"}, side.Command, "the agent's own extract limits")

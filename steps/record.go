@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/stepagent"
 )
@@ -175,10 +176,13 @@ type Placed struct {
 	KillGrace stepagent.Duration `json:"kill_grace"`
 }
 
-// Node is where the scheduler bound the step's pod, and when.
+// Node is where the scheduler bound the step's pod, and when; and the
+// pod's UID, for its owners to know it again (a pod made under its name
+// after it was deleted is not the step's).
 type Node struct {
 	Name string    `json:"node"`
 	At   time.Time `json:"at"`
+	UID  types.UID `json:"pod_uid,omitempty"`
 }
 
 // Claim is an upload under way: the gateway receiving it, since when.

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
@@ -183,7 +184,7 @@ func (r *runner) recordScheduled(ctx context.Context) (*Record, error) {
 			return nil, fmt.Errorf("read pod %s: %w", r.placed.Pod, err)
 		}
 	}
-	node := Node{Name: p.Spec.NodeName, At: scheduledAt(p)}
+	node := Node{Name: p.Spec.NodeName, At: scheduledAt(p), UID: p.UID}
 	return r.update(ctx, func(st *Status) error {
 		if st.Scheduled != nil {
 			return errUnchanged
@@ -213,7 +214,16 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 		case err != nil:
 			return fmt.Errorf("read pod %s: %w", r.placed.Pod, err)
 		case p.Labels[HandleLabel] != r.sum.Handle || p.Labels[ownership.TeamLabel] != r.sum.Team:
-			return fmt.Errorf("pod %s is not this step's", p.Name)
+			return &createFailed{fmt.Errorf("pod %s is in the step's way: its labels name another step", p.Name)}
+		case !r.k.opts.Pod.Key.Sealed(r.placed.Target, p):
+			// Its name and labels are the step's, but jetway did not seal
+			// it: planted by someone who may create pods there.
+			r.k.opts.Metrics.rejectedPod(rejectUnsealed)
+			r.log.Warn("pod refused: it has the step's name and labels but not jetway's seal", "pod", p.Name)
+			return &createFailed{fmt.Errorf("pod %s is in the step's way: jetway did not make it (it has no valid %s); the step gave it nothing", p.Name, ownership.SealAnnotation)}
+		case r.podUID() != "" && p.UID != r.podUID():
+			r.k.opts.Metrics.rejectedPod(rejectReplaced)
+			return &podFailed{podReplaced}
 		case p.Labels[ownership.OwnerLabel] == r.k.me:
 			return nil
 		}
@@ -227,13 +237,22 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 	}
 }
 
+// podUID is the step's pod's UID as its record has it, or "" before it
+// was scheduled.
+func (r *runner) podUID() types.UID {
+	if rec, ok := r.record(); ok && rec.Status.Scheduled != nil {
+		return rec.Status.Scheduled.UID
+	}
+	return ""
+}
+
 // outcome is the step's last event, and whether its pod stays (its
 // process ran, so its outputs and log may matter).
 func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 	var pf *podFailed
 	var cf *createFailed
 	switch {
-	case errors.As(cause, &pf):
+	case errors.As(cause, &pf), errors.As(err, &pf):
 		return Event{Type: EventFailed, Phase: Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
 	case errors.Is(cause, errAborted):
 		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true

@@ -28,7 +28,9 @@ import (
 //
 // The placer keeps the sandboxes: it alone puts checks in them, so it
 // alone may decide one is idle and delete it; a new placer takes the
-// sandboxes of the targets it finds over (their owner label names it). A
+// sandboxes of the targets it finds over (their owner label names it),
+// those jetway sealed alone (ownership.Key): a pod planted with a
+// sandbox's labels gets no check, and is counted. A
 // check in a sandbox is driven by its own owner, as any step; whether a
 // sandbox is in use, or broken, the placer reads from the records of the
 // checks placed in it.
@@ -48,8 +50,12 @@ type sandboxKey struct{ team, image, reuse string }
 
 func keyOf(sum Summary) sandboxKey { return sandboxKey{sum.Team, sum.Image, sum.ReuseKey} }
 
-func (k sandboxKey) hash() string {
-	sum := sha256.Sum256([]byte(k.team + "\x00" + k.image + "\x00" + k.reuse))
+func (k sandboxKey) hash() string { return SandboxKeyHash(k.team, k.image, k.reuse) }
+
+// SandboxKeyHash is the SandboxLabel of the sandbox of team's checks of
+// image with reuse key reuse.
+func SandboxKeyHash(team, image, reuse string) string {
+	sum := sha256.Sum256([]byte(team + "\x00" + image + "\x00" + reuse))
 	return hex.EncodeToString(sum[:])[:16]
 }
 
@@ -88,11 +94,14 @@ type sandboxes struct {
 	// gone are the sandbox pods this placer deleted, until the watch no
 	// longer shows them: find takes none up again.
 	gone map[string]bool
-	mu   sync.Mutex
+	// refused are the pods that look like sandboxes but are not sealed,
+	// counted once each while the watch shows them.
+	refused map[string]bool
+	mu      sync.Mutex
 }
 
 func newSandboxes(p *placer) *sandboxes {
-	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}, gone: map[string]bool{}}
+	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}, gone: map[string]bool{}, refused: map[string]bool{}}
 }
 
 // tend brings the sandboxes up to what the targets and records show:
@@ -182,6 +191,17 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 			if k.hash() != p.Labels[SandboxLabel] {
 				continue // not one of jetway's: its labels do not match its key
 			}
+			if !s.p.opts.Pod.Key.Sealed(st.Name, p) {
+				// It claims to be a team's sandbox, but jetway did not make
+				// it so: it gets no check (and no check's source).
+				if !s.refused[st.Name+"/"+p.Name] {
+					s.refused[st.Name+"/"+p.Name] = true
+					s.p.opts.Metrics.rejectedPod(rejectUnsealed)
+					s.p.opts.Logger.Warn("pod refused as a check sandbox: it has a sandbox's labels but not jetway's seal",
+						"target", st.Name, "pod", p.Name, "team", k.team)
+				}
+				continue
+			}
 			sb := &sandbox{key: k, target: st.Name, pod: p.Name, seen: true, lastUsed: s.p.opts.Now()}
 			s.byKey[k] = append(s.byKey[k], sb)
 			if p.Labels[ownership.OwnerLabel] != s.p.me {
@@ -193,6 +213,11 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 	for k := range s.gone {
 		if !seen[k] {
 			delete(s.gone, k)
+		}
+	}
+	for k := range s.refused {
+		if !seen[k] {
+			delete(s.refused, k)
 		}
 	}
 }
@@ -308,7 +333,7 @@ func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error 
 	pod := buildPod(&sum, s.p.me, t, Placed{Target: sb.target, Pod: sb.pod}, s.p.opts.Pod)
 	delete(pod.Labels, HandleLabel)
 	pod.Labels[SandboxLabel] = sb.key.hash()
-	pod.Annotations = map[string]string{sandboxKeyAnnotation: sb.key.reuse}
+	pod.Annotations[sandboxKeyAnnotation] = sb.key.reuse
 	pod.Spec.Containers = pod.Spec.Containers[:1]
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // appearTimeout is how long a pod just made may stay out of the target's
@@ -93,6 +94,7 @@ type podWatch struct {
 	stop      context.CancelCauseFunc
 	running   chan struct{}
 	seen      bool      // the watch has shown the pod
+	uid       types.UID // the step's pod's UID: recorded, or first seen
 	isRunning bool      // running is closed
 	pullSince time.Time // first sight of a pull failing for a passing reason
 	wake      *time.Timer
@@ -126,6 +128,18 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 		return false
 	}
 	w.seen = true
+	if w.uid == "" {
+		w.uid = r.podUID()
+		if w.uid == "" {
+			w.uid = p.UID
+		}
+	}
+	if p.UID != w.uid {
+		r.k.opts.Metrics.rejectedPod(rejectReplaced)
+		r.log.Warn("step's pod replaced: another pod has its name", "pod", p.Name, "uid", string(p.UID), "step_pod_uid", string(w.uid))
+		w.stop(&podFailed{podReplaced})
+		return true
+	}
 	if f, ok := podFailure(p); ok {
 		if !f.Transient {
 			w.stop(&podFailed{f})

@@ -37,6 +37,13 @@ func (s *Streamer) check(ctx context.Context, c Caller, side string, e Endpoint)
 	if !s.mayTouch(c, e.Target, pod) {
 		return nil, &Error{Side: side, Err: notFound(e)}
 	}
+	if !s.opts.Key.Sealed(e.Target, pod) {
+		// Labelled as jetway's, but jetway did not make it so: planted, or
+		// relabelled. It gets no byte, and the caller learns nothing.
+		s.opts.Metrics.reject(reasonUnsealed)
+		s.opts.Logger.Warn("stream refused: the pod carries jetway's labels but not its seal", "target", e.Target, "pod", e.Pod, "side", side)
+		return nil, &Error{Side: side, Err: notFound(e)}
+	}
 	return pod, nil
 }
 

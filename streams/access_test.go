@@ -134,3 +134,59 @@ func count(t *testing.T, c prometheus.Counter) float64 {
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
 }
+
+// A pod with jetway's labels but not its seal (planted by someone who may
+// create pods there, or relabelled to another team) answers as a missing
+// one: no volume server hears of the stream, and it is counted.
+func TestUnsealedPodsAnswerAsMissing(t *testing.T) {
+	var calls atomic.Int32
+	opts := testOptions(volumeServers{
+		"stream-out": func(*http.Request) (*http.Response, error) { calls.Add(1); return nil, nil },
+		"stream-in":  func(*http.Request) (*http.Response, error) { calls.Add(1); return nil, nil },
+	})
+	planted := stepPod("a", "planted", "main")
+	delete(planted.Annotations, ownership.SealAnnotation)
+	relabelled := stepPod("a", "relabelled", "other")
+	relabelled.Labels[ownership.TeamLabel] = "main"
+	copied := stepPod("a", "copied", "main")
+	copied.Annotations[ownership.SealAnnotation] = stepPod("a", "src", "main").Annotations[ownership.SealAnnotation]
+	opts.Target = pods{"a/planted": planted, "a/relabelled": relabelled, "a/copied": copied,
+		"b/dst": stepPod("b", "dst", "main")}.target
+	s := New(opts)
+	defer s.Close()
+	for _, caller := range []Caller{{Team: "main"}, {Admin: true}} {
+		for _, pod := range []string{"planted", "relabelled", "copied"} {
+			req := crossTarget
+			req.Caller, req.From.Pod = caller, pod
+			_, err := s.Stream(context.Background(), req, nil)
+			require.ErrorIs(t, err, ErrNotFound, pod)
+			assert.EqualError(t, err, `source: pod "`+pod+`" not found on target "a"`)
+		}
+	}
+	assert.Zero(t, calls.Load(), "no volume server was asked")
+	assert.Equal(t, 6.0, count(t, opts.Metrics.rejected.WithLabelValues(reasonUnsealed)))
+}
+
+// Each side of a stream is reached with its own pod's token.
+func TestEachPodGetsItsOwnToken(t *testing.T) {
+	var got [2]string
+	s := New(testOptions(volumeServers{
+		"stream-out": func(req *http.Request) (*http.Response, error) {
+			got[0] = req.Header.Get("Authorization")
+			return answer(http.StatusOK, http.NoBody), nil
+		},
+		"stream-in": func(req *http.Request) (*http.Response, error) {
+			got[1] = req.Header.Get("Authorization")
+			return answer(http.StatusNoContent, http.NoBody), nil
+		},
+	}))
+	defer s.Close()
+	_, err := s.Stream(context.Background(), crossTarget, nil)
+	require.NoError(t, err)
+	assert.Equal(t, [2]string{"Bearer " + testKey.Token("a", "src"), "Bearer " + testKey.Token("b", "dst")}, got)
+	assert.NotEqual(t, got[0], got[1])
+
+	_, err = New(Options{Installation: "jetway", Transport: volumeServers{}, Target: testOptions(nil).Target}).
+		OpenVolume(context.Background(), crossTarget.From, "raw")
+	assert.ErrorContains(t, err, "no pod key")
+}

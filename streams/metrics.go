@@ -26,6 +26,7 @@ const (
 	reasonInvalid  = "invalid"
 	reasonBusy     = "busy"
 	reasonNotFound = "not_found"
+	reasonUnsealed = "unsealed"
 )
 
 // NewMetrics registers the streams' metrics on reg.
@@ -37,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"mode", "result"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_streams_rejected_total",
-			Help: "Streams refused before they ran, by reason (invalid, busy: past max-streams, not_found: a pod missing or not the caller's).",
+			Help: "Streams refused before they ran, by reason (invalid, busy: past max-streams, not_found: a pod missing or not the caller's; unsealed: a pod with jetway's labels but not its seal, answered as not_found).",
 		}, []string{"reason"}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_stream_bytes_total",

@@ -1,7 +1,9 @@
 package streams
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,20 +18,41 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
-// volumeURL is a pod's volume server endpoint, reached by port-forward.
-func (s *Streamer) volumeURL(e Endpoint, op string) (string, error) {
+// volumeRequest is a request to a pod's volume server, reached by
+// port-forward, with the pod's token: op on the endpoint's volume path,
+// or, for an op starting with "/", that path of the server.
+func (s *Streamer) volumeRequest(ctx context.Context, e Endpoint, op string, q url.Values, body io.Reader) (*http.Request, error) {
+	if s.opts.Key.IsZero() {
+		return nil, errNoKey
+	}
 	t, err := s.opts.Target(e.Target)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, t.Namespace(), e.Pod, VolumePort),
-		Path: "/volumes/" + url.PathEscape(e.Handle) + "/" + op, RawQuery: url.Values{"path": {e.Path}}.Encode()}
-	return u.String(), nil
+	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, t.Namespace(), e.Pod, VolumePort), Path: op}
+	if !strings.HasPrefix(op, "/") {
+		if q == nil {
+			q = url.Values{}
+		}
+		q.Set("path", e.Path)
+		u.Path = "/volumes/" + url.PathEscape(e.Handle) + "/" + op
+	}
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.opts.Key.Token(e.Target, e.Pod))
+	return req, nil
 }
+
+// errNoKey: a streamer without the installation's pod key reaches no pod.
+var errNoKey = errors.New("no pod key: the gateway has no state namespace to read it from (docs/steps.md)")
 
 // errDestinationDone ends the source's side of a relay once the
 // destination's request has ended: what the source does then is not the
@@ -112,22 +135,24 @@ func (s *Streamer) openSource(ctx context.Context, req Request) (io.ReadCloser, 
 }
 
 // p2p asks the source pod to push the volume straight to the destination
-// pod's stream-in at ip (pods of one target reach each other).
+// pod's stream-in at ip (pods of one target reach each other). The push
+// carries a ticket registered with the destination for this one stream:
+// the source learns no token of the destination.
 func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (Result, error) {
 	if ip == "" {
 		return Result{}, fmt.Errorf("pod %s has no IP yet", req.To.Pod)
 	}
+	ticket := rand.Text() + rand.Text()
+	if err := s.register(ctx, req.To, ticket); err != nil {
+		return Result{}, err
+	}
 	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
 		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
-	u, err := s.volumeURL(req.From, "stream-p2p-out")
+	hreq, err := s.volumeRequest(ctx, req.From, "stream-p2p-out", url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}, nil)
 	if err != nil {
 		return Result{}, err
 	}
-	u += "&" + url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}.Encode()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
-	if err != nil {
-		return Result{}, err
-	}
+	hreq.Header.Set(volumes.StreamInAuthorization, "Bearer "+ticket)
 	resp, err := s.client.Do(hreq)
 	if err != nil {
 		return Result{}, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
@@ -146,6 +171,26 @@ func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (Result, err
 		return res, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
 	}
 	return res, nil
+}
+
+// register registers ticket with the destination's sidecar for one
+// stream-in into e.
+func (s *Streamer) register(ctx context.Context, e Endpoint, ticket string) error {
+	body, _ := json.Marshal(volumes.TicketRequest{SHA256: ownership.TokenHash(ticket), Handle: e.Handle, Path: e.Path})
+	hreq, err := s.volumeRequest(ctx, e, "/tickets", nil, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hreq.Method = http.MethodPost
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("ticket for %s/%s: %w", e.Pod, e.Handle, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("ticket for %s/%s: %w", e.Pod, e.Handle, remoteError(resp))
+	}
+	return nil
 }
 
 // pump copies src into dst through buf, hashing what passes and telling
@@ -180,11 +225,7 @@ func pump(dst io.Writer, src io.Reader, hash io.Writer, buf []byte, wd *watchdog
 
 // open starts the source's stream-out and returns its body.
 func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error) {
-	u, err := s.volumeURL(req.From, "stream-out")
-	if err != nil {
-		return nil, err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, nil)
+	hreq, err := s.volumeRequest(ctx, req.From, "stream-out", nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -202,11 +243,7 @@ func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error)
 
 // put uploads body into the destination's stream-in.
 func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
-	u, err := s.volumeURL(req.To, "stream-in")
-	if err != nil {
-		return err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPut, u, body)
+	hreq, err := s.volumeRequest(ctx, req.To, "stream-in", nil, body)
 	if err != nil {
 		return err
 	}

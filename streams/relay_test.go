@@ -31,6 +31,9 @@ type volumeServers map[string]func(*http.Request) (*http.Response, error)
 
 func (v volumeServers) RoundTrip(req *http.Request) (*http.Response, error) {
 	op := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
+	if !strings.HasPrefix(req.Header.Get("Authorization"), "Bearer ") {
+		return answer(http.StatusUnauthorized, io.NopCloser(strings.NewReader(`{"error": "no valid credential"}`))), nil
+	}
 	h, ok := v[op]
 	if !ok {
 		return nil, fmt.Errorf("no volume server handles %s", op)
@@ -58,8 +61,13 @@ func stepPod(target, name, team string) *corev1.Pod {
 	if team != "" {
 		labels[ownership.TeamLabel] = team
 	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels,
+		Annotations: map[string]string{ownership.SealAnnotation: testKey.Seal(target, name, team)}},
+		Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
 }
+
+// testKey is the installation's pod key in tests.
+var testKey, _ = ownership.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 
 // pods is a fake of the targets' API servers: pods by "target/name".
 type pods map[string]*corev1.Pod
@@ -81,7 +89,7 @@ func (p pods) target(name string) (*targets.Target, error) {
 // testOptions serve crossTarget's pods, as jetway's and no team's, from
 // volume servers in memory.
 func testOptions(servers volumeServers) Options {
-	return Options{Installation: "jetway", Transport: servers, Metrics: NewMetrics(prometheus.NewRegistry()),
+	return Options{Installation: "jetway", Key: testKey, Transport: servers, Metrics: NewMetrics(prometheus.NewRegistry()),
 		Target: pods{"a/src": stepPod("a", "src", ""), "b/dst": stepPod("b", "dst", "")}.target}
 }
 

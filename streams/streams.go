@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -140,6 +141,9 @@ type Options struct {
 	// Installation is this jetway installation's name: a stream touches
 	// only pods labelled with it (required).
 	Installation string
+	// Key is the installation's pod key: a stream touches only pods it
+	// sealed, and reaches their sidecars with their tokens (required).
+	Key ownership.Key
 	// Target returns a target's clients (the registry's Target). Every
 	// stream reads both of its pods through them to check they are jetway's
 	// and the caller's; the destination's IP lets streams within one

@@ -10,6 +10,7 @@ import (
 	"archive/tar"
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -51,7 +52,29 @@ type Server struct {
 	killed   bool
 	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
 	handlers sync.WaitGroup
+
+	tokenHash [sha256.Size]byte
+	tickets   map[[sha256.Size]byte]ticket // by the ticket's SHA-256
+	// now is the clock of tickets' expiry (tests set it).
+	now func() time.Time
 }
+
+// ticket allows one stream-in into one volume path until it expires.
+type ticket struct {
+	handle, path string
+	expires      time.Time
+}
+
+// Tickets: how long one is good for, and how many may wait at once (a
+// gateway registers one per direct stream and uses it at once).
+const (
+	TicketTTL  = 5 * time.Minute
+	maxTickets = 1024
+)
+
+// Header names. StreamInAuthorization carries, on a stream-p2p-out, the
+// Authorization the push sends to the destination: its ticket.
+const StreamInAuthorization = "Stream-In-Authorization"
 
 // SetLimits bounds what one stream-in may write into a volume (zero
 // fields: tarsafe's defaults); an archive past them is refused with a
@@ -62,22 +85,31 @@ func (s *Server) SetLimits(l tarsafe.Limits) {
 	s.limits = l
 }
 
-// Start serves on a new loopback port, storing volumes under root.
-func Start(root string) (*Server, error) { return Listen("127.0.0.1:0", root) }
+// Start serves on a new loopback port, storing volumes under root, to
+// whoever holds the token whose SHA-256 tokenHash is (hex).
+func Start(root, tokenHash string) (*Server, error) { return Listen("127.0.0.1:0", root, tokenHash) }
 
 // Listen serves on addr, storing volumes under root: root/volumes/<handle>
-// is a volume, a folder or a symlink to one.
-func Listen(addr, root string) (*Server, error) {
+// is a volume, a folder or a symlink to one. It serves whoever holds the
+// token whose SHA-256 tokenHash is (hex); there is no server without one.
+func Listen(addr, root, tokenHash string) (*Server, error) {
+	h, err := hex.DecodeString(tokenHash)
+	if err != nil || len(h) != sha256.Size {
+		return nil, fmt.Errorf("the volume server's token hash must be a SHA-256 in hex (64 characters), not %d characters", len(tokenHash))
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{})}
+	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}),
+		tickets: map[[sha256.Size]byte]ticket{}, now: time.Now}
+	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /volumes", s.create)
-	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
-	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
-	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
+	mux.HandleFunc("POST /volumes", s.holder(s.create))
+	mux.HandleFunc("POST /tickets", s.holder(s.ticket))
+	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn) // checks its own
+	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.holder(s.streamOut))
+	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.holder(s.streamP2POut))
 	s.srv = &http.Server{Handler: s.track(mux)}
 	go func() {
 		defer close(s.served)
@@ -85,6 +117,93 @@ func Listen(addr, root string) (*Server, error) {
 	}()
 	return s, nil
 }
+
+// bearer is the SHA-256 of a request's bearer credential, and whether it
+// has one.
+func bearer(r *http.Request) ([sha256.Size]byte, bool) {
+	v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || v == "" {
+		return [sha256.Size]byte{}, false
+	}
+	return sha256.Sum256([]byte(v)), true
+}
+
+// holds reports whether the request carries the server's token.
+func (s *Server) holds(r *http.Request) bool {
+	h, ok := bearer(r)
+	return ok && subtle.ConstantTimeCompare(h[:], s.tokenHash[:]) == 1
+}
+
+// holder serves next to the token's holder alone; anyone else gets a 401
+// before a byte of the request is read.
+func (s *Server) holder(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.holds(r) {
+			unauthorized(w)
+			return
+		}
+		next(w, r)
+	}
+}
+
+func unauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="jetway volumes"`)
+	fail(w, http.StatusUnauthorized, "this volume server serves only the jetway gateway that made its pod: no valid credential")
+}
+
+// TicketRequest registers a ticket: the SHA-256 (hex) of a secret the
+// token's holder made, good for one stream-in into Handle's Path.
+type TicketRequest struct {
+	SHA256 string `json:"sha256"`
+	Handle string `json:"handle"`
+	Path   string `json:"path,omitempty"`
+}
+
+func (s *Server) ticket(w http.ResponseWriter, r *http.Request) {
+	var req TicketRequest
+	err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req)
+	h, herr := hex.DecodeString(req.SHA256)
+	if err != nil || herr != nil || len(h) != sha256.Size || !validHandle(req.Handle) {
+		fail(w, http.StatusBadRequest, "body must be {\"sha256\": \"<64 hex>\", \"handle\": \"...\", \"path\": \"...\"}")
+		return
+	}
+	var key [sha256.Size]byte
+	copy(key[:], h)
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, t := range s.tickets {
+		if !now.Before(t.expires) {
+			delete(s.tickets, k)
+		}
+	}
+	if len(s.tickets) >= maxTickets {
+		fail(w, http.StatusServiceUnavailable, "%d tickets wait already; try again", maxTickets)
+		return
+	}
+	s.tickets[key] = ticket{handle: req.Handle, path: cleanPath(req.Path), expires: now.Add(TicketTTL)}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// useTicket takes the request's ticket for its volume path, if it has one
+// that is good: a ticket serves once.
+func (s *Server) useTicket(r *http.Request) bool {
+	h, ok := bearer(r)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tickets[h]
+	if !ok || !s.now().Before(t.expires) || t.handle != r.PathValue("handle") || t.path != cleanPath(r.URL.Query().Get("path")) {
+		return false
+	}
+	delete(s.tickets, h)
+	return true
+}
+
+// cleanPath is a volume path as tickets compare them.
+func cleanPath(p string) string { return filepath.ToSlash(filepath.Clean("/" + p)) }
 
 // SetRate limits the stream-outs that start from now on to about rate
 // bytes per second (0: no limit), so tests can fail a stream while it
@@ -184,6 +303,10 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
 // temporary folder and moves it in place only once the whole stream
 // arrived, so a truncated stream never lands.
 func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
+	if !s.holds(r) && !s.useTicket(r) {
+		unauthorized(w)
+		return
+	}
 	dst, ok := s.volume(w, r)
 	if !ok {
 		return
@@ -294,6 +417,9 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Header.Set("Content-Encoding", enc)
+	if a := r.Header.Get(StreamInAuthorization); a != "" {
+		req.Header.Set("Authorization", a)
+	}
 	resp, err := s.Client.Do(req)
 	if err != nil {
 		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)

@@ -1,6 +1,7 @@
 package volumes
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,9 +10,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,9 +33,13 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("net/http.(*conn).closeWriteAndWait"))
 }
 
+// testToken is the token of the servers tests start.
+const testToken = "test-token-0123456789abcdef"
+
 func start(t *testing.T) (*Server, string) {
 	t.Helper()
-	s, err := Start(t.TempDir())
+	sum := sha256.Sum256([]byte(testToken))
+	s, err := Start(t.TempDir(), hex.EncodeToString(sum[:]))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Kill() })
 	return s, fmt.Sprintf("http://127.0.0.1:%d", s.Port())
@@ -42,8 +49,9 @@ func do(t *testing.T, method, url string, hdr map[string]string, body io.Reader)
 	t.Helper()
 	req, err := http.NewRequest(method, url, body)
 	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	for k, v := range hdr {
-		req.Header.Set(k, v)
+		req.Header.Set(k, v) // "Authorization": "" sends none
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -114,7 +122,7 @@ func TestTruncatedStreamInNeverLands(t *testing.T) {
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	require.NoError(t, err)
 	half := tarball[:len(tarball)/2]
-	fmt.Fprintf(conn, "PUT /volumes/v/stream-in?path=new HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", len(half))
+	fmt.Fprintf(conn, "PUT /volumes/v/stream-in?path=new HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", testToken, len(half))
 	conn.Write(half)
 	conn.Write([]byte("\r\n"))
 	require.Eventually(t, func() bool { // the stream-in is extracting
@@ -135,8 +143,9 @@ func TestStreamP2POut(t *testing.T) {
 	volume(t, srcURL, "a")
 	volume(t, dstURL, "b")
 	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "f"), []byte("p2p"), 0o644))
+	ticketFor(t, dstURL, "one-push", "b", "x")
 	resp, body := do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?encoding=zstd&streamInURL="+
-		dstURL+"/volumes/b/stream-in%3Fpath%3Dx", nil, nil)
+		dstURL+"/volumes/b/stream-in%3Fpath%3Dx", map[string]string{StreamInAuthorization: "Bearer one-push"}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	got, err := os.ReadFile(filepath.Join(dst.Path("b"), "x", "f"))
 	require.NoError(t, err)
@@ -162,6 +171,7 @@ func TestRateChangesWhileServing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/v/stream-out", nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			_, err = io.Copy(io.Discard, resp.Body)
@@ -235,4 +245,113 @@ func TestStreamInRefusesHostileArchives(t *testing.T) {
 		assert.Equal(t, "before", string(b))
 	})
 
+}
+
+// ticketFor registers ticket at the server for one stream-in into handle's
+// path.
+func ticketFor(t *testing.T, base, ticket, handle, path string) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(ticket))
+	body, _ := json.Marshal(TicketRequest{SHA256: hex.EncodeToString(sum[:]), Handle: handle, Path: path})
+	resp, answer := do(t, http.MethodPost, base+"/tickets", nil, bytes.NewReader(body))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", answer)
+}
+
+// TestServesOnlyTheTokensHolder: every route answers 401 to a request
+// without the token, or with another, and reads or writes nothing.
+func TestServesOnlyTheTokensHolder(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "v")
+	secret := filepath.Join(s.Path("v"), "secret")
+	require.NoError(t, os.WriteFile(secret, []byte("team a's"), 0o644))
+	tarball := tarsafetest.Tar(t, &tar.Header{Name: "secret", Typeflag: tar.TypeReg, Mode: 0o644})
+	sum := sha256.Sum256([]byte("mine"))
+	ticket, _ := json.Marshal(TicketRequest{SHA256: hex.EncodeToString(sum[:]), Handle: "v"})
+	for _, cred := range []string{"", "Bearer ", "Bearer wrong-token", "Basic " + testToken, testToken} {
+		for _, tc := range []struct {
+			method, path string
+			body         []byte
+		}{
+			{http.MethodPut, "/volumes/v/stream-out", nil},
+			{http.MethodPut, "/volumes/v/stream-in", tarball},
+			{http.MethodPut, "/volumes/v/stream-p2p-out?streamInURL=http://127.0.0.1:1/", nil},
+			{http.MethodPost, "/volumes", []byte(`{"handle":"new"}`)},
+			{http.MethodPost, "/tickets", ticket},
+		} {
+			resp, body := do(t, tc.method, base+tc.path, map[string]string{"Authorization": cred}, bytes.NewReader(tc.body))
+			assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s %s with %q", tc.method, tc.path, cred)
+			assert.NotContains(t, string(body), "team a's")
+			assert.Contains(t, string(body), "no valid credential")
+		}
+	}
+	b, err := os.ReadFile(secret)
+	require.NoError(t, err)
+	assert.Equal(t, "team a's", string(b), "nothing written")
+	_, err = os.Stat(s.Path("new"))
+	assert.True(t, os.IsNotExist(err), "no volume made")
+	// The one ticket registered with the token is not one the others made.
+	resp, _ := do(t, http.MethodPut, base+"/volumes/v/stream-in", map[string]string{"Authorization": "Bearer mine"}, bytes.NewReader(tarball))
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
+// TestTicketsServeOnePush: a push (stream-p2p-out) lands only with a
+// ticket the destination's token holder registered, for that volume path,
+// once, before it expires; without one the destination refuses it and
+// the source says so.
+func TestTicketsServeOnePush(t *testing.T) {
+	src, srcURL := start(t)
+	dst, dstURL := start(t)
+	clock := time.Unix(1_000_000, 0)
+	var mu sync.Mutex
+	dst.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	volume(t, srcURL, "a")
+	volume(t, dstURL, "b")
+	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "f"), []byte("p2p"), 0o644))
+	push := func(ticket, path string) (*http.Response, []byte) {
+		hdr := map[string]string{}
+		if ticket != "" {
+			hdr[StreamInAuthorization] = "Bearer " + ticket
+		}
+		return do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?streamInURL="+
+			url.QueryEscape(dstURL+"/volumes/b/stream-in?path="+path), hdr, nil)
+	}
+	landed := func(path string) bool {
+		_, err := os.Stat(filepath.Join(dst.Path("b"), path, "f"))
+		return err == nil
+	}
+
+	resp, body := push("", "x")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Contains(t, string(body), "401 Unauthorized")
+	resp, body = push("never-registered", "x")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", body)
+	assert.False(t, landed("x"))
+
+	ticketFor(t, dstURL, "for-x", "b", "x")
+	resp, body = push("for-x", "elsewhere")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "a ticket is for its path alone: %s", body)
+	assert.False(t, landed("elsewhere"))
+	resp, body = push("for-x", "x")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	assert.True(t, landed("x"))
+	require.NoError(t, os.RemoveAll(filepath.Join(dst.Path("b"), "x")))
+	resp, _ = push("for-x", "x")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "a ticket serves once")
+	assert.False(t, landed("x"))
+
+	ticketFor(t, dstURL, "late", "b", "y")
+	mu.Lock()
+	clock = clock.Add(TicketTTL)
+	mu.Unlock()
+	resp, _ = push("late", "y")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "an expired ticket serves nobody")
+	assert.False(t, landed("y"))
+}
+
+// TestServerNeedsATokenHash: there is no server serving anyone.
+func TestServerNeedsATokenHash(t *testing.T) {
+	for _, h := range []string{"", "abc", strings.Repeat("z", 64)} {
+		_, err := Start(t.TempDir(), h)
+		assert.ErrorContains(t, err, "SHA-256 in hex", "%q", h)
+	}
 }

@@ -75,7 +75,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	}
 
 	id := steps.NewIdentity(hostname())
-	state, err := newStepState(cfg, id, logger)
+	state, err := newStepState(ctx, cfg, id, logger)
 	if err != nil {
 		return err
 	}
@@ -129,6 +129,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	streamer := streams.New(streams.Options{
 		Dialer:       dialer,
 		Installation: cfg.Installation,
+		Key:          state.key,
 		Target:       registry.Target,
 		MaxStreams:   cfg.MaxStreams,
 		StallTimeout: cfg.StreamStallTimeout,
@@ -148,7 +149,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Unavailable: state.unavailable,
 		Placement:   placement,
 		Pod: steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation,
-			Extract: tarsafe.Limits{Bytes: int64(cfg.ExtractMaxBytes), Entries: cfg.ExtractMaxEntries}},
+			Extract: tarsafe.Limits{Bytes: int64(cfg.ExtractMaxBytes), Entries: cfg.ExtractMaxEntries}, Key: state.key},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
 		GCGrace:        cfg.GCGrace,

@@ -1,16 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -18,9 +21,12 @@ import (
 // records, its Lease among the gateways', and its campaign for the placer
 // Lease. unavailable says why there is none (steps are then refused).
 type stepState struct {
-	store       *steps.Store
-	owners      *steps.Owners
-	elector     *steps.Elector
+	store   *steps.Store
+	owners  *steps.Owners
+	elector *steps.Elector
+	// key seals the installation's pods and derives their sidecars'
+	// tokens (ownership.Key); read from the state namespace.
+	key         ownership.Key
 	unavailable string
 }
 
@@ -28,7 +34,7 @@ type stepState struct {
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // newStepState connects to the state namespace of cfg, as identity.
-func newStepState(cfg config.Config, identity string, logger *slog.Logger) (stepState, error) {
+func newStepState(ctx context.Context, cfg config.Config, identity string, logger *slog.Logger) (stepState, error) {
 	rc, ns, err := stateConfig(cfg)
 	if err != nil {
 		return stepState{}, &config.Error{Problems: []config.Problem{{Key: "state-kubeconfig", Message: err.Error()}}}
@@ -56,8 +62,16 @@ func newStepState(cfg config.Config, identity string, logger *slog.Logger) (step
 	if err != nil {
 		return stepState{}, err
 	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return stepState{}, err
+	}
+	key, err := ownership.LoadKey(ctx, client.CoreV1(), ns, cfg.Installation)
+	if err != nil {
+		return stepState{}, err
+	}
 	log.Info("steps are kept in the state namespace", "identity", identity)
-	return stepState{store: store, owners: owners, elector: elector}, nil
+	return stepState{store: store, owners: owners, elector: elector, key: key}, nil
 }
 
 // stateConfig reaches the state namespace: the state kubeconfig's

@@ -164,7 +164,11 @@ func prepare(root string, n int) error {
 func serveVolumes(addr, root string, limits tarsafe.Limits) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	s, err := volumes.Listen(addr, root)
+	hash := os.Getenv(stepagent.TokenHashEnv)
+	if hash == "" {
+		return fmt.Errorf("%w: volumes serves only the holder of a token: $%s must hold its SHA-256", errUsage, stepagent.TokenHashEnv)
+	}
+	s, err := volumes.Listen(addr, root, hash)
 	if err != nil {
 		return err
 	}

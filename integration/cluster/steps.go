@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/volumes"
@@ -179,7 +181,7 @@ func (k *stepKubelet) setup(ctx context.Context, pod *corev1.Pod) (*stepPod, err
 			return p, fmt.Errorf("install agent: %w", err)
 		}
 	}
-	sidecar, err := volumes.Start(p.root)
+	sidecar, err := volumes.Start(p.root, sidecarTokenHash(pod))
 	if err != nil {
 		return p, fmt.Errorf("start volume sidecar: %w", err)
 	}
@@ -364,4 +366,18 @@ func copyExecutable(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// sidecarTokenHash is the token hash in the pod's volume sidecar's
+// environment, as a real sidecar reads it; a pod without one (a check
+// sandbox) gets a server nobody holds a token of.
+func sidecarTokenHash(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		for _, e := range c.Env {
+			if e.Name == stepagent.TokenHashEnv {
+				return e.Value
+			}
+		}
+	}
+	return ownership.TokenHash(rand.Text())
 }

@@ -16,6 +16,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
 	"flag"
@@ -28,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/volumes"
@@ -51,7 +53,8 @@ func run(listen, ca, cert, key, dir string) error {
 	if err != nil {
 		return err
 	}
-	vs, err := volumes.Start(dir)
+	token := rand.Text()
+	vs, err := volumes.Start(dir, ownership.TokenHash(token))
 	if err != nil {
 		return err
 	}
@@ -62,7 +65,7 @@ func run(listen, ca, cert, key, dir string) error {
 	if err != nil {
 		return err
 	}
-	r := &receiver{vs: vs, client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}}
+	r := &receiver{vs: vs, token: token, client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /volumes/{handle}/stream-in", r.streamIn)
 	srv := &http.Server{Handler: mux}
@@ -81,6 +84,7 @@ func run(listen, ca, cert, key, dir string) error {
 
 type receiver struct {
 	vs     *volumes.Server
+	token  string // vs's
 	client *http.Client
 }
 
@@ -101,6 +105,7 @@ func (rc *receiver) streamIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Header.Set("Content-Encoding", cmp.Or(r.Header.Get("Content-Encoding"), volumes.Raw))
+	req.Header.Set("Authorization", "Bearer "+rc.token)
 	resp, err := rc.client.Do(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)

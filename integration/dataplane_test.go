@@ -1,0 +1,108 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// plant creates, as someone who may create pods in the namespace would, a
+// pod with jetway's labels (and annotations) but no seal.
+func plant(ctx context.Context, t *testing.T, ns, name, image string, labels, annotations map[string]string) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: annotations},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: image}}},
+	}
+	_, err := clusters[0].Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	waitRunning(ctx, t, clusters[0].Client, ns, name)
+}
+
+// TestPlantedPodsGetNothing: pods planted in a target namespace with
+// jetway's labels, claiming admin (no team label), are never taken as
+// jetway's: not a check sandbox found by a restarted gateway, not the pod
+// of the step whose name and labels it has. They get no check and no
+// step, jetway leaves them alone, and each is counted and logged.
+func TestPlantedPodsGetNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	const ns = "planted"
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
+	opts := gatewayOptions{resourceDir: resourceScripts(t)}
+	g := startGateway(t, dir, opts)
+	g.waitTarget(t, ns, 10*time.Second, running)
+
+	// An admin's check sandbox for git-resource, key repo-x; and the pod
+	// of the admin's step "deploy", both owned by "the gateway before".
+	labels := func(extra map[string]string) map[string]string {
+		l := ownership.Labels(ns, "jetway")
+		l[ownership.OwnerLabel] = "replica-gone"
+		for k, v := range extra {
+			l[k] = v
+		}
+		return l
+	}
+	plant(ctx, t, ns, "check-planted", "git-resource",
+		labels(map[string]string{steps.SandboxLabel: steps.SandboxKeyHash("", "git-resource", "repo-x")}),
+		map[string]string{"jetway-ci.dev/sandbox-key": "repo-x"})
+	stepPod := steps.PodName("", "deploy")
+	plant(ctx, t, ns, stepPod, "busybox", labels(map[string]string{steps.HandleLabel: "deploy"}), nil)
+
+	// Adopted after a restart: the new gateway's placer looks for the
+	// sandboxes of its targets.
+	addr := strings.TrimPrefix(g.base, "http://")
+	g.stop()
+	opts.listen = addr
+	g = startGateway(t, dir, opts)
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api, err := client.New(client.Options{URL: g.base})
+	require.NoError(t, err)
+
+	versions, err := api.CheckResource(ctx, client.ResourceStep{Handle: "check-1", Image: "git-resource",
+		Source: map[string]string{"uri": "git://secret-token@x"}, ReuseKey: "repo-x"})
+	require.NoError(t, err)
+	assert.Equal(t, []client.Version{{"ref": "a"}, {"ref": "b"}}, versions)
+	assert.NotEqual(t, "check-planted", g.step(t, "check-1").Pod, "the check ran in a sandbox jetway made")
+
+	deploy := shStep("deploy", "echo deployed")
+	deploy.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
+	code, _, body := g.submitStep(t, "", deploy)
+	require.Equal(t, 202, code, body)
+	v := g.waitPhase(t, "deploy", steps.Errored)
+	assert.Equal(t, "CreatePodFailed", v.Reason)
+	assert.Contains(t, v.Message, "jetway did not make it")
+	assert.True(t, v.StartedAt.IsZero())
+
+	for _, pod := range []string{"check-planted", stepPod} {
+		root := c.StepRoot(ns, pod)
+		for _, f := range []string{stepagent.SpecFile, stepagent.InputsFile, stepagent.RunsDir} {
+			_, err := os.Stat(filepath.Join(root, f))
+			assert.True(t, os.IsNotExist(err), "%s got %s", pod, f)
+		}
+		vols, _ := os.ReadDir(filepath.Join(root, stepagent.VolumesDir))
+		assert.Empty(t, vols, "%s got a volume", pod)
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		require.NoError(t, err, "jetway leaves a pod it did not make alone")
+		assert.Equal(t, "replica-gone", p.Labels[ownership.OwnerLabel], "and does not take it over")
+	}
+	assert.Equal(t, 2.0, metricValue(t, g, `jetway_steps_rejected_total{reason="unsealed"}`))
+	assert.Contains(t, g.logs.String(), "pod refused as a check sandbox: it has a sandbox's labels but not jetway's seal")
+	assert.Contains(t, g.logs.String(), "pod refused: it has the step's name and labels but not jetway's seal")
+	assert.NotContains(t, g.logs.String(), "secret-token", "a check's source reaches no log")
+}

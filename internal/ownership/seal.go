@@ -1,0 +1,138 @@
+package ownership
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+)
+
+// Labels say whose a pod is, but anyone who may create or patch pods in a
+// target namespace can write them. So every pod jetway makes carries, from
+// the installation's pod key (a Secret in the state namespace, which only
+// the gateways read):
+//
+//   - a seal (SealAnnotation): an HMAC of the target, the pod's name and its
+//     team label. A gateway takes a pod for jetway's only with a seal that
+//     matches: a planted pod, or one whose team label was changed, has
+//     none. The seal is no secret; it cannot be made for another name or
+//     team without the key.
+//   - the SHA-256 of the pod's token (TokenHash, in the volume sidecar's
+//     environment): the token, an HMAC of the target and the pod's name,
+//     is the sidecar's credential; the gateways derive it, the pod holds
+//     only its hash.
+//
+// A pod's name is unique while it exists: a pod made with the name and
+// seal of one of jetway's (copied from its spec) needs that pod deleted
+// first, which the step's record then notices (docs/steps.md).
+const (
+	SealAnnotation = "jetway-ci.dev/seal"
+	// keyData is the key's data key in its Secret.
+	keyData = "pod-key"
+	keySize = 32
+)
+
+// Key is an installation's pod key. The zero Key seals nothing and
+// verifies nothing.
+type Key struct{ k []byte }
+
+// NewKey makes a Key of at least 32 bytes of secret.
+func NewKey(b []byte) (Key, error) {
+	if len(b) < keySize {
+		return Key{}, fmt.Errorf("a pod key has at least %d bytes, not %d", keySize, len(b))
+	}
+	return Key{k: append([]byte(nil), b...)}, nil
+}
+
+// IsZero reports whether the key is missing.
+func (k Key) IsZero() bool { return len(k.k) == 0 }
+
+func (k Key) mac(parts ...string) string {
+	m := hmac.New(sha256.New, k.k)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Token is the volume sidecar's credential of pod on target.
+func (k Key) Token(target, pod string) string { return k.mac("token", target, pod) }
+
+// Seal is the seal of pod on target for team ("" for admins alone).
+func (k Key) Seal(target, pod, team string) string { return k.mac("seal", target, pod, team) }
+
+// Sealed reports whether p, a pod of target, carries the seal of its name
+// and team label: whether jetway made it so.
+func (k Key) Sealed(target string, p *corev1.Pod) bool {
+	if k.IsZero() {
+		return false
+	}
+	want := k.Seal(target, p.Name, p.Labels[TeamLabel])
+	return subtle.ConstantTimeCompare([]byte(p.Annotations[SealAnnotation]), []byte(want)) == 1
+}
+
+// TokenHash is the SHA-256, in hex, of a token: what a sidecar holds.
+func TokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// KeySecretName is the Secret holding an installation's pod key in its
+// state namespace.
+func KeySecretName(installation string) string { return "jetway-" + installation + "-pod-key" }
+
+// KeySecret is the Secret holding installation's pod key b.
+func KeySecret(installation string, b []byte) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: KeySecretName(installation), Labels: map[string]string{InstallationLabel: installation}},
+		Type:       "jetway-ci.dev/pod-key",
+		Data:       map[string][]byte{keyData: b},
+	}
+}
+
+// loadTimeout bounds reading (or making) the key.
+const loadTimeout = 30 * time.Second
+
+// LoadKey reads the installation's pod key from namespace, making it the
+// first time: of gateways starting together, the first to create it wins
+// and the others read it.
+func LoadKey(ctx context.Context, secrets corev1client.SecretsGetter, namespace, installation string) (Key, error) {
+	ctx, cancel := context.WithTimeout(ctx, loadTimeout)
+	defer cancel()
+	name := KeySecretName(installation)
+	api := secrets.Secrets(namespace)
+	for range 3 {
+		s, err := api.Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			k, err := NewKey(s.Data[keyData])
+			if err != nil {
+				return Key{}, fmt.Errorf("pod key %s/%s: %w", namespace, name, err)
+			}
+			return k, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return Key{}, fmt.Errorf("read pod key %s/%s: %w", namespace, name, err)
+		}
+		b := make([]byte, keySize)
+		_, _ = rand.Read(b)
+		_, err = api.Create(ctx, KeySecret(installation, b), metav1.CreateOptions{})
+		if err == nil {
+			return NewKey(b)
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return Key{}, fmt.Errorf("make pod key %s/%s: %w", namespace, name, err)
+		}
+	}
+	return Key{}, errors.New("pod key: created and deleted under us; try again")
+}
