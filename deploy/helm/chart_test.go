@@ -80,7 +80,7 @@ func TestRejectsBadValues(t *testing.T) {
 		{"noAuth and tokens", map[string]any{"auth": map[string]any{"tokens": tokens, "noAuth": true}}, "noAuth contradicts"},
 		{"token for admin and team", map[string]any{"auth": map[string]any{"tokens": []any{map[string]any{"name": "ops", "token": "0123456789abcdef", "admin": true, "team": "main"}}}}, "auth.tokens[0] (ops): give exactly one of admin: true or team"},
 		{"token for no one", map[string]any{"auth": map[string]any{"tokens": []any{map[string]any{"name": "ops", "token": "0123456789abcdef"}}}}, "auth.tokens[0] (ops): give exactly one of admin: true or team"},
-		{"two CA sources", withTokens(map[string]any{"mesh": map[string]any{"ca": map[string]any{"existingSecret": "ca"}, "certManager": map[string]any{"enabled": true}}}), "give mesh.ca.existingSecret or mesh.certManager.enabled, not both"},
+		{"member certificate lifetime without unit", withTokens(map[string]any{"mesh": map[string]any{"certManager": map[string]any{"memberDuration": "7"}}}), "/mesh/certManager/memberDuration"},
 		{"budget of nothing", withTokens(map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": nil}}), "podDisruptionBudget: give maxUnavailable or minAvailable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -35,6 +36,7 @@ func TestDefaults(t *testing.T) {
 		"ServiceAccount/" + fullname,
 	}, o.keys())
 	assert.Contains(t, r.Notes, "gateway target add NAME")
+	assert.Contains(t, r.Notes, "The mesh CA's key (Secret "+fullname+"-mesh-ca) is mounted into every replica's init container")
 
 	d, c := deployment(t, o, fullname)
 	pod := d.Spec.Template.Spec
@@ -251,10 +253,13 @@ func TestNoAuth(t *testing.T) {
 	assert.Contains(t, r.Notes, "WARNING: the API serves without authentication")
 }
 
-// TestCertManager: cert-manager makes the CA Secret the init container
-// reads (a self-signed Issuer signs a CA Certificate); the chart makes none.
+// TestCertManager: with mesh.certManager.enabled cert-manager makes the CA
+// (a self-signed Issuer signs a CA Certificate) and a CA Issuer signing
+// with it; cert-manager's csi-driver requests each pod's certificate from
+// that Issuer. No init container, and no pod holds the CA's key.
 func TestCertManager(t *testing.T) {
-	o, _ := renderCI(t, "cert-manager-values.yaml")
+	o, r := renderCI(t, "cert-manager-values.yaml")
+	assert.NotContains(t, r.Notes, "CA's key")
 	assert.NotContains(t, o, "Secret/"+fullname+"-mesh-ca")
 	issuer := o["Issuer/"+fullname+"-mesh-issuer"]
 	require.NotNil(t, issuer)
@@ -268,9 +273,98 @@ func TestCertManager(t *testing.T) {
 	assert.Equal(t, map[string]any{"group": "cert-manager.io", "kind": "Issuer", "name": fullname + "-mesh-issuer"}, field(t, cert, "spec", "issuerRef"))
 	assert.Equal(t, "Never", field(t, cert, "spec", "privateKey", "rotationPolicy"), "a renewed CA keeps its key")
 
+	caIssuer := o["Issuer/"+fullname+"-mesh-ca"]
+	require.NotNil(t, caIssuer)
+	assert.Equal(t, "cert-manager.io/v1", caIssuer.GetAPIVersion())
+	assert.Equal(t, map[string]any{"secretName": fullname + "-mesh-ca"}, field(t, caIssuer, "spec", "ca"))
+
 	d, c := deployment(t, o, fullname)
-	assertMeshInit(t, d.Spec.Template.Spec, fullname+"-mesh-ca")
+	pod := d.Spec.Template.Spec
+	assert.Empty(t, pod.InitContainers, "no init container issues certificates from the CA's key")
+	assertNoCAKey(t, pod, fullname+"-mesh-ca")
+	assertMeshCSI(t, pod, *c, fullname+"-mesh-ca")
 	assert.Equal(t, "dns:"+fullname+"-mesh.ci.svc:7443,hub.example.com:7443,dns:gateways.other.svc:7443", flags(t, c.Args)["mesh-peers"])
+	assertLockedDown(t, pod)
+}
+
+// TestCertManagerWithExistingCA: cert-manager signs the replicas'
+// certificates with a CA of the operator's (gateways of other clusters
+// share it); the chart makes no CA of its own.
+func TestCertManagerWithExistingCA(t *testing.T) {
+	o, _ := render(t, map[string]any{
+		"auth": map[string]any{"noAuth": true},
+		"mesh": map[string]any{"ca": map[string]any{"existingSecret": "jetway-mesh-ca"}, "certManager": map[string]any{"enabled": true}},
+	})
+	assert.NotContains(t, o, "Secret/"+fullname+"-mesh-ca")
+	assert.NotContains(t, o, "Certificate/jetway-mesh-ca")
+	assert.NotContains(t, o, "Issuer/"+fullname+"-mesh-issuer")
+	caIssuer := o["Issuer/"+fullname+"-mesh-ca"]
+	require.NotNil(t, caIssuer)
+	assert.Equal(t, map[string]any{"secretName": "jetway-mesh-ca"}, field(t, caIssuer, "spec", "ca"))
+	d, c := deployment(t, o, fullname)
+	pod := d.Spec.Template.Spec
+	assert.Empty(t, pod.InitContainers)
+	assertNoCAKey(t, pod, "jetway-mesh-ca")
+	assertMeshCSI(t, pod, *c, fullname+"-mesh-ca")
+}
+
+// assertNoCAKey checks that nothing of the pod reaches the CA Secret
+// caSecret (whose tls.key is the CA's key): no volume, projected or not,
+// and no environment variable of any container or init container.
+func assertNoCAKey(t *testing.T, pod corev1.PodSpec, caSecret string) {
+	t.Helper()
+	for _, v := range pod.Volumes {
+		if v.Secret != nil {
+			assert.NotEqual(t, caSecret, v.Secret.SecretName, "volume %s holds the CA's key", v.Name)
+		}
+		if v.Projected != nil {
+			for _, src := range v.Projected.Sources {
+				if src.Secret != nil {
+					assert.NotEqual(t, caSecret, src.Secret.Name, "volume %s holds the CA's key", v.Name)
+				}
+			}
+		}
+	}
+	for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+		for _, e := range c.EnvFrom {
+			if e.SecretRef != nil {
+				assert.NotEqual(t, caSecret, e.SecretRef.Name, "container %s reads the CA Secret", c.Name)
+			}
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				assert.NotEqual(t, caSecret, e.ValueFrom.SecretKeyRef.Name, "container %s reads the CA Secret", c.Name)
+			}
+		}
+	}
+}
+
+// assertMeshCSI checks the pod's mesh volume of cert-manager's csi-driver:
+// a certificate from the CA Issuer issuer, named after the pod, whose
+// files are where the gateway's flags look. csi_test.go checks that what
+// it requests is a certificate the mesh takes.
+func assertMeshCSI(t *testing.T, pod corev1.PodSpec, gw corev1.Container, issuer string) {
+	t.Helper()
+	v := volume(t, pod, "mesh").CSI
+	require.NotNil(t, v, "the mesh volume is the csi-driver's")
+	assert.Equal(t, "csi.cert-manager.io", v.Driver)
+	assert.True(t, *v.ReadOnly, "the csi-driver mounts read-only volumes only")
+	a := v.VolumeAttributes
+	assert.Equal(t, issuer, a["csi.cert-manager.io/issuer-name"])
+	assert.Equal(t, "Issuer", a["csi.cert-manager.io/issuer-kind"])
+	assert.Equal(t, "cert-manager.io", a["csi.cert-manager.io/issuer-group"])
+	assert.Equal(t, "168h", a["csi.cert-manager.io/duration"])
+	assert.Equal(t, strconv.Itoa(int(*pod.SecurityContext.FSGroup)), a["csi.cert-manager.io/fs-group"], "the gateway's group reads the key")
+	for _, k := range []string{"ca-file", "certificate-file", "privatekey-file"} {
+		assert.NotContains(t, a, "csi.cert-manager.io/"+k, "the csi-driver's default file names are the flags'")
+	}
+	f := flags(t, gw.Args)
+	assert.Equal(t, "/etc/jetway/mesh/ca.crt", f["mesh-ca"])
+	assert.Equal(t, "/etc/jetway/mesh/tls.crt", f["mesh-cert"])
+	assert.Equal(t, "/etc/jetway/mesh/tls.key", f["mesh-key"])
+	m := mounts(gw)["/etc/jetway/mesh"]
+	assert.Equal(t, "mesh", m.Name)
+	assert.True(t, m.ReadOnly)
 }
 
 // TestTargetsAndConfig: targets and settings given as values, the CA from

@@ -75,6 +75,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+The CA Issuer signing the replicas' certificates (mesh.certManager): the
+mesh CA, named as the CA Secret the chart would make.
+*/}}
+{{- define "jetway.meshIssuerName" -}}
+{{- printf "%s-mesh-ca" (include "jetway.fullname" .) }}
+{{- end }}
+
+{{/*
 The state namespace: where the gateways keep the installation's step
 records and Leases. The release namespace unless state.namespace names
 another; the gateway finds the release namespace itself (its pod's), so
@@ -157,9 +165,6 @@ render with what to do.
 {{- if eq (default false $t.admin) (not (empty $t.team)) }}
 {{- fail (printf "auth.tokens[%d] (%s): give exactly one of admin: true or team" $i $t.name) }}
 {{- end }}
-{{- end }}
-{{- if and .Values.mesh.enabled .Values.mesh.ca.existingSecret .Values.mesh.certManager.enabled }}
-{{- fail "mesh: give mesh.ca.existingSecret or mesh.certManager.enabled, not both" }}
 {{- end }}
 {{- range .Values.extraEnv }}
 {{- if has .name (list "JETWAY_STATE_KUBECONFIG" "JETWAY_STATE_NAMESPACE") }}
