@@ -165,7 +165,7 @@ func (p *Pool) compatible(i int, w *want, step *Step) bool {
 }
 
 // class is the candidates compatible with one kind of step (team,
-// platform, tags, worker version), already narrowed to the team's own when
+// platform, tags, privileged, worker version), already narrowed to the team's own when
 // the step's team has a compatible target: what every decision for such a
 // step walks. It depends on nothing SetLoad changes, so a pool keeps it.
 type class struct {
