@@ -281,7 +281,10 @@ func (a *Agent) fits(req steps.Request) error {
 	}
 	me := selection.Candidate{Name: a.opts.Name, State: selection.StateRunning, Team: a.opts.Team,
 		Tags: a.opts.Tags, Platform: a.opts.Platform}
-	d := selection.Place(selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform},
+	// An agent runs a step as a process of its machine: it has no
+	// privileged container to give, so a privileged step is refused
+	// here as on a target whose policy does not allow it.
+	d := selection.Place(selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform, Privileged: req.Privileged},
 		[]selection.Candidate{me}, selection.Options{})
 	if !d.Compatible {
 		return fmt.Errorf("%w: agent %s cannot run this step: %s", steps.ErrUnavailable, a.opts.Name, d.Rejected[a.opts.Name])

@@ -38,7 +38,7 @@ func (s *Server) stepOwner(r *http.Request, req steps.Request) string {
 		}
 		team = id.team
 	}
-	step := selection.Step{Type: req.Type, Team: team, Tags: req.Tags, Platform: req.Platform}
+	step := selection.Step{Type: req.Type, Team: team, Tags: req.Tags, Platform: req.Platform, Privileged: req.Privileged}
 	owners := map[string][]targets.Status{}
 	var visible []targets.Status
 	owner := map[string]string{}

@@ -37,6 +37,9 @@ type PlacementRequest struct {
 	// step) rather than by the resource scanner: Concourse places it with
 	// the no-input chain. Only for type check.
 	Nested bool `json:"nested,omitempty"`
+	// Privileged asks for a target whose policy allows privileged steps
+	// (steps.allowPrivileged in its target.yaml).
+	Privileged bool `json:"privileged,omitempty"`
 }
 
 // PlacementInput is one input of the step.
@@ -148,7 +151,7 @@ func decide(step selection.Step, visible []targets.Status, opts selection.Option
 
 // step is the request as selection reads it.
 func step(req PlacementRequest) selection.Step {
-	st := selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform}
+	st := selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform, Privileged: req.Privileged}
 	if len(req.Inputs) > 0 {
 		st.Inputs = make(map[string]int, len(req.Inputs))
 		for _, in := range req.Inputs {

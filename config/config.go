@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/jetway-ci/jetway/internal/buildinfo"
@@ -78,6 +79,12 @@ type Config struct {
 	// refuses more, naming the limit and the entry).
 	ExtractMaxBytes   Bytes `mapstructure:"extract-max-bytes" help:"bytes of file contents one archive streamed into a step's volume may write (32Gi, 500Mi); more is refused, naming the limit and the entry"`
 	ExtractMaxEntries int   `mapstructure:"extract-max-entries" help:"files, folders and links one archive streamed into a step's volume may write"`
+	// What every step pod gets unless its target's target.yaml (steps:)
+	// says otherwise (docs/steps.md, "Limits"); 0 is none.
+	StepVolumeSizeLimit         Bytes  `mapstructure:"step-volume-size-limit" help:"size limit of a step pod's emptyDir (its build dir, inputs and outputs): past it the kubelet evicts the pod (0: none)"`
+	StepEphemeralStorageRequest Bytes  `mapstructure:"step-ephemeral-storage-request" help:"ephemeral-storage request of a step's container (its writable layer and logs) (0: none)"`
+	StepDefaultCPURequest       string `mapstructure:"step-default-cpu-request" help:"cpu request of a step that asks for no cpu (a quantity: 100m, 1) (0: none)"`
+	StepDefaultMemoryRequest    Bytes  `mapstructure:"step-default-memory-request" help:"memory request of a step that asks for no memory (0: none)"`
 
 	// Step state (docs/steps.md, "Ownership"): where the installation's
 	// step records, gateway Leases and placer Lease live.
@@ -133,6 +140,14 @@ func Default() Config {
 
 		ExtractMaxBytes:   Bytes(tarsafe.DefaultMaxBytes),
 		ExtractMaxEntries: tarsafe.DefaultMaxEntries,
+
+		// A step pod's limits (docs/steps.md, "Limits"): room for a
+		// large checkout and build, requests that make a step Burstable
+		// without reserving much of a node.
+		StepVolumeSizeLimit:         10 << 30,
+		StepEphemeralStorageRequest: 1 << 30,
+		StepDefaultCPURequest:       "100m",
+		StepDefaultMemoryRequest:    256 << 20,
 
 		MeshStallAfter: 30 * time.Second,
 
@@ -243,6 +258,20 @@ func (c Config) Validate() error {
 	}
 	if c.ExtractMaxEntries <= 0 {
 		add("extract-max-entries", "must be positive, got %d", c.ExtractMaxEntries)
+	}
+	for _, size := range []struct {
+		key string
+		b   Bytes
+	}{
+		{"step-volume-size-limit", c.StepVolumeSizeLimit}, {"step-ephemeral-storage-request", c.StepEphemeralStorageRequest},
+		{"step-default-memory-request", c.StepDefaultMemoryRequest},
+	} {
+		if size.b < 0 {
+			add(size.key, "must not be negative, got %s", size.b)
+		}
+	}
+	if q, err := resource.ParseQuantity(c.StepDefaultCPURequest); err != nil || q.Sign() < 0 {
+		add("step-default-cpu-request", "%q is not a cpu quantity like 100m or 1 (0: none)", c.StepDefaultCPURequest)
 	}
 	if !strings.HasPrefix(c.ResourceDir, "/") {
 		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)

@@ -119,6 +119,35 @@ func TestExtractLimits(t *testing.T) {
 	assert.ErrorContains(t, err, `extract-max-bytes: "lots" is not a size like 32Gi or 1073741824`)
 }
 
+// TestStepPodLimits: a step pod's size limit and requests default to
+// 10Gi, 1Gi, 100m and 256Mi; 0 turns one off, and none may be negative.
+func TestStepPodLimits(t *testing.T) {
+	c, err := load(t, nil, nil, "")
+	require.NoError(t, err)
+	assert.Equal(t, Bytes(10<<30), c.StepVolumeSizeLimit)
+	assert.Equal(t, Bytes(1<<30), c.StepEphemeralStorageRequest)
+	assert.Equal(t, "100m", c.StepDefaultCPURequest)
+	assert.Equal(t, Bytes(256<<20), c.StepDefaultMemoryRequest)
+	c, err = load(t, []string{"--step-volume-size-limit", "0", "--step-default-cpu-request", "1"},
+		map[string]string{"JETWAY_STEP_DEFAULT_MEMORY_REQUEST": "1Gi"}, "step-ephemeral-storage-request: 2Gi\n")
+	require.NoError(t, err)
+	assert.Equal(t, Bytes(0), c.StepVolumeSizeLimit)
+	assert.Equal(t, Bytes(2<<30), c.StepEphemeralStorageRequest)
+	assert.Equal(t, "1", c.StepDefaultCPURequest)
+	assert.Equal(t, Bytes(1<<30), c.StepDefaultMemoryRequest)
+	_, err = load(t, []string{"--step-volume-size-limit", "-1Gi", "--step-default-cpu-request", "lots"},
+		map[string]string{"JETWAY_STEP_DEFAULT_MEMORY_REQUEST": "-1"}, "")
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	keys := map[string]string{}
+	for _, p := range cerr.Problems {
+		keys[p.Key] = p.Message
+	}
+	assert.Equal(t, map[string]string{"step-volume-size-limit": "must not be negative, got -1Gi",
+		"step-default-memory-request": "must not be negative, got -1",
+		"step-default-cpu-request":    `"lots" is not a cpu quantity like 100m or 1 (0: none)`}, keys)
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	RegisterFlags(fs)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/client"
@@ -54,15 +56,21 @@ func statusField(t *testing.T, status, field string) string {
 	return m[1]
 }
 
+// gatewayDefaults are the step pods' limits of a gateway run with its
+// defaults (config.Default: step-volume-size-limit and the others).
+var gatewayDefaults = steps.StepDefaults{VolumeSizeLimit: resource.MustParse("10Gi"),
+	EphemeralStorageRequest: resource.MustParse("1Gi"), CPURequest: resource.MustParse("100m"),
+	MemoryRequest: resource.MustParse("256Mi")}
+
 // TestRealNodeTasks: a task's exact exit status, output per stream and
 // environment through the real exec path; run.user; an image without a
-// shell; the step container's security context in effect, read from
-// inside it.
+// shell; the step container's security context and limits in effect,
+// read from inside it.
 func TestRealNodeTasks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rn := startRealNode(t)
-	g := nodeGateway(ctx, t, "rn-tasks", gatewayOptions{})
+	g := nodeGateway(ctx, t, "rn-tasks", gatewayOptions{stepDefaults: gatewayDefaults})
 
 	for _, code := range []int{0, 1, 42} {
 		handle := "exit-" + strconv.Itoa(code)
@@ -106,9 +114,29 @@ func TestRealNodeTasks(t *testing.T) {
 		assert.Equal(t, "1", statusField(t, status, "NoNewPrivs"), "allowPrivilegeEscalation: false")
 		capEff, err := strconv.ParseUint(statusField(t, status, "CapEff"), 16, 64)
 		require.NoError(t, err)
-		const sysAdmin = 1 << 21
+		const chown, netRaw, sysAdmin = 1 << 0, 1 << 13, 1 << 21
 		assert.Zero(t, capEff&sysAdmin, "not privileged: no CAP_SYS_ADMIN (%x)", capEff)
+		assert.Zero(t, capEff&netRaw, "the runtime's capabilities minus NET_RAW (%x)", capEff)
+		assert.NotZero(t, capEff&chown, "the runtime's capabilities, CHOWN among them (%x)", capEff)
+		capBnd, err := strconv.ParseUint(statusField(t, status, "CapBnd"), 16, 64)
+		require.NoError(t, err)
+		assert.Zero(t, capBnd&netRaw, "NET_RAW out of the bounding set too: no exec gets it back (%x)", capBnd)
+		assert.Equal(t, "2", statusField(t, status, "Seccomp"), "the runtime's seccomp filter (RuntimeDefault)")
 		assert.Equal(t, "0", strings.Fields(statusField(t, status, "Uid"))[0], "the image's user, root")
+
+		// The pod as the API server admitted it and the kubelet ran it:
+		// a bounded emptyDir, an ephemeral-storage request and the default
+		// requests of a step that asked for none.
+		p, err := rn.Client.CoreV1().Pods("rn-tasks").Get(ctx, g.step(t, "status").Pod, metav1.GetOptions{})
+		require.NoError(t, err)
+		require.NotNil(t, p.Spec.Volumes[0].EmptyDir.SizeLimit)
+		assert.Equal(t, "10Gi", p.Spec.Volumes[0].EmptyDir.SizeLimit.String())
+		req := p.Spec.Containers[0].Resources.Requests
+		assert.Equal(t, "1Gi", req.StorageEphemeral().String())
+		assert.Equal(t, "100m", req.Cpu().String())
+		assert.Equal(t, "256Mi", req.Memory().String())
+		assert.Empty(t, p.Spec.Containers[0].Resources.Limits, "requests only: a step that asks for nothing is Burstable")
+		assert.Equal(t, corev1.PodQOSBurstable, p.Status.QOSClass)
 
 		// The agent's containers (its image has no shell) as the host
 		// sees their first process: the restricted profile.

@@ -106,6 +106,9 @@ type gatewayOptions struct {
 	// agentImage is the step agent's image in step pods; default one no
 	// kwok pod pulls. The real node's is its NodeImage("step-agent-image.tar").
 	agentImage string
+	// stepDefaults are the step pods' size limit and requests; zero: none
+	// (the real node's gateways take the gateway's defaults, nodeDefaults).
+	stepDefaults steps.StepDefaults
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -317,7 +320,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			return out
 		},
 		Pod: steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
-			Extract: o.extract, Key: key},
+			Extract: o.extract, Key: key, Steps: o.stepDefaults},
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})

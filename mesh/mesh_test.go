@@ -646,3 +646,14 @@ func TestAnnouncementsAPeerMayNotMakeAreRefused(t *testing.T) {
 	})
 	assert.Equal(t, []string{"b/b1=running"}, remoteNames(a))
 }
+
+// TestARouteCarriesTheTargetsPrivilegePolicy: a target's
+// steps.allowPrivileged goes out in its route and comes back in its
+// status, so every gateway places a privileged step only where it may run.
+func TestARouteCarriesTheTargetsPrivilegePolicy(t *testing.T) {
+	for _, allow := range []bool{true, false} {
+		st := targets.Status{Name: "eu-1", State: targets.StateRunning,
+			Meta: targets.Metadata{Namespace: "ci", Platform: "linux", Steps: targets.StepPolicy{AllowPrivileged: allow}}}
+		assert.Equal(t, allow, announced(st).Status().Meta.Steps.AllowPrivileged)
+	}
+}

@@ -49,6 +49,10 @@ type Target struct {
 	BuildContainers    int       `json:"build_containers"`
 	ActiveTasks        int       `json:"active_tasks"`
 	ActiveVolumes      int       `json:"active_volumes"`
+	// AllowPrivileged: the target's target.yaml lets privileged steps run
+	// (steps.allowPrivileged). A peer that does not send it (an older
+	// version) is taken to refuse them.
+	AllowPrivileged bool `json:"allow_privileged,omitempty"`
 }
 
 // StateStalled is a remote target's state once its owner has been
@@ -63,6 +67,7 @@ func announced(st targets.Status) Target {
 		LastCheck: st.LastCheck, StartTime: st.StartTime, Holding: st.Holding,
 		ActiveContainers: st.Counts.ActiveContainers, BuildContainers: st.Counts.BuildContainers,
 		ActiveTasks: st.Counts.ActiveTasks, ActiveVolumes: st.Counts.ActiveVolumes,
+		AllowPrivileged: st.Meta.Steps.AllowPrivileged,
 	}
 }
 
@@ -70,7 +75,8 @@ func announced(st targets.Status) Target {
 func (t Target) Status() targets.Status {
 	return targets.Status{
 		Name: t.Name, Server: t.Server, State: targets.State(t.State), StartTime: t.StartTime, Error: t.Error,
-		Meta:               targets.Metadata{Team: t.Team, Tags: t.Tags, Platform: t.Platform, Namespace: t.Namespace},
+		Meta: targets.Metadata{Team: t.Team, Tags: t.Tags, Platform: t.Platform, Namespace: t.Namespace,
+			Steps: targets.StepPolicy{AllowPrivileged: t.AllowPrivileged}},
 		MissingPermissions: t.MissingPermissions, Latency: time.Duration(t.LatencyMS * float64(time.Millisecond)),
 		ServerVersion: t.ServerVersion, LastCheck: t.LastCheck, Holding: t.Holding,
 		Counts: targets.Counts{ActiveContainers: t.ActiveContainers, BuildContainers: t.BuildContainers,

@@ -4,10 +4,11 @@
 //
 // Place keeps running targets only, drops those of another team, of an
 // incompatible worker version (same major, minor at least the required
-// one), of another platform, or whose tags do not fit (a tagged target
-// refuses an untagged step; a tagged step needs all its tags). Among the
-// compatible targets, those of the step's team win; global ones are used only
-// when no team target is compatible, and are otherwise rejected with
+// one), of another platform, whose tags do not fit (a tagged target
+// refuses an untagged step; a tagged step needs all its tags), or whose
+// policy does not allow a privileged step (Candidate.AllowPrivileged).
+// Among the compatible targets, those of the step's team win; global ones
+// are used only when no team target is compatible, and are otherwise rejected with
 // ReasonGlobalNotPreferred. The chain (ParseChain) then refuses targets at a
 // limit and orders the rest: Concourse shuffles and applies each strategy as
 // a stable sort from last to first; Place gets the same order from one
@@ -20,7 +21,7 @@
 //
 // A Pool is the fast path for repeated decisions over the same targets:
 // NewPool interns what decisions compare into 48-byte slots, remembers for
-// each kind of step (team, platform, tags, version) which targets are
+// each kind of step (team, platform, tags, privileged, version) which targets are
 // compatible with it, and SetLoad moves a target's counts without
 // preparing again. For a one-target decision (Top 1) over a large class
 // it also keeps, per chain, the targets filed in buckets of equal load
@@ -36,7 +37,7 @@
 //
 // Every target that falls out gets a reason: "state landed", "team other",
 // "worker version 1.2", "platform windows", "untagged step",
-// "missing tags gpu, big", "at limit active-tasks 4/4",
+// "missing tags gpu, big", ReasonPrivileged, "at limit active-tasks 4/4",
 // "global target; team targets preferred". Decision.Compatible false means
 // no target can ever take the step; AllAtLimit means it must wait.
 package selection

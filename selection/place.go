@@ -234,6 +234,9 @@ func incompatibility(step Step, c *Candidate, want *version) string {
 	if len(missing) > 0 {
 		return "missing tags " + strings.Join(missing, ", ")
 	}
+	if step.Privileged && !c.AllowPrivileged {
+		return ReasonPrivileged
+	}
 	return ""
 }
 

@@ -36,6 +36,7 @@ type slot struct {
 	major, minor int32
 	versionOK    bool // the worker version parses
 	running      bool
+	privileged   bool // the target allows privileged steps
 	load         load
 }
 
@@ -62,7 +63,8 @@ func NewPool(candidates []Candidate) *Pool {
 		p.index[c.Name] = i
 		major, minor, ok := majorMinor(c.Version)
 		s := slot{team: intern(p.teams, c.Team), platform: intern(p.platforms, c.Platform),
-			major: int32(major), minor: int32(minor), versionOK: ok, running: c.State == StateRunning, load: loadOf(c)}
+			major: int32(major), minor: int32(minor), versionOK: ok, running: c.State == StateRunning, privileged: c.AllowPrivileged,
+			load: loadOf(c)}
 		for _, t := range c.Tags {
 			bit, ok := p.tags[t]
 			if !ok && len(p.tags) == 64 {
@@ -118,13 +120,14 @@ type want struct {
 	tags           uint64
 	untagged       bool
 	impossible     bool // a tag no candidate has
+	privileged     bool
 	version        version
 	major, minor   int32 // of version, when it checks
 }
 
 func (p *Pool) want(step Step, opts Options) want {
 	w := want{team: lookup(p.teams, step.Team), platform: lookup(p.platforms, step.Platform),
-		untagged: len(step.Tags) == 0, version: parseVersion(opts.WorkerVersion)}
+		untagged: len(step.Tags) == 0, privileged: step.Privileged, version: parseVersion(opts.WorkerVersion)}
 	w.major, w.minor = int32(w.version.major), int32(w.version.minor)
 	for _, t := range step.Tags {
 		bit, ok := p.tags[t]
@@ -149,7 +152,7 @@ func lookup(m map[string]int32, v string) int32 {
 func (p *Pool) compatible(i int, w *want, step *Step) bool {
 	s := &p.slots[i]
 	ok := s.running && (s.team == 0 || s.team == w.team) && (w.platform == 0 || s.platform == w.platform) &&
-		(!w.version.check || (s.versionOK && s.major == w.major && s.minor >= w.minor))
+		(!w.version.check || (s.versionOK && s.major == w.major && s.minor >= w.minor)) && (!w.privileged || s.privileged)
 	switch {
 	case !ok:
 		return false
@@ -162,7 +165,7 @@ func (p *Pool) compatible(i int, w *want, step *Step) bool {
 }
 
 // class is the candidates compatible with one kind of step (team,
-// platform, tags, worker version), already narrowed to the team's own when
+// platform, tags, privileged, worker version), already narrowed to the team's own when
 // the step's team has a compatible target: what every decision for such a
 // step walks. It depends on nothing SetLoad changes, so a pool keeps it.
 type class struct {
@@ -177,6 +180,7 @@ type classKey struct {
 	team, platform       int32
 	tags                 uint64
 	untagged, impossible bool
+	privileged           bool
 	version              string
 }
 
@@ -188,7 +192,7 @@ func (p *Pool) class(w *want, step *Step, workerVersion string) *class {
 	if p.wide {
 		return p.newClass(w, step)
 	}
-	key := classKey{w.team, w.platform, w.tags, w.untagged, w.impossible, workerVersion}
+	key := classKey{w.team, w.platform, w.tags, w.untagged, w.impossible, w.privileged, workerVersion}
 	p.mu.Lock()
 	c, ok := p.classes[key]
 	p.mu.Unlock()

@@ -27,6 +27,9 @@ type Step struct {
 	// Inputs counts, per target name, the step's inputs already on it
 	// (volume-locality prefers the target holding the most).
 	Inputs map[string]int
+	// Privileged asks for a privileged container: only a target whose
+	// policy allows it (Candidate.AllowPrivileged) takes the step.
+	Privileged bool
 }
 
 // Candidate is one target as placement sees it.
@@ -43,6 +46,8 @@ type Candidate struct {
 	ActiveTasks      int
 	ActiveVolumes    int
 	MaxActiveTasks   int // the target's own limit; > 0 beats Limits.ActiveTasks
+	// AllowPrivileged: the target's policy lets privileged steps run.
+	AllowPrivileged bool
 }
 
 // Limits are the global per-target limits; 0 means no limit.
@@ -150,6 +155,10 @@ type Decision struct {
 	opts      Options
 	teamFound bool
 }
+
+// ReasonPrivileged is given to the targets whose policy refuses a
+// privileged step: the key of target.yaml that would allow it.
+const ReasonPrivileged = "privileged step; the target's policy does not allow it (steps.allowPrivileged in its target.yaml)"
 
 // ReasonGlobalNotPreferred is given to compatible global targets when a
 // compatible target of the step's team exists.

@@ -72,6 +72,26 @@ func TestRules(t *testing.T) {
 	assert.False(t, d.Compatible)
 }
 
+// TestPrivileged: a privileged step goes only to a target whose policy
+// allows it, the others named with the policy's key; an unprivileged
+// step goes to both, and the pool keeps the two kinds of step apart.
+func TestPrivileged(t *testing.T) {
+	allows := with(run("allows"), func(c *Candidate) { c.AllowPrivileged = true })
+	pool := NewPool([]Candidate{run("refuses"), allows})
+	opts := Options{Chain: Chain{FewestBuildContainers}}
+	d := pool.Place(Step{Type: StepTask, Privileged: true}, opts)
+	assert.Equal(t, []string{"allows"}, d.Order)
+	assert.Equal(t, map[string]string{"refuses": ReasonPrivileged}, d.Reasons())
+	assert.Contains(t, ReasonPrivileged, "steps.allowPrivileged in its target.yaml")
+	assert.ElementsMatch(t, []string{"refuses", "allows"}, pool.Place(Step{Type: StepTask}, opts).Order)
+
+	d = Place(Step{Type: StepTask, Privileged: true}, []Candidate{run("refuses")}, Options{})
+	assert.False(t, d.Compatible, "no target can ever take it as they stand: it waits for one")
+	assert.Equal(t, map[string]string{"refuses": ReasonPrivileged}, d.Rejected)
+	d = Place(Step{Type: StepTask, Privileged: true, Tags: []string{"gpu"}}, []Candidate{run("refuses")}, Options{})
+	assert.Equal(t, "missing tags gpu", d.Rejected["refuses"], "a target that fails another rule names that one")
+}
+
 func TestTeamPreference(t *testing.T) {
 	global, team := run("global"), with(run("team"), func(c *Candidate) { c.Team = "main" })
 	landedTeam := with(team, func(c *Candidate) { c.State = "landed" })
@@ -214,6 +234,7 @@ func randomPool(r *rand.Rand, n int) (Step, []Candidate) {
 	if r.IntN(4) == 0 {
 		step.Tags = []string{"gpu"}
 	}
+	step.Privileged = r.IntN(5) == 0
 	cands := make([]Candidate, n)
 	for i := range cands {
 		c := run(fmt.Sprint("w", i))
@@ -224,6 +245,7 @@ func randomPool(r *rand.Rand, n int) (Step, []Candidate) {
 		if r.IntN(5) == 0 {
 			c.Tags = []string{"gpu"}
 		}
+		c.AllowPrivileged = r.IntN(2) == 0
 		c.BuildContainers, c.ActiveContainers = r.IntN(3), r.IntN(6)
 		c.ActiveTasks, c.ActiveVolumes, c.MaxActiveTasks = r.IntN(4), r.IntN(6), r.IntN(3)
 		step.Inputs[c.Name] = r.IntN(3)

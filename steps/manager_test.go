@@ -261,3 +261,25 @@ func TestWaitingNamesEachRefusal(t *testing.T) {
 func validRequest() Request {
 	return Request{Handle: "build-1", Type: "task", Image: "busybox", Run: Run{Path: "sh", Args: []string{"-c", "true"}}}
 }
+
+// TestAPrivilegedStepGoesOnlyWhereItsTargetAllows: a privileged step
+// waits while no target's policy allows it, naming the policy of each
+// that refuses; a target that allows it appears and takes it.
+func TestAPrivilegedStepGoesOnlyWhereItsTargetAllows(t *testing.T) {
+	reg := stepstest.NewRegistry(t, stepstest.Running("plain", targets.Metadata{}))
+	m := stepstest.Start(t, Options{Registry: reg})
+	req := validRequest()
+	req.Privileged = true
+	_, _, err := m.Submit(Caller{Team: "main"}, req)
+	require.NoError(t, err)
+	waiting := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 1)[0]
+	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, "no target satisfies team 'main', privileged: plain: privileged step; the target's policy does not allow it "+
+		"(steps.allowPrivileged in its target.yaml)", waiting.Message)
+
+	reg.Set(t, append(reg.Snapshot(), stepstest.Running("trusted", targets.Metadata{Steps: targets.StepPolicy{AllowPrivileged: true}}))...)
+	require.Eventually(t, func() bool {
+		v, err := m.Get(Caller{Team: "main"}, "", req.Handle)
+		return err == nil && v.Target == "trusted"
+	}, 5*time.Second, time.Millisecond)
+}

@@ -63,7 +63,7 @@ func Candidates(statuses []targets.Status, extra map[string]targets.Counts) []se
 			Platform: st.Meta.Platform, Version: config.WorkerVersion, // as /api/v1/workers reports
 			ActiveContainers: c.ActiveContainers, BuildContainers: c.BuildContainers,
 			ActiveTasks: c.ActiveTasks, ActiveVolumes: c.ActiveVolumes,
-			MaxActiveTasks: st.Meta.MaxActiveTasks,
+			MaxActiveTasks: st.Meta.MaxActiveTasks, AllowPrivileged: st.Meta.Steps.AllowPrivileged,
 		}
 	}
 	return out

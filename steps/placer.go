@@ -167,7 +167,8 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 		if !d.Compatible {
 			reason, why = ReasonNoTargetFits, noTargetPrefix+describe(sum)
 		}
-		kind := reason + "\x00" + sum.Type + "\x00" + sum.Team + "\x00" + sum.Platform + "\x00" + strings.Join(sum.Tags, ",")
+		kind := reason + "\x00" + sum.Type + "\x00" + sum.Team + "\x00" + sum.Platform + "\x00" + strings.Join(sum.Tags, ",") +
+			"\x00" + strconv.FormatBool(sum.Privileged)
 		msg, ok := p.whys[kind]
 		if !ok {
 			msg = why + p.refusals(d, sum)
@@ -188,7 +189,7 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 
 // stepOf is a step as selection reads it.
 func stepOf(sum Summary) selection.Step {
-	st := selection.Step{Type: sum.Type, Team: sum.Team, Tags: sum.Tags, Platform: sum.Platform}
+	st := selection.Step{Type: sum.Type, Team: sum.Team, Tags: sum.Tags, Platform: sum.Platform, Privileged: sum.Privileged}
 	for _, in := range sum.Inputs {
 		if in.From.Upload || in.From.Target == "" {
 			continue // from outside: no target holds it
@@ -323,8 +324,8 @@ func count(c *selection.Candidate, typ string) {
 func (p *placer) refresh(snap []targets.Status, extra map[string]targets.Counts) {
 	h := fnv.New64a()
 	for _, st := range snap {
-		fmt.Fprintf(h, "%s|%s|%s|%s|%s|%d\x00", st.Name, st.State, st.Meta.Team, strings.Join(st.Meta.Tags, ","),
-			st.Meta.Platform, st.Meta.MaxActiveTasks)
+		fmt.Fprintf(h, "%s|%s|%s|%s|%s|%d|%t\x00", st.Name, st.State, st.Meta.Team, strings.Join(st.Meta.Tags, ","),
+			st.Meta.Platform, st.Meta.MaxActiveTasks, st.Meta.Steps.AllowPrivileged)
 	}
 	cands := Candidates(snap, extra)
 	if key := h.Sum64(); p.pool == nil || key != p.poolKey {
@@ -380,7 +381,13 @@ const (
 const noTargetPrefix = "no target satisfies "
 
 // describe names what the step asks of a target.
-func describe(sum Summary) string { return Describe(sum.Team, sum.Tags, sum.Platform) }
+func describe(sum Summary) string {
+	d := Describe(sum.Team, sum.Tags, sum.Platform)
+	if sum.Privileged {
+		d += ", privileged"
+	}
+	return d
+}
 
 // Describe names what a step of team, tags and platform asks of a target,
 // for messages.

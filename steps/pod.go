@@ -51,6 +51,9 @@ type PodOptions struct {
 	// the pod and the volume sidecar runs it.
 	AgentImage   string
 	Installation string
+	// Steps are the step containers' defaults (the gateway's flags);
+	// each target's target.yaml may set its own.
+	Steps StepDefaults
 	// Extract bounds what one archive streamed into the pod's volumes may
 	// write (the sidecar's flags; zero fields: tarsafe's defaults).
 	Extract tarsafe.Limits
@@ -88,6 +91,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 		labels[ownership.TeamLabel] = sum.Team
 	}
 	meta := t.Config.Meta
+	defaults := opts.Steps.For(meta.Steps)
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
 	seal := map[string]string{ownership.SealAnnotation: opts.Key.Seal(t.Name(), placed.Pod, sum.Team)}
@@ -100,7 +104,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 			EnableServiceLinks:           &no,
 			NodeSelector:                 meta.NodeSelector,
 			Tolerations:                  meta.Tolerations,
-			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(defaults)}},
 			InitContainers: []corev1.Container{{
 				Name: installContainer, Image: opts.AgentImage,
 				Command:         []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath},
@@ -112,11 +116,9 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				Name: StepContainer, Image: sum.Image,
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
-				Env:       []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
-				Resources: stepResources(sum.Resources),
-				// The step's image decides its user (Concourse tasks often
-				// run as root), but it gets no privilege beyond that.
-				SecurityContext: &corev1.SecurityContext{Privileged: &no, AllowPrivilegeEscalation: &no},
+				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
+				Resources:       stepResources(sum.Resources, defaults),
+				SecurityContext: stepSecurity(sum.Privileged),
 			}, {
 				// Its working dir is the emptyDir, as the step container's:
 				// the gateway reads the step's log through it (the same
@@ -148,20 +150,4 @@ func agentSecurity() *corev1.SecurityContext {
 		Capabilities:           &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 		SeccompProfile:         &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
-}
-
-// stepResources makes the requested resources both requests and limits,
-// so a step gets what it asked for and no more.
-func stepResources(r Resources) corev1.ResourceRequirements {
-	list := corev1.ResourceList{}
-	if r.CPU != "" {
-		list[corev1.ResourceCPU] = resource.MustParse(r.CPU)
-	}
-	if r.Memory != "" {
-		list[corev1.ResourceMemory] = resource.MustParse(r.Memory)
-	}
-	if len(list) == 0 {
-		return corev1.ResourceRequirements{}
-	}
-	return corev1.ResourceRequirements{Requests: list, Limits: list.DeepCopy()}
 }

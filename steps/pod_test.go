@@ -65,6 +65,7 @@ func TestBuildPod(t *testing.T) {
 	assert.Equal(t, resource.MustParse("1Gi"), step.Resources.Requests[corev1.ResourceMemory])
 	assert.False(t, *step.SecurityContext.Privileged)
 	assert.False(t, *step.SecurityContext.AllowPrivilegeEscalation)
+	assert.Nil(t, p.Spec.Volumes[0].EmptyDir.SizeLimit, "no defaults given: no limit")
 	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
 	assert.Contains(t, side.Env, corev1.EnvVar{Name: stepagent.TokenHashEnv, Value: ownership.TokenHash(token)},
 		"the sidecar holds the hash of its token")
@@ -94,4 +95,152 @@ func TestPodNamesAreValidAndApart(t *testing.T) {
 	}
 	assert.NotEqual(t, PodName("main", "x"), PodName("other", "x"), "handles are per team")
 	assert.NotEqual(t, PodName("", long), PodName("", long[:62]+"b"))
+}
+
+// podOn builds the pod of a task asking for resources r (privileged if
+// asked) on a target whose target.yaml has policy, with the gateway's
+// defaults d.
+func podOn(t *testing.T, policy targets.StepPolicy, d StepDefaults, r Resources, privileged bool) *corev1.Pod {
+	t.Helper()
+	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+		Meta: targets.Metadata{Namespace: "ci", Steps: policy}}, "prod")
+	require.NoError(t, err)
+	req := validRequest()
+	req.Resources, req.Privileged = r, privileged
+	require.Nil(t, req.Validate())
+	sum := summaryOf(req, false, time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	return buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("", "build-1")},
+		PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod", Steps: d})
+}
+
+func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
+
+// TestStepContainerSecurity: the step container runs with the runtime's
+// seccomp profile, no privilege escalation and the runtime's capabilities
+// minus NET_RAW; a privileged step, where its target allows it, runs
+// privileged and without those. The agent containers keep the
+// restricted profile either way.
+func TestStepContainerSecurity(t *testing.T) {
+	p := podOn(t, targets.StepPolicy{}, StepDefaults{}, Resources{}, false)
+	sc := p.Spec.Containers[0].SecurityContext
+	require.NotNil(t, sc)
+	assert.Equal(t, &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}, sc.SeccompProfile)
+	assert.False(t, *sc.AllowPrivilegeEscalation)
+	assert.False(t, *sc.Privileged)
+	assert.Equal(t, &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW"}}, sc.Capabilities, "the runtime's defaults, minus NET_RAW")
+	assert.Nil(t, sc.RunAsNonRoot, "the image decides its user")
+
+	priv := podOn(t, targets.StepPolicy{AllowPrivileged: true}, StepDefaults{}, Resources{}, true)
+	sc = priv.Spec.Containers[0].SecurityContext
+	assert.Equal(t, &corev1.SecurityContext{Privileged: ptrTo(true)}, sc,
+		"privileged and nothing else: Kubernetes refuses it with allowPrivilegeEscalation false")
+	for _, pod := range []*corev1.Pod{p, priv} {
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers[1]) {
+			assert.Equal(t, agentSecurity(), c.SecurityContext, c.Name)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// TestPrivilegeNeedsTheTargetsPolicy: a runner refuses to make the pod of
+// a privileged step on a target whose target.yaml does not allow it,
+// naming the key.
+func TestPrivilegeNeedsTheTargetsPolicy(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		allow      bool
+		privileged bool
+		refused    bool
+	}{
+		{"privileged, not allowed", false, true, true},
+		{"privileged, allowed", true, true, false},
+		{"unprivileged, not allowed", false, false, false},
+		{"unprivileged, allowed", true, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+				Meta: targets.Metadata{Namespace: "ci", Steps: targets.StepPolicy{AllowPrivileged: tt.allow}}}, "prod")
+			require.NoError(t, err)
+			err = privilegeRefused(&Summary{Privileged: tt.privileged}, tgt)
+			if !tt.refused {
+				assert.NoError(t, err)
+				return
+			}
+			assert.EqualError(t, err, "target east does not run privileged steps: its policy does not allow them (steps.allowPrivileged in its target.yaml)")
+		})
+	}
+}
+
+// TestStepPodLimits: the emptyDir's size limit, the ephemeral-storage
+// request and the default cpu and memory requests come from the
+// gateway's defaults unless the target's target.yaml sets its own (0:
+// none there); what a step asks for is its request and limit, and keeps
+// the defaults off that resource only.
+func TestStepPodLimits(t *testing.T) {
+	defaults := StepDefaults{VolumeSizeLimit: resource.MustParse("10Gi"), EphemeralStorageRequest: resource.MustParse("1Gi"),
+		CPURequest: resource.MustParse("100m"), MemoryRequest: resource.MustParse("256Mi")}
+	rl := func(kv ...string) corev1.ResourceList {
+		if len(kv) == 0 {
+			return nil
+		}
+		out := corev1.ResourceList{}
+		for i := 0; i < len(kv); i += 2 {
+			out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name     string
+		policy   targets.StepPolicy
+		defaults StepDefaults
+		asked    Resources
+		size     string // "": no sizeLimit
+		requests corev1.ResourceList
+		limits   corev1.ResourceList
+	}{
+		{name: "the gateway's defaults", defaults: defaults, size: "10Gi",
+			requests: rl("cpu", "100m", "memory", "256Mi", "ephemeral-storage", "1Gi")},
+		{name: "asked for both: kept, as limits too", defaults: defaults, asked: Resources{CPU: "2", Memory: "4Gi"}, size: "10Gi",
+			requests: rl("cpu", "2", "memory", "4Gi", "ephemeral-storage", "1Gi"), limits: rl("cpu", "2", "memory", "4Gi")},
+		{name: "asked for memory only: cpu defaulted", defaults: defaults, asked: Resources{Memory: "1Gi"}, size: "10Gi",
+			requests: rl("cpu", "100m", "memory", "1Gi", "ephemeral-storage", "1Gi"), limits: rl("memory", "1Gi")},
+		{name: "target.yaml overrides", defaults: defaults, size: "50Gi",
+			policy: targets.StepPolicy{VolumeSizeLimit: quantity("50Gi"), EphemeralStorageRequest: quantity("5Gi"),
+				DefaultCPURequest: quantity("1"), DefaultMemoryRequest: quantity("2Gi")},
+			requests: rl("cpu", "1", "memory", "2Gi", "ephemeral-storage", "5Gi")},
+		{name: "target.yaml turns them off", defaults: defaults,
+			policy: targets.StepPolicy{VolumeSizeLimit: quantity("0"), EphemeralStorageRequest: quantity("0"),
+				DefaultCPURequest: quantity("0"), DefaultMemoryRequest: quantity("0")}},
+		{name: "target.yaml alone", size: "1Gi", policy: targets.StepPolicy{VolumeSizeLimit: quantity("1Gi"), DefaultMemoryRequest: quantity("64Mi")},
+			requests: rl("memory", "64Mi")},
+		{name: "no defaults, nothing asked: as before"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := podOn(t, tt.policy, tt.defaults, tt.asked, false)
+			dir := p.Spec.Volumes[0].EmptyDir
+			require.NotNil(t, dir)
+			if tt.size == "" {
+				assert.Nil(t, dir.SizeLimit)
+			} else if assert.NotNil(t, dir.SizeLimit) {
+				assert.Zero(t, dir.SizeLimit.Cmp(resource.MustParse(tt.size)), "sizeLimit %s", dir.SizeLimit)
+			}
+			res := p.Spec.Containers[0].Resources
+			assert.Equal(t, quantities(tt.requests), quantities(res.Requests), "requests")
+			assert.Equal(t, quantities(tt.limits), quantities(res.Limits), "limits")
+			assert.Equal(t, sidecarResources, p.Spec.Containers[1].Resources, "the sidecar's own")
+		})
+	}
+}
+
+// quantities is a resource list as comparable strings.
+func quantities(l corev1.ResourceList) map[corev1.ResourceName]string {
+	if len(l) == 0 {
+		return nil
+	}
+	out := map[corev1.ResourceName]string{}
+	for k, v := range l {
+		out[k] = v.String()
+	}
+	return out
 }

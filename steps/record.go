@@ -84,6 +84,8 @@ type Summary struct {
 	Resources Resources `json:"resources,omitzero"`
 	Timeout   string    `json:"timeout,omitempty"`
 	ReuseKey  string    `json:"reuse_key,omitempty"`
+	// Privileged asks for a privileged container (Request.Privileged).
+	Privileged bool `json:"privileged,omitempty"`
 	// Resource marks a resource step: its stdout is its answer.
 	Resource bool `json:"resource,omitempty"`
 	// Admin says an admin submitted it: its inputs are streamed as one.
@@ -97,7 +99,7 @@ type Summary struct {
 func summaryOf(req Request, admin bool, at time.Time) Summary {
 	return Summary{Team: req.Team, Handle: req.Handle, Type: req.Type, Tags: req.Tags, Platform: req.Platform,
 		Image: req.Image, Inputs: req.Inputs, Outputs: req.Outputs, Resources: req.Resources, Timeout: req.Timeout, ReuseKey: req.ReuseKey,
-		Resource: req.Resource != nil, Admin: admin, Submitted: at.UTC()}
+		Privileged: req.Privileged, Resource: req.Resource != nil, Admin: admin, Submitted: at.UTC()}
 }
 
 // timeout is the summary's validated timeout.

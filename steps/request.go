@@ -44,6 +44,11 @@ type Request struct {
 	// ReuseKey, for a check step, runs it in a warm sandbox pod kept for
 	// the checks of the same team, image and key (see SandboxLabel).
 	ReuseKey string `json:"reuse_key,omitempty"`
+	// Privileged runs the step in a privileged container (Concourse's
+	// `privileged: true`): only a target whose target.yaml allows it
+	// (steps.allowPrivileged) takes the step; elsewhere it waits, saying
+	// which targets' policy refuses it.
+	Privileged bool `json:"privileged,omitempty"`
 }
 
 // Run is the process.
@@ -159,6 +164,8 @@ func (r *Request) checkHead() *FieldError {
 		return fieldErr("reuse_key", "%d bytes is too long (at most 253)", len(r.ReuseKey))
 	case r.ReuseKey != "" && len(r.Inputs)+len(r.Outputs) > 0:
 		return fieldErr("reuse_key", "a check in a sandbox has no inputs or outputs")
+	case r.ReuseKey != "" && r.Privileged:
+		return fieldErr("reuse_key", "a privileged check runs in a pod of its own, not in a shared sandbox")
 	}
 	return nil
 }

@@ -58,6 +58,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"zero memory", func(r *Request) { r.Resources.Memory = "0" }, "resources.memory"},
 		{"bad timeout", func(r *Request) { r.Timeout = "soon" }, "timeout"},
 		{"negative timeout", func(r *Request) { r.Timeout = "-1s" }, "timeout"},
+		{"a privileged check in a sandbox", func(r *Request) { r.Type, r.ReuseKey, r.Privileged = "check", "k", true }, "reuse_key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

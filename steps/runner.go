@@ -157,6 +157,11 @@ func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 		return err
 	}
 	if rec.Status.Scheduled == nil {
+		// Placement kept the step off targets that refuse it; this is for a
+		// target.yaml changed since.
+		if err := privilegeRefused(&r.sum, t); err != nil {
+			return &createFailed{err}
+		}
 		pod := buildPod(&r.sum, r.k.me, t, r.placed, r.k.opts.Pod)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})

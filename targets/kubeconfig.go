@@ -43,6 +43,9 @@ type Metadata struct {
 	// ImagePullSecrets name Secrets of the namespace that step pods pull
 	// their images with.
 	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+	// Steps is what the target's operator allows its step pods and the
+	// sizes and requests they get (StepPolicy).
+	Steps StepPolicy `json:"steps,omitzero"`
 }
 
 // DefaultPlatform is a target's platform when its metadata names none.
@@ -255,6 +258,9 @@ func (m Metadata) validate() error {
 		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
 			errs = append(errs, fmt.Errorf("nodeSelector[%s] value %q: %s", k, v, strings.Join(msgs, "; ")))
 		}
+	}
+	if err := m.Steps.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	for i, t := range m.Tolerations {
 		if t.Operator != "" && t.Operator != corev1.TolerationOpEqual && t.Operator != corev1.TolerationOpExists {

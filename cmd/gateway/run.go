@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -158,6 +159,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Logger:         logger.With("component", "steps"),
 		Metrics:        steps.NewMetrics(reg),
 	}
+	stepOpts.Pod.Steps = stepDefaults(cfg)
 	if state.store != nil {
 		stepOpts.Records, stepOpts.Owners, stepOpts.Leader = state.store, state.owners, state.elector
 	}
@@ -269,6 +271,18 @@ func policy(cfg config.Config) targets.Policy {
 		AllowAuthProviders: cfg.AllowAuthProviders,
 		AllowInsecureTLS:   cfg.AllowInsecureTLS,
 		AllowExternalFiles: cfg.AllowExternalFiles,
+	}
+}
+
+// stepDefaults are the step pods' defaults, from the step-* keys
+// (validated: the cpu request parses).
+func stepDefaults(cfg config.Config) steps.StepDefaults {
+	size := func(b config.Bytes) resource.Quantity { return *resource.NewQuantity(int64(b), resource.BinarySI) }
+	return steps.StepDefaults{
+		VolumeSizeLimit:         size(cfg.StepVolumeSizeLimit),
+		EphemeralStorageRequest: size(cfg.StepEphemeralStorageRequest),
+		CPURequest:              resource.MustParse(cfg.StepDefaultCPURequest),
+		MemoryRequest:           size(cfg.StepDefaultMemoryRequest),
 	}
 }
 

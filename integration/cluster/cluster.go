@@ -23,6 +23,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -470,6 +471,13 @@ func (c *Cluster) createNodes(ctx context.Context, n int) error {
 				KubeletAnnotation:        KubeletManual, // see KubeletManualSelector
 			},
 		}}
+		// What kwok's stage would report, plus ephemeral storage, which
+		// it leaves out: the scheduler refuses a pod requesting some (as
+		// a gateway's step pods do by default) on a node without it.
+		node.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1k"),
+			corev1.ResourceMemory: resource.MustParse("1Ti"), corev1.ResourcePods: resource.MustParse("1M"),
+			corev1.ResourceEphemeralStorage: resource.MustParse("1Pi")}
+		node.Status.Allocatable = node.Status.Capacity.DeepCopy()
 		if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create node %s: %w", node.Name, err)
 		}

@@ -1,0 +1,129 @@
+package steps
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// StepDefaults are what a step pod gets unless its target's target.yaml
+// (`steps:`, targets.StepPolicy) says otherwise: the gateway's step-*
+// flags. A zero quantity is none.
+//
+// Why each: a step pod's emptyDir without a limit, or a step that writes
+// to its container's own filesystem without a request, can fill the
+// node's disk, and the kubelet then evicts pods by how far each is over
+// its request: with a request and a size limit it is the step that
+// filled the disk that goes, alone. A container without requests is
+// BestEffort, the first the kubelet evicts under memory pressure, and the
+// scheduler packs it anywhere, so its use crowds out the other tenants of
+// the node: default requests make every step Burstable and counted.
+type StepDefaults struct {
+	// VolumeSizeLimit is the sizeLimit of the step pod's emptyDir (the
+	// build dir, its inputs and outputs, the agent's log): past it the
+	// kubelet evicts the pod.
+	VolumeSizeLimit resource.Quantity
+	// EphemeralStorageRequest is the step container's ephemeral-storage
+	// request (its writable layer and logs; the emptyDir is bounded by
+	// VolumeSizeLimit).
+	EphemeralStorageRequest resource.Quantity
+	// CPURequest and MemoryRequest are the step container's requests when
+	// the step asks for no cpu (memory); a step that asks gets what it
+	// asked as request and limit.
+	CPURequest, MemoryRequest resource.Quantity
+}
+
+// For is d with what the target's policy sets instead.
+func (d StepDefaults) For(p targets.StepPolicy) StepDefaults {
+	pick := func(def resource.Quantity, target *resource.Quantity) resource.Quantity {
+		if target != nil {
+			return target.DeepCopy()
+		}
+		return def.DeepCopy()
+	}
+	return StepDefaults{
+		VolumeSizeLimit:         pick(d.VolumeSizeLimit, p.VolumeSizeLimit),
+		EphemeralStorageRequest: pick(d.EphemeralStorageRequest, p.EphemeralStorageRequest),
+		CPURequest:              pick(d.CPURequest, p.DefaultCPURequest),
+		MemoryRequest:           pick(d.MemoryRequest, p.DefaultMemoryRequest),
+	}
+}
+
+// stepSecurity is the step container's security context. The step's image
+// decides its user (Concourse tasks often run as root), but it gets no
+// privilege beyond that: no escalation (no_new_privs), the runtime's
+// default seccomp profile, and the runtime's default capabilities minus
+// NET_RAW (raw sockets forge packets and spoof other pods on the node;
+// nothing a build needs). A privileged step, on a target whose policy
+// allows it, gets a privileged container and none of that: the runtime
+// gives a privileged container every capability and no seccomp filter
+// whatever else is set, and Kubernetes refuses privileged with
+// allowPrivilegeEscalation false.
+func stepSecurity(privileged bool) *corev1.SecurityContext {
+	if privileged {
+		yes := true
+		return &corev1.SecurityContext{Privileged: &yes}
+	}
+	no := false
+	return &corev1.SecurityContext{
+		Privileged: &no, AllowPrivilegeEscalation: &no,
+		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// stepVolume is the emptyDir step pods share, bounded by d.
+func stepVolume(d StepDefaults) corev1.VolumeSource {
+	dir := &corev1.EmptyDirVolumeSource{}
+	if !d.VolumeSizeLimit.IsZero() {
+		limit := d.VolumeSizeLimit.DeepCopy()
+		dir.SizeLimit = &limit
+	}
+	return corev1.VolumeSource{EmptyDir: dir}
+}
+
+// stepResources are the step container's resources: the cpu and memory
+// a step asks for as both requests and limits, so it gets what it asked
+// for and no more; d's requests for what it does not ask; and d's
+// ephemeral-storage request.
+func stepResources(r Resources, d StepDefaults) corev1.ResourceRequirements {
+	req, lim := corev1.ResourceList{}, corev1.ResourceList{}
+	for _, res := range []struct {
+		name  corev1.ResourceName
+		asked string
+		def   resource.Quantity
+	}{
+		{corev1.ResourceCPU, r.CPU, d.CPURequest},
+		{corev1.ResourceMemory, r.Memory, d.MemoryRequest},
+		{corev1.ResourceEphemeralStorage, "", d.EphemeralStorageRequest},
+	} {
+		switch {
+		case res.asked != "":
+			q := resource.MustParse(res.asked)
+			req[res.name], lim[res.name] = q, q.DeepCopy()
+		case !res.def.IsZero():
+			req[res.name] = res.def.DeepCopy()
+		}
+	}
+	out := corev1.ResourceRequirements{}
+	if len(req) > 0 {
+		out.Requests = req
+	}
+	if len(lim) > 0 {
+		out.Limits = lim
+	}
+	return out
+}
+
+// privilegeRefused says why target t does not run a privileged step, or
+// nil if it does (or the step is not privileged).
+func privilegeRefused(sum *Summary, t *targets.Target) error {
+	if !sum.Privileged || t.Config.Meta.Steps.AllowPrivileged {
+		return nil
+	}
+	return fmt.Errorf("target %s does not run privileged steps: its policy does not allow them (%s in its target.yaml)",
+		t.Name(), targets.PrivilegedKey)
+}

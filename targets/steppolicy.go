@@ -1,0 +1,50 @@
+package targets
+
+import (
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// StepPolicy is the `steps:` section of a target's target.yaml: what its
+// operator allows its step pods beyond the gateway's defaults, and the
+// sizes and requests that replace the gateway's flags on this target.
+// A size or request left out is the gateway's (its step-* flags); 0
+// means none on this target.
+type StepPolicy struct {
+	// AllowPrivileged lets a step that asks for it (Concourse's
+	// `privileged: true` tasks) run in a privileged container here.
+	// Targets without it refuse such steps, naming this key.
+	AllowPrivileged bool `json:"allowPrivileged,omitempty"`
+	// VolumeSizeLimit is the sizeLimit of the step pod's emptyDir (the
+	// build dir, inputs and outputs): past it the kubelet evicts the pod.
+	VolumeSizeLimit *resource.Quantity `json:"volumeSizeLimit,omitempty"`
+	// EphemeralStorageRequest is the step container's ephemeral-storage
+	// request: what the scheduler keeps free on the node for it.
+	EphemeralStorageRequest *resource.Quantity `json:"ephemeralStorageRequest,omitempty"`
+	// DefaultCPURequest and DefaultMemoryRequest are the step
+	// container's requests when the step names no cpu (memory).
+	DefaultCPURequest    *resource.Quantity `json:"defaultCPURequest,omitempty"`
+	DefaultMemoryRequest *resource.Quantity `json:"defaultMemoryRequest,omitempty"`
+}
+
+// PrivilegedKey is the target.yaml key that allows privileged steps, as
+// messages name it.
+const PrivilegedKey = "steps.allowPrivileged"
+
+func (p StepPolicy) validate() error {
+	var errs []error
+	for _, q := range []struct {
+		key string
+		v   *resource.Quantity
+	}{
+		{"volumeSizeLimit", p.VolumeSizeLimit}, {"ephemeralStorageRequest", p.EphemeralStorageRequest},
+		{"defaultCPURequest", p.DefaultCPURequest}, {"defaultMemoryRequest", p.DefaultMemoryRequest},
+	} {
+		if q.v != nil && q.v.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("steps.%s must not be negative, got %s", q.key, q.v))
+		}
+	}
+	return errors.Join(errs...)
+}
