@@ -458,8 +458,11 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	victim.Team, victim.Tags = "main", []string{"v"}
 	victim.Outputs = []steps.Output{{Name: "out"}}
 	g.run(t, victim)
-	require.Equal(t, steps.Succeeded, g.step(t, "victim").Phase)
-	pod, err := rn.Client.CoreV1().Pods("rn-victim").Get(ctx, g.step(t, "victim").Pod, metav1.GetOptions{})
+	g.stepEvents(ctx, t, "victim", "&team=main", 0)
+	var v steps.View
+	g.get(t, "/api/v1/steps/victim?team=main", &v)
+	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	pod, err := rn.Client.CoreV1().Pods("rn-victim").Get(ctx, v.Pod, metav1.GetOptions{})
 	require.NoError(t, err)
 	ip := pod.Status.PodIP
 	require.NotEmpty(t, ip)
@@ -477,14 +480,14 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	for _, auth := range []string{"", "Authorization: Bearer guessed-token\r\n"} {
 		for _, r := range requests {
 			fmt.Fprintf(&script, `printf '%s\r\nHost: x\r\n%sContent-Length: 10\r\nConnection: close\r\n\r\n0123456789' | nc -w 10 %s 7788 | head -1; `,
-				r, auth, ip)
+				strings.ReplaceAll(r, "%", "%%"), auth, ip)
 		}
 	}
 	for _, probe := range []struct{ handle, tag string }{{"probe-same-namespace", "v"}, {"probe-other-namespace", "o"}} {
 		req := nodeStep(probe.handle, script.String())
 		req.Team, req.Tags = "other", []string{probe.tag}
 		g.run(t, req)
-		evs := g.stepEvents(ctx, t, probe.handle, "", 0)
+		evs := g.stepEvents(ctx, t, probe.handle, "&team=other", 0)
 		out := outputOf(evs, steps.EventStdout)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		assert.Len(t, lines, 2*len(requests), "%s: %q (stderr %q)", probe.handle, out, outputOf(evs, steps.EventStderr))
@@ -509,7 +512,7 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	consume.Team, consume.Tags = "main", []string{"v"}
 	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "victim", Output: "out"}}}
 	g.run(t, consume)
-	evs := g.stepEvents(ctx, t, "consume", "", 0)
+	evs := g.stepEvents(ctx, t, "consume", "&team=main", 0)
 	assert.Equal(t, "team-main-secret\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_total{mode="p2p",result="ok"}`), 1.0,
 		"pushed pod to pod, with a ticket for that one stream")

@@ -105,12 +105,12 @@ func Listen(addr, root, tokenHash string) (*Server, error) {
 		tickets: map[[sha256.Size]byte]ticket{}, now: time.Now}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /volumes", s.holder(s.create))
-	mux.HandleFunc("POST /tickets", s.holder(s.ticket))
-	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn) // checks its own
-	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.holder(s.streamOut))
-	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.holder(s.streamP2POut))
-	s.srv = &http.Server{Handler: s.track(mux)}
+	mux.HandleFunc("POST /volumes", s.create)
+	mux.HandleFunc("POST /tickets", s.ticket)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
+	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
+	s.srv = &http.Server{Handler: s.track(s.holder(mux))}
 	go func() {
 		defer close(s.served)
 		_ = s.srv.Serve(ln)
@@ -135,15 +135,17 @@ func (s *Server) holds(r *http.Request) bool {
 }
 
 // holder serves next to the token's holder alone; anyone else gets a 401
-// before a byte of the request is read.
-func (s *Server) holder(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.holds(r) {
+// before a byte of the request is read, whatever the path. A stream-in
+// may come with a ticket instead: it checks that itself.
+func (s *Server) holder(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		streamIn := r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/volumes/") && strings.HasSuffix(r.URL.Path, "/stream-in")
+		if !streamIn && !s.holds(r) {
 			unauthorized(w)
 			return
 		}
-		next(w, r)
-	}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func unauthorized(w http.ResponseWriter) {

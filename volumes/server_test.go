@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -277,6 +278,8 @@ func TestServesOnlyTheTokensHolder(t *testing.T) {
 			{http.MethodPut, "/volumes/v/stream-p2p-out?streamInURL=http://127.0.0.1:1/", nil},
 			{http.MethodPost, "/volumes", []byte(`{"handle":"new"}`)},
 			{http.MethodPost, "/tickets", ticket},
+			{http.MethodGet, "/volumes", nil},
+			{http.MethodGet, "/no/such/path", nil},
 		} {
 			resp, body := do(t, tc.method, base+tc.path, map[string]string{"Authorization": cred}, bytes.NewReader(tc.body))
 			assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s %s with %q", tc.method, tc.path, cred)
@@ -353,5 +356,40 @@ func TestServerNeedsATokenHash(t *testing.T) {
 	for _, h := range []string{"", "abc", strings.Repeat("z", 64)} {
 		_, err := Start(t.TempDir(), h)
 		assert.ErrorContains(t, err, "SHA-256 in hex", "%q", h)
+	}
+}
+
+// BenchmarkAuthorization streams a volume out through the server's routes
+// (token checked) and, in the same run, through the same handler without
+// the check: the ratio is the price of the check, once per request.
+func BenchmarkAuthorization(b *testing.B) {
+	sum := sha256.Sum256([]byte(testToken))
+	s, err := Start(b.TempDir(), hex.EncodeToString(sum[:]))
+	require.NoError(b, err)
+	defer s.Kill()
+	require.NoError(b, os.MkdirAll(s.Path("v"), 0o755))
+	require.NoError(b, os.WriteFile(filepath.Join(s.Path("v"), "f"), bytes.Repeat([]byte("x"), 1<<20), 0o644))
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.SetPathValue("handle", "v")
+		s.streamOut(w, r)
+	}))
+	defer bare.Close()
+	for _, tc := range []struct{ name, url string }{
+		{"checked", fmt.Sprintf("http://127.0.0.1:%d/volumes/v/stream-out", s.Port())},
+		{"unchecked", bare.URL + "/volumes/v/stream-out"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(1 << 20)
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPut, tc.url, nil)
+				req.Header.Set("Authorization", "Bearer "+testToken)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil || resp.StatusCode != http.StatusOK {
+					b.Fatal(err, resp.Status)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/internal/meshtest"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -119,7 +120,9 @@ type agentBench struct {
 	client     *client.Client
 	certs      meshCerts
 	pfpipe     string
-	kubeconfig string       // the cluster target's, for pfpipe
+	kubeconfig string // the cluster target's, for pfpipe
+	srcToken   string // the artifact's pod's volume server's, for pfpipe
+	bed        *stepsBed
 	src        steps.Volume // the cluster task's output
 	sum        string       // the SHA-256 of its file
 	// shared are the processes both paths go through: the cluster's
@@ -179,7 +182,7 @@ func setupAgentBench(ctx context.Context, b *testing.B) *agentBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ab := &agentBench{gw: gw, client: cli, certs: certs, kubeconfig: filepath.Join(gw.targetsDir, stepsTarget, "kubeconfig"),
+	ab := &agentBench{gw: gw, bed: bed, client: cli, certs: certs, kubeconfig: filepath.Join(gw.targetsDir, stepsTarget, "kubeconfig"),
 		shared: append(pidsUnder(filepath.Dir(bed.c.AdminKubeconfig())), os.Getpid())}
 	ab.agent = startAgentProc(b, gw.cmd.Path, gw.meshAddr, certs)
 	waitFor(b, time.Minute, func() error {
@@ -226,6 +229,11 @@ func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 		b.Fatalf("%s: on %q, outputs %+v, stdout %q", produceStep, v.Target, v.Outputs, out)
 	}
 	ab.src, ab.sum = v.Outputs[0], out
+	key, err := ownership.LoadKey(ctx, ab.bed.c.Client.CoreV1(), "bench-state", "jetway")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ab.srcToken = key.Token(ab.src.Target, ab.src.Pod)
 }
 
 // run runs req to its success, calling onEvent with its events, and
@@ -290,7 +298,7 @@ func (ab *agentBench) pipe(ctx context.Context, b *testing.B, round int, path, d
 	handle := fmt.Sprintf("%s-%d", path, round)
 	recv0, shared0 := ab.recv.cpu(), ab.sharedCPU()
 	cmd := exec.CommandContext(ctx, ab.pfpipe, "--src-dialer", dialer, "--src-kubeconfig", ab.kubeconfig, "--src-pod", ab.src.Pod,
-		"--src-path", "/volumes/"+url.PathEscape(ab.src.Handle)+"/stream-out?path=",
+		"--src-path", "/volumes/"+url.PathEscape(ab.src.Handle)+"/stream-out?path=", "--src-token", ab.srcToken,
 		"--dst-url", "https://"+ab.recv.addr+"/volumes/"+handle+"/stream-in",
 		"--dst-ca", ab.certs.ca, "--dst-cert", ab.certs.gatewayCert, "--dst-key", ab.certs.gatewayKey)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

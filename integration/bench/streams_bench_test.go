@@ -26,6 +26,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
@@ -59,6 +60,7 @@ func runStreamsBench(b *testing.B) {
 	dir := b.TempDir()
 	kubeconfigs := map[string]string{}
 	vols := map[string]*volumes.Server{}
+	key, stateFlags := benchState(ctx, b, cs[0])
 	for i, name := range []string{"a", "b"} {
 		c := cs[i]
 		t, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-" + name, Rules: targets.RBACRules(targets.Required)})
@@ -70,13 +72,13 @@ func runStreamsBench(b *testing.B) {
 			b.Fatal(err)
 		}
 		pod := map[string]string{"a": "src", "b": "dst"}[name]
-		vs, err := volumes.Start(b.TempDir())
+		vs, err := volumes.Start(b.TempDir(), ownership.TokenHash(key.Token(name, pod)))
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer vs.Kill()
 		vols[name] = vs
-		runBenchPod(ctx, b, c, "bench-"+name, name, pod)
+		runBenchPod(ctx, b, c, key, "bench-"+name, name, pod)
 		if err := c.ForwardPodPort(ctx, "bench-"+name, pod, streams.VolumePort, "127.0.0.1", vs.Port()); err != nil {
 			b.Fatal(err)
 		}
@@ -90,7 +92,7 @@ func runStreamsBench(b *testing.B) {
 	}
 
 	bin := buildGateway(b)
-	gw := startGateway(b, bin, dir)
+	gw := startGateway(b, bin, dir, stateFlags...)
 	defer gw.stop(b)
 	req := func(handle string) streams.Request {
 		return streams.Request{From: streams.Endpoint{Target: "a", Pod: "src", Handle: "art", Path: "out"},
@@ -111,7 +113,7 @@ func runStreamsBench(b *testing.B) {
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, pfpipe, "--src-kubeconfig", kubeconfigs["a"], "--src-pod", "src",
 		"--src-path", "/volumes/art/stream-out?path=out", "--dst-kubeconfig", kubeconfigs["b"], "--dst-pod", "dst",
-		"--dst-path", "/volumes/in-floor/stream-in?path=in")
+		"--dst-path", "/volumes/in-floor/stream-in?path=in", "--src-token", key.Token("a", "src"), "--dst-token", key.Token("b", "dst"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("pfpipe: %v\n%s", err, out)
 	}
@@ -131,7 +133,7 @@ func runStreamsBench(b *testing.B) {
 	}
 
 	// (c) kubectl + curl
-	results = append(results, kubectlPipe(ctx, b, kubeconfigs))
+	results = append(results, kubectlPipe(ctx, b, kubeconfigs, key))
 	b.StopTimer()
 
 	for _, h := range []string{"in-floor", "in-jetway", "in-kubectl"} {
@@ -154,12 +156,12 @@ func runStreamsBench(b *testing.B) {
 	b.ReportMetric(ratio, "jetway/floor")
 	b.ReportMetric(float64(gw.status("VmHWM"))/1024, "gateway-peak-RSS-MB")
 
-	profileRelay(ctx, b, kubeconfigs, req("in-profile"))
+	profileRelay(ctx, b, kubeconfigs, key, req("in-profile"))
 }
 
 // profileRelay runs jetway's relay in this process under the CPU profiler
 // and logs where its time goes.
-func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]string, req streams.Request) {
+func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]string, key ownership.Key, req streams.Request) {
 	ts := map[string]*targets.Target{}
 	for name, path := range kubeconfigs {
 		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{})
@@ -179,7 +181,7 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 	done := make(chan error)
 	go func() { done <- d.Start(dctx) }()
 	defer func() { stop(); <-done }()
-	s := streams.New(streams.Options{Dialer: d, Installation: "jetway",
+	s := streams.New(streams.Options{Dialer: d, Installation: "jetway", Key: key,
 		Target: func(t string) (*targets.Target, error) { return ts[t], nil }})
 	defer s.Close()
 	profile := filepath.Join(os.Getenv("JETWAY_BIN_DIR"), "streams-relay.cpu.pprof")
@@ -207,7 +209,7 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 var forwarding = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 7788`)
 
 // kubectlPipe pipes curl through two kubectl port-forwards.
-func kubectlPipe(ctx context.Context, b *testing.B, kubeconfigs map[string]string) pathResult {
+func kubectlPipe(ctx context.Context, b *testing.B, kubeconfigs map[string]string, key ownership.Key) pathResult {
 	kubectl := filepath.Join(os.Getenv("JETWAY_BIN_DIR"), "kubectl")
 	ports := map[string]string{}
 	var procs []*exec.Cmd
@@ -246,9 +248,9 @@ func kubectlPipe(ctx context.Context, b *testing.B, kubeconfigs map[string]strin
 	}
 	start := time.Now()
 	pipe := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", fmt.Sprintf(
-		`curl -fsS -X PUT -H 'Accept-Encoding: raw' 'http://127.0.0.1:%s/volumes/art/stream-out?path=out' | `+
-			`curl -fsS -X PUT -H 'Content-Encoding: raw' -T - 'http://127.0.0.1:%s/volumes/in-kubectl/stream-in?path=in'`,
-		ports["a"], ports["b"]))
+		`curl -fsS -X PUT -H 'Accept-Encoding: raw' -H 'Authorization: Bearer %s' 'http://127.0.0.1:%s/volumes/art/stream-out?path=out' | `+
+			`curl -fsS -X PUT -H 'Content-Encoding: raw' -H 'Authorization: Bearer %s' -T - 'http://127.0.0.1:%s/volumes/in-kubectl/stream-in?path=in'`,
+		key.Token("a", "src"), ports["a"], key.Token("b", "dst"), ports["b"]))
 	if out, err := pipe.CombinedOutput(); err != nil {
 		b.Fatalf("curl pipe: %v\n%s", err, out)
 	}
@@ -291,10 +293,11 @@ func writeArtifact(b *testing.B, path string, size int64) {
 	}
 }
 
-// runBenchPod runs a step pod of target (jetway's ownership labels, so
-// streams may touch it) and waits for it to run.
-func runBenchPod(ctx context.Context, b *testing.B, c *cluster.Cluster, ns, target, name string) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: ownership.Labels(target, "jetway")},
+// runBenchPod runs a step pod of target (jetway's ownership labels and
+// seal, so streams may touch it) and waits for it to run.
+func runBenchPod(ctx context.Context, b *testing.B, c *cluster.Cluster, key ownership.Key, ns, target, name string) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: ownership.Labels(target, "jetway"),
+		Annotations: map[string]string{ownership.SealAnnotation: key.Seal(target, name, "")}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}}}
 	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
@@ -336,4 +339,23 @@ func postStream(base string, req streams.Request) (streams.Result, error) {
 		return res, fmt.Errorf("%s: %v", resp.Status, e)
 	}
 	return res, json.NewDecoder(resp.Body).Decode(&res)
+}
+
+// benchState makes a state namespace on c for a gateway's flags, and the
+// installation's pod key there (as a gateway makes it), which the bench
+// seals its pods with.
+func benchState(ctx context.Context, b *testing.B, c *cluster.Cluster) (ownership.Key, []string) {
+	state, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-state", Rules: targets.RBACRules(steps.StatePermissions)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := ownership.LoadKey(ctx, c.Client.CoreV1(), "bench-state", "jetway")
+	if err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(b.TempDir(), "state.kubeconfig")
+	if err := writeFile(file, state.Kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	return key, []string{"--state-kubeconfig", file, "--state-namespace", "bench-state"}
 }

@@ -44,6 +44,8 @@ type options struct {
 	srcDialer                      string
 	dstKube, dstPod, dstPath       string
 	dstURL, dstCA, dstCert, dstKey string
+	// Tokens of the source's and the destination's volume servers.
+	srcToken, dstToken string
 }
 
 // result is what pfpipe prints.
@@ -66,6 +68,8 @@ func main() {
 	flag.StringVar(&o.dstCA, "dst-ca", "", "with --dst-url: the mesh CA (PEM)")
 	flag.StringVar(&o.dstCert, "dst-cert", "", "with --dst-url: this sender's mesh certificate (PEM)")
 	flag.StringVar(&o.dstKey, "dst-key", "", "with --dst-url: its key (PEM)")
+	flag.StringVar(&o.srcToken, "src-token", "", "the source volume server's token")
+	flag.StringVar(&o.dstToken, "dst-token", "", "the destination volume server's token")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "pfpipe: %v\n", err)
@@ -87,6 +91,7 @@ func run(o options) error {
 	defer stopDst()
 	req, _ := http.NewRequest(http.MethodPut, srcURL, nil)
 	req.Header.Set("Accept-Encoding", "raw")
+	bearer(req, o.srcToken)
 	out, err := srcClient.Do(req)
 	if err != nil {
 		return err
@@ -101,6 +106,7 @@ func run(o options) error {
 		return err
 	}
 	in.Header.Set("Content-Encoding", "raw")
+	bearer(in, o.dstToken)
 	resp, err := client.Do(in)
 	if err != nil {
 		return err
@@ -115,6 +121,13 @@ func run(o options) error {
 		res.Answer = answer
 	}
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// bearer sends token, if there is one.
+func bearer(req *http.Request, token string) {
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 }
 
 // source is the stream-out URL and the client that reaches it.
