@@ -125,7 +125,7 @@ func TestParse(t *testing.T) {
 				assert.Equal(t, StepPolicy{}, c.Meta.Steps, "the gateway's defaults, nothing privileged")
 			}},
 		{name: "bad steps policy", config: kubeconfig("", "", ""),
-			yaml: "steps:\n  volumeSizeLimit: -1Gi\n  defaultCPURequest: -1\n",
+			yaml:    "steps:\n  volumeSizeLimit: -1Gi\n  defaultCPURequest: -1\n",
 			wantErr: []string{"steps.volumeSizeLimit must not be negative, got -1Gi", "steps.defaultCPURequest must not be negative"}},
 		{name: "steps policy unknown key", config: kubeconfig("", "", ""), yaml: "steps:\n  privileged: true\n",
 			wantErr: []string{"target.yaml", `unknown field "privileged"`}},
