@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -105,4 +107,32 @@ func TestPlantedPodsGetNothing(t *testing.T) {
 	assert.Contains(t, g.logs.String(), "pod refused as a check sandbox: it has a sandbox's labels but not jetway's seal")
 	assert.Contains(t, g.logs.String(), "pod refused: it has the step's name and labels but not jetway's seal")
 	assert.NotContains(t, g.logs.String(), "secret-token", "a check's source reaches no log")
+}
+
+// TestGatewaysStartingTogetherShareOnePodKey: gateways of an installation
+// starting at once against a state namespace without a pod key make one,
+// and all read the same, with the state namespace's permissions alone.
+func TestGatewaysStartingTogetherShareOnePodKey(t *testing.T) {
+	st := newState(t)
+	client, err := kubernetes.NewForConfig(st.rest)
+	require.NoError(t, err)
+	seals := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range seals {
+		wg.Go(func() {
+			k, err := ownership.LoadKey(context.Background(), client.CoreV1(), st.namespace, "fresh")
+			if assert.NoError(t, err) {
+				seals[i] = k.Seal("t", "p", "main")
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range seals {
+		assert.Equal(t, seals[0], s)
+	}
+	assert.NotEmpty(t, seals[0])
+	secret, err := clusters[0].Client.CoreV1().Secrets(st.namespace).Get(context.Background(), ownership.KeySecretName("fresh"), metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "fresh", secret.Labels[ownership.InstallationLabel])
+	assert.Empty(t, secret.Annotations, "the key is in the data alone")
 }

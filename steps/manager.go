@@ -251,6 +251,9 @@ func (m *Manager) Ready() error {
 	if !m.opts.Owners.Valid() {
 		return fmt.Errorf("%w: this gateway cannot renew its lease in the state namespace", ErrUnavailable)
 	}
+	if k := m.opts.Pod.Key; k.Ready() != nil && k.IsZero() {
+		return fmt.Errorf("%w: the installation's pod key is not read from the state namespace yet", ErrUnavailable)
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
@@ -79,6 +80,20 @@ func (o PodOptions) sidecarCommand() []string {
 var sidecarResources = corev1.ResourceRequirements{
 	Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 	Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+}
+
+// awaitKey waits until the pod key is read, if it is being read: a pod is
+// made, or taken over, only sealed.
+func awaitKey(ctx context.Context, k ownership.Key) error {
+	if k.Ready() == nil {
+		return nil
+	}
+	select {
+	case <-k.Ready():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // buildPod is the pod of step sum placed on target t, owned by owner.

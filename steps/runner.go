@@ -156,6 +156,9 @@ func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 	if err != nil {
 		return err
 	}
+	if err := awaitKey(ctx, r.k.opts.Pod.Key); err != nil {
+		return err
+	}
 	if rec.Status.Scheduled == nil {
 		// Placement kept the step off targets that refuse it; this is for a
 		// target.yaml changed since.

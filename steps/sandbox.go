@@ -167,6 +167,9 @@ func (s *sandboxes) tend(ctx context.Context, snap []targets.Status, recs []*Rec
 // find takes up the sandbox pods of the targets that the placer does not
 // know: a new placer's, made by the one before.
 func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
+	if s.p.opts.Pod.Key.IsZero() {
+		return // no seal can be told from none yet
+	}
 	known := map[string]bool{}
 	for _, list := range s.byKey {
 		for _, sb := range list {
@@ -328,6 +331,9 @@ func (s *sandboxes) make(sum Summary, target string) *sandbox {
 func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error {
 	t, err := s.p.opts.Registry.Target(sb.target)
 	if err != nil {
+		return err
+	}
+	if err := awaitKey(ctx, s.p.opts.Pod.Key); err != nil {
 		return err
 	}
 	pod := buildPod(&sum, s.p.me, t, Placed{Target: sb.target, Pod: sb.pod}, s.p.opts.Pod)

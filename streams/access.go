@@ -20,6 +20,9 @@ const podLookupTimeout = 10 * time.Second
 // cannot be read fails with an *Error naming its side.
 // A source owned by another gateway is checked there (Send).
 func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, error) {
+	if s.opts.Key.IsZero() {
+		return nil, &Error{Side: SideDestination, Err: errNoKey}
+	}
 	if req.Source == nil {
 		if _, err := s.check(ctx, req.Caller, SideSource, req.From); err != nil {
 			return nil, err
@@ -30,6 +33,9 @@ func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, err
 
 // check reads the pod of one side and checks the caller may touch it.
 func (s *Streamer) check(ctx context.Context, c Caller, side string, e Endpoint) (*corev1.Pod, error) {
+	if s.opts.Key.IsZero() {
+		return nil, &Error{Side: side, Err: errNoKey}
+	}
 	pod, err := s.pod(ctx, e)
 	if err != nil {
 		return nil, &Error{Side: side, Err: err}

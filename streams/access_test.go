@@ -188,5 +188,20 @@ func TestEachPodGetsItsOwnToken(t *testing.T) {
 
 	_, err = New(Options{Installation: "jetway", Transport: volumeServers{}, Target: testOptions(nil).Target}).
 		OpenVolume(context.Background(), crossTarget.From, "raw")
-	assert.ErrorContains(t, err, "no pod key")
+	assert.ErrorContains(t, err, "pod key is not read")
+}
+
+// Until the installation's pod key is read, a stream touches no pod and
+// says why.
+func TestNoStreamWithoutThePodKey(t *testing.T) {
+	var calls atomic.Int32
+	opts := testOptions(volumeServers{
+		"stream-out": func(*http.Request) (*http.Response, error) { calls.Add(1); return nil, nil },
+	})
+	opts.Key = ownership.NewKeyLoader(nil, "state", "jetway", nil).Key() // never read
+	s := New(opts)
+	defer s.Close()
+	_, err := s.Stream(context.Background(), crossTarget, nil)
+	assert.ErrorContains(t, err, "pod key is not read from the state namespace")
+	assert.Zero(t, calls.Load())
 }

@@ -52,7 +52,7 @@ func (s *Streamer) volumeRequest(ctx context.Context, e Endpoint, op string, q u
 }
 
 // errNoKey: a streamer without the installation's pod key reaches no pod.
-var errNoKey = errors.New("no pod key: the gateway has no state namespace to read it from (docs/steps.md)")
+var errNoKey = errors.New("the installation's pod key is not read from the state namespace (yet): no pod is reached without it (docs/steps.md)")
 
 // errDestinationDone ends the source's side of a relay once the
 // destination's request has ended: what the source does then is not the

@@ -76,7 +76,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	}
 
 	id := steps.NewIdentity(hostname())
-	state, err := newStepState(ctx, cfg, id, logger)
+	state, err := newStepState(cfg, id, logger)
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if state.store != nil {
 		// The placer Lease, then this gateway's own, go once its runners
 		// stopped: the others take its steps over at once.
-		components = append(components, state.elector, state.owners, state.store)
+		components = append(components, state.elector, state.owners, state.store, state.keys)
 	}
 	components = append(components, closer(streamer.Close), dialer, source, registry)
 	if tokenFile != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,8 +24,9 @@ type stepState struct {
 	owners  *steps.Owners
 	elector *steps.Elector
 	// key seals the installation's pods and derives their sidecars'
-	// tokens (ownership.Key); read from the state namespace.
+	// tokens (ownership.Key); keys reads it from the state namespace.
 	key         ownership.Key
+	keys        *ownership.KeyLoader
 	unavailable string
 }
 
@@ -34,7 +34,7 @@ type stepState struct {
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // newStepState connects to the state namespace of cfg, as identity.
-func newStepState(ctx context.Context, cfg config.Config, identity string, logger *slog.Logger) (stepState, error) {
+func newStepState(cfg config.Config, identity string, logger *slog.Logger) (stepState, error) {
 	rc, ns, err := stateConfig(cfg)
 	if err != nil {
 		return stepState{}, &config.Error{Problems: []config.Problem{{Key: "state-kubeconfig", Message: err.Error()}}}
@@ -66,12 +66,9 @@ func newStepState(ctx context.Context, cfg config.Config, identity string, logge
 	if err != nil {
 		return stepState{}, err
 	}
-	key, err := ownership.LoadKey(ctx, client.CoreV1(), ns, cfg.Installation)
-	if err != nil {
-		return stepState{}, err
-	}
+	keys := ownership.NewKeyLoader(client.CoreV1(), ns, cfg.Installation, log)
 	log.Info("steps are kept in the state namespace", "identity", identity)
-	return stepState{store: store, owners: owners, elector: elector, key: key}, nil
+	return stepState{store: store, owners: owners, elector: elector, keys: keys, key: keys.Key()}, nil
 }
 
 // stateConfig reaches the state namespace: the state kubeconfig's

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,23 +43,56 @@ const (
 	keySize = 32
 )
 
-// Key is an installation's pod key. The zero Key seals nothing and
-// verifies nothing.
-type Key struct{ k []byte }
+// Key is an installation's pod key, or a key still to be read (see
+// KeyLoader): copies share it. A Key not read yet, as the zero Key, seals
+// nothing and verifies nothing.
+type Key struct{ s *keyState }
+
+type keyState struct {
+	ready chan struct{} // closed once b is set
+	b     []byte
+}
 
 // NewKey makes a Key of at least 32 bytes of secret.
 func NewKey(b []byte) (Key, error) {
 	if len(b) < keySize {
 		return Key{}, fmt.Errorf("a pod key has at least %d bytes, not %d", keySize, len(b))
 	}
-	return Key{k: append([]byte(nil), b...)}, nil
+	s := &keyState{ready: make(chan struct{}), b: append([]byte(nil), b...)}
+	close(s.ready)
+	return Key{s: s}, nil
 }
 
-// IsZero reports whether the key is missing.
-func (k Key) IsZero() bool { return len(k.k) == 0 }
+// Ready is closed once the key is read; it is never closed for the zero
+// Key.
+func (k Key) Ready() <-chan struct{} {
+	if k.s == nil {
+		return nil
+	}
+	return k.s.ready
+}
 
+// bytes is the key, or nil before it is read.
+func (k Key) bytes() []byte {
+	select {
+	case <-k.Ready():
+		return k.s.b
+	default:
+		return nil
+	}
+}
+
+// IsZero reports whether the key is missing: the zero Key, or one not
+// read yet.
+func (k Key) IsZero() bool { return k.bytes() == nil }
+
+// mac is the HMAC of parts under the key; "" before the key is read.
 func (k Key) mac(parts ...string) string {
-	m := hmac.New(sha256.New, k.k)
+	b := k.bytes()
+	if b == nil {
+		return ""
+	}
+	m := hmac.New(sha256.New, b)
 	for _, p := range parts {
 		m.Write([]byte(p))
 		m.Write([]byte{0})
@@ -135,4 +169,54 @@ func LoadKey(ctx context.Context, secrets corev1client.SecretsGetter, namespace,
 		}
 	}
 	return Key{}, errors.New("pod key: created and deleted under us; try again")
+}
+
+// KeyLoader reads the installation's pod key from the state namespace in
+// the background, again and again until it has it (the state namespace's
+// API server may be down as the gateway starts): its Key is usable once
+// Ready is closed.
+type KeyLoader struct {
+	secrets      corev1client.SecretsGetter
+	namespace    string
+	installation string
+	logger       *slog.Logger
+	key          Key
+}
+
+// NewKeyLoader makes a KeyLoader; Start reads the key.
+func NewKeyLoader(secrets corev1client.SecretsGetter, namespace, installation string, logger *slog.Logger) *KeyLoader {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &KeyLoader{secrets: secrets, namespace: namespace, installation: installation, logger: logger,
+		key: Key{s: &keyState{ready: make(chan struct{})}}}
+}
+
+// Key is the key the loader reads: not ready until it did.
+func (l *KeyLoader) Key() Key { return l.key }
+
+// Start reads the key, retrying with backoff (1 s to 30 s), then waits for
+// ctx to end.
+func (l *KeyLoader) Start(ctx context.Context) error {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		k, err := LoadKey(ctx, l.secrets, l.namespace, l.installation)
+		if err == nil {
+			l.key.s.b = k.s.b
+			close(l.key.s.ready)
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.logger.Warn("pod key not read; steps wait for it", "error", err.Error(), "retry_in", wait.String())
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+	<-ctx.Done()
+	return nil
 }

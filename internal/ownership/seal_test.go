@@ -1,12 +1,20 @@
 package ownership
 
 import (
+	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestSealsBindNameAndTeam(t *testing.T) {
@@ -41,4 +49,39 @@ func TestSealsBindNameAndTeam(t *testing.T) {
 	assert.NotEqual(t, k.Token("t1", "build-1"), other.Token("t1", "build-1"))
 	_, err = NewKey([]byte("short"))
 	assert.ErrorContains(t, err, "at least 32 bytes")
+}
+
+// TestKeyLoaderWaitsForTheStateNamespace: a gateway starting while its
+// state namespace's API server does not answer keeps trying, with
+// backoff, and its key is ready the moment a read works; until then it
+// seals and verifies nothing.
+func TestKeyLoaderWaitsForTheStateNamespace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset()
+		var calls atomic.Int32
+		client.PrependReactor("get", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if calls.Add(1) <= 3 {
+				return true, nil, errors.New("connection refused")
+			}
+			return false, nil, nil
+		})
+		l := NewKeyLoader(client.CoreV1(), "state", "jetway", nil)
+		k := l.Key()
+		assert.True(t, k.IsZero())
+		assert.Empty(t, k.Seal("t", "p", ""))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- l.Start(ctx) }()
+		synctest.Wait()
+		assert.True(t, k.IsZero(), "not read while the API server refuses")
+		start := time.Now()
+		<-k.Ready()
+		assert.Equal(t, 7*time.Second, time.Since(start), "retried after 1, 2 and 4 s")
+		assert.False(t, k.IsZero())
+		again, err := LoadKey(context.Background(), client.CoreV1(), "state", "jetway")
+		require.NoError(t, err)
+		assert.Equal(t, again.Seal("t", "p", "main"), k.Seal("t", "p", "main"), "the key made once, read by all")
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
