@@ -23,7 +23,8 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST | pid1 | volumes [--listen ADDR]`
+  install DEST | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N]
+    (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 func main() {
 	if len(os.Args) < 2 {
