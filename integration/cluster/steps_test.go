@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/transport/spdy"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
@@ -175,7 +176,15 @@ func TestStepPods(t *testing.T) {
 		}
 	}()
 	namespace(t, ctx, c, "steps")
-	createPod(t, ctx, c, "steps", "s1", map[string]string{targets.StepTypeLabel: "task", steps.HandleLabel: "s1"}, nil)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "s1", Labels: map[string]string{targets.StepTypeLabel: "task", steps.HandleLabel: "s1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: StepContainer, Image: "example.invalid/step:1"},
+			{Name: SidecarContainer, Image: "example.invalid/agent:1",
+				Env: []corev1.EnvVar{{Name: stepagent.TokenHashEnv, Value: ownership.TokenHash(sidecarToken)}}}}},
+	}
+	if _, err := c.Client.CoreV1().Pods("steps").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	root := c.StepRoot("steps", "s1")
 
 	var out string
@@ -259,10 +268,17 @@ func checkSidecar(t *testing.T, ctx context.Context, c *Cluster, ns, pod string)
 	// kwok answers "no forward found", as it does until it has seen the
 	// pod's PortForward.
 	eventually(t, ctx, "POST /volumes through the port-forward", func() error {
-		code, err := postVolume(ctx, c, ns, pod)
+		code, err := postVolume(ctx, c, ns, pod, "")
 		status = code
 		return err
 	})
+	if status != http.StatusUnauthorized {
+		t.Fatalf("POST /volumes without the pod's token: status %d, want 401", status)
+	}
+	status, err := postVolume(ctx, c, ns, pod, sidecarToken)
+	if err != nil {
+		t.Fatal(err)
+	}
 	http.DefaultClient.CloseIdleConnections()
 	if status != http.StatusCreated {
 		t.Fatalf("POST /volumes: status %d, want 201", status)
@@ -272,9 +288,13 @@ func checkSidecar(t *testing.T, ctx context.Context, c *Cluster, ns, pod string)
 	}
 }
 
+// sidecarToken is the token of the test pod's sidecar: its hash is in the
+// pod's spec, as a gateway puts it there.
+const sidecarToken = "s1-sidecar-token"
+
 // postVolume creates volume v1 through a fresh port-forward to the pod's
-// volume port and returns the answer's status.
-func postVolume(ctx context.Context, c *Cluster, ns, pod string) (int, error) {
+// volume port, with token if not "", and returns the answer's status.
+func postVolume(ctx context.Context, c *Cluster, ns, pod, token string) (int, error) {
 	rt, upgrader, err := spdy.RoundTripperFor(c.AdminConfig())
 	if err != nil {
 		return 0, err
@@ -308,6 +328,9 @@ func postVolume(ctx context.Context, c *Cluster, ns, pod string) (int, error) {
 	defer cancel()
 	req, _ := http.NewRequestWithContext(rctx, "POST", "http://127.0.0.1:"+strconv.Itoa(int(ports[0].Local))+"/volumes",
 		strings.NewReader(`{"handle":"v1"}`))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, err
