@@ -44,6 +44,7 @@ func TestMonitoring(t *testing.T) {
 		"JetwayTargetMissingPermissions": {`jetway_target_missing_permissions{job="jw-jetway",namespace="ci"}`, "3m", "warning"},
 		"JetwayNoRunningTarget":          {`jetway_target_state{job="jw-jetway",namespace="ci",state="running"}`, "5m", "critical"},
 		"JetwayMeshPeerLost":             {`jetway_mesh_peers{job="jw-jetway",namespace="ci",state="lost"}`, "5m", "warning"},
+		"JetwayPodRefused":               {`jetway_steps_rejected_total{job="jw-jetway",namespace="ci"}`, "", "warning"},
 	}
 	require.Len(t, rules, len(want))
 	for _, r := range rules {
