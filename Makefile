@@ -210,11 +210,13 @@ bench-targets: tools
 
 # bench-streams: one artifact (1 GiB; BENCH_STREAM_MIB shrinks it) from a pod
 # on cluster A into a pod on cluster B: the client-go floor, jetway's relay
-# and kubectl + curl, in one run. Needs curl.
+# and kubectl + curl, in one run; then the sidecar's token check against
+# the same stream-out without it, alternately in one run. Needs curl.
 .PHONY: bench-streams
 bench-streams: tools $(BIN)/kubectl
 	@command -v curl >/dev/null || { echo "bench-streams needs curl (apt-get install curl)"; exit 1; }
 	$(GO) test -run '^$$' -bench '^BenchmarkStreams$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkAuthorization$$' -benchtime 2s -count 6 ./volumes/
 
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a
