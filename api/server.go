@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/steps"
 )
 
@@ -45,6 +46,11 @@ type Options struct {
 	// Mesh, if set, lists every gateway's targets and carries calls on
 	// targets other gateways own to them.
 	Mesh Mesh
+	// Concourse, if set, says each target's registration with a Concourse
+	// web node.
+	Concourse interface {
+		Registration(name string) (concourse.Registration, bool)
+	}
 	// Tokens are the accepted bearer tokens; NoAuth serves without any.
 	Tokens []Token
 	NoAuth bool

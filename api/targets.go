@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -74,6 +75,9 @@ type Target struct {
 	// ConflictingOwners, when set, are the gateways that announce this
 	// name for different clusters or namespaces.
 	ConflictingOwners []string `json:"conflicting_owners,omitempty"`
+	// Concourse is the target's registration with the Concourse web node,
+	// when this gateway registers it (docs/concourse.md).
+	Concourse *concourse.Registration `json:"concourse,omitempty"`
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -82,7 +86,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listTargets(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, visible(r, s.everything(), func(l listed) Target {
-		t := target(l.st)
+		t := s.target(l.st)
 		t.Owner, t.ConflictingOwners = l.owner, l.conflicts
 		return t
 	}))
@@ -111,7 +115,18 @@ func (s *Server) getTarget(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, target(st))
+	writeJSON(w, http.StatusOK, s.target(st))
+}
+
+// target is a target's view, with its Concourse registration.
+func (s *Server) target(st targets.Status) Target {
+	t := target(st)
+	if s.opts.Concourse != nil {
+		if reg, ok := s.opts.Concourse.Registration(st.Name); ok {
+			t.Concourse = &reg
+		}
+	}
+	return t
 }
 
 func worker(st targets.Status) Worker {

@@ -101,6 +101,13 @@ type Config struct {
 	MeshStallAfter  time.Duration `mapstructure:"mesh-stall-after" help:"how long a lost peer's targets keep their last state before they are listed stalled"`
 	MeshLeaveOnStop bool          `mapstructure:"mesh-leave-on-stop" help:"on shutdown, tell peers this gateway leaves for good, so they forget it at once (for names that never return, e.g. pod names)"`
 
+	// Concourse (docs/concourse.md): register the targets as workers of a
+	// web node through its TSA.
+	ConcourseTSA           string `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
+	ConcourseTSAPublicKey  string `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
+	ConcourseWorkerKey     string `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
+	ConcourseResourceTypes string `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
+
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
@@ -286,6 +293,23 @@ func (c Config) Validate() error {
 	if c.StateNamespace != "" {
 		if msgs := validation.IsDNS1123Label(c.StateNamespace); len(msgs) > 0 {
 			add("state-namespace", "%q is not a namespace name: %s", c.StateNamespace, strings.Join(msgs, "; "))
+		}
+	}
+	if c.ConcourseTSA != "" || c.ConcourseTSAPublicKey != "" || c.ConcourseWorkerKey != "" || c.ConcourseResourceTypes != "" {
+		if _, _, err := net.SplitHostPort(c.ConcourseTSA); err != nil {
+			add("concourse-tsa", "%q is not host:port (the web node's TSA, port 2222 by default): with any concourse-* setting, it is required", c.ConcourseTSA)
+		}
+		for _, f := range []struct{ key, path string }{{"concourse-tsa-public-key", c.ConcourseTSAPublicKey}, {"concourse-worker-key", c.ConcourseWorkerKey}} {
+			if f.path == "" {
+				add(f.key, "required with concourse-tsa")
+			} else if _, err := os.Stat(f.path); err != nil {
+				add(f.key, "%v", err)
+			}
+		}
+		if c.ConcourseResourceTypes != "" {
+			if _, err := os.Stat(c.ConcourseResourceTypes); err != nil {
+				add("concourse-resource-types", "%v", err)
+			}
 		}
 	}
 	if c.CheckSandboxTTL <= 0 {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -167,6 +168,10 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		stepOpts.Elsewhere = func() []targets.Status { return remoteStatuses(meshNode) }
 	}
 	stepper = steps.New(stepOpts)
+	registrar, err := newRegistrar(cfg, registry, controller, state, reg, logger)
+	if err != nil {
+		return err
+	}
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
@@ -179,6 +184,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Placement:        placement,
 		PlacementMetrics: api.NewPlacementMetrics(reg),
 		Mesh:             meshView,
+		Concourse:        registrar,
 		Tokens:           tokens,
 		NoAuth:           cfg.NoAuth,
 		Ready:            registry.Loaded,
@@ -193,6 +199,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if meshNode != nil {
 		meshNode.SetHTTP(server.Handler())
 		components = append(components, meshNode) // serves calls peers forward, with what follows
+	}
+	if registrar != nil {
+		components = append(components, registrar) // its sessions end before the targets they serve
 	}
 	components = append(components, stepper)
 	if state.store != nil {
@@ -389,4 +398,42 @@ func signalContext(parent context.Context, logger *slog.Logger) (context.Context
 		<-exited
 		cancel()
 	}
+}
+
+// newRegistrar registers the targets with a Concourse web node, if
+// concourse-tsa says which; nil otherwise. Of replicas sharing targets,
+// the one holding the placer Lease registers them.
+func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, state stepState,
+	reg prometheus.Registerer, logger *slog.Logger) (*concourse.Registrar, error) {
+	if cfg.ConcourseTSA == "" {
+		return nil, nil
+	}
+	problem := func(key string, err error) error {
+		return &config.Error{Problems: []config.Problem{{Key: key, Message: err.Error()}}}
+	}
+	hostKeys, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+	if err != nil {
+		return nil, problem("concourse-tsa-public-key", err)
+	}
+	key, err := concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
+	if err != nil {
+		return nil, problem("concourse-worker-key", err)
+	}
+	types, err := concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
+	if err != nil {
+		return nil, problem("concourse-resource-types", err)
+	}
+	registers := func() bool { return true }
+	if state.elector != nil {
+		registers = func() bool { _, ok := state.elector.Leading(); return ok }
+	}
+	return concourse.New(concourse.Options{
+		TSA:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
+		Targets:       registry,
+		Registers:     registers,
+		Lifecycle:     lc,
+		ResourceTypes: types,
+		Logger:        logger.With("component", "concourse"),
+		Metrics:       concourse.NewMetrics(reg),
+	}), nil
 }

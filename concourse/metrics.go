@@ -1,0 +1,74 @@
+package concourse
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the registrations' Prometheus metrics. A nil *Metrics
+// records nothing.
+type Metrics struct {
+	registrations *prometheus.GaugeVec
+	heartbeats    prometheus.Counter
+	failures      prometheus.Counter
+	commands      *prometheus.CounterVec
+}
+
+// NewMetrics registers the metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		registrations: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "jetway_concourse_registrations",
+			Help: "Targets this gateway registers with the Concourse web node, by state (registering, running, landed, failing).",
+		}, []string{"state"}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_heartbeats_total",
+			Help: "Heartbeats the TSA reported for this gateway's registrations.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_registration_failures_total",
+			Help: "Registrations that failed or broke (the TSA unreachable, a key refused, the session cut); each is tried again with backoff.",
+		}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_concourse_commands_total",
+			Help: "TSA commands this gateway ran (land-worker, retire-worker, delete-worker), by result (ok, error).",
+		}, []string{"command", "result"}),
+	}
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands)
+	return m
+}
+
+func (m *Metrics) set(regs map[string]Registration) {
+	if m == nil {
+		return
+	}
+	counts := map[string]int{StateRegistering: 0, StateRunning: 0, StateLanded: 0, StateFailing: 0}
+	for _, r := range regs {
+		counts[r.State]++
+	}
+	for state, n := range counts {
+		m.registrations.WithLabelValues(state).Set(float64(n))
+	}
+}
+
+func (m *Metrics) heartbeat() {
+	if m != nil {
+		m.heartbeats.Inc()
+	}
+}
+
+func (m *Metrics) failed() {
+	if m != nil {
+		m.failures.Inc()
+	}
+}
+
+func (m *Metrics) command(command string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.commands.WithLabelValues(command, result).Inc()
+}

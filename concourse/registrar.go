@@ -1,0 +1,346 @@
+package concourse
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// Targets are the targets a Registrar registers (the targets registry).
+type Targets interface {
+	Snapshot() []targets.Status
+	Changed() <-chan struct{}
+}
+
+// Lifecycle lands a target in jetway (the lifecycle controller): what the
+// web node landing or retiring its worker does.
+type Lifecycle interface {
+	Land(ctx context.Context, name string) error
+}
+
+// Registration states, as /api/v1/targets shows them.
+const (
+	// StateRegistering: connecting, or forward-worker sent and the TSA has
+	// not said "registered" yet.
+	StateRegistering = "registering"
+	// StateRunning: registered, the TSA heartbeating it.
+	StateRunning = "running"
+	// StateLanded: the web node ended the registration (it landed or
+	// retired the worker); the target is landed in jetway, and registered
+	// again once resumed.
+	StateLanded = "landed"
+	// StateFailing: the last try failed (Error says why); tried again
+	// with backoff.
+	StateFailing = "failing"
+)
+
+// Registration is a target's registration with the web node.
+type Registration struct {
+	State         string    `json:"state"`
+	Since         time.Time `json:"since"`
+	LastHeartbeat time.Time `json:"last_heartbeat,omitzero"`
+	Error         string    `json:"error,omitempty"`
+}
+
+// Options configure a Registrar.
+type Options struct {
+	TSA     TSA
+	Targets Targets
+	// Registers reports whether this gateway registers the installation's
+	// targets now: of replicas sharing targets, exactly one does (the
+	// placer Lease's holder). nil: always.
+	Registers func() bool
+	Lifecycle Lifecycle
+	// ResourceTypes are the base resource types every worker offers.
+	ResourceTypes []ResourceType
+	// RetryMin and RetryMax bound the backoff between failed tries of one
+	// target's registration; default 1 s and 1 min.
+	RetryMin, RetryMax time.Duration
+	Logger             *slog.Logger
+	Metrics            *Metrics
+}
+
+// Registrar keeps every running target this gateway registers registered
+// with the web node, one SSH session each, and tells the web node when a
+// target lands, retires or goes.
+type Registrar struct {
+	opts Options
+
+	mu       sync.Mutex
+	regs     map[string]Registration
+	sessions map[string]*session // by target, while it should be registered
+	// landed are the targets whose registration the web node ended, until
+	// jetway's target leaves running (it was landed) or goes.
+	landed map[string]bool
+	// was is each target's last state seen, to tell the web node of a
+	// change once.
+	was map[string]targets.State
+	wg  sync.WaitGroup
+}
+
+type session struct {
+	worker Worker
+	cancel context.CancelFunc
+}
+
+// New makes a Registrar; Start runs it.
+func New(opts Options) *Registrar {
+	if opts.RetryMin <= 0 {
+		opts.RetryMin = time.Second
+	}
+	if opts.RetryMax <= 0 {
+		opts.RetryMax = time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registers == nil {
+		opts.Registers = func() bool { return true }
+	}
+	return &Registrar{opts: opts, regs: map[string]Registration{}, sessions: map[string]*session{},
+		landed: map[string]bool{}, was: map[string]targets.State{}}
+}
+
+// Registration is target name's registration, if it has one. A nil
+// Registrar has none.
+func (r *Registrar) Registration(name string) (Registration, bool) {
+	if r == nil {
+		return Registration{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg, ok := r.regs[name]
+	return reg, ok
+}
+
+// Start registers the targets until ctx ends, then closes every session
+// (the web node stalls the workers unless another gateway registers them)
+// and returns once they are closed.
+func (r *Registrar) Start(ctx context.Context) error {
+	// Whether this gateway registers can change without a target's
+	// change: look again every few seconds.
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	defer func() {
+		r.mu.Lock()
+		for _, s := range r.sessions {
+			s.cancel()
+		}
+		r.mu.Unlock()
+		r.wg.Wait()
+	}()
+	for {
+		changed := r.opts.Targets.Changed()
+		r.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// reconcile starts a session for each running target to register, ends
+// the others', and tells the web node of targets that landed, retired or
+// went.
+func (r *Registrar) reconcile(ctx context.Context) {
+	registers := r.opts.Registers()
+	snap := r.opts.Targets.Snapshot()
+	seen := map[string]targets.State{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, st := range snap {
+		seen[st.Name] = st.State
+		if st.State != targets.StateRunning {
+			delete(r.landed, st.Name)
+		}
+		w := r.worker(st)
+		s, registered := r.sessions[st.Name]
+		want := registers && st.State == targets.StateRunning && !r.landed[st.Name]
+		switch {
+		case want && registered && !sameWorker(s.worker, w):
+			s.cancel() // its team, tags or platform changed: register anew
+			r.start(ctx, w)
+		case want && !registered:
+			r.start(ctx, w)
+		case !want && registered:
+			s.cancel()
+			delete(r.sessions, st.Name)
+			if !r.landed[st.Name] {
+				delete(r.regs, st.Name)
+			}
+		}
+		if registers && r.was[st.Name] != st.State && r.regs[st.Name].State != StateLanded {
+			r.tell(ctx, w, r.was[st.Name], st.State)
+		}
+	}
+	for name, s := range r.sessions {
+		if _, ok := seen[name]; !ok {
+			s.cancel()
+			delete(r.sessions, name)
+			delete(r.regs, name)
+			if registers {
+				r.tell(ctx, Worker{Name: name, Version: WorkerVersion}, r.was[name], "")
+			}
+		}
+	}
+	r.was = seen
+	r.opts.Metrics.set(r.regs)
+}
+
+// tell tells the web node of a target's move from was to now (""; gone):
+// landing lands the worker, retiring retires it, a target gone deletes
+// it. A target first seen, or moving to or from running, stalled or an
+// error, needs no word (its registration, or its end, says it).
+func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State) {
+	if was == "" {
+		return // first seen: whatever it is, the web node learns it from the registration
+	}
+	var command string
+	switch now {
+	case targets.StateLanding, targets.StateLanded:
+		if was != targets.StateLanding && was != targets.StateLanded {
+			command = "land-worker"
+		}
+	case targets.StateRetiring, targets.StateRetired:
+		if was != targets.StateRetiring && was != targets.StateRetired {
+			command = "retire-worker"
+		}
+	case "":
+		command = "delete-worker"
+	}
+	if command == "" {
+		return
+	}
+	r.wg.Go(func() {
+		wait := r.opts.RetryMin
+		for attempt := 1; ; attempt++ {
+			_, err := r.opts.TSA.Command(ctx, command, w)
+			r.opts.Metrics.command(command, err)
+			if err == nil {
+				r.opts.Logger.Info("told the web node", "target", w.Name, "command", command)
+				return
+			}
+			if ctx.Err() != nil || attempt == 5 {
+				r.opts.Logger.Warn("could not tell the web node", "target", w.Name, "command", command, "error", err.Error())
+				return
+			}
+			if !sleep(ctx, wait) {
+				return
+			}
+			wait = min(2*wait, r.opts.RetryMax)
+		}
+	})
+}
+
+// worker is a target's worker, as registered.
+func (r *Registrar) worker(st targets.Status) Worker {
+	platform := st.Meta.Platform
+	if platform == "" {
+		platform = "linux"
+	}
+	return Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
+		Version: WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: r.opts.ResourceTypes,
+		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward}
+}
+
+func sameWorker(a, b Worker) bool {
+	return a.Name == b.Name && a.Team == b.Team && a.Platform == b.Platform && slices.Equal(a.Tags, b.Tags)
+}
+
+// start starts a session registering w. r.mu is held.
+func (r *Registrar) start(ctx context.Context, w Worker) {
+	sctx, cancel := context.WithCancel(ctx)
+	r.sessions[w.Name] = &session{worker: w, cancel: cancel}
+	r.regs[w.Name] = Registration{State: StateRegistering, Since: time.Now()}
+	r.wg.Go(func() { r.keep(sctx, w) })
+}
+
+// keep keeps w registered until ctx ends or the web node ends its
+// registration.
+func (r *Registrar) keep(ctx context.Context, w Worker) {
+	log := r.opts.Logger.With("target", w.Name)
+	wait := r.opts.RetryMin
+	for {
+		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since = StateRegistering, time.Now() })
+		start := time.Now()
+		err := r.opts.TSA.Forward(ctx, w, gardenAPI(), volumeAPI(), func(e Event) {
+			switch e.Type {
+			case "registered":
+				log.Info("registered with the web node")
+				r.update(w.Name, func(reg *Registration) {
+					reg.State, reg.Since, reg.Error, reg.LastHeartbeat = StateRunning, time.Now(), "", time.Now()
+				})
+			case "heartbeated":
+				r.opts.Metrics.heartbeat()
+				r.update(w.Name, func(reg *Registration) { reg.LastHeartbeat = time.Now() })
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			// The web node landed or retired the worker: land the target
+			// here too, and register it again only once it is resumed.
+			log.Info("the web node ended the worker's registration (landed or retired): landing the target")
+			r.mu.Lock()
+			r.landed[w.Name] = true
+			r.mu.Unlock()
+			r.update(w.Name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateLanded, time.Now(), "" })
+			if r.opts.Lifecycle != nil {
+				if err := r.opts.Lifecycle.Land(ctx, w.Name); err != nil && ctx.Err() == nil {
+					log.Warn("target not landed after the web node landed its worker", "error", err.Error())
+				}
+			}
+			return
+		}
+		r.opts.Metrics.failed()
+		log.Warn("registration with the web node failed", "error", err.Error(), "retry_in", wait.String())
+		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateFailing, time.Now(), err.Error() })
+		if time.Since(start) > 5*time.Minute {
+			wait = r.opts.RetryMin // it held a while: not a persistent failure
+		}
+		if !sleep(ctx, wait) {
+			return
+		}
+		wait = min(2*wait, r.opts.RetryMax)
+	}
+}
+
+// update changes a target's registration, if it still has one.
+func (r *Registrar) update(name string, change func(*Registration)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg, ok := r.regs[name]
+	if !ok {
+		return
+	}
+	change(&reg)
+	r.regs[name] = reg
+	r.opts.Metrics.set(r.regs)
+}
+
+// Registrations are every target's registration.
+func (r *Registrar) Registrations() map[string]Registration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.regs)
+}
+
+// sleep waits d or until ctx ends; false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,306 @@
+// Package concourse makes jetway's targets workers of an unmodified
+// Concourse web node: each running target this gateway registers keeps one
+// SSH session to the web node's TSA (forward-worker), through which the
+// web node reaches the worker's Garden and volume APIs over two forwards
+// made by the SSH connection itself (jetway opens no port). Lifecycle goes
+// both ways: the web node landing or retiring the worker ends the session
+// with status 0, which lands the target in jetway; jetway's own land,
+// retire and prune reach the web node as land-worker, retire-worker and
+// delete-worker. See docs/concourse.md.
+package concourse
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Worker is a Concourse worker as the TSA reads it from stdin (the fields
+// of atc.Worker jetway sets).
+type Worker struct {
+	GardenAddr       string         `json:"addr"`
+	BaggageclaimURL  string         `json:"baggageclaim_url"`
+	ActiveContainers int            `json:"active_containers"`
+	ActiveVolumes    int            `json:"active_volumes"`
+	ActiveTasks      int            `json:"active_tasks"`
+	ResourceTypes    []ResourceType `json:"resource_types"`
+	Platform         string         `json:"platform"`
+	Tags             []string       `json:"tags"`
+	Team             string         `json:"team"`
+	Name             string         `json:"name"`
+	// Version must be WorkerVersion: a web node places nothing on a worker
+	// of another (atc/worker/pool.go).
+	Version   string `json:"version"`
+	StartTime int64  `json:"start_time"`
+	Ephemeral bool   `json:"ephemeral"`
+}
+
+// WorkerVersion is the worker API version Concourse v8 places work on.
+const WorkerVersion = "2.5"
+
+// ResourceType is a base resource type a worker offers: its image is what
+// the operator mapped it to (--concourse-resource-types).
+type ResourceType struct {
+	Type                 string `json:"type"`
+	Image                string `json:"image"`
+	Version              string `json:"version"`
+	Privileged           bool   `json:"privileged"`
+	UniqueVersionHistory bool   `json:"unique_version_history"`
+}
+
+// The addresses forward-worker names for its two forwards. The TSA opens a
+// port of its own for each and records it as the worker's; these only have
+// to match between the command and the forward requests.
+const (
+	gardenForward       = "0.0.0.0:7777"
+	baggageclaimForward = "0.0.0.0:7788"
+)
+
+// TSA reaches a web node's TSA.
+type TSA struct {
+	// Addr is the TSA's host:port.
+	Addr string
+	// HostKeys are the TSA host keys accepted (--concourse-tsa-public-key).
+	HostKeys []ssh.PublicKey
+	// Key is the worker key the TSA authorizes (--concourse-worker-key).
+	Key ssh.Signer
+	// Timeout bounds dialing and the SSH handshake; default 10 s.
+	Timeout time.Duration
+}
+
+// Event is what forward-worker writes on stdout: "registered" once, then
+// "heartbeated" at each heartbeat the TSA made.
+type Event struct {
+	Type string `json:"event"`
+}
+
+// ErrHostKey: the TSA presented a host key not among HostKeys.
+var ErrHostKey = errors.New("the TSA's host key is not the one configured (--concourse-tsa-public-key)")
+
+// dial connects to the TSA and authenticates with the worker key.
+func (t TSA) dial(ctx context.Context) (*ssh.Client, error) {
+	timeout := t.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(dctx, "tcp", t.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("reach the TSA at %s: %w", t.Addr, err)
+	}
+	// The handshake has no context of its own: a deadline on the
+	// connection bounds it.
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	cfg := &ssh.ClientConfig{
+		User: "jetway", // the TSA ignores it: the key is the identity
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(t.Key)},
+		HostKeyCallback: func(_ string, _ net.Addr, key ssh.PublicKey) error {
+			for _, k := range t.HostKeys {
+				if k.Type() == key.Type() && bytes.Equal(k.Marshal(), key.Marshal()) {
+					return nil
+				}
+			}
+			return ErrHostKey
+		},
+		Timeout: timeout,
+	}
+	c, chans, reqs, err := ssh.NewClientConn(conn, t.Addr, cfg)
+	if err != nil {
+		conn.Close()
+		if errors.Is(err, ErrHostKey) {
+			return nil, ErrHostKey
+		}
+		return nil, fmt.Errorf("TSA at %s: SSH handshake (is the worker key in its --tsa-authorized-keys?): %w", t.Addr, err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return ssh.NewClient(c, chans, reqs), nil
+}
+
+// maxStderr bounds what is kept of a command's stderr for its error.
+const maxStderr = 4 << 10
+
+// run runs command for worker w on c, its JSON on stdin, stdout to out. A
+// command ending with a status other than 0 fails with its stderr. When
+// ctx ends the command is interrupted.
+func run(ctx context.Context, c *ssh.Client, command string, w Worker, out io.Writer) error {
+	sess, err := c.NewSession()
+	if err != nil {
+		return fmt.Errorf("%s: open a session: %w", verb(command), err)
+	}
+	defer sess.Close()
+	payload, _ := json.Marshal(w)
+	sess.Stdin = bytes.NewReader(payload)
+	sess.Stdout = out
+	stderr := &limitedBuffer{max: maxStderr}
+	sess.Stderr = stderr
+	if err := sess.Start(command); err != nil {
+		return fmt.Errorf("%s: %w", verb(command), err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sess.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = sess.Signal(ssh.SIGINT)
+		c.Close() // the session goes with its connection
+		<-done
+		return ctx.Err()
+	}
+	var exit *ssh.ExitError
+	if errors.As(err, &exit) {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = exit.Error()
+		}
+		return fmt.Errorf("%s: the TSA answered status %d: %s", verb(command), exit.ExitStatus(), msg)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", verb(command), err)
+	}
+	return nil
+}
+
+func verb(command string) string { v, _, _ := strings.Cut(command, " "); return v }
+
+// Command runs a one-shot TSA command (land-worker, retire-worker,
+// delete-worker, report-containers H..., sweep-containers, ...) for worker
+// w on a connection of its own, and returns its stdout.
+func (t TSA) Command(ctx context.Context, command string, w Worker) ([]byte, error) {
+	c, err := t.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var out limitedBuffer
+	out.max = 1 << 20
+	if err := run(ctx, c, command, w, &out); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// Forward registers worker w and keeps it registered: forward-worker, with
+// the web node's connections to the worker's Garden and volume APIs
+// served by garden and baggageclaim through the SSH connection's own
+// forwards. on is called with each event forward-worker reports. It
+// returns nil when the TSA ended the registration with status 0 (the web
+// node landed or retired the worker), ctx's error when ctx ended (the
+// connection is closed: the web node stalls the worker unless another
+// gateway registers it), else why the registration broke.
+func (t TSA) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Handler, on func(Event)) error {
+	c, err := t.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	serve := func(addr string, h http.Handler) (*http.Server, error) {
+		ln, err := c.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("TSA at %s: forward %s: %w", t.Addr, addr, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
+		wg.Go(func() { _ = srv.Serve(ln) })
+		return srv, nil
+	}
+	gs, err := serve(gardenForward, garden)
+	if err != nil {
+		return err
+	}
+	defer gs.Close()
+	bs, err := serve(baggageclaimForward, baggageclaim)
+	if err != nil {
+		return err
+	}
+	defer bs.Close()
+	kctx, stopKeepalive := context.WithCancel(ctx)
+	defer stopKeepalive()
+	wg.Go(func() { keepalive(kctx, c) })
+
+	pr, pw := io.Pipe()
+	wg.Go(func() {
+		dec := json.NewDecoder(pr)
+		for {
+			var e Event
+			if err := dec.Decode(&e); err != nil {
+				_, _ = io.Copy(io.Discard, pr)
+				return
+			}
+			if on != nil {
+				on(e)
+			}
+		}
+	})
+	err = run(ctx, c, "forward-worker --garden "+gardenForward+" --baggageclaim "+baggageclaimForward, w, pw)
+	pw.Close()
+	return err
+}
+
+// keepalive sends a request every 5 s, as Concourse's worker does, and
+// closes the connection when one gets no answer within a minute: a TSA
+// gone without a word is noticed.
+func keepalive(ctx context.Context, c *ssh.Client) {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		answered := make(chan error, 1)
+		go func() {
+			_, _, err := c.SendRequest("keepalive", true, []byte("sup"))
+			answered <- err
+		}()
+		timer := time.NewTimer(time.Minute)
+		select {
+		case err := <-answered:
+			timer.Stop()
+			if err != nil {
+				c.Close()
+				return
+			}
+		case <-timer.C:
+			c.Close()
+			<-answered
+			return
+		case <-ctx.Done():
+			timer.Stop()
+			c.Close()
+			<-answered
+			return
+		}
+	}
+}
+
+// limitedBuffer keeps the first max bytes written.
+type limitedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.buf.String() }
+func (b *limitedBuffer) Bytes() []byte  { b.mu.Lock(); defer b.mu.Unlock(); return bytes.Clone(b.buf.Bytes()) }
