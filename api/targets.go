@@ -6,8 +6,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/concourse"
+	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/targets"
 )
 

@@ -303,4 +303,8 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 }
 
 func (b *limitedBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.buf.String() }
-func (b *limitedBuffer) Bytes() []byte  { b.mu.Lock(); defer b.mu.Unlock(); return bytes.Clone(b.buf.Bytes()) }
+func (b *limitedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
