@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -109,6 +110,8 @@ type gatewayOptions struct {
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steps.StepDefaults
+	// concourse, if set, registers the targets with a Concourse web node.
+	concourse *concourse.TSA
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -324,16 +327,26 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
+	var registrar *concourse.Registrar
+	if o.concourse != nil {
+		registrar = concourse.New(concourse.Options{TSA: *o.concourse, Targets: registry, Lifecycle: controller,
+			Registers: func() bool { _, ok := elector.Leading(); return ok },
+			Logger:    logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
+	}
 	ln, err := listenAPI(o.listen)
 	require.NoError(t, err)
 	server := api.New(api.Options{Listener: ln, Mesh: meshView, Gatherer: reg, Targets: registry, Lifecycle: controller, Streams: streamer,
-		Steps: stepper, Placement: o.placement,
+		Concourse: registrar,
+		Steps:     stepper, Placement: o.placement,
 		Tokens: o.tokens, NoAuth: o.tokens == nil,
 		ConcourseVersion: "8.2.5", WorkerVersion: "2.5", ShutdownTimeout: time.Second, Logger: logger})
 
 	// Stopped in two waves: the steps first, then the rest at once (this
 	// gateway's leases go once its runners stopped, as in gateway run).
 	first := []interface{ Start(context.Context) error }{stepper}
+	if registrar != nil {
+		first = append(first, registrar)
+	}
 	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
 	if node != nil {
 		node.SetHTTP(server.Handler())
