@@ -62,12 +62,24 @@ NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
 
+# The Concourse web node the tests register targets with
+# (integration/concourse, docs/testing.md): Concourse v8.2.5's concourse
+# and fly, which no module proxy serves, from where CI has them unless
+# given; and PostgreSQL from Debian's package, which `make tools`
+# installs when missing (without Debian's default cluster: the tests make
+# their own).
+CONCOURSE_BIN       ?= $(CURDIR)/../shared/concourse/bin/concourse
+FLY_BIN             ?= $(CURDIR)/../shared/concourse/bin/fly
+CONCOURSE_PACKAGES  := postgresql
+export JETWAY_CONCOURSE_BIN := $(CONCOURSE_BIN)
+export JETWAY_FLY_BIN       := $(FLY_BIN)
+
 # Clusters started by tests keep their files here, so that after the tests
 # integration/leftovers.sh can prove no process of theirs is still running.
 export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
 export JETWAY_BIN_DIR     := $(BIN)
 
-.PHONY: all build image node-images node-packages tools test vet demo clean-tools kubelet-cluster
+.PHONY: all build image node-images node-packages concourse-packages concourse-bins tools test vet demo clean-tools kubelet-cluster
 
 all: build
 
@@ -123,9 +135,9 @@ vet:
 
 # test runs every unit and integration test with the race detector, building
 # the cluster tools first if they are missing and the images (their test
-# reads them), then fails if any control-plane process of the run is left
+# reads them), checking Concourse's binaries are there, then fails if any control-plane process of the run is left
 # behind.
-test: tools vet image node-images
+test: tools concourse-bins vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
 	status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
 	bash integration/leftovers.sh || status=1; \
@@ -153,17 +165,41 @@ kubelet-cluster: tools image node-images
 	JETWAY_CLUSTER_DIR=$(CURDIR)/.kubelet-cluster $(BIN)/kubelet-cluster
 
 # tools builds the pinned control-plane binaries the integration clusters
-# run, and kubelet for the real test node, whose Debian packages it
-# installs when missing. Each binary is rebuilt only when missing or when
-# its pinning go.mod changes.
-tools: $(TOOLS) node-packages
+# run, and kubelet for the real test node, and installs the Debian
+# packages the real node and the Concourse web node need when missing.
+# Each binary is rebuilt only when missing or when its pinning go.mod
+# changes.
+tools: $(TOOLS) node-packages concourse-packages
 
-node-packages:
-	@missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# apt-install installs the Debian packages $(1) that are missing, as root;
+# otherwise it says what to install, for $(2).
+define apt-install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" != 0 ]; then echo "the real test node needs Debian's$$missing: apt-get install$$missing (as root)"; exit 1; fi; \
+		if [ "$$(id -u)" != 0 ]; then echo "$(2) needs Debian's$$missing: apt-get install$$missing (as root)"; exit 1; fi; \
 		echo "installing$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+endef
+
+node-packages:
+	$(call apt-install,$(NODE_PACKAGES),the real test node)
+
+# concourse-packages installs PostgreSQL; Debian's package would make and
+# start a cluster of its own on port 5432, which nothing here uses.
+concourse-packages:
+	@if [ "$$(id -u)" = 0 ] && ! dpkg -s $(CONCOURSE_PACKAGES) >/dev/null 2>&1; then \
+		mkdir -p /etc/postgresql-common/createcluster.d && \
+		echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/jetway.conf; \
+	fi
+	$(call apt-install,$(CONCOURSE_PACKAGES),the Concourse web node of the tests)
+
+# concourse-bins fails, naming the variables, when Concourse's binaries
+# are not where CONCOURSE_BIN and FLY_BIN say.
+concourse-bins:
+	@status=0; for v in "CONCOURSE_BIN concourse $(CONCOURSE_BIN)" "FLY_BIN fly $(FLY_BIN)"; do \
+		set -- $$v; if [ ! -x "$$3" ]; then status=1; \
+			echo "Concourse v8.2.5's $$2 is not at $$3: set $$1 (make $$1=/path/to/$$2 test)"; fi; \
+	done; exit $$status
 
 $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 	cd tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \

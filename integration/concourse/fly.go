@@ -1,0 +1,109 @@
+package concourse
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// FlyTarget is the name fly knows the web node by, in its own HOME.
+const FlyTarget = "local"
+
+// Fly runs fly against the web node (`fly -t local ARGS...`), logged in as
+// User, and returns its standard output; an error carries its standard
+// error.
+func (w *WebNode) Fly(args ...string) (string, error) {
+	home := filepath.Join(w.Dir, "home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return "", err
+	}
+	cmd := exec.Command(w.flyBin, append([]string{"-t", FlyTarget}, args...)...)
+	cmd.Env = append(webEnv(), "HOME="+home)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("fly %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// Worker is one row of `fly workers --json` (atc.Worker).
+type Worker struct {
+	Name             string         `json:"name"`
+	State            string         `json:"state"` // running, stalled, landing, landed, retiring
+	Platform         string         `json:"platform"`
+	Team             string         `json:"team"`
+	Tags             []string       `json:"tags"`
+	Version          string         `json:"version"`
+	GardenAddr       string         `json:"addr"`
+	BaggageclaimURL  string         `json:"baggageclaim_url"`
+	ActiveContainers int            `json:"active_containers"`
+	ActiveVolumes    int            `json:"active_volumes"`
+	ActiveTasks      int            `json:"active_tasks"`
+	ResourceTypes    []ResourceType `json:"resource_types"`
+	StartTime        int64          `json:"start_time"`
+	Ephemeral        bool           `json:"ephemeral"`
+}
+
+// ResourceType is a base resource type a worker offers.
+type ResourceType struct {
+	Type                 string `json:"type"`
+	Image                string `json:"image"`
+	Version              string `json:"version"`
+	Privileged           bool   `json:"privileged"`
+	UniqueVersionHistory bool   `json:"unique_version_history"`
+}
+
+// Workers lists the web node's workers with `fly workers --json`, failing
+// the test if fly fails.
+func (w *WebNode) Workers(tb testing.TB) []Worker {
+	tb.Helper()
+	out, err := w.Fly("workers", "--json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var workers []Worker
+	if err := json.Unmarshal([]byte(out), &workers); err != nil {
+		tb.Fatalf("parse fly workers --json: %v\n%s", err, out)
+	}
+	return workers
+}
+
+// ClientToken is an access token of c (client_credentials grant at
+// /sky/issuer/token), for the REST API's worker endpoints:
+// `POST /api/v1/workers?ttl=60s` with `Content-Type: application/json`.
+func (w *WebNode) ClientToken(ctx context.Context, c Client) (string, error) {
+	form := url.Values{"grant_type": {"client_credentials"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL+"/sky/issuer/token", strings.NewReader(form.Encode()))
+	if err != nil {
+		return "", err
+	}
+	req.SetBasicAuth(c.ID, c.Secret)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Close = true // no idle connection outlives the call
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("token for client %s: %w", c.ID, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("token for client %s: %s: %s", c.ID, resp.Status, body)
+	}
+	var tok struct {
+		AccessToken string `json:"access_token"`
+	}
+	if err := json.Unmarshal(body, &tok); err != nil || tok.AccessToken == "" {
+		return "", fmt.Errorf("token for client %s: no access_token in %s", c.ID, body)
+	}
+	return tok.AccessToken, nil
+}
