@@ -46,7 +46,7 @@ func flyWorker(t *testing.T, web *cwn.WebNode, name string, within time.Duration
 	return last
 }
 
-func inState(state string) func(cwn.Worker, bool) bool {
+func workerIn(state string) func(cwn.Worker, bool) bool {
 	return func(w cwn.Worker, found bool) bool { return found && w.State == state }
 }
 
@@ -69,7 +69,7 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 		team string
 		tags []string
 	}{"cw-plain": {}, "cw-team": {team: "main"}, "cw-tagged": {tags: []string{"gpu", "big"}}} {
-		w := flyWorker(t, web, name, 30*time.Second, inState("running"))
+		w := flyWorker(t, web, name, 30*time.Second, workerIn("running"))
 		assert.Equal(t, want.team, w.Team, name)
 		assert.ElementsMatch(t, want.tags, w.Tags, name)
 		assert.Equal(t, "linux", w.Platform, name)
@@ -94,12 +94,12 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	tg := g.targetsByName(t)["cw-plain"]
 	require.NotNil(t, tg.Concourse)
 	assert.Equal(t, concourse.StateLanded, tg.Concourse.State)
-	flyWorker(t, web, "cw-plain", 10*time.Second, inState("landed"))
+	flyWorker(t, web, "cw-plain", 10*time.Second, workerIn("landed"))
 
 	// Resumed in jetway: registered, running, again.
 	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cw-plain/resume", "")
 	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cw-plain", 30*time.Second, inState("running"))
+	flyWorker(t, web, "cw-plain", 30*time.Second, workerIn("running"))
 
 	// jetway's land reaches the web node; jetway's retire removes the
 	// worker there.
