@@ -158,11 +158,12 @@ func (r *Registrar) reconcile(ctx context.Context) {
 	for _, st := range snap {
 		seen[st.Name] = st.State
 		if st.State != targets.StateRunning {
-			delete(r.landed, st.Name)
+			delete(r.landed, st.Name) // landed here now: registered again once resumed
 		}
 		w := r.worker(st)
 		s, registered := r.sessions[st.Name]
 		want := registers && st.State == targets.StateRunning && !r.landed[st.Name]
+		landedThere := r.regs[st.Name].State == StateLanded
 		switch {
 		case want && registered && !sameWorker(s.worker, w):
 			s.cancel() // its team, tags or platform changed: register anew
@@ -172,11 +173,11 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		case !want && registered:
 			s.cancel()
 			delete(r.sessions, st.Name)
-			if !r.landed[st.Name] {
+			if !landedThere {
 				delete(r.regs, st.Name)
 			}
 		}
-		if registers && r.was[st.Name] != st.State && r.regs[st.Name].State != StateLanded {
+		if registers && r.was[st.Name] != st.State && !landedThere {
 			r.tell(ctx, w, r.was[st.Name], st.State)
 		}
 	}
