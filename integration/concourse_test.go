@@ -2,17 +2,23 @@ package integration
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // concourseTSA is a TSA client of web with its keys, as gateway run's
@@ -63,12 +69,13 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	placeTarget(ctx, t, clusters[0], dir, "cw-plain", "{}\n", "")
 	placeTarget(ctx, t, clusters[0], dir, "cw-team", "team: main\n", "")
 	placeTarget(ctx, t, clusters[1], dir, "cw-tagged", "tags: [gpu, big]\n", "")
+	placeTarget(ctx, t, clusters[2], dir, "cw-stall", "{}\n", "")
 	g := startGateway(t, dir, gatewayOptions{concourse: concourseTSA(t, web)})
 
 	for name, want := range map[string]struct {
 		team string
 		tags []string
-	}{"cw-plain": {}, "cw-team": {team: "main"}, "cw-tagged": {tags: []string{"gpu", "big"}}} {
+	}{"cw-plain": {}, "cw-team": {team: "main"}, "cw-tagged": {tags: []string{"gpu", "big"}}, "cw-stall": {}} {
 		w := flyWorker(t, web, name, 30*time.Second, workerIn("running"))
 		assert.Equal(t, want.team, w.Team, name)
 		assert.ElementsMatch(t, want.tags, w.Tags, name)
@@ -111,6 +118,18 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cw-tagged/retire", "")
 	require.Equal(t, http.StatusOK, code, body)
 	flyWorker(t, web, "cw-tagged", 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	// A target whose API server is gone stalls here, and so, no longer
+	// registered, on the web node, where fly prune-worker removes it; it
+	// registers again once it runs again.
+	clusters[2].StopAPIServer()
+	g.waitTarget(t, "cw-stall", 20*time.Second, func(tg api.Target) bool { return tg.State == "stalled" })
+	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("stalled"))
+	_, err = web.Fly("prune-worker", "-w", "cw-stall")
+	require.NoError(t, err)
+	flyWorker(t, web, "cw-stall", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	require.NoError(t, clusters[2].StartAPIServer(ctx))
+	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("running"))
+
 	eventually(t, 10*time.Second, func() error {
 		land := metricValue(t, g, `jetway_concourse_commands_total{command="land-worker",result="ok"}`)
 		retire := metricValue(t, g, `jetway_concourse_commands_total{command="retire-worker",result="ok"}`)
@@ -119,4 +138,55 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// staticTargets are targets that do not change (for a Registrar alone).
+type staticTargets []targets.Status
+
+func (s staticTargets) Snapshot() []targets.Status { return s }
+func (s staticTargets) Changed() <-chan struct{}   { return nil }
+
+// TestConcourseRegistrationFailuresAreNamed: a worker key the TSA does
+// not authorize, a TSA whose host key is not the one configured, and a TSA
+// nobody answers at each leave the registration failing with a reason
+// that names what is wrong, tried again; a good one beside them runs.
+func TestConcourseRegistrationFailuresAreNamed(t *testing.T) {
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second})
+	good := concourseTSA(t, web)
+	_, stranger, _ := ed25519.GenerateKey(rand.Reader)
+	strangerKey, err := ssh.NewSignerFromKey(stranger)
+	require.NoError(t, err)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nobody := closed.Addr().String()
+	closed.Close()
+	running := []targets.Status{{Name: "cwf", State: targets.StateRunning, StartTime: time.Now()}}
+	for _, tc := range []struct {
+		name string
+		tsa  concourse.TSA
+		want string
+	}{
+		{"a worker key the TSA does not authorize", concourse.TSA{Addr: good.Addr, HostKeys: good.HostKeys, Key: strangerKey},
+			"is the worker key in its --tsa-authorized-keys?"},
+		{"another host key", concourse.TSA{Addr: good.Addr, HostKeys: []ssh.PublicKey{strangerKey.PublicKey()}, Key: good.Key},
+			"the TSA's host key is not the one configured"},
+		{"nobody at the address", concourse.TSA{Addr: nobody, HostKeys: good.HostKeys, Key: good.Key}, "reach the TSA at " + nobody},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := concourse.New(concourse.Options{TSA: tc.tsa, Targets: staticTargets(running),
+				RetryMin: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- r.Start(ctx) }()
+			defer func() { cancel(); require.NoError(t, <-done) }()
+			eventually(t, 20*time.Second, func() error {
+				reg, ok := r.Registration("cwf")
+				if !ok || reg.State != concourse.StateFailing || !strings.Contains(reg.Error, tc.want) {
+					return errorf("registration %+v, want failing with %q", reg, tc.want)
+				}
+				return nil
+			})
+		})
+	}
+	assert.Empty(t, web.Workers(t), "nothing registered")
 }
