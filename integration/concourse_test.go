@@ -190,3 +190,60 @@ func TestConcourseRegistrationFailuresAreNamed(t *testing.T) {
 	}
 	assert.Empty(t, web.Workers(t), "nothing registered")
 }
+
+// TestReplicasRegisterEachTargetOnce: of two gateways sharing targets,
+// one registers them (the placer Lease's holder); when it stops, the other
+// registers them within seconds, and the web node keeps them running.
+func TestReplicasRegisterEachTargetOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second})
+	dir := t.TempDir()
+	names := []string{"cwr-a", "cwr-b"}
+	for i, name := range names {
+		placeTarget(ctx, t, clusters[i], dir, name, "{}\n", "")
+	}
+	tsa := concourseTSA(t, web)
+	a := startGateway(t, dir, gatewayOptions{identity: "replica-a", concourse: tsa})
+	b := startGateway(t, dir, gatewayOptions{identity: "replica-b", concourse: tsa})
+	for _, name := range names {
+		flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	}
+	registering := func(g *gateway) int {
+		n := 0
+		for _, name := range names {
+			if tg := g.targetsByName(t)[name]; tg.Concourse != nil {
+				n++
+			}
+		}
+		return n
+	}
+	var holder, other *gateway
+	eventually(t, 10*time.Second, func() error {
+		switch na, nb := registering(a), registering(b); {
+		case na == len(names) && nb == 0:
+			holder, other = a, b
+		case nb == len(names) && na == 0:
+			holder, other = b, a
+		default:
+			return errorf("registrations: replica-a %d, replica-b %d; want all on one", na, nb)
+		}
+		return nil
+	})
+
+	holder.stop()
+	eventually(t, 30*time.Second, func() error {
+		if n := registering(other); n != len(names) {
+			return errorf("%d of %d registered by the replica left", n, len(names))
+		}
+		for _, name := range names {
+			if tg := other.targetsByName(t)[name]; tg.Concourse.State != concourse.StateRunning {
+				return errorf("%s: %+v", name, tg.Concourse)
+			}
+		}
+		return nil
+	})
+	for _, name := range names {
+		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
+	}
+}
