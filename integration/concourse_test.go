@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -246,4 +248,41 @@ func TestReplicasRegisterEachTargetOnce(t *testing.T) {
 	for _, name := range names {
 		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
 	}
+}
+
+// TestLandedFromConcourseWithAStepRunning: fly land-worker on a target
+// with a step still running lands it in jetway: landing while the step
+// runs, landed once it ended; it stays landed, and unregistered, across a
+// gateway restart, and gateway resume brings it back running in fly.
+func TestLandedFromConcourseWithAStepRunning(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second})
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "cwl", "{}\n", "")
+	tsa := concourseTSA(t, web)
+	g := startGateway(t, dir, gatewayOptions{concourse: tsa})
+	flyWorker(t, web, "cwl", 30*time.Second, workerIn("running"))
+
+	// The step runs until the test lets it end (kwok runs it here).
+	release := filepath.Join(t.TempDir(), "release")
+	g.run(t, shStep("long", "while [ ! -e "+release+" ]; do sleep 0.1; done; echo done"))
+	g.waitPhase(t, "long", "running")
+	_, err := web.Fly("land-worker", "-w", "cwl")
+	require.NoError(t, err)
+	g.waitTarget(t, "cwl", 20*time.Second, func(tg api.Target) bool { return tg.State == "landing" })
+	assert.Equal(t, "running", string(g.step(t, "long").Phase), "landing waits for the step")
+	require.NoError(t, os.WriteFile(release, nil, 0o644))
+	g.waitTarget(t, "cwl", 30*time.Second, func(tg api.Target) bool { return tg.State == "landed" })
+	assert.Equal(t, "succeeded", string(g.step(t, "long").Phase))
+	flyWorker(t, web, "cwl", 10*time.Second, workerIn("landed"))
+
+	addr := strings.TrimPrefix(g.base, "http://")
+	g.stop()
+	g = startGateway(t, dir, gatewayOptions{concourse: tsa, listen: addr})
+	g.waitTarget(t, "cwl", 20*time.Second, func(tg api.Target) bool { return tg.State == "landed" })
+	assert.Nil(t, g.targetsByName(t)["cwl"].Concourse, "a landed target is not registered")
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cwl/resume", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, "cwl", 30*time.Second, workerIn("running"))
 }
