@@ -254,6 +254,14 @@ bench-streams: tools $(BIN)/kubectl
 	$(GO) test -run '^$$' -bench '^BenchmarkStreams$$' -benchtime 1x -timeout 30m -v ./integration/bench/
 	$(GO) test -run '^$$' -bench '^BenchmarkAuthorization$$' -benchtime 2s -count 6 ./volumes/
 
+# bench-concourse: 100 targets (BENCH_CONCOURSE_TARGETS) registered with a
+# real web node by a real gateway: time until all run in fly workers, the
+# gateway's CPU and RSS per target, and the web node's CPU for them against
+# as many idle stock-shaped registrations (BENCH_CONCOURSE_STEADY each).
+.PHONY: bench-concourse
+bench-concourse: tools concourse-bins
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourseRegistration$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a
 # real gateway's mesh, against the floor: the same bytes from the same pod

@@ -313,3 +313,6 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// PID is the web node's process ID (benchmarks read its CPU time).
+func (w *WebNode) PID() int { return w.web.cmd.Process.Pid }
