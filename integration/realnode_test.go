@@ -319,6 +319,10 @@ func TestRealNodePodFailures(t *testing.T) {
 		// The kernel kills the step's process, the largest in the
 		// container, not the agent's pid1: the container lives on, so only
 		// the agent can tell (kwok's suite wrote OOMKilled on the pod).
+		// The step's process is the kernel's first choice, whatever its
+		// size against the supervisor's at that moment.
+		g.run(t, nodeStep("oom-score", `cat /proc/self/oom_score_adj`))
+		assert.Equal(t, "1000\n", outputOf(g.stepEvents(ctx, t, "oom-score", "", 0), steps.EventStdout))
 		req := nodeStep("oom", `echo filling; x=a; while true; do x="$x$x"; done`)
 		req.Resources.Memory = "32Mi"
 		g.run(t, req)

@@ -43,7 +43,8 @@ func run(root string, sp Spec, log *os.File) error {
 		errR.Close()
 		return spawnFailed(root, err)
 	}
-	started := Started{PID: cmd.Process.Pid, At: time.Now().UTC()}
+	preferForOOM(cmd.Process.Pid)
+	started := Started{PID: cmd.Process.Pid, At: time.Now().UTC(), OOMKills: ooms}
 	p, _ := json.Marshal(started)
 	if err := writeAtomic(Path(root, StartedFile), p); err != nil {
 		return err
@@ -248,4 +249,15 @@ func pump(log io.Writer, since time.Time, outputs ...output) <-chan error {
 		done <- werr
 	}()
 	return done
+}
+
+// preferForOOM makes the step's process, and what it starts, the kernel's
+// first choice when the container outgrows its memory limit. Without it
+// the kernel picks the largest process, and a step whose process is
+// smaller than the supervisor at that moment lost its supervisor instead
+// (the step errored "lost" rather than failing OOMKilled; seen on the real
+// node). Raising a score needs no privilege; where it cannot be written
+// the kernel chooses as before.
+func preferForOOM(pid int) {
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0)
 }

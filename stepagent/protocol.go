@@ -134,6 +134,10 @@ type Input struct {
 type Started struct {
 	PID int       `json:"pid"`
 	At  time.Time `json:"at"`
+	// OOMKills is how many processes the kernel had killed in the
+	// container at its memory limit before the process started: more at
+	// the supervisor's death say how it died.
+	OOMKills int64 `json:"oom_kills,omitempty"`
 }
 
 // Reasons a step ends, in Status.Reason.

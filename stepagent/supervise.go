@@ -56,7 +56,7 @@ func Supervise(root string) error {
 		return finishUnstarted(root)
 	}
 	if exists(Path(root, StartedFile)) {
-		return writeStatus(root, lostStatus)
+		return writeStatus(root, lost(root))
 	}
 	sp, err := ReadSpec(root)
 	if err != nil {
@@ -79,6 +79,20 @@ func Supervise(root string) error {
 // never run again. (The supervisor is the pod's step agent, or a
 // `gateway agent`'s: the message names neither.)
 var lostStatus = Status{Reason: ReasonLost, Message: "the step's supervisor died before its process ended"}
+
+// lost is the status of a step whose supervisor died: OOMKilled when the
+// kernel killed processes in the container at its memory limit since the
+// step's process started (the supervisor, a process of the container too,
+// may be its choice), else lost.
+func lost(root string) Status {
+	b, err := os.ReadFile(Path(root, StartedFile))
+	var started Started
+	if err != nil || json.Unmarshal(b, &started) != nil || oomKills(cgroupFS) <= started.OOMKills {
+		return lostStatus
+	}
+	return Status{Reason: ReasonOOMKilled, ExitStatus: 137, Signal: syscall.SIGKILL.String(),
+		Message: "the kernel killed the step's supervisor and its process: their container reached its memory limit"}
+}
 
 // finishUnstarted ends a step aborted before its process started.
 func finishUnstarted(root string) error {

@@ -267,6 +267,6 @@ func checkSupervisor(root string) error {
 		if !exists(Path(root, StartedFile)) {
 			return ErrNotStarted
 		}
-		return writeStatus(root, lostStatus)
+		return writeStatus(root, lost(root))
 	})
 }
