@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -49,7 +50,8 @@ type Registration struct {
 
 // Options configure a Registrar.
 type Options struct {
-	TSA     TSA
+	// Web is how the web node is reached: its TSA (TSA), or its REST API.
+	Web     Web
 	Targets Targets
 	// Registers reports whether this gateway registers the installation's
 	// targets now: of replicas sharing targets, exactly one does (the
@@ -63,6 +65,22 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 	Logger             *slog.Logger
 	Metrics            *Metrics
+}
+
+// Web is how a Registrar reaches the web node: through its TSA (TSA, what
+// Concourse's own workers do) or its REST API.
+type Web interface {
+	// Forward registers w and keeps it registered, the web node reaching
+	// its Garden and volume APIs served by garden and baggageclaim. on is
+	// called with each event. It returns nil when the web node ended the
+	// registration (it landed or retired the worker), ctx's error when ctx
+	// ended, else why the registration broke.
+	Forward(ctx context.Context, w Worker, garden, baggageclaim http.Handler, on func(Event)) error
+	// Command runs one of the TSA's one-shot commands for w (land-worker,
+	// retire-worker, delete-worker, report-containers H...,
+	// sweep-containers, report-volumes H..., sweep-volumes) and returns
+	// its output: for the sweeps, a JSON list of the handles to destroy.
+	Command(ctx context.Context, command string, w Worker) ([]byte, error)
 }
 
 // Registrar keeps every running target this gateway registers registered
@@ -222,7 +240,7 @@ func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State) 
 	r.wg.Go(func() {
 		wait := r.opts.RetryMin
 		for attempt := 1; ; attempt++ {
-			_, err := r.opts.TSA.Command(ctx, command, w)
+			_, err := r.opts.Web.Command(ctx, command, w)
 			r.opts.Metrics.command(command, err)
 			if err == nil {
 				r.opts.Logger.Info("told the web node", "target", w.Name, "command", command)
@@ -271,7 +289,7 @@ func (r *Registrar) keep(ctx context.Context, w Worker) {
 	for {
 		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since = StateRegistering, time.Now() })
 		start := time.Now()
-		err := r.opts.TSA.Forward(ctx, w, gardenAPI(), volumeAPI(), func(e Event) {
+		err := r.opts.Web.Forward(ctx, w, gardenAPI(), volumeAPI(), func(e Event) {
 			switch e.Type {
 			case "registered":
 				log.Info("registered with the web node")

@@ -175,7 +175,7 @@ func TestConcourseRegistrationFailuresAreNamed(t *testing.T) {
 		{"nobody at the address", concourse.TSA{Addr: nobody, HostKeys: good.HostKeys, Key: good.Key}, "reach the TSA at " + nobody},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := concourse.New(concourse.Options{TSA: tc.tsa, Targets: staticTargets(running),
+			r := concourse.New(concourse.Options{Web: tc.tsa, Targets: staticTargets(running),
 				RetryMin: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)

@@ -329,7 +329,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	var registrar *concourse.Registrar
 	if o.concourse != nil {
-		registrar = concourse.New(concourse.Options{TSA: *o.concourse, Targets: registry, Lifecycle: controller,
+		registrar = concourse.New(concourse.Options{Web: *o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Logger:    logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
 	}

@@ -428,7 +428,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }
 	}
 	return concourse.New(concourse.Options{
-		TSA:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
+		Web:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
 		Targets:       registry,
 		Registers:     registers,
 		Lifecycle:     lc,
