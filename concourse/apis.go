@@ -1,32 +1,51 @@
 package concourse
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 )
 
 // The APIs a registered worker serves the web node through its forwards.
-// Today jetway makes no container or volume for a web node (running its
-// steps is the next step, docs/concourse.md): the TSA's heartbeat lists
-// what the worker holds, and the answer is true: nothing. Every other
-// call is refused, saying so.
+// jetway does not run a web node's steps yet (the next step,
+// docs/concourse.md): the lists the TSA's heartbeat makes answer what
+// jetway holds for the worker (Holdings); every other call is refused,
+// saying so.
 
-// gardenAPI serves the Garden API the TSA's heartbeat uses.
-func gardenAPI() http.Handler {
+// gardenAPI serves the Garden API of target's worker.
+func gardenAPI(target string, h Holdings) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ping", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /containers", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string][]string{"handles": {}})
+	mux.HandleFunc("GET /containers", func(w http.ResponseWriter, r *http.Request) {
+		handles, err := h.Containers(target)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			return
+		}
+		if r.URL.RawQuery != "" {
+			// A filter by properties: jetway keeps none yet, so none match.
+			handles = nil
+		}
+		writeJSON(w, http.StatusOK, map[string][]string{"handles": nonNil(handles)})
 	})
 	mux.HandleFunc("/", notYet)
 	return mux
 }
 
-// volumeAPI serves the volume (baggageclaim) API the TSA's heartbeat uses.
-func volumeAPI() http.Handler {
+// volumeAPI serves the volume (baggageclaim) API of target's worker.
+func volumeAPI(target string, h Holdings) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /volumes", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, []any{})
+		handles, err := h.Volumes(target)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			return
+		}
+		volumes := make([]map[string]any, 0, len(handles))
+		for _, handle := range handles {
+			volumes = append(volumes, map[string]any{"handle": handle, "path": "", "properties": map[string]string{}})
+		}
+		writeJSON(w, http.StatusOK, volumes)
 	})
 	mux.HandleFunc("/", notYet)
 	return mux
@@ -42,3 +61,18 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// none holds nothing.
+type none struct{}
+
+func (none) Containers(string) ([]string, error)                    { return nil, nil }
+func (none) Volumes(string) ([]string, error)                       { return nil, nil }
+func (none) DestroyContainer(context.Context, string, string) error { return ErrNotOurs }
+func (none) DestroyVolume(context.Context, string, string) error    { return ErrNotOurs }

@@ -11,6 +11,8 @@ type Metrics struct {
 	heartbeats    prometheus.Counter
 	failures      prometheus.Counter
 	commands      *prometheus.CounterVec
+	sweeps        *prometheus.CounterVec
+	destroys      *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -32,8 +34,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_concourse_commands_total",
 			Help: "TSA commands this gateway ran (land-worker, retire-worker, delete-worker), by result (ok, error).",
 		}, []string{"command", "result"}),
+		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_concourse_sweeps_total",
+			Help: "Garbage-collection rounds with the web node (report what the worker holds, ask what to destroy), by kind (containers, volumes) and result (ok, error).",
+		}, []string{"kind", "result"}),
+		destroys: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_concourse_destroyed_total",
+			Help: "What the web node named to destroy, by kind (containers, volumes) and result: destroyed, not-ours (jetway did not make it: left alone), error.",
+		}, []string{"kind", "result"}),
 	}
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands)
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys)
 	return m
 }
 
@@ -71,4 +81,21 @@ func (m *Metrics) command(command string, err error) {
 		result = "error"
 	}
 	m.commands.WithLabelValues(command, result).Inc()
+}
+
+func (m *Metrics) swept(kind string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.sweeps.WithLabelValues(kind, result).Inc()
+}
+
+func (m *Metrics) destroyed(kind, result string) {
+	if m != nil {
+		m.destroys.WithLabelValues(kind, result).Inc()
+	}
 }

@@ -58,6 +58,12 @@ type Options struct {
 	// placer Lease's holder). nil: always.
 	Registers func() bool
 	Lifecycle Lifecycle
+	// Holdings are the containers and volumes jetway holds for the web
+	// node; nil: none.
+	Holdings Holdings
+	// SweepInterval is how often each registration runs the garbage
+	// collection rounds with the web node; default DefaultSweepInterval.
+	SweepInterval time.Duration
 	// ResourceTypes are the base resource types every worker offers.
 	ResourceTypes []ResourceType
 	// RetryMin and RetryMax bound the backoff between failed tries of one
@@ -116,6 +122,12 @@ func New(opts Options) *Registrar {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Holdings == nil {
+		opts.Holdings = none{}
+	}
+	if opts.SweepInterval <= 0 {
+		opts.SweepInterval = DefaultSweepInterval
 	}
 	if opts.Registers == nil {
 		opts.Registers = func() bool { return true }
@@ -289,9 +301,15 @@ func (r *Registrar) keep(ctx context.Context, w Worker) {
 	for {
 		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since = StateRegistering, time.Now() })
 		start := time.Now()
-		err := r.opts.Web.Forward(ctx, w, gardenAPI(), volumeAPI(), func(e Event) {
+		registered := make(chan struct{})
+		var once sync.Once
+		sctx, stopSweeps := context.WithCancel(ctx)
+		var sweeps sync.WaitGroup
+		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
+		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings), volumeAPI(w.Name, r.opts.Holdings), func(e Event) {
 			switch e.Type {
 			case "registered":
+				once.Do(func() { close(registered) })
 				log.Info("registered with the web node")
 				r.update(w.Name, func(reg *Registration) {
 					reg.State, reg.Since, reg.Error, reg.LastHeartbeat = StateRunning, time.Now(), "", time.Now()
@@ -301,6 +319,8 @@ func (r *Registrar) keep(ctx context.Context, w Worker) {
 				r.update(w.Name, func(reg *Registration) { reg.LastHeartbeat = time.Now() })
 			}
 		})
+		stopSweeps()
+		sweeps.Wait()
 		if ctx.Err() != nil {
 			return
 		}

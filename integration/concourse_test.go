@@ -16,10 +16,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -285,4 +289,68 @@ func TestLandedFromConcourseWithAStepRunning(t *testing.T) {
 	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cwl/resume", "")
 	require.Equal(t, http.StatusOK, code, body)
 	flyWorker(t, web, "cwl", 30*time.Second, workerIn("running"))
+}
+
+// TestConcourseSweepDestroysOnlyWhatJetwayMade: each registration sweeps
+// with the web node as Concourse's workers do. It reports the containers
+// jetway holds for the target (the pods it sealed with a handle); the web
+// node marks one it does not know for destruction and names it at the
+// sweep, and jetway deletes that pod. A pod planted with the same handle,
+// or with another, is never reported and never deleted.
+func TestConcourseSweepDestroysOnlyWhatJetwayMade(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second})
+	dir := t.TempDir()
+	const name = "cwg"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{concourse: concourseTSA(t, web), sweep: 500 * time.Millisecond})
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+
+	pods := clusters[0].Client.CoreV1().Pods(name)
+	container := func(pod, handle string, sealed bool) {
+		labels := teamLabels(name, "jetway", "")
+		labels[concourse.ContainerLabel] = handle
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}}}
+		if sealed {
+			p.Annotations = map[string]string{ownership.SealAnnotation: podKey.Seal(name, pod, "")}
+		}
+		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	// The planted pods first: the gateway's watch shows them before its
+	// own container, so the destroy naming the handle sees the twin.
+	const handle, plantedHandle = "3f1b9c1e-6a52-4d0e-9a51-0c1f1f7e2a10", "8d2a6b7c-1e4f-4b3a-8c9d-2e5f6a7b8c9d"
+	container("c-twin", handle, false)
+	container("c-planted", plantedHandle, false)
+	container("c-ours", handle, true)
+
+	destroyed := `jetway_concourse_destroyed_total{kind="containers",result="destroyed"}`
+	notOurs := `jetway_concourse_destroyed_total{kind="containers",result="not-ours"}`
+	eventually(t, 30*time.Second, func() error {
+		if _, err := pods.Get(ctx, "c-ours", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return errorf("c-ours, which the web node does not know, still there (%v)", err)
+		}
+		return nil
+	})
+	assert.Equal(t, 0.0, metricValue(t, g, destroyed), "the twin's refusal is counted instead")
+	assert.Equal(t, 1.0, metricValue(t, g, notOurs), "the twin carrying the handle was refused")
+
+	// Two more rounds: the planted handle was never reported, so the web
+	// node never names it; both planted pods stay.
+	swept := `jetway_concourse_sweeps_total{kind="containers",result="ok"}`
+	rounds := metricValue(t, g, swept)
+	eventually(t, 30*time.Second, func() error {
+		if n := metricValue(t, g, swept); n < rounds+2 {
+			return errorf("%v sweeps, want %v", n, rounds+2)
+		}
+		return nil
+	})
+	assert.Equal(t, 1.0, metricValue(t, g, notOurs), "the planted handle was never named")
+	for _, pod := range []string{"c-twin", "c-planted"} {
+		_, err := pods.Get(ctx, pod, metav1.GetOptions{})
+		assert.NoError(t, err, "%s, planted, is left alone", pod)
+	}
+	assert.Contains(t, g.logs.String(), "the web node named something to destroy that jetway did not make")
 }

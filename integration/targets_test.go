@@ -112,6 +112,9 @@ type gatewayOptions struct {
 	stepDefaults steps.StepDefaults
 	// concourse, if set, registers the targets with a Concourse web node.
 	concourse *concourse.TSA
+	// sweep is how often each registration sweeps with the web node;
+	// default concourse.DefaultSweepInterval.
+	sweep time.Duration
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -331,7 +334,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	if o.concourse != nil {
 		registrar = concourse.New(concourse.Options{Web: *o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
-			Logger:    logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
+			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }}, SweepInterval: o.sweep,
+			Logger: logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
 	}
 	ln, err := listenAPI(o.listen)
 	require.NoError(t, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
@@ -427,7 +428,13 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.elector != nil {
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }
 	}
+	var holdings concourse.Holdings
+	if state.keys != nil {
+		// Without a state namespace jetway makes no pod: it holds nothing.
+		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }}
+	}
 	return concourse.New(concourse.Options{
+		Holdings:      holdings,
 		Web:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
 		Targets:       registry,
 		Registers:     registers,

@@ -1,0 +1,144 @@
+package concourse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// ContainerLabel marks a pod as a web node's container, with its Garden
+// handle as the value: the pods Garden's Create makes for a target. A pod
+// with this label counts as a container only if jetway sealed it
+// (ownership.Key): a pod planted with the label is never reported to the
+// web node, nor deleted when the web node names its handle.
+const ContainerLabel = "jetway-ci.dev/concourse-container"
+
+// Holdings are what jetway holds for a web node on a target: the
+// containers and volumes the worker reports at each sweep, and destroys
+// when the web node names them.
+type Holdings interface {
+	// Containers are the handles of the target's containers. An error
+	// means the list is not known now (the target's pods not listed yet,
+	// the pod key not read): nothing is reported then, since a short list
+	// would tell the web node its containers are missing.
+	Containers(target string) ([]string, error)
+	// DestroyContainer destroys a container the web node named: nil if
+	// it is gone, ErrNotOurs if a pod with its handle is not jetway's.
+	DestroyContainer(ctx context.Context, target, handle string) error
+	// Volumes are the handles of the target's volumes.
+	Volumes(target string) ([]string, error)
+	// DestroyVolume destroys a volume the web node named.
+	DestroyVolume(ctx context.Context, target, handle string) error
+}
+
+// ErrNotOurs: the web node named something to destroy that jetway did not
+// make; it is left alone.
+var ErrNotOurs = errors.New("not jetway's: left alone")
+
+// PodTargets finds a target's pods (the targets registry).
+type PodTargets interface {
+	Target(name string) (*targets.Target, error)
+}
+
+// Pods are the holdings of cluster targets: a container is a pod jetway
+// sealed carrying ContainerLabel. jetway makes no volume for a web node
+// yet (running its steps is the next step, docs/concourse.md): a target
+// reports none, and destroys none.
+type Pods struct {
+	Targets PodTargets
+	// Key is the installation's pod key, zero until it is read.
+	Key func() ownership.Key
+}
+
+// Containers lists the sealed pods with ContainerLabel from the target's
+// pod cache.
+func (h Pods) Containers(target string) ([]string, error) {
+	t, key, err := h.ready(target)
+	if err != nil || t == nil {
+		return nil, err
+	}
+	var handles []string
+	for _, p := range t.Pods() {
+		if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Sealed(target, p) {
+			handles = append(handles, handle)
+		}
+	}
+	slices.Sort(handles)
+	return slices.Compact(handles), nil
+}
+
+// DestroyContainer deletes the sealed pods of handle; a pod of that handle
+// jetway did not seal stays, and the answer is ErrNotOurs.
+func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error {
+	t, key, err := h.ready(target)
+	if err != nil || t == nil {
+		return err
+	}
+	var foreign []string
+	for _, p := range t.Pods() {
+		if p.Labels[ContainerLabel] != handle {
+			continue
+		}
+		if !key.Sealed(target, p) {
+			foreign = append(foreign, p.Name)
+			continue
+		}
+		if err := deletePod(ctx, t, p); err != nil {
+			return fmt.Errorf("container %s: delete pod %s/%s: %w", handle, t.Namespace(), p.Name, err)
+		}
+	}
+	if foreign != nil {
+		return fmt.Errorf("container %s: pods %v carry its handle but jetway did not make them: %w", handle, foreign, ErrNotOurs)
+	}
+	return nil
+}
+
+// Volumes: jetway makes no volume for a web node yet.
+func (Pods) Volumes(string) ([]string, error) { return nil, nil }
+
+// DestroyVolume: jetway makes no volume for a web node yet, so a volume
+// the web node names is none of jetway's.
+func (Pods) DestroyVolume(_ context.Context, _, handle string) error {
+	return fmt.Errorf("volume %s: %w", handle, ErrNotOurs)
+}
+
+// ready is the target and the pod key, once both can be trusted. An
+// agent's target (not in the registry) has no pods: nil, nil.
+func (h Pods) ready(target string) (*targets.Target, ownership.Key, error) {
+	t, err := h.Targets.Target(target)
+	if errors.Is(err, targets.ErrNotFound) {
+		return nil, ownership.Key{}, nil
+	}
+	if err != nil {
+		return nil, ownership.Key{}, err
+	}
+	if ok, err := t.Synced(); !ok {
+		if err == nil {
+			err = errors.New("not listed yet")
+		}
+		return nil, ownership.Key{}, fmt.Errorf("the pods of target %s: %w", target, err)
+	}
+	key := h.Key()
+	if key.IsZero() {
+		return nil, ownership.Key{}, errors.New("the installation's pod key is not read yet: jetway cannot tell its pods")
+	}
+	return t, key, nil
+}
+
+// deletePod deletes p if it is still the pod listed (its UID).
+func deletePod(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	uid := p.UID
+	err := t.Core.Pods(t.Namespace()).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil // gone, or another pod of that name now: not this one
+	}
+	return err
+}

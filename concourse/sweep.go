@@ -1,0 +1,99 @@
+package concourse
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Garbage collection is the worker's, as with Concourse's own workers
+// (worker/container_sweeper.go, volume_sweeper.go): every SweepInterval
+// each registration reports the containers and volumes jetway holds for
+// it (report-containers H..., report-volumes H...), asks which to destroy
+// (sweep-containers, sweep-volumes) and destroys those, and only those
+// jetway made. The web node marks what it does not know for destruction
+// at the report, and forgets what was destroyed at the next.
+
+// DefaultSweepInterval is Concourse's own workers' sweep interval.
+const DefaultSweepInterval = 30 * time.Second
+
+// commandTimeout bounds one report or sweep command.
+const commandTimeout = 30 * time.Second
+
+// kind is containers or volumes: how they are listed and destroyed.
+type kind struct {
+	name    string // as in the TSA's commands: report-<name>, sweep-<name>
+	list    func(target string) ([]string, error)
+	destroy func(ctx context.Context, target, handle string) error
+}
+
+func (r *Registrar) kinds() []kind {
+	h := r.opts.Holdings
+	return []kind{{"containers", h.Containers, h.DestroyContainer}, {"volumes", h.Volumes, h.DestroyVolume}}
+}
+
+// sweeps sweeps w's holdings once registered, then every SweepInterval,
+// until ctx ends.
+func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan struct{}) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-registered:
+	}
+	for {
+		for _, k := range r.kinds() {
+			if err := r.sweep(ctx, w, k); err != nil && ctx.Err() == nil {
+				r.opts.Logger.Warn("sweep with the web node failed", "target", w.Name, "kind", k.name, "error", err.Error())
+			}
+		}
+		if !sleep(ctx, r.opts.SweepInterval) {
+			return
+		}
+	}
+}
+
+// sweep runs one round for one kind: report, ask, destroy.
+func (r *Registrar) sweep(ctx context.Context, w Worker, k kind) (err error) {
+	defer func() { r.opts.Metrics.swept(k.name, err) }()
+	handles, err := k.list(w.Name)
+	if err != nil {
+		// Not reported: a partial list would tell the web node that
+		// what is missing from it is gone.
+		err = fmt.Errorf("list %s: %w", k.name, err)
+	} else if _, err = r.command(ctx, strings.Join(append([]string{"report-" + k.name}, handles...), " "), w); err != nil {
+		err = fmt.Errorf("report %s: %w", k.name, err)
+	}
+	out, cerr := r.command(ctx, "sweep-"+k.name, w)
+	if cerr != nil {
+		return errors.Join(err, fmt.Errorf("ask which %s to destroy: %w", k.name, cerr))
+	}
+	var destroy []string
+	if cerr := json.Unmarshal(out, &destroy); cerr != nil {
+		return errors.Join(err, fmt.Errorf("the web node's %s to destroy: %w", k.name, cerr))
+	}
+	for _, handle := range destroy {
+		derr := k.destroy(ctx, w.Name, handle)
+		switch {
+		case errors.Is(derr, ErrNotOurs):
+			r.opts.Metrics.destroyed(k.name, "not-ours")
+			r.opts.Logger.Warn("the web node named something to destroy that jetway did not make", "target", w.Name, "kind", k.name, "error", derr.Error())
+		case derr != nil:
+			r.opts.Metrics.destroyed(k.name, "error")
+			err = errors.Join(err, derr)
+		default:
+			r.opts.Metrics.destroyed(k.name, "destroyed")
+			r.opts.Logger.Info("destroyed what the web node named", "target", w.Name, "kind", k.name, "handle", handle)
+		}
+	}
+	return err
+}
+
+// command runs a one-shot command for w within commandTimeout.
+func (r *Registrar) command(ctx context.Context, command string, w Worker) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	return r.opts.Web.Command(ctx, command, w)
+}
