@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -353,4 +355,84 @@ func TestConcourseSweepDestroysOnlyWhatJetwayMade(t *testing.T) {
 		assert.NoError(t, err, "%s, planted, is left alone", pod)
 	}
 	assert.Contains(t, g.logs.String(), "the web node named something to destroy that jetway did not make")
+}
+
+// TestConcourseRegistrationOutlivesAKilledReplica: two `gateway run`
+// processes share targets as the chart runs them; one registers them (the
+// placer Lease's holder). SIGKILLed, it says nothing to the web node: the
+// other takes the Lease over and registers the targets within seconds,
+// and the web node lists them running; started again, the killed one
+// registers nothing while the other does.
+func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 5 * time.Second})
+	dir := t.TempDir()
+	names := []string{"cwk-a", "cwk-b"}
+	for i, name := range names {
+		placeTarget(ctx, t, clusters[i], dir, name, "{}\n", "")
+	}
+	rs := replicas(t, dir, "--concourse-tsa", web.TSAAddr, "--concourse-tsa-public-key", web.TSAPublicKey,
+		"--concourse-worker-key", web.WorkerKey)
+	for _, name := range names {
+		flyWorker(t, web, name, time.Minute, workerIn("running"))
+	}
+	// registered is how many of the targets r registers, running.
+	registered := func(r *replica) (int, error) {
+		resp, err := http.Get(r.base() + "/api/v1/targets")
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var list []api.Target
+		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, tg := range list {
+			if tg.Concourse != nil && tg.Concourse.State == concourse.StateRunning {
+				n++
+			}
+		}
+		return n, nil
+	}
+	// oneRegisters waits until one replica registers every target and the
+	// other none, and returns the one.
+	oneRegisters := func(within time.Duration) (holder, other *replica) {
+		eventually(t, within, func() error {
+			n0, err0 := registered(rs[0])
+			n1, err1 := registered(rs[1])
+			switch {
+			case err0 != nil || err1 != nil:
+				return errors.Join(err0, err1)
+			case n0 == len(names) && n1 == 0:
+				holder, other = rs[0], rs[1]
+			case n1 == len(names) && n0 == 0:
+				holder, other = rs[1], rs[0]
+			default:
+				return errorf("registered: %s %d, %s %d; want all on one", rs[0].name, n0, rs[1].name, n1)
+			}
+			return nil
+		})
+		return holder, other
+	}
+	holder, other := oneRegisters(30 * time.Second)
+
+	holder.kill(t)
+	eventually(t, 45*time.Second, func() error {
+		if n, err := registered(other); err != nil || n != len(names) {
+			return errorf("%s registers %d of %d (%v)", other.name, n, len(names), err)
+		}
+		return nil
+	})
+	for _, name := range names {
+		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
+	}
+
+	holder.start(t)
+	again, _ := oneRegisters(30 * time.Second)
+	assert.Equal(t, other.name, again.name, "the Lease stays with the replica that took it")
+	for _, name := range names {
+		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
+	}
 }
