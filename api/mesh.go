@@ -1,12 +1,16 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
@@ -299,4 +303,48 @@ func (f flushing) Write(p []byte) (int, error) {
 		fl.Flush()
 	}
 	return n, err
+}
+
+// concourseCaller is who a gateway names when it acts for the Concourse
+// web node on an agent: the web node landed the agent's worker.
+var concourseCaller = identity{name: "concourse-web-node", admin: true}
+
+// MeshAgents lists the targets of the agents joined to m itself: the
+// routes learned from the agent, over a live session. A Concourse
+// registrar registers them (concourse.Options.Agents).
+func MeshAgents(m Mesh) func() []targets.Status {
+	return func() []targets.Status {
+		var out []targets.Status
+		for _, r := range m.Remotes() {
+			st := r.Target.Status()
+			if r.Reachable && r.Via == r.Owner && targets.IsAgent(st) {
+				out = append(out, st)
+			}
+		}
+		return out
+	}
+}
+
+// LandAgent lands an agent's target by asking the agent over m, for the
+// Concourse web node (concourse.Options.LandAgent).
+func LandAgent(m Mesh) func(ctx context.Context, name string) error {
+	return func(ctx context.Context, name string) error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+name+"/api/v1/workers/"+url.PathEscape(name)+"/land", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set(CallerHeader, callerHeaderOf(concourseCaller))
+		resp, err := m.Client().Do(req)
+		if err != nil {
+			return fmt.Errorf("land agent %s: %w", name, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			return fmt.Errorf("land agent %s: it answered %s: %s", name, resp.Status, strings.TrimSpace(string(body)))
+		}
+		return nil
+	}
 }

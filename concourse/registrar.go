@@ -58,6 +58,15 @@ type Options struct {
 	// placer Lease's holder). nil: always.
 	Registers func() bool
 	Lifecycle Lifecycle
+	// Agents are the targets of the agents joined to this gateway (over
+	// the mesh): this gateway registers them whatever Registers says, as
+	// an agent is joined to one gateway. An agent gone from the list (it
+	// left, or joined another gateway) is no longer registered here, and
+	// not deleted from the web node: it stalls there unless registered
+	// again. nil: none.
+	Agents func() []targets.Status
+	// LandAgent lands an agent's target (the web node landed its worker).
+	LandAgent func(ctx context.Context, name string) error
 	// Holdings are the containers and volumes jetway holds for the web
 	// node; nil: none.
 	Holdings Holdings
@@ -99,12 +108,19 @@ type Registrar struct {
 	regs     map[string]Registration
 	sessions map[string]*session // by target, while it should be registered
 	// landed are the targets whose registration the web node ended, until
-	// jetway's target leaves running (it was landed) or goes.
-	landed map[string]bool
+	// jetway's target leaves running (it was landed) or goes, or, for an
+	// agent, runs since another time than then (it was landed and resumed
+	// between two looks).
+	landed map[string]time.Time
+	// since is when each agent entered its state, as it announces it (its
+	// LastCheck).
+	since map[string]time.Time
 	// was is each target's last state seen, to tell the web node of a
 	// change once.
 	was map[string]targets.State
-	wg  sync.WaitGroup
+	// agents are the agents' targets at the last reconcile.
+	agents map[string]bool
+	wg     sync.WaitGroup
 }
 
 type session struct {
@@ -133,7 +149,7 @@ func New(opts Options) *Registrar {
 		opts.Registers = func() bool { return true }
 	}
 	return &Registrar{opts: opts, regs: map[string]Registration{}, sessions: map[string]*session{},
-		landed: map[string]bool{}, was: map[string]targets.State{}}
+		landed: map[string]time.Time{}, since: map[string]time.Time{}, was: map[string]targets.State{}}
 }
 
 // Registration is target name's registration, if it has one. A nil
@@ -182,17 +198,29 @@ func (r *Registrar) Start(ctx context.Context) error {
 func (r *Registrar) reconcile(ctx context.Context) {
 	registers := r.opts.Registers()
 	snap := r.opts.Targets.Snapshot()
+	agents := map[string]bool{}
+	if r.opts.Agents != nil {
+		for _, st := range r.opts.Agents() {
+			agents[st.Name] = true
+			snap = append(snap, st)
+		}
+	}
 	seen := map[string]targets.State{}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, st := range snap {
+		registers := registers || agents[st.Name]
 		seen[st.Name] = st.State
-		if st.State != targets.StateRunning {
+		if agents[st.Name] {
+			r.since[st.Name] = st.LastCheck
+		}
+		if at, ok := r.landed[st.Name]; ok && (st.State != targets.StateRunning || agents[st.Name] && !st.LastCheck.Equal(at)) {
 			delete(r.landed, st.Name) // landed here now: registered again once resumed
 		}
 		w := r.worker(st)
 		s, registered := r.sessions[st.Name]
-		want := registers && st.State == targets.StateRunning && !r.landed[st.Name]
+		_, landed := r.landed[st.Name]
+		want := registers && st.State == targets.StateRunning && !landed
 		landedThere := r.regs[st.Name].State == StateLanded
 		switch {
 		case want && registered && !sameWorker(s.worker, w):
@@ -216,12 +244,13 @@ func (r *Registrar) reconcile(ctx context.Context) {
 			s.cancel()
 			delete(r.sessions, name)
 			delete(r.regs, name)
-			if registers {
+			delete(r.since, name)
+			if registers && !r.agents[name] {
 				r.tell(ctx, Worker{Name: name, Version: WorkerVersion}, r.was[name], "")
 			}
 		}
 	}
-	r.was = seen
+	r.was, r.agents = seen, agents
 	r.opts.Metrics.set(r.regs)
 }
 
@@ -288,14 +317,16 @@ func sameWorker(a, b Worker) bool {
 // start starts a session registering w. r.mu is held.
 func (r *Registrar) start(ctx context.Context, w Worker) {
 	sctx, cancel := context.WithCancel(ctx)
-	r.sessions[w.Name] = &session{worker: w, cancel: cancel}
+	s := &session{worker: w, cancel: cancel}
+	r.sessions[w.Name] = s
 	r.regs[w.Name] = Registration{State: StateRegistering, Since: time.Now()}
-	r.wg.Go(func() { r.keep(sctx, w) })
+	r.wg.Go(func() { r.keep(sctx, s) })
 }
 
 // keep keeps w registered until ctx ends or the web node ends its
 // registration.
-func (r *Registrar) keep(ctx context.Context, w Worker) {
+func (r *Registrar) keep(ctx context.Context, s *session) {
+	w := s.worker
 	log := r.opts.Logger.With("target", w.Name)
 	wait := r.opts.RetryMin
 	for {
@@ -329,14 +360,22 @@ func (r *Registrar) keep(ctx context.Context, w Worker) {
 			// here too, and register it again only once it is resumed.
 			log.Info("the web node ended the worker's registration (landed or retired): landing the target")
 			r.mu.Lock()
-			r.landed[w.Name] = true
+			r.landed[w.Name] = r.since[w.Name]
+			if r.sessions[w.Name] == s {
+				delete(r.sessions, w.Name) // ended: once resumed, a new one registers it
+			}
+			land := r.opts.LandAgent
+			if !r.agents[w.Name] && r.opts.Lifecycle != nil {
+				land = r.opts.Lifecycle.Land
+			}
 			r.mu.Unlock()
 			r.update(w.Name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateLanded, time.Now(), "" })
-			if r.opts.Lifecycle != nil {
-				if err := r.opts.Lifecycle.Land(ctx, w.Name); err != nil && ctx.Err() == nil {
+			if land != nil {
+				if err := land(ctx, w.Name); err != nil && ctx.Err() == nil {
 					log.Warn("target not landed after the web node landed its worker", "error", err.Error())
 				}
 			}
+			s.cancel()
 			return
 		}
 		r.opts.Metrics.failed()

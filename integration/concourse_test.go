@@ -25,6 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -435,4 +436,37 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	for _, name := range names {
 		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
 	}
+}
+
+// TestAgentsAreConcourseWorkers: an agent joined to a gateway is a worker
+// of the gateway's web node, with its platform, tags and team; fly
+// land-worker lands the agent itself, and gateway resume brings it back
+// running in fly; an agent that left is no longer registered (the web
+// node stalls it) and is registered again when it is back.
+func TestAgentsAreConcourseWorkers(t *testing.T) {
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second})
+	ca := meshtest.NewCA(t, "cw-agents-ca")
+	member := meshMember(t, ca, ca, "cw-agent-gw", "127.0.0.1:0")
+	member.stallAfter = 2 * time.Second
+	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "cw-agent-gw", mesh: member,
+		tokens: []api.Token{adminToken, mainToken}, concourse: concourseTSA(t, web)})
+	ag := joinAgent(t, g, ca, "cw-mac", "--platform", "darwin", "--tag", "ios", "--team", "main")
+
+	w := flyWorker(t, web, "cw-mac", 30*time.Second, workerIn("running"))
+	assert.Equal(t, "darwin", w.Platform)
+	assert.Equal(t, []string{"ios"}, w.Tags)
+	assert.Equal(t, "main", w.Team)
+
+	_, err := web.Fly("land-worker", "-w", "cw-mac")
+	require.NoError(t, err)
+	waitWorker(t, g, "cw-mac", "landed")
+	flyWorker(t, web, "cw-mac", 10*time.Second, workerIn("landed"))
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cw-mac/resume", adminToken.Token)
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, "cw-mac", 30*time.Second, workerIn("running"))
+
+	ag.kill(t)
+	flyWorker(t, web, "cw-mac", 30*time.Second, workerIn("stalled"))
+	ag.restart(t)
+	flyWorker(t, web, "cw-mac", 30*time.Second, workerIn("running"))
 }

@@ -335,6 +335,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		registrar = concourse.New(concourse.Options{Web: *o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }}, SweepInterval: o.sweep,
+			Agents: agentsOf(node), LandAgent: landAgentOf(node),
 			Logger: logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
 	}
 	ln, err := listenAPI(o.listen)
@@ -691,4 +692,20 @@ func TestSlowTargetDelaysNoOther(t *testing.T) {
 	slow := g.waitTarget(t, "slow", 10*time.Second, func(tg api.Target) bool { return tg.Error != "" && tg.Error != "not checked yet" })
 	assert.Contains(t, slow.Error, "did not answer in time")
 	assert.Equal(t, "stalled", slow.State)
+}
+
+// agentsOf and landAgentOf are what gateway run gives the registrar of a
+// gateway with a mesh: the agents joined to it, and their land.
+func agentsOf(node *mesh.Mesh) func() []targets.Status {
+	if node == nil {
+		return nil
+	}
+	return api.MeshAgents(node)
+}
+
+func landAgentOf(node *mesh.Mesh) func(context.Context, string) error {
+	if node == nil {
+		return nil
+	}
+	return api.LandAgent(node)
 }

@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		stepOpts.Elsewhere = func() []targets.Status { return remoteStatuses(meshNode) }
 	}
 	stepper = steps.New(stepOpts)
-	registrar, err := newRegistrar(cfg, registry, controller, state, reg, logger)
+	registrar, err := newRegistrar(cfg, registry, controller, meshNode, state, reg, logger)
 	if err != nil {
 		return err
 	}
@@ -404,8 +404,8 @@ func signalContext(parent context.Context, logger *slog.Logger) (context.Context
 // newRegistrar registers the targets with a Concourse web node, if
 // concourse-tsa says which; nil otherwise. Of replicas sharing targets,
 // the one holding the placer Lease registers them.
-func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, state stepState,
-	reg prometheus.Registerer, logger *slog.Logger) (*concourse.Registrar, error) {
+func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, meshNode *mesh.Mesh,
+	state stepState, reg prometheus.Registerer, logger *slog.Logger) (*concourse.Registrar, error) {
 	if cfg.ConcourseTSA == "" {
 		return nil, nil
 	}
@@ -433,7 +433,15 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }}
 	}
+	var agents func() []targets.Status
+	var landAgent func(context.Context, string) error
+	if meshNode != nil {
+		// The agents joined to this gateway: it registers them.
+		agents, landAgent = api.MeshAgents(meshNode), api.LandAgent(meshNode)
+	}
 	return concourse.New(concourse.Options{
+		Agents:        agents,
+		LandAgent:     landAgent,
 		Holdings:      holdings,
 		Web:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
 		Targets:       registry,
