@@ -66,6 +66,7 @@ func TestRejectsBadValues(t *testing.T) {
 		{"unknown config key", withTokens(map[string]any{"config": map[string]any{"log-levle": "debug"}}), "additional properties 'log-levle' not allowed"},
 		{"config key the chart sets", withTokens(map[string]any{"config": map[string]any{"listen": ":9090"}}), "additional properties 'listen' not allowed"},
 		{"state namespace in config", withTokens(map[string]any{"config": map[string]any{"state-namespace": "elsewhere"}}), "additional properties 'state-namespace' not allowed"},
+		{"concourse key in config", withTokens(map[string]any{"config": map[string]any{"concourse-tsa": "ci.example.com:2222"}}), "additional properties 'concourse-tsa' not allowed"},
 		{"state kubeconfig in config", withTokens(map[string]any{"config": map[string]any{"state-kubeconfig": "/etc/state.kubeconfig"}}), "additional properties 'state-kubeconfig' not allowed"},
 		{"state namespace in extraEnv", withTokens(map[string]any{"extraEnv": []any{map[string]any{"name": "JETWAY_STATE_NAMESPACE", "value": "elsewhere"}}}), "extraEnv: JETWAY_STATE_NAMESPACE would move the gateways' step state away from the Role the chart grants; set state.namespace instead"},
 		{"state kubeconfig in extraEnv", withTokens(map[string]any{"extraEnv": []any{map[string]any{"name": "JETWAY_STATE_KUBECONFIG", "value": "/x"}}}), "extraEnv: JETWAY_STATE_KUBECONFIG would move"},

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -27,11 +28,13 @@ import (
 // config value. mesh-name is one though the chart never sets it: the
 // certificate each replica issues itself names it; so is state-kubeconfig:
 // the gateway reaches its state namespace with its pod's token, which the
-// chart's Role is for.
+// chart's Role is for. The concourse-* keys are files the chart mounts, and
+// the TSA they go with (the concourse values).
 var chartKeys = []string{
 	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
 	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name", "mesh-leave-on-stop",
 	"state-kubeconfig", "state-namespace",
+	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
@@ -42,6 +45,11 @@ var chartKeys = []string{
 func TestGatewayLoadsRenderedConfig(t *testing.T) {
 	sets := ciValues(t)
 	sets["no-auth"] = map[string]any{"auth": map[string]any{"noAuth": true}}
+	tsaPub, workerKey := concourseKeys(t)
+	sets["concourse-inline-keys"] = map[string]any{
+		"auth":      map[string]any{"noAuth": true},
+		"concourse": map[string]any{"tsa": "10.0.0.7:2222", "tsaPublicKey": tsaPub, "workerKey": workerKey},
+	}
 	for name, vals := range sets {
 		t.Run(name, func(t *testing.T) {
 			o, _ := render(t, vals)
@@ -75,8 +83,25 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			for target, res := range results {
 				assert.NoError(t, res.Err, target)
 			}
+			assertConcourseLoads(t, cfg)
 		})
 	}
+}
+
+// assertConcourseLoads reads the Concourse keys and resource types as the
+// gateway does before it registers (cmd/gateway's newRegistrar), if it
+// joins a Concourse.
+func assertConcourseLoads(t *testing.T, cfg config.Config) {
+	t.Helper()
+	if cfg.ConcourseTSA == "" {
+		return
+	}
+	_, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+	assert.NoError(t, err)
+	_, err = concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
+	assert.NoError(t, err)
+	_, err = concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
+	assert.NoError(t, err)
 }
 
 // assertStateGranted: the gateway keeps its steps where the chart's
@@ -96,16 +121,20 @@ func assertStateGranted(t *testing.T, o objects, cfg config.Config) {
 	assert.Equal(t, cmp.Or(cfg.StateNamespace, namespace), rb.Namespace)
 }
 
-// layOut writes what the pod mounts under root: the config file, the
-// targets Secret's keys (if the chart makes it) and the tokens file (the
-// chart's, or one standing in for an existing Secret). It returns the
-// container's args after "run", their /etc/jetway paths moved under root,
-// and the number of target files.
+// layOut writes what the pod mounts under root: the config files, the
+// targets Secret's keys (if the chart makes it), the tokens file and the
+// Concourse keys (the chart's, or ones standing in for an existing
+// Secret). It returns the container's args after "run", their /etc/jetway
+// paths moved under root, and the number of target files.
 func layOut(t *testing.T, o objects, pod corev1.PodSpec, c *corev1.Container, root string) ([]string, int) {
 	t.Helper()
 	at := func(path string) string { return filepath.Join(root, path) }
 	cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, pod, "config").ConfigMap.Name)
-	mount(t, at("/etc/jetway/config"), map[string][]byte{"config.yaml": []byte(cm.Data["config.yaml"])})
+	configFiles := map[string][]byte{}
+	for name, data := range cm.Data {
+		configFiles[name] = []byte(data)
+	}
+	mount(t, at("/etc/jetway/config"), configFiles)
 	var targetFiles map[string][]byte
 	if name := volume(t, pod, "targets").Secret.SecretName; o["Secret/"+name] != nil {
 		targetFiles = get[corev1.Secret](t, o, "Secret", name).Data
@@ -117,6 +146,9 @@ func layOut(t *testing.T, o objects, pod corev1.PodSpec, c *corev1.Container, ro
 			tokens = get[corev1.Secret](t, o, "Secret", name).Data["tokens.yaml"]
 		}
 		mount(t, at("/etc/jetway/auth"), map[string][]byte{"tokens.yaml": tokens})
+	}
+	if m, ok := mounts(*c)["/etc/jetway/concourse"]; ok {
+		mount(t, at(m.MountPath), concourseFiles(t, o, volume(t, pod, m.Name).Secret))
 	}
 	require.Equal(t, "run", c.Args[0])
 	args := slices.Clone(c.Args[1:])

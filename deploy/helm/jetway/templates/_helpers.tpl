@@ -74,6 +74,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-mesh-ca" (include "jetway.fullname" .)) .Values.mesh.ca.existingSecret }}
 {{- end }}
 
+{{- define "jetway.concourseSecretName" -}}
+{{- default (printf "%s-concourse" (include "jetway.fullname" .)) .Values.concourse.existingSecret }}
+{{- end }}
+
 {{/*
 The CA Issuer signing the replicas' certificates (mesh.certManager): the
 mesh CA, named as the CA Secret the chart would make.
@@ -144,6 +148,18 @@ these never come from config (the schema refuses them there).
 - --state-namespace
 - {{ . }}
 {{- end }}
+{{- if .Values.concourse.tsa }}
+- --concourse-tsa
+- {{ .Values.concourse.tsa | quote }}
+- --concourse-tsa-public-key
+- /etc/jetway/concourse/tsa_host_key.pub
+- --concourse-worker-key
+- /etc/jetway/concourse/worker_key
+{{- if .Values.concourse.resourceTypes }}
+- --concourse-resource-types
+- /etc/jetway/config/resource-types.yaml
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -171,8 +187,43 @@ render with what to do.
 {{- fail (printf "extraEnv: %s would move the gateways' step state away from the Role the chart grants; set state.namespace instead" .name) }}
 {{- end }}
 {{- end }}
+{{- include "jetway.validateConcourse" . }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (kindIs "invalid" $pdb.minAvailable) (kindIs "invalid" $pdb.maxUnavailable) }}
 {{- fail "podDisruptionBudget: give maxUnavailable or minAvailable" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The concourse values: the gateway's rule (any concourse-* setting needs
+concourse-tsa, and concourse-tsa needs both keys), and the keys from one
+place. No message quotes a key: a fail is printed, and may be logged.
+*/}}
+{{- define "jetway.validateConcourse" -}}
+{{- $cc := .Values.concourse }}
+{{- $set := list }}
+{{- range $k := list "existingSecret" "tsaPublicKey" "workerKey" "resourceTypes" }}
+{{- if index $cc $k }}
+{{- $set = append $set (printf "concourse.%s" $k) }}
+{{- end }}
+{{- end }}
+{{- if not $cc.tsa }}
+{{- if $set }}
+{{- fail (printf "concourse: %s set, but concourse.tsa is empty: set it to the web node's TSA (host:port), or leave the concourse values empty to join no Concourse" (join ", " $set)) }}
+{{- end }}
+{{- else if and $cc.existingSecret (or $cc.tsaPublicKey $cc.workerKey) }}
+{{- fail "concourse: give concourse.existingSecret or concourse.tsaPublicKey and concourse.workerKey, not both" }}
+{{- else if not (or $cc.existingSecret $cc.tsaPublicKey $cc.workerKey) }}
+{{- fail "concourse: concourse.tsa needs the TSA's host public key and a worker key: set concourse.existingSecret (a Secret with the keys tsa_host_key.pub and worker_key, as concourse generate-key names them) or concourse.tsaPublicKey and concourse.workerKey" }}
+{{- else if not $cc.existingSecret }}
+{{- if not $cc.tsaPublicKey }}
+{{- fail "concourse.tsaPublicKey: required with concourse.workerKey (the .pub of the web node's --tsa-host-key)" }}
+{{- else if not $cc.workerKey }}
+{{- fail "concourse.workerKey: required with concourse.tsaPublicKey (the private key whose .pub is in the web node's --tsa-authorized-keys)" }}
+{{- else if not (contains "PRIVATE KEY" $cc.workerKey) }}
+{{- fail "concourse.workerKey: not a private key (a PEM block, as in the worker_key concourse generate-key writes); its .pub goes to the web node's --tsa-authorized-keys" }}
+{{- else if contains "PRIVATE KEY" $cc.tsaPublicKey }}
+{{- fail "concourse.tsaPublicKey: holds a private key; give the TSA's public host key (tsa_host_key.pub), never its private one" }}
+{{- end }}
 {{- end }}
 {{- end }}

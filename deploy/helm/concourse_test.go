@@ -1,0 +1,298 @@
+package helm_test
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/jetway-ci/jetway/concourse"
+	"github.com/jetway-ci/jetway/deploy/helm"
+)
+
+// TestConcourseOffByDefault: without concourse.tsa the chart joins no
+// Concourse: no Secret, volume, mount, flag or file of it, in any value
+// set that does not ask for one.
+func TestConcourseOffByDefault(t *testing.T) {
+	for name, vals := range ciValues(t) {
+		if cc, _ := vals["concourse"].(map[string]any); cc["tsa"] != nil {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			o, r := render(t, vals)
+			for _, k := range o.keys() {
+				assert.NotContains(t, k, "concourse")
+			}
+			var dep string
+			for _, k := range o.keys() {
+				if n, ok := strings.CutPrefix(k, "Deployment/"); ok {
+					dep = n
+				}
+			}
+			d, c := deployment(t, o, dep)
+			for key := range flags(t, c.Args) {
+				assert.NotContains(t, key, "concourse")
+			}
+			assert.NotContains(t, mounts(*c), "/etc/jetway/concourse")
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				assert.NotEqual(t, "concourse", v.Name)
+			}
+			assert.NotContains(t, d.Spec.Template.Annotations, "checksum/concourse")
+			cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, d.Spec.Template.Spec, "config").ConfigMap.Name)
+			assert.Equal(t, []string{"config.yaml"}, keys(cm.Data))
+			assert.NotContains(t, r.Notes, "Concourse whose TSA")
+		})
+	}
+}
+
+// TestConcourseExistingSecret: with concourse.tsa and an existing Secret
+// the gateway gets the concourse-* flags, each naming a file of a
+// read-only mount of that Secret's two keys; the chart makes no Secret,
+// and the resource types reach the config as the file the flag names.
+func TestConcourseExistingSecret(t *testing.T) {
+	o, r := renderCI(t, "concourse-values.yaml")
+	var secrets []string
+	for _, k := range o.keys() {
+		if strings.HasPrefix(k, "Secret/") {
+			secrets = append(secrets, k)
+		}
+	}
+	assert.Equal(t, []string{"Secret/" + fullname + "-mesh-ca"}, secrets, "the chart makes no Secret of the keys")
+	d, c := deployment(t, o, fullname)
+	pod := d.Spec.Template.Spec
+	f := flags(t, c.Args)
+	assert.Equal(t, "ci.example.com:2222", f["concourse-tsa"])
+	assert.Equal(t, "/etc/jetway/concourse/tsa_host_key.pub", f["concourse-tsa-public-key"])
+	assert.Equal(t, "/etc/jetway/concourse/worker_key", f["concourse-worker-key"])
+	assert.Equal(t, "/etc/jetway/config/resource-types.yaml", f["concourse-resource-types"])
+
+	v := assertConcourseMount(t, pod, *c, "jetway-concourse")
+	assert.Equal(t, []corev1.KeyToPath{
+		{Key: "tsa_host_key.pub", Path: "tsa_host_key.pub"},
+		{Key: "worker_key", Path: "worker_key"},
+	}, v.Items)
+	assert.NotContains(t, d.Spec.Template.Annotations, "checksum/concourse", "the chart does not make the Secret")
+	assert.Contains(t, r.Notes, "Concourse whose TSA is ci.example.com:2222, with the keys in the Secret jetway-concourse;")
+
+	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
+	file := filepath.Join(t.TempDir(), "resource-types.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(cm.Data["resource-types.yaml"]), 0o440))
+	types, err := concourse.LoadResourceTypes(file)
+	require.NoError(t, err)
+	assert.Equal(t, []concourse.ResourceType{
+		{Type: "git", Image: "docker.io/concourse/git-resource:1.18.0"},
+		{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"},
+	}, types)
+}
+
+// TestConcourseExistingSecretKeys: the Secret's own key names are mapped
+// to the files the flags name.
+func TestConcourseExistingSecretKeys(t *testing.T) {
+	o, _ := render(t, map[string]any{
+		"auth": map[string]any{"noAuth": true},
+		"concourse": map[string]any{"tsa": "[fd00::7]:2222", "existingSecret": "concourse-worker",
+			"existingSecretKeys": map[string]any{"tsaPublicKey": "host-key-pub", "workerKey": "worker-key"}},
+	})
+	d, c := deployment(t, o, fullname)
+	v := assertConcourseMount(t, d.Spec.Template.Spec, *c, "concourse-worker")
+	assert.Equal(t, []corev1.KeyToPath{
+		{Key: "host-key-pub", Path: "tsa_host_key.pub"},
+		{Key: "worker-key", Path: "worker_key"},
+	}, v.Items)
+	f := flags(t, c.Args)
+	assert.Equal(t, "[fd00::7]:2222", f["concourse-tsa"])
+	assert.NotContains(t, f, "concourse-resource-types")
+	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
+	assert.Equal(t, []string{"config.yaml"}, keys(cm.Data))
+}
+
+// TestConcourseInlineKeys: keys given as values go into a Secret the chart
+// makes, and the worker key into nothing else: no ConfigMap, annotation,
+// flag or note. A new key rolls the pods, which read it as they start.
+func TestConcourseInlineKeys(t *testing.T) {
+	tsaPub, workerKey := concourseKeys(t)
+	values := func(workerKey string) map[string]any {
+		return map[string]any{
+			"auth":      map[string]any{"noAuth": true},
+			"concourse": map[string]any{"tsa": "ci.example.com:2222", "tsaPublicKey": tsaPub, "workerKey": workerKey},
+		}
+	}
+	o, r := render(t, values(workerKey))
+	secret := fullname + "-concourse"
+	s := get[corev1.Secret](t, o, "Secret", secret)
+	assert.Equal(t, corev1.SecretTypeOpaque, s.Type)
+	assert.Equal(t, map[string][]byte{"tsa_host_key.pub": []byte(tsaPub), "worker_key": []byte(workerKey)}, s.Data)
+
+	d, c := deployment(t, o, fullname)
+	v := assertConcourseMount(t, d.Spec.Template.Spec, *c, secret)
+	assert.Equal(t, []corev1.KeyToPath{
+		{Key: "tsa_host_key.pub", Path: "tsa_host_key.pub"},
+		{Key: "worker_key", Path: "worker_key"},
+	}, v.Items)
+	assertOnlyIn(t, o, r, workerKey, "Secret/"+secret)
+
+	_, otherKey := concourseKeys(t)
+	o2, _ := render(t, values(otherKey))
+	d2, _ := deployment(t, o2, fullname)
+	assert.NotEqual(t, d.Spec.Template.Annotations["checksum/concourse"], d2.Spec.Template.Annotations["checksum/concourse"])
+}
+
+// TestConcourseRejectsBadValues: values that cannot join a Concourse fail
+// the render, naming the value, and never quoting a key.
+func TestConcourseRejectsBadValues(t *testing.T) {
+	tsaPub, workerKey := concourseKeys(t)
+	for _, tc := range []struct {
+		name      string
+		concourse map[string]any
+		want      string
+	}{
+		{"tsa without keys", map[string]any{"tsa": "ci.example.com:2222"},
+			"concourse: concourse.tsa needs the TSA's host public key and a worker key: set concourse.existingSecret"},
+		{"tsa without a port", map[string]any{"tsa": "ci.example.com", "existingSecret": "jetway-concourse"}, "/concourse/tsa"},
+		{"keys without tsa", map[string]any{"existingSecret": "jetway-concourse", "resourceTypes": map[string]any{"git": "concourse/git-resource"}},
+			"concourse: concourse.existingSecret, concourse.resourceTypes set, but concourse.tsa is empty"},
+		{"a Secret and inline keys", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse", "workerKey": workerKey},
+			"give concourse.existingSecret or concourse.tsaPublicKey and concourse.workerKey, not both"},
+		{"no worker key", map[string]any{"tsa": "ci.example.com:2222", "tsaPublicKey": tsaPub},
+			"concourse.workerKey: required with concourse.tsaPublicKey"},
+		{"no TSA key", map[string]any{"tsa": "ci.example.com:2222", "workerKey": workerKey},
+			"concourse.tsaPublicKey: required with concourse.workerKey"},
+		{"a public worker key", map[string]any{"tsa": "ci.example.com:2222", "tsaPublicKey": tsaPub, "workerKey": tsaPub},
+			"concourse.workerKey: not a private key"},
+		{"a private TSA key", map[string]any{"tsa": "ci.example.com:2222", "tsaPublicKey": workerKey, "workerKey": workerKey},
+			"concourse.tsaPublicKey: holds a private key"},
+		{"a resource type without image", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"resourceTypes": map[string]any{"git": " "}}, "/concourse/resourceTypes/git"},
+		{"a resource type name with a slash", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"resourceTypes": map[string]any{"concourse/git": "concourse/git-resource"}}, "concourse/git"},
+		{"an unknown Secret key value", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"existingSecretKeys": map[string]any{"hostKey": "x"}}, "additional properties 'hostKey' not allowed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := helm.Render(helm.Release{Name: release, Namespace: namespace,
+				Values: map[string]any{"auth": map[string]any{"noAuth": true}, "concourse": tc.concourse}})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			for _, key := range []string{tsaPub, workerKey} {
+				assert.NotContains(t, err.Error(), keyBody(key))
+			}
+		})
+	}
+}
+
+// assertConcourseMount checks the gateway's read-only mount of the
+// Concourse keys from secret, where its flags look, and that no other
+// container mounts them; it returns the volume.
+func assertConcourseMount(t *testing.T, pod corev1.PodSpec, gw corev1.Container, secret string) *corev1.SecretVolumeSource {
+	t.Helper()
+	m, ok := mounts(gw)["/etc/jetway/concourse"]
+	require.True(t, ok, "no mount of the Concourse keys")
+	assert.Equal(t, "concourse", m.Name)
+	assert.True(t, m.ReadOnly)
+	v := volume(t, pod, m.Name).Secret
+	require.NotNil(t, v, "the keys come from a Secret")
+	assert.Equal(t, secret, v.SecretName)
+	assert.EqualValues(t, 0o440, *v.DefaultMode)
+	assert.Nil(t, v.Optional, "no keys, nothing to register with: the pod waits for them")
+	paths := map[string]bool{}
+	for _, it := range v.Items {
+		paths[path.Join(m.MountPath, it.Path)] = true
+	}
+	f := flags(t, gw.Args)
+	for _, flag := range []string{"concourse-tsa-public-key", "concourse-worker-key"} {
+		assert.True(t, paths[f[flag]], "--%s %s is not a file of the mount", flag, f[flag])
+	}
+	for _, ic := range pod.InitContainers {
+		for _, im := range ic.VolumeMounts {
+			assert.NotEqual(t, m.Name, im.Name, "init container %s mounts the Concourse keys", ic.Name)
+		}
+	}
+	return v
+}
+
+// assertOnlyIn checks that key, as text, in base64 or by the first line
+// of its PEM body, is in no rendered object but the one named only, nor
+// in the notes.
+func assertOnlyIn(t *testing.T, o objects, r *helm.Rendered, key, only string) {
+	t.Helper()
+	needles := []string{key, base64.StdEncoding.EncodeToString([]byte(key)), keyBody(key)}
+	for _, k := range o.keys() {
+		if k == only {
+			continue
+		}
+		b, err := json.Marshal(o[k].Object)
+		require.NoError(t, err)
+		for _, n := range needles {
+			assert.NotContains(t, string(b), n, "%s holds the key", k)
+		}
+	}
+	for _, n := range needles {
+		assert.NotContains(t, r.Notes, n, "the notes hold the key")
+	}
+}
+
+// keyBody is the first line of a PEM key's base64 body, or the key type
+// and start of an authorized_keys line: text only the key itself has.
+func keyBody(key string) string {
+	lines := strings.Split(key, "\n")
+	if len(lines) > 1 && strings.HasPrefix(lines[0], "-----BEGIN") {
+		return lines[1]
+	}
+	return lines[0]
+}
+
+// concourseKeys makes a TSA host public key and a worker key as `concourse
+// generate-key -t ssh` writes them: authorized_keys form, and PKCS #1 RSA
+// in a "PRIVATE KEY" block.
+func concourseKeys(t *testing.T) (tsaPub, workerKey string) {
+	t.Helper()
+	_, host, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pub, err := ssh.NewPublicKey(host.Public())
+	require.NoError(t, err)
+	worker, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	return string(ssh.MarshalAuthorizedKey(pub)),
+		string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(worker)}))
+}
+
+// concourseFiles are the files of the gateway's Concourse mount v: the
+// chart's Secret, or an existing one standing in as the chart's README
+// makes it (kubectl create secret generic --from-file=tsa_host_key.pub
+// --from-file=worker_key). A key the Secret lacks fails, as the kubelet
+// fails the mount.
+func concourseFiles(t *testing.T, o objects, v *corev1.SecretVolumeSource) map[string][]byte {
+	t.Helper()
+	require.NotNil(t, v)
+	var data map[string][]byte
+	if o["Secret/"+v.SecretName] != nil {
+		data = get[corev1.Secret](t, o, "Secret", v.SecretName).Data
+	} else {
+		tsaPub, workerKey := concourseKeys(t)
+		data = map[string][]byte{"tsa_host_key.pub": []byte(tsaPub), "worker_key": []byte(workerKey)}
+	}
+	files := map[string][]byte{}
+	for _, it := range v.Items {
+		b, ok := data[it.Key]
+		require.True(t, ok, "Secret %s has no key %s", v.SecretName, it.Key)
+		files[it.Path] = b
+	}
+	return files
+}
+
+func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
