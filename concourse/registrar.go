@@ -67,6 +67,13 @@ type Options struct {
 	Agents func() []targets.Status
 	// LandAgent lands an agent's target (the web node landed its worker).
 	LandAgent func(ctx context.Context, name string) error
+	// WebURL is the web node's URL, if known: its worker version is read
+	// there before registering (a web node registers workers of another
+	// version and never uses them). Empty: not checked.
+	WebURL string
+	// WorkerVersion is the version the workers register with; default
+	// WorkerVersion.
+	WorkerVersion string
 	// Holdings are the containers and volumes jetway holds for the web
 	// node; nil: none.
 	Holdings Holdings
@@ -102,7 +109,8 @@ type Web interface {
 // with the web node, one SSH session each, and tells the web node when a
 // target lands, retires or goes.
 type Registrar struct {
-	opts Options
+	opts    Options
+	version *versionCheck // nil: not checked
 
 	mu       sync.Mutex
 	regs     map[string]Registration
@@ -145,10 +153,17 @@ func New(opts Options) *Registrar {
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	if opts.WorkerVersion == "" {
+		opts.WorkerVersion = WorkerVersion
+	}
 	if opts.Registers == nil {
 		opts.Registers = func() bool { return true }
 	}
-	return &Registrar{opts: opts, regs: map[string]Registration{}, sessions: map[string]*session{},
+	var version *versionCheck
+	if opts.WebURL != "" {
+		version = &versionCheck{url: opts.WebURL, have: opts.WorkerVersion, client: &http.Client{}}
+	}
+	return &Registrar{opts: opts, version: version, regs: map[string]Registration{}, sessions: map[string]*session{},
 		landed: map[string]time.Time{}, since: map[string]time.Time{}, was: map[string]targets.State{}}
 }
 
@@ -246,7 +261,7 @@ func (r *Registrar) reconcile(ctx context.Context) {
 			delete(r.regs, name)
 			delete(r.since, name)
 			if registers && !r.agents[name] {
-				r.tell(ctx, Worker{Name: name, Version: WorkerVersion}, r.was[name], "")
+				r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "")
 			}
 		}
 	}
@@ -306,7 +321,7 @@ func (r *Registrar) worker(st targets.Status) Worker {
 		platform = "linux"
 	}
 	return Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
-		Version: WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: r.opts.ResourceTypes,
+		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: r.opts.ResourceTypes,
 		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward}
 }
 
@@ -334,6 +349,17 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		start := time.Now()
 		registered := make(chan struct{})
 		var once sync.Once
+		if err := r.version.check(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.failed(log, w.Name, err, wait)
+			if !sleep(ctx, wait) {
+				return
+			}
+			wait = min(2*wait, r.opts.RetryMax)
+			continue
+		}
 		sctx, stopSweeps := context.WithCancel(ctx)
 		var sweeps sync.WaitGroup
 		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
@@ -378,9 +404,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 			s.cancel()
 			return
 		}
-		r.opts.Metrics.failed()
-		log.Warn("registration with the web node failed", "error", err.Error(), "retry_in", wait.String())
-		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateFailing, time.Now(), err.Error() })
+		r.failed(log, w.Name, err, wait)
 		if time.Since(start) > 5*time.Minute {
 			wait = r.opts.RetryMin // it held a while: not a persistent failure
 		}
@@ -389,6 +413,13 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		}
 		wait = min(2*wait, r.opts.RetryMax)
 	}
+}
+
+// failed says why a try of target's registration failed.
+func (r *Registrar) failed(log *slog.Logger, target string, err error, wait time.Duration) {
+	r.opts.Metrics.failed()
+	log.Warn("registration with the web node failed", "error", err.Error(), "retry_in", wait.String())
+	r.update(target, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateFailing, time.Now(), err.Error() })
 }
 
 // update changes a target's registration, if it still has one.

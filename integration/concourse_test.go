@@ -470,3 +470,40 @@ func TestAgentsAreConcourseWorkers(t *testing.T) {
 	ag.restart(t)
 	flyWorker(t, web, "cw-mac", 30*time.Second, workerIn("running"))
 }
+
+// TestConcourseWorkerVersionMismatchIsNamed: a web node registers a
+// worker of a version it never places work on without a word. Knowing the
+// web node's URL, jetway reads its worker version first: workers of an
+// older version, or of another major, are not registered, and the
+// registration's error says why; a later minor version registers.
+func TestConcourseWorkerVersionMismatchIsNamed(t *testing.T) {
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second})
+	tsa := concourseTSA(t, web)
+	running := []targets.Status{{Name: "cwv", State: targets.StateRunning, StartTime: time.Now()}}
+	start := func(version string) *concourse.Registrar {
+		r := concourse.New(concourse.Options{Web: tsa, WebURL: web.URL, WorkerVersion: version, Targets: staticTargets(running),
+			RetryMin: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- r.Start(ctx) }()
+		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+		return r
+	}
+	for _, version := range []string{"2.4", "3.0"} {
+		r := start(version)
+		want := "worker version mismatch: the web node at " + web.URL + " (Concourse 8.2.5) places work only on workers of version 2.5 " +
+			"or a later 2.x; jetway's workers are version " + version
+		eventually(t, 20*time.Second, func() error {
+			reg, ok := r.Registration("cwv")
+			if !ok || reg.State != concourse.StateFailing || !strings.Contains(reg.Error, want) {
+				return errorf("registration %+v, want failing with %q", reg, want)
+			}
+			return nil
+		})
+	}
+	assert.Empty(t, web.Workers(t), "nothing registered")
+
+	start("2.6")
+	w := flyWorker(t, web, "cwv", 30*time.Second, workerIn("running"))
+	assert.Equal(t, "2.6", w.Version)
+}
