@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -218,37 +217,13 @@ func TestReplicasRegisterEachTargetOnce(t *testing.T) {
 	for _, name := range names {
 		flyWorker(t, web, name, 30*time.Second, workerIn("running"))
 	}
-	registering := func(g *gateway) int {
-		n := 0
-		for _, name := range names {
-			if tg := g.targetsByName(t)[name]; tg.Concourse != nil {
-				n++
-			}
-		}
-		return n
-	}
-	var holder, other *gateway
-	eventually(t, 10*time.Second, func() error {
-		switch na, nb := registering(a), registering(b); {
-		case na == len(names) && nb == 0:
-			holder, other = a, b
-		case nb == len(names) && na == 0:
-			holder, other = b, a
-		default:
-			return errorf("registrations: replica-a %d, replica-b %d; want all on one", na, nb)
-		}
-		return nil
-	})
+	i := oneRegisters(t, []string{a.base, b.base}, names, 10*time.Second)
+	holder, other := []*gateway{a, b}[i], []*gateway{a, b}[1-i]
 
 	holder.stop()
 	eventually(t, 30*time.Second, func() error {
-		if n := registering(other); n != len(names) {
-			return errorf("%d of %d registered by the replica left", n, len(names))
-		}
-		for _, name := range names {
-			if tg := other.targetsByName(t)[name]; tg.Concourse.State != concourse.StateRunning {
-				return errorf("%s: %+v", name, tg.Concourse)
-			}
+		if n, err := registeredOn(other.base, names); err != nil || n != len(names) {
+			return errorf("%d of %d registered by the replica left (%v)", n, len(names), err)
 		}
 		return nil
 	})
@@ -378,50 +353,13 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	for _, name := range names {
 		flyWorker(t, web, name, time.Minute, workerIn("running"))
 	}
-	// registered is how many of the targets r registers, running.
-	registered := func(r *replica) (int, error) {
-		resp, err := http.Get(r.base() + "/api/v1/targets")
-		if err != nil {
-			return 0, err
-		}
-		defer resp.Body.Close()
-		var list []api.Target
-		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-			return 0, err
-		}
-		n := 0
-		for _, tg := range list {
-			if tg.Concourse != nil && tg.Concourse.State == concourse.StateRunning {
-				n++
-			}
-		}
-		return n, nil
-	}
-	// oneRegisters waits until one replica registers every target and the
-	// other none, and returns the one.
-	oneRegisters := func(within time.Duration) (holder, other *replica) {
-		eventually(t, within, func() error {
-			n0, err0 := registered(rs[0])
-			n1, err1 := registered(rs[1])
-			switch {
-			case err0 != nil || err1 != nil:
-				return errors.Join(err0, err1)
-			case n0 == len(names) && n1 == 0:
-				holder, other = rs[0], rs[1]
-			case n1 == len(names) && n0 == 0:
-				holder, other = rs[1], rs[0]
-			default:
-				return errorf("registered: %s %d, %s %d; want all on one", rs[0].name, n0, rs[1].name, n1)
-			}
-			return nil
-		})
-		return holder, other
-	}
-	holder, other := oneRegisters(30 * time.Second)
+	bases := []string{rs[0].base(), rs[1].base()}
+	i := oneRegisters(t, bases, names, 30*time.Second)
+	holder, other := rs[i], rs[1-i]
 
 	holder.kill(t)
 	eventually(t, 45*time.Second, func() error {
-		if n, err := registered(other); err != nil || n != len(names) {
+		if n, err := registeredOn(other.base(), names); err != nil || n != len(names) {
 			return errorf("%s registers %d of %d (%v)", other.name, n, len(names), err)
 		}
 		return nil
@@ -431,8 +369,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	}
 
 	holder.start(t)
-	again, _ := oneRegisters(30 * time.Second)
-	assert.Equal(t, other.name, again.name, "the Lease stays with the replica that took it")
+	assert.Equal(t, 1-i, oneRegisters(t, bases, names, 30*time.Second), "the Lease stays with the replica that took it")
 	for _, name := range names {
 		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
 	}
@@ -506,4 +443,55 @@ func TestConcourseWorkerVersionMismatchIsNamed(t *testing.T) {
 	start("2.6")
 	w := flyWorker(t, web, "cwv", 30*time.Second, workerIn("running"))
 	assert.Equal(t, "2.6", w.Version)
+}
+
+// registeredOn is how many of the targets names the gateway at base
+// registers, running.
+func registeredOn(base string, names []string) (int, error) {
+	resp, err := http.Get(base + "/api/v1/targets")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var list []api.Target
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, tg := range list {
+		if slices.Contains(names, tg.Name) && tg.Concourse != nil && tg.Concourse.State == concourse.StateRunning {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// oneRegisters waits until one of the gateways at bases registers every
+// target of names and the others none, and returns its index.
+func oneRegisters(t *testing.T, bases, names []string, within time.Duration) int {
+	t.Helper()
+	holder := -1
+	eventually(t, within, func() error {
+		var counts []int
+		holders, others := 0, 0
+		for i, base := range bases {
+			n, err := registeredOn(base, names)
+			if err != nil {
+				return err
+			}
+			counts = append(counts, n)
+			switch n {
+			case len(names):
+				holder, holders = i, holders+1
+			case 0:
+			default:
+				others++
+			}
+		}
+		if holders != 1 || others != 0 {
+			return errorf("registered by each gateway: %v; want all on one", counts)
+		}
+		return nil
+	})
+	return holder
 }
