@@ -634,9 +634,9 @@ func binDir(dir string) (string, error) {
 		dir = os.Getenv(EnvBinDir)
 	}
 	if dir == "" {
-		root, err := moduleRoot()
+		root, err := ModuleRoot()
 		if err != nil {
-			return "", err
+			return "", fmt.Errorf("%w: %w; set %s", ErrNoTools, err, EnvBinDir)
 		}
 		dir = filepath.Join(root, "bin")
 	}
@@ -655,7 +655,9 @@ func binDir(dir string) (string, error) {
 // ErrNoTools means the control-plane binaries have not been built.
 var ErrNoTools = errors.New("cluster tools missing")
 
-func moduleRoot() (string, error) {
+// ModuleRoot is the folder of jetway's go.mod above the working
+// directory.
+func ModuleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -666,7 +668,7 @@ func moduleRoot() (string, error) {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("%w: no jetway go.mod above the working directory; set %s", ErrNoTools, EnvBinDir)
+			return "", errors.New("no jetway go.mod above the working directory")
 		}
 		dir = parent
 	}

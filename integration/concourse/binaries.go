@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
 )
 
 // binaries finds concourse, fly and PostgreSQL, naming everything missing
@@ -18,9 +19,9 @@ func binaries(opts Options) (concourseBin, flyBin, pgBin string, err error) {
 			path = os.Getenv(env)
 		}
 		if path == "" {
-			root, err := moduleRoot()
+			root, err := cluster.ModuleRoot()
 			if err != nil {
-				problems = append(problems, err)
+				problems = append(problems, fmt.Errorf("%w: %w; set %s and %s", ErrMissing, err, EnvConcourseBin, EnvFlyBin))
 				return ""
 			}
 			path = filepath.Join(filepath.Dir(root), "shared", "concourse", "bin", name)
@@ -38,22 +39,4 @@ func binaries(opts Options) (concourseBin, flyBin, pgBin string, err error) {
 		problems = append(problems, err)
 	}
 	return concourseBin, flyBin, pgBin, errors.Join(problems...)
-}
-
-// moduleRoot is the folder of jetway's go.mod above the working directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module github.com/jetway-ci/jetway\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("%w: no jetway go.mod above the working directory; set %s and %s", ErrMissing, EnvConcourseBin, EnvFlyBin)
-		}
-		dir = parent
-	}
 }
