@@ -28,9 +28,10 @@ var (
 // three local clusters) with one real web node through a real `gateway
 // run`: the time until fly lists all of them running, the gateway's CPU
 // and memory per registered target at steady state, and the web node's
-// CPU for their heartbeats against 100 idle stock-shaped registrations
-// (forward-worker answering empty lists, as an idle Concourse worker
-// does) made by this process, in the same run and the same window.
+// CPU for their heartbeats and sweeps against 100 idle stock-shaped
+// registrations (forward-worker answering empty lists and a sweep round
+// every 30 s, as an idle Concourse worker does) made by this process, in
+// the same run and the same window.
 func BenchmarkConcourseRegistration(b *testing.B) {
 	for range b.N {
 		runConcourseBench(b)
@@ -106,6 +107,7 @@ func runConcourseBench(b *testing.B) {
 		w := concourse.Worker{Name: fmt.Sprintf("stock-%03d", i), Platform: "linux", Version: concourse.WorkerVersion,
 			GardenAddr: "0.0.0.0:7777", BaggageclaimURL: "http://0.0.0.0:7788"}
 		wg.Go(func() { _ = tsa.Forward(sctx, w, stockGarden(), stockVolumes(), nil) })
+		wg.Go(func() { stockSweeps(sctx, tsa, w) })
 	}
 	waitRunning(b, web, "stock-", concourseTargets)
 	web0 = procCPU(web.PID())
@@ -127,6 +129,24 @@ func runConcourseBench(b *testing.B) {
 	b.ReportMetric(gwCPU.Seconds()*1000/concourseSteady.Seconds()/n, "gateway-CPU-ms/s/target")
 	b.ReportMetric(float64(rss)/n, "gateway-RSS-KiB/target")
 	b.ReportMetric((webJetway-webIdle).Seconds()/(webStock-webIdle).Seconds(), "web-CPU-jetway/stock")
+}
+
+// stockSweeps runs an idle Concourse worker's garbage-collection rounds
+// (worker/container_sweeper.go, volume_sweeper.go): every 30 s, report
+// no container, ask which to destroy, and the same for volumes.
+func stockSweeps(ctx context.Context, tsa concourse.TSA, w concourse.Worker) {
+	tick := time.NewTicker(concourse.DefaultSweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, command := range []string{"report-containers", "sweep-containers", "report-volumes", "sweep-volumes"} {
+			_, _ = tsa.Command(ctx, command, w)
+		}
+	}
 }
 
 // waitRunning waits until fly lists n workers named prefix... running.
