@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -102,11 +103,18 @@ type Config struct {
 	MeshLeaveOnStop bool          `mapstructure:"mesh-leave-on-stop" help:"on shutdown, tell peers this gateway leaves for good, so they forget it at once (for names that never return, e.g. pod names)"`
 
 	// Concourse (docs/concourse.md): register the targets as workers of a
-	// web node through its TSA.
+	// web node, through its TSA (concourse-tsa) or its REST API
+	// (concourse-url), one of the two.
 	ConcourseTSA           string `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
 	ConcourseTSAPublicKey  string `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
 	ConcourseWorkerKey     string `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
 	ConcourseResourceTypes string `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
+	// Registering over the REST API instead, where the web node reaches
+	// the gateway directly.
+	ConcourseURL              string `mapstructure:"concourse-url" help:"external URL of the Concourse web node, to register the targets through its REST API instead of its TSA (docs/concourse.md); empty: none"`
+	ConcourseClientID         string `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
+	ConcourseClientSecretFile string `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
+	ConcourseWorkerAddress    string `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
@@ -295,23 +303,6 @@ func (c Config) Validate() error {
 			add("state-namespace", "%q is not a namespace name: %s", c.StateNamespace, strings.Join(msgs, "; "))
 		}
 	}
-	if c.ConcourseTSA != "" || c.ConcourseTSAPublicKey != "" || c.ConcourseWorkerKey != "" || c.ConcourseResourceTypes != "" {
-		if _, _, err := net.SplitHostPort(c.ConcourseTSA); err != nil {
-			add("concourse-tsa", "%q is not host:port (the web node's TSA, port 2222 by default): with any concourse-* setting, it is required", c.ConcourseTSA)
-		}
-		for _, f := range []struct{ key, path string }{{"concourse-tsa-public-key", c.ConcourseTSAPublicKey}, {"concourse-worker-key", c.ConcourseWorkerKey}} {
-			if f.path == "" {
-				add(f.key, "required with concourse-tsa")
-			} else if _, err := os.Stat(f.path); err != nil {
-				add(f.key, "%v", err)
-			}
-		}
-		if c.ConcourseResourceTypes != "" {
-			if _, err := os.Stat(c.ConcourseResourceTypes); err != nil {
-				add("concourse-resource-types", "%v", err)
-			}
-		}
-	}
 	if c.CheckSandboxTTL <= 0 {
 		add("check-sandbox-ttl", "must be positive, got %s", c.CheckSandboxTTL)
 	}
@@ -326,6 +317,7 @@ func (c Config) Validate() error {
 	}
 	probs = append(probs, c.placementProblems()...)
 	probs = append(probs, c.meshProblems()...)
+	probs = append(probs, c.concourseProblems()...)
 	switch {
 	case c.AuthTokensFile == "" && !c.NoAuth:
 		add("auth-tokens-file", "required: name a tokens file, or pass --no-auth to serve without authentication")
@@ -373,6 +365,101 @@ func (c Config) meshProblems() []Problem {
 	}
 	if c.MeshStallAfter <= 0 {
 		add("mesh-stall-after", "must be positive, got %s", c.MeshStallAfter)
+	}
+	return probs
+}
+
+// concourseProblems checks the concourse-* settings: none, the TSA's, or
+// the REST API's. The files are read at start.
+func (c Config) concourseProblems() []Problem {
+	var probs []Problem
+	add := func(key, format string, args ...any) {
+		probs = append(probs, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	tsaKeys := [][2]string{{"concourse-tsa", c.ConcourseTSA}, {"concourse-tsa-public-key", c.ConcourseTSAPublicKey},
+		{"concourse-worker-key", c.ConcourseWorkerKey}}
+	restKeys := [][2]string{{"concourse-url", c.ConcourseURL}, {"concourse-client-id", c.ConcourseClientID},
+		{"concourse-client-secret-file", c.ConcourseClientSecretFile}, {"concourse-worker-address", c.ConcourseWorkerAddress}}
+	tsa, rest := anySet(tsaKeys), anySet(restKeys)
+	switch {
+	case c.ConcourseTSA != "" && c.ConcourseURL != "":
+		add("concourse-url", "contradicts concourse-tsa: register through the TSA or the REST API, not both")
+		return probs
+	case tsa && rest && c.ConcourseURL != "":
+		for _, kv := range tsaKeys {
+			if kv[1] != "" {
+				add(kv[0], "only with concourse-tsa, not with concourse-url (the REST API)")
+			}
+		}
+		return probs
+	case tsa && rest:
+		for _, kv := range restKeys {
+			if kv[1] != "" {
+				add(kv[0], "only with concourse-url (the REST API), not with the TSA's settings")
+			}
+		}
+		return probs
+	case rest:
+		probs = append(probs, c.concourseRESTProblems()...)
+	case tsa || c.ConcourseResourceTypes != "":
+		probs = append(probs, c.concourseTSAProblems()...)
+	}
+	if c.ConcourseResourceTypes != "" {
+		if _, err := os.Stat(c.ConcourseResourceTypes); err != nil {
+			add("concourse-resource-types", "%v", err)
+		}
+	}
+	return probs
+}
+
+func anySet(keys [][2]string) bool {
+	for _, kv := range keys {
+		if kv[1] != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func (c Config) concourseTSAProblems() []Problem {
+	var probs []Problem
+	if _, _, err := net.SplitHostPort(c.ConcourseTSA); err != nil {
+		probs = append(probs, Problem{Key: "concourse-tsa", Message: fmt.Sprintf(
+			"%q is not host:port (the web node's TSA, port 2222 by default): with any concourse-* setting, it or concourse-url is required", c.ConcourseTSA)})
+	}
+	for _, f := range []struct{ key, path string }{{"concourse-tsa-public-key", c.ConcourseTSAPublicKey}, {"concourse-worker-key", c.ConcourseWorkerKey}} {
+		if f.path == "" {
+			probs = append(probs, Problem{Key: f.key, Message: "required with concourse-tsa"})
+		} else if _, err := os.Stat(f.path); err != nil {
+			probs = append(probs, Problem{Key: f.key, Message: err.Error()})
+		}
+	}
+	return probs
+}
+
+func (c Config) concourseRESTProblems() []Problem {
+	var probs []Problem
+	add := func(key, format string, args ...any) {
+		probs = append(probs, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	if u, err := url.Parse(c.ConcourseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		add("concourse-url", "%q is not the web node's external URL (http:// or https://HOST[:PORT]): with concourse-client-id, concourse-client-secret-file or concourse-worker-address, it is required", c.ConcourseURL)
+	}
+	if c.ConcourseClientID == "" {
+		add("concourse-client-id", "required with concourse-url: the client of the web node's --add-client")
+	}
+	if c.ConcourseClientSecretFile == "" {
+		add("concourse-client-secret-file", "required with concourse-url: a file holding the client's secret")
+	} else if _, err := os.Stat(c.ConcourseClientSecretFile); err != nil {
+		add("concourse-client-secret-file", "%v", err)
+	}
+	switch host := c.ConcourseWorkerAddress; {
+	case host == "":
+		add("concourse-worker-address", "required with concourse-url: the host name or IP the web node reaches this gateway at")
+	case net.ParseIP(host) == nil && !isHostname(host):
+		add("concourse-worker-address", "%q is neither an IP address nor a host name (no port: one is picked per target)", host)
+	case net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified():
+		add("concourse-worker-address", "%s is no address the web node can reach: give this gateway's own (a pod's IP)", host)
 	}
 	return probs
 }

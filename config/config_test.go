@@ -317,3 +317,62 @@ func TestDerivedDefaultsFollowWhatTheyDeriveFrom(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateConcourse: registering through the TSA or the REST API, one
+// of them, each with what it needs; every problem names its key.
+func TestValidateConcourse(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
+	tsa := func(c *Config) { c.ConcourseTSA, c.ConcourseTSAPublicKey, c.ConcourseWorkerKey = "ci:2222", file, file }
+	rest := func(c *Config) {
+		c.ConcourseURL, c.ConcourseClientID, c.ConcourseClientSecretFile, c.ConcourseWorkerAddress =
+			"https://ci.example.com", "jetway", file, "10.1.2.3"
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{name: "none", mutate: func(*Config) {}},
+		{name: "the TSA", mutate: tsa},
+		{name: "the REST API", mutate: rest},
+		{name: "the REST API at a host name", mutate: func(c *Config) { rest(c); c.ConcourseWorkerAddress = "jetway-0.jetway" }},
+		{name: "both", mutate: func(c *Config) { tsa(c); rest(c) },
+			want: []string{"concourse-url: contradicts concourse-tsa"}},
+		{name: "the TSA with a REST setting", mutate: func(c *Config) { tsa(c); c.ConcourseClientID = "jetway" },
+			want: []string{"concourse-client-id: only with concourse-url"}},
+		{name: "the REST API with a TSA setting", mutate: func(c *Config) { rest(c); c.ConcourseWorkerKey = file },
+			want: []string{"concourse-worker-key: only with concourse-tsa, not with concourse-url"}},
+		{name: "a REST setting alone", mutate: func(c *Config) { c.ConcourseWorkerAddress = "10.1.2.3" },
+			want: []string{`concourse-url: "" is not the web node's external URL`, "concourse-client-id: required with concourse-url",
+				"concourse-client-secret-file: required with concourse-url"}},
+		{name: "the REST API, each wrong", mutate: func(c *Config) {
+			c.ConcourseURL, c.ConcourseClientSecretFile, c.ConcourseWorkerAddress = "ci.example.com:443", "/nonexistent/secret", "10.1.2.3:7777"
+		}, want: []string{`concourse-url: "ci.example.com:443" is not the web node's external URL`,
+			"concourse-client-id: required", "concourse-client-secret-file: stat /nonexistent/secret",
+			`concourse-worker-address: "10.1.2.3:7777" is neither an IP address nor a host name`}},
+		{name: "an unspecified worker address", mutate: func(c *Config) { rest(c); c.ConcourseWorkerAddress = "0.0.0.0" },
+			want: []string{"concourse-worker-address: 0.0.0.0 is no address the web node can reach"}},
+		{name: "the TSA, keys missing", mutate: func(c *Config) { c.ConcourseTSA = "ci:2222" },
+			want: []string{"concourse-tsa-public-key: required with concourse-tsa", "concourse-worker-key: required with concourse-tsa"}},
+		{name: "resource types with the REST API", mutate: func(c *Config) { rest(c); c.ConcourseResourceTypes = file }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid(t)
+			tt.mutate(&c)
+			err := c.Validate()
+			if len(tt.want) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			var cerr *Error
+			require.ErrorAs(t, err, &cerr)
+			assert.Len(t, cerr.Problems, len(tt.want), "%v", err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}

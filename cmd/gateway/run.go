@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -402,27 +403,21 @@ func signalContext(parent context.Context, logger *slog.Logger) (context.Context
 }
 
 // newRegistrar registers the targets with a Concourse web node, if
-// concourse-tsa says which; nil otherwise. Of replicas sharing targets,
-// the one holding the placer Lease registers them.
+// concourse-tsa or concourse-url says which; nil otherwise. Of replicas
+// sharing targets, the one holding the placer Lease registers them.
 func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, meshNode *mesh.Mesh,
 	state stepState, reg prometheus.Registerer, logger *slog.Logger) (*concourse.Registrar, error) {
-	if cfg.ConcourseTSA == "" {
+	if cfg.ConcourseTSA == "" && cfg.ConcourseURL == "" {
 		return nil, nil
 	}
-	problem := func(key string, err error) error {
-		return &config.Error{Problems: []config.Problem{{Key: key, Message: err.Error()}}}
-	}
-	hostKeys, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+	logger = logger.With("component", "concourse")
+	web, err := newWeb(cfg, logger)
 	if err != nil {
-		return nil, problem("concourse-tsa-public-key", err)
-	}
-	key, err := concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
-	if err != nil {
-		return nil, problem("concourse-worker-key", err)
+		return nil, err
 	}
 	types, err := concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
 	if err != nil {
-		return nil, problem("concourse-resource-types", err)
+		return nil, configProblem("concourse-resource-types", err)
 	}
 	registers := func() bool { return true }
 	if state.elector != nil {
@@ -443,12 +438,47 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		Agents:        agents,
 		LandAgent:     landAgent,
 		Holdings:      holdings,
-		Web:           concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key},
+		Web:           web,
+		WebURL:        cfg.ConcourseURL, // known with the REST API: its worker version is checked
 		Targets:       registry,
 		Registers:     registers,
 		Lifecycle:     lc,
 		ResourceTypes: types,
-		Logger:        logger.With("component", "concourse"),
+		Logger:        logger,
 		Metrics:       concourse.NewMetrics(reg),
 	}), nil
+}
+
+// newWeb is how the web node is reached: its TSA (concourse-tsa), else
+// its REST API (concourse-url).
+func newWeb(cfg config.Config, logger *slog.Logger) (concourse.Web, error) {
+	if cfg.ConcourseTSA != "" {
+		hostKeys, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+		if err != nil {
+			return nil, configProblem("concourse-tsa-public-key", err)
+		}
+		key, err := concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
+		if err != nil {
+			return nil, configProblem("concourse-worker-key", err)
+		}
+		return concourse.TSA{Addr: cfg.ConcourseTSA, HostKeys: hostKeys, Key: key}, nil
+	}
+	b, err := os.ReadFile(cfg.ConcourseClientSecretFile)
+	if err != nil {
+		return nil, configProblem("concourse-client-secret-file", err)
+	}
+	secret := strings.TrimSpace(string(b)) // a Secret's file often ends in a newline
+	if secret == "" {
+		return nil, configProblem("concourse-client-secret-file", fmt.Errorf("%s is empty", cfg.ConcourseClientSecretFile))
+	}
+	web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
+		ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress, Logger: logger})
+	if err != nil {
+		return nil, configProblem("concourse-url", err)
+	}
+	return web, nil
+}
+
+func configProblem(key string, err error) error {
+	return &config.Error{Problems: []config.Problem{{Key: key, Message: err.Error()}}}
 }
