@@ -110,8 +110,9 @@ type gatewayOptions struct {
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steps.StepDefaults
-	// concourse, if set, registers the targets with a Concourse web node.
-	concourse *concourse.TSA
+	// concourse, if set, registers the targets with a Concourse web node:
+	// through its TSA (*concourse.TSA) or its REST API (*concourse.REST).
+	concourse concourse.Web
 	// sweep is how often each registration sweeps with the web node;
 	// default concourse.DefaultSweepInterval.
 	sweep time.Duration
@@ -332,7 +333,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	var registrar *concourse.Registrar
 	if o.concourse != nil {
-		registrar = concourse.New(concourse.Options{Web: *o.concourse, Targets: registry, Lifecycle: controller,
+		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }}, SweepInterval: o.sweep,
 			Agents: agentsOf(node), LandAgent: landAgentOf(node),

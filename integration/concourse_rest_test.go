@@ -1,0 +1,241 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/concourse"
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// concourseREST is a REST API client of web as gateway run's
+// concourse-url settings make it, the client c's, the workers' listeners
+// on loopback, heartbeating every heartbeat.
+func concourseREST(t *testing.T, web *cwn.WebNode, c cwn.Client, heartbeat time.Duration) *concourse.REST {
+	t.Helper()
+	r, err := concourse.NewREST(concourse.RESTOptions{URL: web.URL, ClientID: c.ID, ClientSecret: concourse.Secret(c.Secret),
+		WorkerHost: "127.0.0.1", HeartbeatInterval: heartbeat})
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+	return r
+}
+
+// TestTargetsAreConcourseWorkersOverREST: registered through the web
+// node's REST API instead of its TSA, jetway's running targets are its
+// workers in fly, with their team, tags and platform, at the addresses of
+// jetway's own listeners, which the web node calls; jetway's heartbeats
+// keep them running past their TTL, and without them they stall; fly
+// land-worker lands the target in jetway; jetway's land and retire, and
+// the sweeps' calls, reach the web node.
+func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "rest-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second})
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "cwrest-plain", "{}\n", "")
+	placeTarget(ctx, t, clusters[0], dir, "cwrest-team", "team: main\n", "")
+	placeTarget(ctx, t, clusters[1], dir, "cwrest-tagged", "tags: [gpu, big]\n", "")
+	rest := concourseREST(t, web, client, 2*time.Second) // a TTL of 4 s
+	g := startGateway(t, dir, gatewayOptions{concourse: rest})
+
+	for name, want := range map[string]struct {
+		team string
+		tags []string
+	}{"cwrest-plain": {}, "cwrest-team": {team: "main"}, "cwrest-tagged": {tags: []string{"gpu", "big"}}} {
+		w := flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+		assert.Equal(t, want.team, w.Team, name)
+		assert.ElementsMatch(t, want.tags, w.Tags, name)
+		assert.Equal(t, "linux", w.Platform, name)
+		assert.Equal(t, "2.5", w.Version, name)
+		assert.Regexp(t, `^127\.0\.0\.1:\d+$`, w.GardenAddr, "jetway's own listener")
+		assert.Regexp(t, `^http://127\.0\.0\.1:\d+$`, w.BaggageclaimURL, "jetway's own listener")
+	}
+
+	// The web node calls the workers at the addresses registered: a step
+	// placed on one looks its container up with a Garden list, then asks
+	// for volumes, which jetway refuses, saying so.
+	task := filepath.Join(t.TempDir(), "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: echo, args: [hi]}\n"))
+	out, err := web.Fly("execute", "-c", task, "--tag", "gpu")
+	require.Error(t, err, "jetway runs no step of the web node's yet")
+	assert.Contains(t, err.Error()+out,
+		"find or create container on worker cwrest-tagged: jetway does not run a Concourse web node's containers or volumes yet")
+	assertWebNodeListsGarden(ctx, t, web, client, task)
+
+	// Heartbeats keep every worker running for three TTLs.
+	before := g.targetsByName(t)["cwrest-plain"].Concourse
+	require.NotNil(t, before)
+	for end := time.Now().Add(3 * rest.TTL()); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		for _, w := range web.Workers(t) {
+			require.Equal(t, "running", w.State, "%s past its TTL, heartbeated", w.Name)
+		}
+	}
+	after := g.targetsByName(t)["cwrest-plain"].Concourse
+	assert.True(t, after.LastHeartbeat.After(before.LastHeartbeat), "heartbeats since: %+v, %+v", before, after)
+
+	// The sweeps' calls: the web node has nothing for the worker to
+	// destroy, and takes its reports.
+	for _, command := range []string{"report-containers", "report-volumes", "sweep-containers", "sweep-volumes"} {
+		out, err := rest.Command(ctx, command, concourse.Worker{Name: "cwrest-plain"})
+		require.NoError(t, err, command)
+		if strings.HasPrefix(command, "sweep") {
+			assert.Regexp(t, regexp.MustCompile(`^(null|\[\])$`), strings.TrimSpace(string(out)), command)
+		}
+	}
+
+	// Landed from the web node: the target lands in jetway too, and is
+	// registered again once resumed.
+	_, err = web.Fly("land-worker", "-w", "cwrest-plain")
+	require.NoError(t, err)
+	g.waitTarget(t, "cwrest-plain", time.Minute, inState("landed"))
+	reg := g.targetsByName(t)["cwrest-plain"].Concourse
+	require.NotNil(t, reg)
+	assert.Equal(t, concourse.StateLanded, reg.State)
+	flyWorker(t, web, "cwrest-plain", 10*time.Second, workerIn("landed"))
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cwrest-plain/resume", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, "cwrest-plain", 30*time.Second, workerIn("running"))
+
+	// jetway's land and retire reach the web node.
+	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cwrest-team/land", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, "cwrest-team", 30*time.Second, func(w cwn.Worker, found bool) bool {
+		return found && (w.State == "landing" || w.State == "landed")
+	})
+	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cwrest-tagged/retire", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, "cwrest-tagged", 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	eventually(t, 10*time.Second, func() error {
+		land := metricValue(t, g, `jetway_concourse_commands_total{command="land-worker",result="ok"}`)
+		retire := metricValue(t, g, `jetway_concourse_commands_total{command="retire-worker",result="ok"}`)
+		if land != 1 || retire != 1 {
+			return errorf("commands: land-worker %v, retire-worker %v; want one each", land, retire)
+		}
+		return nil
+	})
+
+	// Without jetway's heartbeats, a worker stalls within its TTL (and
+	// the web node's next look): what kept them running was jetway.
+	g.stop()
+	flyWorker(t, web, "cwrest-plain", rest.TTL()+10*time.Second, workerIn("stalled"))
+}
+
+// TestConcourseRESTFailuresAreNamed: a wrong client secret, a client the
+// web node does not take for a worker's, and a web node nobody answers at
+// each leave the registration failing with a reason that names what is
+// wrong, and never the secret; nothing is registered.
+func TestConcourseRESTFailuresAreNamed(t *testing.T) {
+	good := cwn.Client{ID: "jetway", Secret: "rest-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{good}, Args: []string{"--add-client", "user-like:its-s3cret"}})
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nobody := "http://" + closed.Addr().String()
+	closed.Close()
+	running := []targets.Status{{Name: "cwrf", State: targets.StateRunning, StartTime: time.Now()}}
+	for _, tc := range []struct {
+		name   string
+		url    string
+		client cwn.Client
+		want   []string
+	}{
+		{"a wrong client secret", web.URL, cwn.Client{ID: "jetway", Secret: "wrong-s3cret"},
+			[]string{"token for client jetway: the web node answered 401 Unauthorized", "--add-client"}},
+		{"a client that is not a system client", web.URL, cwn.Client{ID: "user-like", Secret: "its-s3cret"},
+			[]string{"register: POST /api/v1/workers: the web node answered 403 Forbidden", "--system-claim-value"}},
+		{"nobody at the URL", nobody, good, []string{"reach the web node at " + nobody}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rest, err := concourse.NewREST(concourse.RESTOptions{URL: tc.url, ClientID: tc.client.ID,
+				ClientSecret: concourse.Secret(tc.client.Secret), WorkerHost: "127.0.0.1"})
+			require.NoError(t, err)
+			defer rest.Close()
+			logs := &syncBuffer{}
+			r := concourse.New(concourse.Options{Web: rest, Targets: staticTargets(running),
+				RetryMin: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+				Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- r.Start(ctx) }()
+			defer func() { cancel(); require.NoError(t, <-done) }()
+			eventually(t, 20*time.Second, func() error {
+				reg, ok := r.Registration("cwrf")
+				if !ok || reg.State != concourse.StateFailing {
+					return errorf("registration %+v, want failing", reg)
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(reg.Error, w) {
+						return errorf("registration %+v, want failing with %q", reg, w)
+					}
+				}
+				return nil
+			})
+			reg, _ := r.Registration("cwrf")
+			assert.NotContains(t, reg.Error, tc.client.Secret)
+			assert.Contains(t, logs.String(), "registration with the web node failed")
+			assert.NotContains(t, logs.String(), tc.client.Secret)
+		})
+	}
+	assert.Empty(t, web.Workers(t), "nothing registered")
+}
+
+// assertWebNodeListsGarden registers a worker over REST whose Garden
+// counts its lists and whose heartbeat is a minute away, and places a step
+// on it: the web node's own Garden list reaches the listener registered.
+func assertWebNodeListsGarden(ctx context.Context, t *testing.T, web *cwn.WebNode, client cwn.Client, task string) {
+	t.Helper()
+	var lists atomic.Int64
+	garden := http.NewServeMux()
+	garden.HandleFunc("GET /containers", func(w http.ResponseWriter, _ *http.Request) {
+		lists.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"handles":[]}`)
+	})
+	volumes := http.NewServeMux()
+	volumes.HandleFunc("GET /volumes", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `[]`)
+	})
+	volumes.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"error":"the probe has no volumes"}`, http.StatusNotImplemented)
+	})
+	probe := concourseREST(t, web, client, time.Minute)
+	fctx, stop := context.WithCancel(ctx)
+	registered := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- probe.Forward(fctx, concourse.Worker{Name: "cwrest-probe", Platform: "linux", Tags: []string{"probe"},
+			Version: concourse.WorkerVersion}, garden, volumes, func(e concourse.Event) {
+			if e.Type == "registered" {
+				registered <- struct{}{}
+			}
+		})
+	}()
+	defer func() { stop(); assert.ErrorIs(t, <-done, context.Canceled) }()
+	select {
+	case <-registered:
+	case err := <-done:
+		t.Fatalf("the probe's registration: %v", err)
+	}
+	ownLists := lists.Load() // the registration's own, through the listener
+	out, err := web.Fly("execute", "-c", task, "--tag", "probe")
+	require.Error(t, err)
+	assert.Contains(t, err.Error()+out, "the probe has no volumes")
+	assert.Greater(t, lists.Load(), ownLists, "the web node listed the probe's containers")
+	_, err = probe.Command(ctx, "delete-worker", concourse.Worker{Name: "cwrest-probe"})
+	require.NoError(t, err)
+	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+}
