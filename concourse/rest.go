@@ -69,6 +69,7 @@ type Secret string
 
 const redacted = "[redacted]"
 
+func (Secret) Format(f fmt.State, _ rune)      { _, _ = io.WriteString(f, redacted) }
 func (Secret) String() string                  { return redacted }
 func (Secret) GoString() string                { return redacted }
 func (Secret) LogValue() slog.Value            { return slog.StringValue(redacted) }

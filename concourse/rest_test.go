@@ -248,7 +248,8 @@ func TestRESTToken(t *testing.T) {
 	shown, err := json.Marshal(struct{ ClientSecret Secret }{"x"})
 	require.NoError(t, err)
 	assert.Equal(t, `{"ClientSecret":"[redacted]"}`, string(shown))
-	assert.Equal(t, "[redacted] [redacted] [redacted]", fmt.Sprintf("%v %s %#v", Secret("x"), Secret("x"), Secret("x")))
+	assert.Equal(t, "[redacted] [redacted] [redacted] [redacted] [redacted]",
+		fmt.Sprintf("%v %s %#v %q %d", Secret("x"), Secret("x"), Secret("x"), Secret("x"), Secret("x")))
 }
 
 // TestRESTCommand: each TSA command is its REST call.
