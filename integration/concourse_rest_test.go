@@ -39,7 +39,7 @@ func concourseREST(t *testing.T, web *cwn.WebNode, c cwn.Client, heartbeat time.
 // jetway's own listeners, which the web node calls; jetway's heartbeats
 // keep them running past their TTL, and without them they stall; fly
 // land-worker lands the target in jetway; jetway's land and retire, and
-// the sweeps' calls, reach the web node.
+// the garbage-collection rounds, reach the web node.
 func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -50,7 +50,7 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	placeTarget(ctx, t, clusters[0], dir, "cwrest-team", "team: main\n", "")
 	placeTarget(ctx, t, clusters[1], dir, "cwrest-tagged", "tags: [gpu, big]\n", "")
 	rest := concourseREST(t, web, client, 2*time.Second) // a TTL of 4 s
-	g := startGateway(t, dir, gatewayOptions{concourse: rest})
+	g := startGateway(t, dir, gatewayOptions{concourse: rest, sweep: time.Second})
 
 	for name, want := range map[string]struct {
 		team string
@@ -87,8 +87,20 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	after := g.targetsByName(t)["cwrest-plain"].Concourse
 	assert.True(t, after.LastHeartbeat.After(before.LastHeartbeat), "heartbeats since: %+v, %+v", before, after)
 
-	// The sweeps' calls: the web node has nothing for the worker to
-	// destroy, and takes its reports.
+	// The registrations' garbage-collection rounds go through the REST
+	// API too; so do the sweeps' calls made here: the web node has
+	// nothing for the worker to destroy, and takes its reports.
+	eventually(t, 10*time.Second, func() error {
+		for _, kind := range []string{"containers", "volumes"} {
+			if n := metricValue(t, g, `jetway_concourse_sweeps_total{kind="`+kind+`",result="ok"}`); n < 3 {
+				return errorf("%v rounds for %s, want 3 or more (one per worker)", n, kind)
+			}
+		}
+		return nil
+	})
+	for _, kind := range []string{"containers", "volumes"} {
+		assert.Zero(t, metricValue(t, g, `jetway_concourse_sweeps_total{kind="`+kind+`",result="error"}`), kind)
+	}
 	for _, command := range []string{"report-containers", "report-volumes", "sweep-containers", "sweep-volumes"} {
 		out, err := rest.Command(ctx, command, concourse.Worker{Name: "cwrest-plain"})
 		require.NoError(t, err, command)
