@@ -104,14 +104,15 @@ type Config struct {
 
 	// Concourse (docs/concourse.md): register the targets as workers of a
 	// web node, through its TSA (concourse-tsa) or its REST API
-	// (concourse-url), one of the two.
+	// (concourse-url with a client), one of the two. With the TSA,
+	// concourse-url is where the web node's worker version is read.
 	ConcourseTSA           string `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
 	ConcourseTSAPublicKey  string `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
 	ConcourseWorkerKey     string `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
 	ConcourseResourceTypes string `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
 	// Registering over the REST API instead, where the web node reaches
 	// the gateway directly.
-	ConcourseURL              string `mapstructure:"concourse-url" help:"external URL of the Concourse web node, to register the targets through its REST API instead of its TSA (docs/concourse.md); empty: none"`
+	ConcourseURL              string `mapstructure:"concourse-url" help:"external URL of the Concourse web node: with concourse-client-id, concourse-client-secret-file and concourse-worker-address, the targets register through its REST API instead of its TSA; with concourse-tsa, jetway reads the web node's worker version there first and registers nothing it would never use (docs/concourse.md); empty: none"`
 	ConcourseClientID         string `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
 	ConcourseClientSecretFile string `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
 	ConcourseWorkerAddress    string `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
@@ -378,14 +379,13 @@ func (c Config) concourseProblems() []Problem {
 	}
 	tsaKeys := [][2]string{{"concourse-tsa", c.ConcourseTSA}, {"concourse-tsa-public-key", c.ConcourseTSAPublicKey},
 		{"concourse-worker-key", c.ConcourseWorkerKey}}
-	restKeys := [][2]string{{"concourse-url", c.ConcourseURL}, {"concourse-client-id", c.ConcourseClientID},
+	// concourse-url goes with either: the REST API's address, or where
+	// the TSA's web node says its worker version.
+	restKeys := [][2]string{{"concourse-client-id", c.ConcourseClientID},
 		{"concourse-client-secret-file", c.ConcourseClientSecretFile}, {"concourse-worker-address", c.ConcourseWorkerAddress}}
 	tsa, rest := anySet(tsaKeys), anySet(restKeys)
 	switch {
-	case c.ConcourseTSA != "" && c.ConcourseURL != "":
-		add("concourse-url", "contradicts concourse-tsa: register through the TSA or the REST API, not both")
-		return probs
-	case tsa && rest && c.ConcourseURL != "":
+	case tsa && rest && c.ConcourseTSA == "":
 		for _, kv := range tsaKeys {
 			if kv[1] != "" {
 				add(kv[0], "only with concourse-tsa, not with concourse-url (the REST API)")
@@ -395,14 +395,17 @@ func (c Config) concourseProblems() []Problem {
 	case tsa && rest:
 		for _, kv := range restKeys {
 			if kv[1] != "" {
-				add(kv[0], "only with concourse-url (the REST API), not with the TSA's settings")
+				add(kv[0], "only with concourse-url and without concourse-tsa (the REST API), not with the TSA's settings")
 			}
 		}
 		return probs
-	case rest:
+	case rest || c.ConcourseURL != "" && !tsa:
 		probs = append(probs, c.concourseRESTProblems()...)
 	case tsa || c.ConcourseResourceTypes != "":
 		probs = append(probs, c.concourseTSAProblems()...)
+		if c.ConcourseURL != "" && !webURL(c.ConcourseURL) {
+			add("concourse-url", "%q is not the web node's external URL (http:// or https://HOST[:PORT]), where jetway reads its worker version", c.ConcourseURL)
+		}
 	}
 	if c.ConcourseResourceTypes != "" {
 		if _, err := os.Stat(c.ConcourseResourceTypes); err != nil {
@@ -410,6 +413,12 @@ func (c Config) concourseProblems() []Problem {
 		}
 	}
 	return probs
+}
+
+// webURL reports whether s is an http or https URL with a host.
+func webURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 func anySet(keys [][2]string) bool {
@@ -442,7 +451,7 @@ func (c Config) concourseRESTProblems() []Problem {
 	add := func(key, format string, args ...any) {
 		probs = append(probs, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
 	}
-	if u, err := url.Parse(c.ConcourseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !webURL(c.ConcourseURL) {
 		add("concourse-url", "%q is not the web node's external URL (http:// or https://HOST[:PORT]): with concourse-client-id, concourse-client-secret-file or concourse-worker-address, it is required", c.ConcourseURL)
 	}
 	if c.ConcourseClientID == "" {
