@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"state"}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_heartbeats_total",
-			Help: "Heartbeats the TSA reported for this gateway's registrations.",
+			Help: "Heartbeats of this gateway's registrations: the TSA's, or its own over the REST API.",
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_registration_failures_total",

@@ -439,7 +439,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		LandAgent:     landAgent,
 		Holdings:      holdings,
 		Web:           web,
-		WebURL:        cfg.ConcourseURL, // known with the REST API: its worker version is checked
+		WebURL:        cfg.ConcourseURL, // if given, its worker version is checked first
 		Targets:       registry,
 		Registers:     registers,
 		Lifecycle:     lc,
