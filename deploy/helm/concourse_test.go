@@ -80,6 +80,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	assert.Equal(t, "/etc/jetway/concourse/tsa_host_key.pub", f["concourse-tsa-public-key"])
 	assert.Equal(t, "/etc/jetway/concourse/worker_key", f["concourse-worker-key"])
 	assert.Equal(t, "/etc/jetway/config/resource-types.yaml", f["concourse-resource-types"])
+	assert.Equal(t, "https://ci.example.com", f["concourse-url"], "the web node's worker version is read there")
 
 	v := assertConcourseMount(t, pod, *c, "jetway-concourse")
 	assert.Equal(t, []corev1.KeyToPath{
@@ -88,6 +89,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	}, v.Items)
 	assert.NotContains(t, d.Spec.Template.Annotations, "checksum/concourse", "the chart does not make the Secret")
 	assert.Contains(t, r.Notes, "Concourse whose TSA is ci.example.com:2222, with the keys in the Secret jetway-concourse;")
+	assert.Contains(t, r.Notes, "worker version at https://ci.example.com/api/v1/info;")
 
 	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
 	file := filepath.Join(t.TempDir(), "resource-types.yaml")
@@ -117,6 +119,7 @@ func TestConcourseExistingSecretKeys(t *testing.T) {
 	f := flags(t, c.Args)
 	assert.Equal(t, "[fd00::7]:2222", f["concourse-tsa"])
 	assert.NotContains(t, f, "concourse-resource-types")
+	assert.NotContains(t, f, "concourse-url", "no URL, no version check")
 	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
 	assert.Equal(t, []string{"config.yaml"}, keys(cm.Data))
 }
@@ -180,6 +183,14 @@ func TestConcourseRejectsBadValues(t *testing.T) {
 			"resourceTypes": map[string]any{"git": " "}}, "/concourse/resourceTypes/git"},
 		{"a resource type name with a slash", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
 			"resourceTypes": map[string]any{"concourse/git": "concourse/git-resource"}}, "concourse/git"},
+		{"url without a scheme", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "ci.example.com"}, "/concourse/url"},
+		{"url of another scheme", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "ftp://ci.example.com"}, "/concourse/url"},
+		{"url with credentials", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "https://admin:hunter2@ci.example.com"}, "/concourse/url"},
+		{"url with a bad port", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "https://ci.example.com:web"}, "/concourse/url"},
 		{"an unknown Secret key value", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
 			"existingSecretKeys": map[string]any{"hostKey": "x"}}, "additional properties 'hostKey' not allowed"},
 	} {

@@ -155,6 +155,10 @@ these never come from config (the schema refuses them there).
 - /etc/jetway/concourse/tsa_host_key.pub
 - --concourse-worker-key
 - /etc/jetway/concourse/worker_key
+{{- with .Values.concourse.url }}
+- --concourse-url
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.concourse.resourceTypes }}
 - --concourse-resource-types
 - /etc/jetway/config/resource-types.yaml
@@ -202,7 +206,7 @@ place. No message quotes a key: a fail is printed, and may be logged.
 {{- define "jetway.validateConcourse" -}}
 {{- $cc := .Values.concourse }}
 {{- $set := list }}
-{{- range $k := list "existingSecret" "tsaPublicKey" "workerKey" "resourceTypes" }}
+{{- range $k := list "existingSecret" "tsaPublicKey" "workerKey" "url" "resourceTypes" }}
 {{- if index $cc $k }}
 {{- $set = append $set (printf "concourse.%s" $k) }}
 {{- end }}
