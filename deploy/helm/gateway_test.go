@@ -24,17 +24,19 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// chartKeys are the settings the chart gives as flags, never from the
-// config value. mesh-name is one though the chart never sets it: the
-// certificate each replica issues itself names it; so is state-kubeconfig:
-// the gateway reaches its state namespace with its pod's token, which the
-// chart's Role is for. The concourse-* keys are files the chart mounts, and
-// the TSA they go with (the concourse values).
+// chartKeys are the settings the chart gives as flags (or, for one, an
+// environment variable), never from the config value. mesh-name is one
+// though the chart never sets it: the certificate each replica issues
+// itself names it; so is state-kubeconfig: the gateway reaches its state
+// namespace with its pod's token, which the chart's Role is for. The
+// concourse-* keys are files the chart mounts, the TSA or the REST API
+// they go with, and the pod's own IP (the concourse values).
 var chartKeys = []string{
 	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
 	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name", "mesh-leave-on-stop",
 	"state-kubeconfig", "state-namespace",
 	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
+	"concourse-url", "concourse-client-id", "concourse-client-secret-file", "concourse-worker-address",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it

@@ -219,6 +219,9 @@ render with what to do.
 {{- if has .name (list "JETWAY_STATE_KUBECONFIG" "JETWAY_STATE_NAMESPACE") }}
 {{- fail (printf "extraEnv: %s would move the gateways' step state away from the Role the chart grants; set state.namespace instead" .name) }}
 {{- end }}
+{{- if and (hasPrefix "JETWAY_CONCOURSE_" .name) (ne .name "JETWAY_CONCOURSE_VERSION") }}
+{{- fail (printf "extraEnv: %s is a setting the chart gives from the concourse values (with the files it mounts, and the pod's IP as the REST API's worker address); set those instead" .name) }}
+{{- end }}
 {{- end }}
 {{- include "jetway.validateConcourse" . }}
 {{- $pdb := .Values.podDisruptionBudget }}
