@@ -313,7 +313,7 @@ func concourseKeys(t *testing.T) (tsaPub, workerKey string) {
 // concourseFiles are the files of the gateway's Concourse mount v: the
 // chart's Secret, or an existing one standing in as the chart's README
 // makes it (kubectl create secret generic --from-file=tsa_host_key.pub
-// --from-file=worker_key, or --from-literal=client_secret=... for the
+// --from-file=worker_key, or --from-file=client_secret=FILE for the
 // REST API's client). A key the Secret lacks fails, as the kubelet fails
 // the mount.
 func concourseFiles(t *testing.T, o objects, v *corev1.SecretVolumeSource) map[string][]byte {
