@@ -25,12 +25,12 @@ import (
 	"github.com/jetway-ci/jetway/deploy/helm"
 )
 
-// TestConcourseOffByDefault: without concourse.tsa the chart joins no
-// Concourse: no Secret, volume, mount, flag or file of it, in any value
-// set that does not ask for one.
+// TestConcourseOffByDefault: without concourse values the chart joins no
+// Concourse: no Secret, volume, mount, flag, environment variable or file
+// of it, in any value set that does not ask for one.
 func TestConcourseOffByDefault(t *testing.T) {
 	for name, vals := range ciValues(t) {
-		if cc, _ := vals["concourse"].(map[string]any); cc["tsa"] != nil {
+		if vals["concourse"] != nil {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -49,6 +49,9 @@ func TestConcourseOffByDefault(t *testing.T) {
 				assert.NotContains(t, key, "concourse")
 			}
 			assert.NotContains(t, mounts(*c), "/etc/jetway/concourse")
+			for _, e := range c.Env {
+				assert.NotContains(t, e.Name, "CONCOURSE")
+			}
 			for _, v := range d.Spec.Template.Spec.Volumes {
 				assert.NotEqual(t, "concourse", v.Name)
 			}
@@ -56,6 +59,7 @@ func TestConcourseOffByDefault(t *testing.T) {
 			cm := get[corev1.ConfigMap](t, o, "ConfigMap", volume(t, d.Spec.Template.Spec, "config").ConfigMap.Name)
 			assert.Equal(t, []string{"config.yaml"}, keys(cm.Data))
 			assert.NotContains(t, r.Notes, "Concourse whose TSA")
+			assert.NotContains(t, r.Notes, "through its REST API")
 		})
 	}
 }
@@ -80,6 +84,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	assert.Equal(t, "/etc/jetway/concourse/tsa_host_key.pub", f["concourse-tsa-public-key"])
 	assert.Equal(t, "/etc/jetway/concourse/worker_key", f["concourse-worker-key"])
 	assert.Equal(t, "/etc/jetway/config/resource-types.yaml", f["concourse-resource-types"])
+	assert.Equal(t, "https://ci.example.com", f["concourse-url"], "the web node's worker version is read there")
 
 	v := assertConcourseMount(t, pod, *c, "jetway-concourse")
 	assert.Equal(t, []corev1.KeyToPath{
@@ -88,6 +93,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	}, v.Items)
 	assert.NotContains(t, d.Spec.Template.Annotations, "checksum/concourse", "the chart does not make the Secret")
 	assert.Contains(t, r.Notes, "Concourse whose TSA is ci.example.com:2222, with the keys in the Secret jetway-concourse;")
+	assert.Contains(t, r.Notes, "worker version at https://ci.example.com/api/v1/info;")
 
 	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
 	file := filepath.Join(t.TempDir(), "resource-types.yaml")
@@ -117,6 +123,7 @@ func TestConcourseExistingSecretKeys(t *testing.T) {
 	f := flags(t, c.Args)
 	assert.Equal(t, "[fd00::7]:2222", f["concourse-tsa"])
 	assert.NotContains(t, f, "concourse-resource-types")
+	assert.NotContains(t, f, "concourse-url", "no URL, no version check")
 	cm := get[corev1.ConfigMap](t, o, "ConfigMap", fullname+"-config")
 	assert.Equal(t, []string{"config.yaml"}, keys(cm.Data))
 }
@@ -180,6 +187,33 @@ func TestConcourseRejectsBadValues(t *testing.T) {
 			"resourceTypes": map[string]any{"git": " "}}, "/concourse/resourceTypes/git"},
 		{"a resource type name with a slash", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
 			"resourceTypes": map[string]any{"concourse/git": "concourse/git-resource"}}, "concourse/git"},
+		{"url without a scheme", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "ci.example.com"}, "/concourse/url"},
+		{"url of another scheme", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "ftp://ci.example.com"}, "/concourse/url"},
+		{"url with credentials", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "https://admin:hunter2@ci.example.com"}, "/concourse/url"},
+		{"url with a bad port", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"url": "https://ci.example.com:web"}, "/concourse/url"},
+		{"the TSA with a client ID", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse", "clientId": "jetway"},
+			"concourse: concourse.tsa, concourse.existingSecret (the TSA's) and concourse.clientId (the REST API's client) are both set"},
+		{"the REST API with the TSA's keys", map[string]any{"url": "https://ci.example.com", "clientId": "jetway",
+			"clientSecret": map[string]any{"existingSecret": "jetway-concourse-client"}, "tsaPublicKey": tsaPub},
+			"concourse: concourse.tsaPublicKey (the TSA's) and concourse.clientId, concourse.clientSecret.existingSecret (the REST API's client) are both set"},
+		{"url and the TSA's Secret", map[string]any{"url": "https://ci.example.com", "existingSecret": "jetway-concourse"},
+			"concourse: concourse.existingSecret set, but concourse.tsa is empty: those are the TSA's keys"},
+		{"url without a client", map[string]any{"url": "https://ci.example.com", "clientSecret": map[string]any{"existingSecret": "jetway-concourse-client"}},
+			"concourse.clientId: required with concourse.url and without concourse.tsa (the REST API)"},
+		{"a client without its secret", map[string]any{"url": "https://ci.example.com", "clientId": "jetway"},
+			"concourse.clientSecret.existingSecret: required with concourse.url and without concourse.tsa (the REST API): a Secret holding the client's secret under the key client_secret"},
+		{"a client without url or secret, both named", map[string]any{"clientId": "jetway"},
+			"concourse.url: required with concourse.clientId and concourse.clientSecret.existingSecret (the REST API): the web node's external URL, https://HOST[:PORT] (its --external-url); concourse.clientSecret.existingSecret: required"},
+		{"resource types alone", map[string]any{"resourceTypes": map[string]any{"git": "concourse/git-resource"}},
+			"concourse: concourse.resourceTypes set, but the targets join no Concourse"},
+		{"a client ID with a colon", map[string]any{"url": "https://ci.example.com", "clientId": "jetway:secret",
+			"clientSecret": map[string]any{"existingSecret": "jetway-concourse-client"}}, "/concourse/clientId"},
+		{"a client secret key with a slash", map[string]any{"url": "https://ci.example.com", "clientId": "jetway",
+			"clientSecret": map[string]any{"existingSecret": "jetway-concourse-client", "key": "a/b"}}, "/concourse/clientSecret/key"},
 		{"an unknown Secret key value", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
 			"existingSecretKeys": map[string]any{"hostKey": "x"}}, "additional properties 'hostKey' not allowed"},
 	} {
@@ -196,8 +230,9 @@ func TestConcourseRejectsBadValues(t *testing.T) {
 }
 
 // assertConcourseMount checks the gateway's read-only mount of the
-// Concourse keys from secret, where its flags look, and that no other
-// container mounts them; it returns the volume.
+// Concourse keys (or the REST API client's secret) from secret: its files
+// are those the flags name, and no other container mounts them; it
+// returns the volume.
 func assertConcourseMount(t *testing.T, pod corev1.PodSpec, gw corev1.Container, secret string) *corev1.SecretVolumeSource {
 	t.Helper()
 	m, ok := mounts(gw)["/etc/jetway/concourse"]
@@ -213,10 +248,14 @@ func assertConcourseMount(t *testing.T, pod corev1.PodSpec, gw corev1.Container,
 	for _, it := range v.Items {
 		paths[path.Join(m.MountPath, it.Path)] = true
 	}
-	f := flags(t, gw.Args)
-	for _, flag := range []string{"concourse-tsa-public-key", "concourse-worker-key"} {
-		assert.True(t, paths[f[flag]], "--%s %s is not a file of the mount", flag, f[flag])
+	named := map[string]bool{}
+	for flag, file := range flags(t, gw.Args) {
+		if strings.HasPrefix(file, m.MountPath+"/") {
+			assert.True(t, paths[file], "--%s %s is not a file of the mount", flag, file)
+			named[file] = true
+		}
 	}
+	assert.Equal(t, paths, named, "a file of the mount that no flag names")
 	for _, ic := range pod.InitContainers {
 		for _, im := range ic.VolumeMounts {
 			assert.NotEqual(t, m.Name, im.Name, "init container %s mounts the Concourse keys", ic.Name)
@@ -274,8 +313,9 @@ func concourseKeys(t *testing.T) (tsaPub, workerKey string) {
 // concourseFiles are the files of the gateway's Concourse mount v: the
 // chart's Secret, or an existing one standing in as the chart's README
 // makes it (kubectl create secret generic --from-file=tsa_host_key.pub
-// --from-file=worker_key). A key the Secret lacks fails, as the kubelet
-// fails the mount.
+// --from-file=worker_key, or --from-file=client_secret=FILE for the
+// REST API's client). A key the Secret lacks fails, as the kubelet fails
+// the mount.
 func concourseFiles(t *testing.T, o objects, v *corev1.SecretVolumeSource) map[string][]byte {
 	t.Helper()
 	require.NotNil(t, v)
@@ -284,7 +324,8 @@ func concourseFiles(t *testing.T, o objects, v *corev1.SecretVolumeSource) map[s
 		data = get[corev1.Secret](t, o, "Secret", v.SecretName).Data
 	} else {
 		tsaPub, workerKey := concourseKeys(t)
-		data = map[string][]byte{"tsa_host_key.pub": []byte(tsaPub), "worker_key": []byte(workerKey)}
+		data = map[string][]byte{"tsa_host_key.pub": []byte(tsaPub), "worker_key": []byte(workerKey),
+			"client_secret": []byte(rand.Text() + "\n")}
 	}
 	files := map[string][]byte{}
 	for _, it := range v.Items {

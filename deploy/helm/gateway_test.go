@@ -24,17 +24,19 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// chartKeys are the settings the chart gives as flags, never from the
-// config value. mesh-name is one though the chart never sets it: the
-// certificate each replica issues itself names it; so is state-kubeconfig:
-// the gateway reaches its state namespace with its pod's token, which the
-// chart's Role is for. The concourse-* keys are files the chart mounts, and
-// the TSA they go with (the concourse values).
+// chartKeys are the settings the chart gives as flags (or, for one, an
+// environment variable), never from the config value. mesh-name is one
+// though the chart never sets it: the certificate each replica issues
+// itself names it; so is state-kubeconfig: the gateway reaches its state
+// namespace with its pod's token, which the chart's Role is for. The
+// concourse-* keys are files the chart mounts, the TSA or the REST API
+// they go with, and the pod's own IP (the concourse values).
 var chartKeys = []string{
 	"listen", "targets-dir", "shutdown-timeout", "auth-tokens-file", "no-auth",
 	"mesh-listen", "mesh-peers", "mesh-ca", "mesh-cert", "mesh-key", "mesh-name", "mesh-leave-on-stop",
 	"state-kubeconfig", "state-namespace",
 	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
+	"concourse-url", "concourse-client-id", "concourse-client-secret-file", "concourse-worker-address",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
@@ -62,6 +64,7 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			d, c := deployment(t, o, dep)
 			root := t.TempDir()
 			args, targetFiles := layOut(t, o, d.Spec.Template.Spec, c, root)
+			setEnv(t, *c)
 
 			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 			config.RegisterFlags(fs)
@@ -88,20 +91,53 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 	}
 }
 
-// assertConcourseLoads reads the Concourse keys and resource types as the
-// gateway does before it registers (cmd/gateway's newRegistrar), if it
-// joins a Concourse.
+// assertConcourseLoads reads the Concourse keys, or the REST API client's
+// secret, and the resource types as the gateway does before it registers
+// (cmd/gateway's newRegistrar and newWeb), if it joins a Concourse.
 func assertConcourseLoads(t *testing.T, cfg config.Config) {
 	t.Helper()
-	if cfg.ConcourseTSA == "" {
+	switch {
+	case cfg.ConcourseTSA != "":
+		_, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+		assert.NoError(t, err)
+		_, err = concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
+		assert.NoError(t, err)
+	case cfg.ConcourseURL != "":
+		b, err := os.ReadFile(cfg.ConcourseClientSecretFile)
+		require.NoError(t, err)
+		secret := strings.TrimSpace(string(b))
+		require.NotEmpty(t, secret)
+		assert.Equal(t, podIP, cfg.ConcourseWorkerAddress)
+		web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
+			ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress})
+		require.NoError(t, err)
+		web.Close()
+	default:
 		return
 	}
-	_, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
+	_, err := concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
 	assert.NoError(t, err)
-	_, err = concourse.LoadWorkerKey(cfg.ConcourseWorkerKey)
-	assert.NoError(t, err)
-	_, err = concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
-	assert.NoError(t, err)
+}
+
+// podIP stands in for the pod's IP the downward API gives.
+const podIP = "10.244.1.7"
+
+// setEnv sets the container's environment for the rest of the test, as
+// the kubelet would: values as they are, the pod's IP from the downward
+// API. Any other source fails: the test cannot say what it would be.
+func setEnv(t *testing.T, c corev1.Container) {
+	t.Helper()
+	require.Empty(t, c.EnvFrom)
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			t.Setenv(e.Name, e.Value)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			t.Setenv(e.Name, podIP)
+		default:
+			t.Fatalf("env %s: a source the test does not stand in for", e.Name)
+		}
+	}
 }
 
 // assertStateGranted: the gateway keeps its steps where the chart's

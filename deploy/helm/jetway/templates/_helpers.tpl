@@ -74,8 +74,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-mesh-ca" (include "jetway.fullname" .)) .Values.mesh.ca.existingSecret }}
 {{- end }}
 
+{{/*
+How the gateways join a Concourse: "tsa" (concourse.tsa), "rest" (the web
+node's REST API: concourse.url without concourse.tsa, or the REST API's
+client), or "" (none). jetway.validateConcourse makes sure the values of
+the one chosen are whole and no others are set.
+*/}}
+{{- define "jetway.concourseMode" -}}
+{{- $cc := .Values.concourse }}
+{{- if $cc.tsa }}tsa
+{{- else if or $cc.url $cc.clientId $cc.clientSecret.existingSecret }}rest
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret mounted at /etc/jetway/concourse: the TSA's keys (an existing
+Secret or the chart's), or the REST API client's secret (always an
+existing one: the chart never holds it).
+*/}}
 {{- define "jetway.concourseSecretName" -}}
+{{- if eq (include "jetway.concourseMode" .) "rest" }}
+{{- .Values.concourse.clientSecret.existingSecret }}
+{{- else }}
 {{- default (printf "%s-concourse" (include "jetway.fullname" .)) .Values.concourse.existingSecret }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -148,17 +170,28 @@ these never come from config (the schema refuses them there).
 - --state-namespace
 - {{ . }}
 {{- end }}
-{{- if .Values.concourse.tsa }}
+{{- $concourse := include "jetway.concourseMode" . }}
+{{- if eq $concourse "tsa" }}
 - --concourse-tsa
 - {{ .Values.concourse.tsa | quote }}
 - --concourse-tsa-public-key
 - /etc/jetway/concourse/tsa_host_key.pub
 - --concourse-worker-key
 - /etc/jetway/concourse/worker_key
-{{- if .Values.concourse.resourceTypes }}
+{{- else if eq $concourse "rest" }}
+{{- /* concourse-worker-address is the pod's IP, JETWAY_CONCOURSE_WORKER_ADDRESS (deployment.yaml) */}}
+- --concourse-client-id
+- {{ .Values.concourse.clientId | quote }}
+- --concourse-client-secret-file
+- /etc/jetway/concourse/client_secret
+{{- end }}
+{{- with .Values.concourse.url }}
+- --concourse-url
+- {{ . | quote }}
+{{- end }}
+{{- if and $concourse .Values.concourse.resourceTypes }}
 - --concourse-resource-types
 - /etc/jetway/config/resource-types.yaml
-{{- end }}
 {{- end }}
 {{- end }}
 
@@ -186,6 +219,9 @@ render with what to do.
 {{- if has .name (list "JETWAY_STATE_KUBECONFIG" "JETWAY_STATE_NAMESPACE") }}
 {{- fail (printf "extraEnv: %s would move the gateways' step state away from the Role the chart grants; set state.namespace instead" .name) }}
 {{- end }}
+{{- if and (hasPrefix "JETWAY_CONCOURSE_" .name) (ne .name "JETWAY_CONCOURSE_VERSION") }}
+{{- fail (printf "extraEnv: %s is a setting the chart gives from the concourse values (with the files it mounts, and the pod's IP as the REST API's worker address); set those instead" .name) }}
+{{- end }}
 {{- end }}
 {{- include "jetway.validateConcourse" . }}
 {{- $pdb := .Values.podDisruptionBudget }}
@@ -195,23 +231,49 @@ render with what to do.
 {{- end }}
 
 {{/*
-The concourse values: the gateway's rule (any concourse-* setting needs
-concourse-tsa, and concourse-tsa needs both keys), and the keys from one
+The concourse values: the gateway's rule (the TSA with both keys, or the
+REST API with its URL and client, not both), and the TSA's keys from one
 place. No message quotes a key: a fail is printed, and may be logged.
 */}}
 {{- define "jetway.validateConcourse" -}}
 {{- $cc := .Values.concourse }}
-{{- $set := list }}
-{{- range $k := list "existingSecret" "tsaPublicKey" "workerKey" "resourceTypes" }}
+{{- $tsa := list }}
+{{- range $k := list "tsa" "existingSecret" "tsaPublicKey" "workerKey" }}
 {{- if index $cc $k }}
-{{- $set = append $set (printf "concourse.%s" $k) }}
+{{- $tsa = append $tsa (printf "concourse.%s" $k) }}
 {{- end }}
 {{- end }}
-{{- if not $cc.tsa }}
-{{- if $set }}
+{{- $client := list }}
+{{- if $cc.clientId }}
+{{- $client = append $client "concourse.clientId" }}
+{{- end }}
+{{- if $cc.clientSecret.existingSecret }}
+{{- $client = append $client "concourse.clientSecret.existingSecret" }}
+{{- end }}
+{{- if and $tsa $client }}
+{{- fail (printf "concourse: %s (the TSA's) and %s (the REST API's client) are both set: the targets register through one of them, the TSA (concourse.tsa and its keys) or the REST API (concourse.url, concourse.clientId and concourse.clientSecret.existingSecret)" (join ", " $tsa) (join ", " $client)) }}
+{{- else if $cc.tsa }}
+{{- include "jetway.validateConcourseTSA" . }}
+{{- else if $tsa }}
+{{- $set := $tsa }}
+{{- if $cc.resourceTypes }}
+{{- $set = append $set "concourse.resourceTypes" }}
+{{- end }}
+{{- if $cc.url }}
+{{- fail (printf "concourse: %s set, but concourse.tsa is empty: those are the TSA's keys; with concourse.url and without concourse.tsa the targets register through the REST API, whose client is concourse.clientId with its secret in concourse.clientSecret.existingSecret" (join ", " $set)) }}
+{{- end }}
 {{- fail (printf "concourse: %s set, but concourse.tsa is empty: set it to the web node's TSA (host:port), or leave the concourse values empty to join no Concourse" (join ", " $set)) }}
+{{- else if or $cc.url $client }}
+{{- include "jetway.validateConcourseREST" . }}
+{{- else if $cc.resourceTypes }}
+{{- fail "concourse: concourse.resourceTypes set, but the targets join no Concourse: set concourse.tsa (its TSA) or concourse.url, concourse.clientId and concourse.clientSecret.existingSecret (its REST API), or leave concourse.resourceTypes empty" }}
 {{- end }}
-{{- else if and $cc.existingSecret (or $cc.tsaPublicKey $cc.workerKey) }}
+{{- end }}
+
+{{/* The TSA's keys: an existing Secret or both keys as values. */}}
+{{- define "jetway.validateConcourseTSA" -}}
+{{- $cc := .Values.concourse }}
+{{- if and $cc.existingSecret (or $cc.tsaPublicKey $cc.workerKey) }}
 {{- fail "concourse: give concourse.existingSecret or concourse.tsaPublicKey and concourse.workerKey, not both" }}
 {{- else if not (or $cc.existingSecret $cc.tsaPublicKey $cc.workerKey) }}
 {{- fail "concourse: concourse.tsa needs the TSA's host public key and a worker key: set concourse.existingSecret (a Secret with the keys tsa_host_key.pub and worker_key, as concourse generate-key names them) or concourse.tsaPublicKey and concourse.workerKey" }}
@@ -225,5 +287,27 @@ place. No message quotes a key: a fail is printed, and may be logged.
 {{- else if contains "PRIVATE KEY" $cc.tsaPublicKey }}
 {{- fail "concourse.tsaPublicKey: holds a private key; give the TSA's public host key (tsa_host_key.pub), never its private one" }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The REST API: the web node's URL, its client, and the client's secret in
+an existing Secret, all of them (every missing one named at once). The
+worker address is the pod's IP, which the chart gives itself.
+*/}}
+{{- define "jetway.validateConcourseREST" -}}
+{{- $cc := .Values.concourse }}
+{{- $missing := list }}
+{{- if not $cc.url }}
+{{- $missing = append $missing "concourse.url: required with concourse.clientId and concourse.clientSecret.existingSecret (the REST API): the web node's external URL, https://HOST[:PORT] (its --external-url)" }}
+{{- end }}
+{{- if not $cc.clientId }}
+{{- $missing = append $missing "concourse.clientId: required with concourse.url and without concourse.tsa (the REST API): the ID of the web node's client for jetway (concourse web --add-client ID:SECRET --system-claim-value ID)" }}
+{{- end }}
+{{- if not $cc.clientSecret.existingSecret }}
+{{- $missing = append $missing (printf "concourse.clientSecret.existingSecret: required with concourse.url and without concourse.tsa (the REST API): a Secret holding the client's secret under the key %s (concourse.clientSecret.key)" $cc.clientSecret.key) }}
+{{- end }}
+{{- if $missing }}
+{{- fail (join "; " $missing) }}
 {{- end }}
 {{- end }}
