@@ -109,28 +109,7 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 		}
 	}
 
-	// Landed from the web node: the target lands in jetway too, and is
-	// registered again once resumed.
-	_, err = web.Fly("land-worker", "-w", "cwrest-plain")
-	require.NoError(t, err)
-	g.waitTarget(t, "cwrest-plain", time.Minute, inState("landed"))
-	reg := g.targetsByName(t)["cwrest-plain"].Concourse
-	require.NotNil(t, reg)
-	assert.Equal(t, concourse.StateLanded, reg.State)
-	flyWorker(t, web, "cwrest-plain", 10*time.Second, workerIn("landed"))
-	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cwrest-plain/resume", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cwrest-plain", 30*time.Second, workerIn("running"))
-
-	// jetway's land and retire reach the web node.
-	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cwrest-team/land", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cwrest-team", 30*time.Second, func(w cwn.Worker, found bool) bool {
-		return found && (w.State == "landing" || w.State == "landed")
-	})
-	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cwrest-tagged/retire", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cwrest-tagged", 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	bothWays(t, web, g, "cwrest-plain", "cwrest-team", "cwrest-tagged")
 	eventually(t, 10*time.Second, func() error {
 		land := metricValue(t, g, `jetway_concourse_commands_total{command="land-worker",result="ok"}`)
 		retire := metricValue(t, g, `jetway_concourse_commands_total{command="retire-worker",result="ok"}`)

@@ -101,31 +101,7 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 		return nil
 	})
 
-	// Landed from the web node: the target lands in jetway too, and
-	// stays unregistered while landed.
-	_, err = web.Fly("land-worker", "-w", "cw-plain")
-	require.NoError(t, err)
-	g.waitTarget(t, "cw-plain", time.Minute, func(tg api.Target) bool { return tg.State == "landed" })
-	tg := g.targetsByName(t)["cw-plain"]
-	require.NotNil(t, tg.Concourse)
-	assert.Equal(t, concourse.StateLanded, tg.Concourse.State)
-	flyWorker(t, web, "cw-plain", 10*time.Second, workerIn("landed"))
-
-	// Resumed in jetway: registered, running, again.
-	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/cw-plain/resume", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cw-plain", 30*time.Second, workerIn("running"))
-
-	// jetway's land reaches the web node; jetway's retire removes the
-	// worker there.
-	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cw-team/land", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cw-team", 30*time.Second, func(w cwn.Worker, found bool) bool {
-		return found && (w.State == "landing" || w.State == "landed")
-	})
-	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/cw-tagged/retire", "")
-	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, "cw-tagged", 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	bothWays(t, web, g, "cw-plain", "cw-team", "cw-tagged")
 	// A target whose API server is gone stalls here, and so, no longer
 	// registered, on the web node, where fly prune-worker removes it; it
 	// registers again once it runs again.
@@ -494,4 +470,31 @@ func oneRegisters(t *testing.T, bases, names []string, within time.Duration) int
 		return nil
 	})
 	return holder
+}
+
+// bothWays checks lifecycle both ways on three registered targets: fly
+// land-worker lands landed in jetway, and gateway resume registers it
+// again; jetway's land of land reaches the web node, and its retire of
+// retire removes the worker there.
+func bothWays(t *testing.T, web *cwn.WebNode, g *gateway, landed, land, retire string) {
+	t.Helper()
+	_, err := web.Fly("land-worker", "-w", landed)
+	require.NoError(t, err)
+	g.waitTarget(t, landed, time.Minute, inState("landed"))
+	reg := g.targetsByName(t)[landed].Concourse
+	require.NotNil(t, reg)
+	assert.Equal(t, concourse.StateLanded, reg.State)
+	flyWorker(t, web, landed, 10*time.Second, workerIn("landed"))
+	code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/"+landed+"/resume", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, landed, 30*time.Second, workerIn("running"))
+
+	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/"+land+"/land", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, land, 30*time.Second, func(w cwn.Worker, found bool) bool {
+		return found && (w.State == "landing" || w.State == "landed")
+	})
+	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/"+retire+"/retire", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, retire, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
 }
