@@ -128,7 +128,10 @@ type Registrar struct {
 	was map[string]targets.State
 	// agents are the agents' targets at the last reconcile.
 	agents map[string]bool
-	wg     sync.WaitGroup
+	// known are the targets the web node has registered here: it has a
+	// worker of each, until it is deleted there.
+	known map[string]bool
+	wg    sync.WaitGroup
 }
 
 type session struct {
@@ -164,7 +167,7 @@ func New(opts Options) *Registrar {
 		version = &versionCheck{url: opts.WebURL, have: opts.WorkerVersion, client: &http.Client{}}
 	}
 	return &Registrar{opts: opts, version: version, regs: map[string]Registration{}, sessions: map[string]*session{},
-		landed: map[string]time.Time{}, since: map[string]time.Time{}, was: map[string]targets.State{}}
+		landed: map[string]time.Time{}, since: map[string]time.Time{}, known: map[string]bool{}, was: map[string]targets.State{}}
 }
 
 // Registration is target name's registration, if it has one. A nil
@@ -258,12 +261,21 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		if _, ok := seen[name]; !ok {
 			s.cancel()
 			delete(r.sessions, name)
-			delete(r.regs, name)
-			delete(r.since, name)
-			if registers && !r.agents[name] {
-				r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "")
-			}
 		}
+	}
+	for name := range r.was {
+		if _, ok := seen[name]; ok {
+			continue
+		}
+		// Gone: a target the web node has a worker of is deleted there,
+		// landed or not; an agent gone is only no longer registered here.
+		if registers && r.known[name] && !r.agents[name] {
+			r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "")
+		}
+		delete(r.regs, name)
+		delete(r.since, name)
+		delete(r.landed, name)
+		delete(r.known, name)
 	}
 	r.was, r.agents = seen, agents
 	r.opts.Metrics.set(r.regs)
@@ -288,7 +300,9 @@ func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State) 
 			command = "retire-worker"
 		}
 	case "":
-		command = "delete-worker"
+		if was != targets.StateRetiring && was != targets.StateRetired {
+			command = "delete-worker" // a retired one is gone there already
+		}
 	}
 	if command == "" {
 		return
@@ -368,6 +382,9 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 			case "registered":
 				once.Do(func() { close(registered) })
 				log.Info("registered with the web node")
+				r.mu.Lock()
+				r.known[w.Name] = true
+				r.mu.Unlock()
 				r.update(w.Name, func(reg *Registration) {
 					reg.State, reg.Since, reg.Error, reg.LastHeartbeat = StateRunning, time.Now(), "", time.Now()
 				})

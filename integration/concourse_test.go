@@ -114,9 +114,22 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	require.NoError(t, clusters[2].StartAPIServer(ctx))
 	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("running"))
 
+	// A target gone from the targets directory is deleted from the web
+	// node, running (cw-plain) or landed here (cw-team, registered no more).
+	for _, name := range []string{"cw-plain", "cw-team"} {
+		require.NoError(t, os.RemoveAll(filepath.Join(dir, name)))
+	}
+	for _, name := range []string{"cw-plain", "cw-team"} {
+		flyWorker(t, web, name, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	}
+	flyWorker(t, web, "cw-stall", time.Second, workerIn("running"))
+
 	eventually(t, 10*time.Second, func() error {
 		land := metricValue(t, g, `jetway_concourse_commands_total{command="land-worker",result="ok"}`)
 		retire := metricValue(t, g, `jetway_concourse_commands_total{command="retire-worker",result="ok"}`)
+		if del := metricValue(t, g, `jetway_concourse_commands_total{command="delete-worker",result="ok"}`); del != 2 {
+			return errorf("TSA commands: delete-worker %v, want 2", del)
+		}
 		if land != 1 || retire != 1 {
 			return errorf("TSA commands: land-worker %v, retire-worker %v; want one each (a landing the web node made is not told back)", land, retire)
 		}
