@@ -361,7 +361,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 	for {
 		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since = StateRegistering, time.Now() })
 		start := time.Now()
-		registered := make(chan struct{})
+		registered := make(chan Event, 1)
 		var once sync.Once
 		if err := r.version.check(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -380,7 +380,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings), volumeAPI(w.Name, r.opts.Holdings), func(e Event) {
 			switch e.Type {
 			case "registered":
-				once.Do(func() { close(registered) })
+				once.Do(func() { registered <- e })
 				log.Info("registered with the web node")
 				r.mu.Lock()
 				r.known[w.Name] = true

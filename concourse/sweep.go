@@ -35,17 +35,26 @@ func (r *Registrar) kinds() []kind {
 	return []kind{{"containers", h.Containers, h.DestroyContainer}, {"volumes", h.Volumes, h.DestroyVolume}}
 }
 
-// sweeps sweeps w's holdings once registered, then every SweepInterval,
-// until ctx ends.
-func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan struct{}) {
+// commander runs one-shot commands for a worker: over its registration's
+// connection when there is one, else on a connection of their own.
+type commander func(ctx context.Context, command string) ([]byte, error)
+
+// sweeps sweeps w's holdings once registered (the registration's event,
+// with its commander), then every SweepInterval, until ctx ends.
+func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan Event) {
+	var e Event
 	select {
 	case <-ctx.Done():
 		return
-	case <-registered:
+	case e = <-registered:
+	}
+	run := commander(e.command)
+	if run == nil {
+		run = func(ctx context.Context, command string) ([]byte, error) { return r.opts.Web.Command(ctx, command, w) }
 	}
 	for {
 		for _, k := range r.kinds() {
-			if err := r.sweep(ctx, w, k); err != nil && ctx.Err() == nil {
+			if err := r.sweep(ctx, w.Name, k, run); err != nil && ctx.Err() == nil {
 				r.opts.Logger.Warn("sweep with the web node failed", "target", w.Name, "kind", k.name, "error", err.Error())
 			}
 		}
@@ -55,18 +64,23 @@ func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan stru
 	}
 }
 
-// sweep runs one round for one kind: report, ask, destroy.
-func (r *Registrar) sweep(ctx context.Context, w Worker, k kind) (err error) {
+// sweep runs one round for one kind for target: report, ask, destroy.
+func (r *Registrar) sweep(ctx context.Context, target string, k kind, run commander) (err error) {
 	defer func() { r.opts.Metrics.swept(k.name, err) }()
-	handles, err := k.list(w.Name)
+	command := func(command string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+		defer cancel()
+		return run(ctx, command)
+	}
+	handles, err := k.list(target)
 	if err != nil {
 		// Not reported: a partial list would tell the web node that
 		// what is missing from it is gone.
 		err = fmt.Errorf("list %s: %w", k.name, err)
-	} else if _, err = r.command(ctx, strings.Join(append([]string{"report-" + k.name}, handles...), " "), w); err != nil {
+	} else if _, err = command(strings.Join(append([]string{"report-" + k.name}, handles...), " ")); err != nil {
 		err = fmt.Errorf("report %s: %w", k.name, err)
 	}
-	out, cerr := r.command(ctx, "sweep-"+k.name, w)
+	out, cerr := command("sweep-" + k.name)
 	if cerr != nil {
 		return errors.Join(err, fmt.Errorf("ask which %s to destroy: %w", k.name, cerr))
 	}
@@ -75,25 +89,18 @@ func (r *Registrar) sweep(ctx context.Context, w Worker, k kind) (err error) {
 		return errors.Join(err, fmt.Errorf("the web node's %s to destroy: %w", k.name, cerr))
 	}
 	for _, handle := range destroy {
-		derr := k.destroy(ctx, w.Name, handle)
+		derr := k.destroy(ctx, target, handle)
 		switch {
 		case errors.Is(derr, ErrNotOurs):
 			r.opts.Metrics.destroyed(k.name, "not-ours")
-			r.opts.Logger.Warn("the web node named something to destroy that jetway did not make", "target", w.Name, "kind", k.name, "error", derr.Error())
+			r.opts.Logger.Warn("the web node named something to destroy that jetway did not make", "target", target, "kind", k.name, "error", derr.Error())
 		case derr != nil:
 			r.opts.Metrics.destroyed(k.name, "error")
 			err = errors.Join(err, derr)
 		default:
 			r.opts.Metrics.destroyed(k.name, "destroyed")
-			r.opts.Logger.Info("destroyed what the web node named", "target", w.Name, "kind", k.name, "handle", handle)
+			r.opts.Logger.Info("destroyed what the web node named", "target", target, "kind", k.name, "handle", handle)
 		}
 	}
 	return err
-}
-
-// command runs a one-shot command for w within commandTimeout.
-func (r *Registrar) command(ctx context.Context, command string, w Worker) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
-	defer cancel()
-	return r.opts.Web.Command(ctx, command, w)
 }

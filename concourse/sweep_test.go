@@ -59,19 +59,21 @@ func TestSweepReportsThenDestroysWhatIsNamed(t *testing.T) {
 	web := &recordingWeb{destroy: `["b","planted"]`}
 	h := &heldContainers{held: []string{"a", "b"}, foreign: []string{"planted"}}
 	r := New(Options{Web: web, Holdings: h})
-	w := Worker{Name: "t"}
+	run := func(ctx context.Context, command string) ([]byte, error) {
+		return web.Command(ctx, command, Worker{Name: "t"})
+	}
 	k := r.kinds()[0]
-	require.NoError(t, r.sweep(context.Background(), w, k))
+	require.NoError(t, r.sweep(context.Background(), "t", k, run))
 	assert.Equal(t, []string{"report-containers a b", "sweep-containers"}, web.commands)
 	assert.Equal(t, []string{"b"}, h.destroyed)
 
 	web.commands, h.destroyed = nil, nil
 	h.listErr = errors.New("pods not listed yet")
-	err := r.sweep(context.Background(), w, k)
+	err := r.sweep(context.Background(), "t", k, run)
 	require.ErrorContains(t, err, "list containers: pods not listed yet")
 	assert.Equal(t, []string{"sweep-containers"}, web.commands, "nothing reported")
 	assert.Equal(t, []string{"b"}, h.destroyed)
 
 	web.destroy = `not json`
-	require.ErrorContains(t, r.sweep(context.Background(), w, k), "the web node's containers to destroy")
+	require.ErrorContains(t, r.sweep(context.Background(), "t", k, run), "the web node's containers to destroy")
 }

@@ -84,6 +84,9 @@ type TSA struct {
 // "heartbeated" at each heartbeat the TSA made.
 type Event struct {
 	Type string `json:"event"`
+	// command, on "registered", runs a one-shot command for the worker
+	// over the registration's own connection (nil: Web.Command).
+	command func(ctx context.Context, command string) ([]byte, error)
 }
 
 // ErrHostKey: the TSA presented a host key not among HostKeys.
@@ -134,7 +137,7 @@ const maxStderr = 4 << 10
 
 // run runs command for worker w on c, its JSON on stdin, stdout to out. A
 // command ending with a status other than 0 fails with its stderr. When
-// ctx ends the command is interrupted.
+// ctx ends the command is interrupted and its session closed.
 func run(ctx context.Context, c *ssh.Client, command string, w Worker, out io.Writer) error {
 	sess, err := c.NewSession()
 	if err != nil {
@@ -155,7 +158,7 @@ func run(ctx context.Context, c *ssh.Client, command string, w Worker, out io.Wr
 	case err = <-done:
 	case <-ctx.Done():
 		_ = sess.Signal(ssh.SIGINT)
-		c.Close() // the session goes with its connection
+		sess.Close() // the connection stays: it may carry other sessions
 		<-done
 		return ctx.Err()
 	}
@@ -239,6 +242,15 @@ func (t TSA) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Ha
 			if err := dec.Decode(&e); err != nil {
 				_, _ = io.Copy(io.Discard, pr)
 				return
+			}
+			if e.Type == "registered" {
+				// The sweeps' commands ride this connection (the TSA takes
+				// any number of sessions on one): no handshake each.
+				e.command = func(ctx context.Context, command string) ([]byte, error) {
+					out := &limitedBuffer{max: 1 << 20}
+					err := run(ctx, c, command, w, out)
+					return out.Bytes(), err
+				}
 			}
 			if on != nil {
 				on(e)
