@@ -90,7 +90,12 @@ func TestRegistrarTellsWhatTheWebNodeHas(t *testing.T) {
 		var landed []string
 		var mu sync.Mutex
 		r := New(Options{Web: web, Targets: tg, Agents: agents.Snapshot,
-			LandAgent: func(_ context.Context, name string) error { mu.Lock(); landed = append(landed, name); mu.Unlock(); return nil }})
+			LandAgent: func(_ context.Context, name string) error {
+				mu.Lock()
+				landed = append(landed, name)
+				mu.Unlock()
+				return nil
+			}})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- r.Start(ctx) }()
