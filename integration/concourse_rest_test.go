@@ -76,16 +76,34 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 		"find or create container on worker cwrest-tagged: jetway does not run a Concourse web node's containers or volumes yet")
 	assertWebNodeListsGarden(ctx, t, web, client, task)
 
-	// Heartbeats keep every worker running for three TTLs.
-	before := g.targetsByName(t)["cwrest-plain"].Concourse
-	require.NotNil(t, before)
-	for end := time.Now().Add(3 * rest.TTL()); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
-		for _, w := range web.Workers(t) {
-			require.Equal(t, "running", w.State, "%s past its TTL, heartbeated", w.Name)
+	// Heartbeats keep every worker running past its TTL: once a worker
+	// has heartbeated for two TTLs more, every one is still running in
+	// fly, each on the registration it had (not registered anew).
+	regs := map[string]time.Time{}
+	for name, tg := range g.targetsByName(t) {
+		if tg.Concourse != nil {
+			regs[name] = tg.Concourse.Since
 		}
 	}
-	after := g.targetsByName(t)["cwrest-plain"].Concourse
-	assert.True(t, after.LastHeartbeat.After(before.LastHeartbeat), "heartbeats since: %+v, %+v", before, after)
+	before := g.targetsByName(t)["cwrest-plain"].Concourse
+	require.NotNil(t, before)
+	eventually(t, 4*rest.TTL(), func() error {
+		now := g.targetsByName(t)["cwrest-plain"].Concourse
+		if now == nil || now.LastHeartbeat.Before(before.LastHeartbeat.Add(2*rest.TTL())) {
+			return errorf("cwrest-plain's registration %+v: not heartbeated for two TTLs since %s yet", now, before.LastHeartbeat)
+		}
+		return nil
+	})
+	for _, w := range web.Workers(t) {
+		require.Equal(t, "running", w.State, "%s past its TTL, heartbeated", w.Name)
+	}
+	for name, tg := range g.targetsByName(t) {
+		if since, ok := regs[name]; ok {
+			require.NotNil(t, tg.Concourse, name)
+			assert.Equal(t, concourse.StateRunning, tg.Concourse.State, name)
+			assert.True(t, tg.Concourse.Since.Equal(since), "%s registered anew: %s, then %s", name, since, tg.Concourse.Since)
+		}
+	}
 
 	// The registrations' garbage-collection rounds go through the REST
 	// API too; so do the sweeps' calls made here: the web node has
