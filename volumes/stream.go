@@ -1,0 +1,325 @@
+package volumes
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
+)
+
+// Encodings, as in Accept-Encoding / Content-Encoding.
+const (
+	Raw  = "raw"
+	Gzip = "gzip"
+	Zstd = "zstd"
+)
+
+// volume resolves a request's volume and path inside it, or answers 404.
+func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
+	handle := r.PathValue("handle")
+	base := s.Path(handle)
+	if !validHandle(handle) {
+		fail(w, http.StatusNotFound, "volume %q not found", handle)
+		return "", false
+	}
+	// A step's volumes are symlinks to folders of its build dir: serve
+	// the folder itself.
+	base, err := filepath.EvalSymlinks(base)
+	if err != nil {
+		fail(w, http.StatusNotFound, "volume %q not found", handle)
+		return "", false
+	}
+	sub := filepath.Join(base, filepath.FromSlash(r.URL.Query().Get("path")))
+	if rel, err := filepath.Rel(base, sub); err != nil || strings.HasPrefix(rel, "..") {
+		fail(w, http.StatusBadRequest, "path %q leaves the volume", r.URL.Query().Get("path"))
+		return "", false
+	}
+	return sub, true
+}
+
+// streamIn extracts a tar into the volume path. It extracts into a
+// temporary folder and moves it in place only once the whole stream
+// arrived, so a truncated stream never lands.
+func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
+	if !s.holds(r) && !s.useTicket(r) {
+		unauthorized(w)
+		return
+	}
+	dst, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	body, err := decoder(r.Header.Get("Content-Encoding"), r.Body)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	defer body.Close()
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".stream-in-")
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	defer os.RemoveAll(tmp)
+	// Whoever the step runs as may read and write what lands (the
+	// sidecar runs as its own user).
+	if err := os.Chmod(tmp, 0o777); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	s.mu.Lock()
+	limits := s.limits
+	s.mu.Unlock()
+	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	// The tar ended; the encoded stream and the request body must end
+	// there too, completely: a cut connection fails here, not silently.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		fail(w, http.StatusBadRequest, "stream-in: %v", err)
+		return
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
+	src, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	if _, err := os.Stat(src); err != nil {
+		fail(w, http.StatusNotFound, "path %q not found in volume", r.URL.Query().Get("path"))
+		return
+	}
+	enc := r.Header.Get("Accept-Encoding")
+	var sink io.Writer = w
+	if rate := s.rate.Load(); rate > 0 {
+		sink = &throttled{ctx: r.Context(), w: w, rate: rate, start: time.Now()}
+	}
+	out, err := encoder(enc, sink)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	w.Header().Set("Content-Encoding", encodingName(enc))
+	w.WriteHeader(http.StatusOK)
+	if err := writeTar(out, src); err != nil {
+		panic(http.ErrAbortHandler) // cut the response: no clean end
+	}
+	if err := out.Close(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// streamP2POut pushes the volume path straight to another server's
+// stream-in URL.
+func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
+	src, ok := s.volume(w, r)
+	if !ok {
+		return
+	}
+	target := r.URL.Query().Get("streamInURL")
+	enc := encodingName(r.URL.Query().Get("encoding"))
+	pr, pw := io.Pipe()
+	written := make(chan struct{})
+	sent := &hashingWriter{w: pw, h: sha256.New()}
+	go func() {
+		defer close(written)
+		out, err := encoder(enc, sent)
+		if err == nil {
+			err = writeTar(out, src)
+		}
+		if err == nil {
+			err = out.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	// Whatever the push's outcome, the writer stops once nobody reads.
+	defer func() { pr.Close(); <-written }()
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pr)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "streamInURL: %v", err)
+		return
+	}
+	req.Header.Set("Content-Encoding", enc)
+	if a := r.Header.Get(StreamInAuthorization); a != "" {
+		req.Header.Set("Authorization", a)
+	}
+	resp, err := s.Client.Do(req)
+	if err != nil {
+		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		fail(w, http.StatusBadGateway, "stream to %s: %s: %s", target, resp.Status, strings.TrimSpace(string(b)))
+		return
+	}
+	// The destination took the whole stream: say what it was.
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(P2PResult{Bytes: sent.n, SHA256: hex.EncodeToString(sent.h.Sum(nil))})
+}
+
+// P2PResult is stream-p2p-out's answer: the encoded bytes the destination
+// accepted, and their SHA-256.
+type P2PResult struct {
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// hashingWriter counts and hashes what passes.
+type hashingWriter struct {
+	w io.Writer
+	h hash.Hash
+	n int64
+}
+
+func (hw *hashingWriter) Write(p []byte) (int, error) {
+	n, err := hw.w.Write(p)
+	hw.h.Write(p[:n])
+	hw.n += int64(n)
+	return n, err
+}
+
+func encodingName(enc string) string {
+	if enc == "" {
+		return Raw
+	}
+	return enc
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
+	switch encodingName(enc) {
+	case Raw:
+		return nopWriteCloser{w}, nil
+	case Gzip:
+		return gzip.NewWriterLevel(w, gzip.DefaultCompression)
+	case Zstd:
+		return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	}
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+}
+
+func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
+	switch encodingName(enc) {
+	case Raw:
+		return io.NopCloser(r), nil
+	case Gzip:
+		return gzip.NewReader(r)
+	case Zstd:
+		d, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, err
+		}
+		return d.IOReadCloser(), nil
+	}
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+}
+
+func writeTar(w io.Writer, root string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		link := ""
+		if info.Mode()&os.ModeSymlink != 0 {
+			if link, err = os.Readlink(path); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// throttled writes at about rate bytes per second, until ctx ends.
+type throttled struct {
+	ctx   context.Context
+	w     io.Writer
+	rate  int64
+	n     int64
+	start time.Time
+}
+
+func (t *throttled) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		chunk := p[:min(len(p), 64<<10)]
+		n, err := t.w.Write(chunk)
+		t.n += int64(n)
+		if err != nil {
+			return n, err
+		}
+		if f, ok := t.w.(http.Flusher); ok {
+			f.Flush()
+		}
+		if ahead := time.Duration(t.n*int64(time.Second)/t.rate) - time.Since(t.start); ahead > 0 {
+			wait := time.NewTimer(ahead)
+			select {
+			case <-wait.C:
+			case <-t.ctx.Done():
+				wait.Stop()
+				return total - len(p) + len(chunk), t.ctx.Err()
+			}
+		}
+		p = p[len(chunk):]
+	}
+	return total, nil
+}
