@@ -1,6 +1,6 @@
 // Package volumes is a step pod's volume sidecar: a small server speaking
 // the subset of Concourse's baggageclaim volume API that jetway uses:
-// create a volume, stream a tar of it out and into it (raw, gzip or zstd),
+// create a volume, stream a tar of it out and into it (raw, gzip, zstd or s2),
 // and push a stream straight to another server (stream-p2p-out). The step
 // agent serves it on port 7788 of every step pod; the local test clusters
 // run it in-process behind each step pod's port-forward.

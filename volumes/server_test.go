@@ -73,7 +73,7 @@ func TestStreamOutIntoStreamIn(t *testing.T) {
 	volume(t, srcURL, "a")
 	require.NoError(t, os.MkdirAll(filepath.Join(src.Path("a"), "out", "sub"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "out", "sub", "f.txt"), []byte("artifact"), 0o644))
-	for _, enc := range []string{Raw, Gzip, Zstd} {
+	for _, enc := range []string{Raw, Gzip, Zstd, S2} {
 		t.Run(enc, func(t *testing.T) {
 			volume(t, dstURL, "b-"+enc)
 			resp, tarball := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out?path=out", map[string]string{"Accept-Encoding": enc}, nil)
@@ -142,25 +142,29 @@ func TestStreamP2POut(t *testing.T) {
 	src, srcURL := start(t)
 	dst, dstURL := start(t)
 	volume(t, srcURL, "a")
-	volume(t, dstURL, "b")
 	require.NoError(t, os.WriteFile(filepath.Join(src.Path("a"), "f"), []byte("p2p"), 0o644))
-	ticketFor(t, dstURL, "one-push", "b", "x")
-	resp, body := do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?encoding=zstd&streamInURL="+
-		dstURL+"/volumes/b/stream-in%3Fpath%3Dx", map[string]string{StreamInAuthorization: "Bearer one-push"}, nil)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-	got, err := os.ReadFile(filepath.Join(dst.Path("b"), "x", "f"))
-	require.NoError(t, err)
-	assert.Equal(t, "p2p", string(got))
+	for _, enc := range []string{Raw, Gzip, Zstd, S2} {
+		t.Run(enc, func(t *testing.T) {
+			volume(t, dstURL, "b-"+enc)
+			ticketFor(t, dstURL, "one-push", "b-"+enc, "x")
+			resp, body := do(t, http.MethodPut, srcURL+"/volumes/a/stream-p2p-out?encoding="+enc+"&streamInURL="+
+				dstURL+"/volumes/b-"+enc+"/stream-in%3Fpath%3Dx", map[string]string{StreamInAuthorization: "Bearer one-push"}, nil)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+			got, err := os.ReadFile(filepath.Join(dst.Path("b-"+enc), "x", "f"))
+			require.NoError(t, err)
+			assert.Equal(t, "p2p", string(got))
 
-	// The answer is the stream the destination took: the same bytes a
-	// stream-out of the same path in the same encoding carries.
-	var res P2PResult
-	require.NoError(t, json.Unmarshal(body, &res))
-	out, outBody := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out", map[string]string{"Accept-Encoding": "zstd"}, nil)
-	require.Equal(t, http.StatusOK, out.StatusCode)
-	sum := sha256.Sum256(outBody)
-	assert.Equal(t, int64(len(outBody)), res.Bytes)
-	assert.Equal(t, hex.EncodeToString(sum[:]), res.SHA256)
+			// The answer is the stream the destination took: the same bytes a
+			// stream-out of the same path in the same encoding carries.
+			var res P2PResult
+			require.NoError(t, json.Unmarshal(body, &res))
+			out, outBody := do(t, http.MethodPut, srcURL+"/volumes/a/stream-out", map[string]string{"Accept-Encoding": enc}, nil)
+			require.Equal(t, http.StatusOK, out.StatusCode)
+			sum := sha256.Sum256(outBody)
+			assert.Equal(t, int64(len(outBody)), res.Bytes)
+			assert.Equal(t, hex.EncodeToString(sum[:]), res.SHA256)
+		})
+	}
 }
 
 // TestRateChangesWhileServing throttles and unthrottles a server while it

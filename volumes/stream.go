@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -26,6 +27,7 @@ const (
 	Raw  = "raw"
 	Gzip = "gzip"
 	Zstd = "zstd"
+	S2   = "s2"
 )
 
 // volume resolves a request's volume and path inside it, or answers 404.
@@ -228,8 +230,12 @@ func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
 		return gzip.NewWriterLevel(w, gzip.DefaultCompression)
 	case Zstd:
 		return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	case S2:
+		// One goroutine, the caller's: a concurrent s2 writer keeps a
+		// goroutine until Close, which a cut stream never calls.
+		return s2.NewWriter(w, s2.WriterConcurrency(1)), nil
 	}
-	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd, s2)", enc)
 }
 
 func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
@@ -244,8 +250,10 @@ func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
 			return nil, err
 		}
 		return d.IOReadCloser(), nil
+	case S2:
+		return io.NopCloser(s2.NewReader(r)), nil
 	}
-	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd)", enc)
+	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd, s2)", enc)
 }
 
 func writeTar(w io.Writer, root string) error {
