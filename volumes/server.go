@@ -238,10 +238,13 @@ type errorBody struct {
 	Error string `json:"error"`
 }
 
+// fail answers code with {"error": the message}, and nothing more, not
+// even a newline: some clients compare the body whole.
 func fail(w http.ResponseWriter, code int, format string, args ...any) {
+	b, _ := json.Marshal(errorBody{Error: fmt.Sprintf(format, args...)})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: fmt.Sprintf(format, args...)})
+	_, _ = w.Write(b)
 }
 
 func validHandle(h string) bool {

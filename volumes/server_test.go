@@ -99,7 +99,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{http.MethodPut, "/volumes/nope/stream-out", nil, 404, `volume \"nope\" not found`},
 		{http.MethodPut, "/volumes/nope/stream-in", nil, 404, `volume \"nope\" not found`},
-		{http.MethodPut, "/volumes/v/stream-out?path=missing", nil, 404, `path \"missing\" not found`},
+		{http.MethodPut, "/volumes/v/stream-out?path=missing", nil, 404, `no such file or directory`},
 		{http.MethodPut, "/volumes/v/stream-in", map[string]string{"Content-Encoding": "br"}, 400, `unsupported encoding \"br\"`},
 		{http.MethodPut, "/volumes/v/stream-in", map[string]string{"Content-Encoding": "gzip"}, 400, "stream-in"},
 		{http.MethodPut, "/volumes/v/stream-out?path=../..", nil, 400, "leaves the volume"},
@@ -109,6 +109,11 @@ func TestErrors(t *testing.T) {
 		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 		assert.Contains(t, string(body), tc.msg, tc.path)
 	}
+	// A web node's baggageclaim client tells a missing file from a
+	// missing volume by this body, compared whole.
+	resp, body := do(t, http.MethodPut, base+"/volumes/v/stream-out?path=metadata.json", nil, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Equal(t, `{"error":"no such file or directory"}`, string(body))
 }
 
 // TestTruncatedStreamInNeverLands cuts a chunked upload mid-way: the

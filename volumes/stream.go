@@ -117,7 +117,10 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := os.Stat(src); err != nil {
-		fail(w, http.StatusNotFound, "path %q not found in volume", r.URL.Query().Get("path"))
+		// The words baggageclaim's client compares to tell a missing
+		// file from a missing volume (a web node reads an image's
+		// metadata.json, which may be absent).
+		fail(w, http.StatusNotFound, "no such file or directory")
 		return
 	}
 	enc := r.Header.Get("Accept-Encoding")
