@@ -116,6 +116,52 @@ func TestErrors(t *testing.T) {
 	assert.Equal(t, `{"error":"no such file or directory"}`, string(body))
 }
 
+// TestStreamInLimit: stream-in takes baggageclaim's limit query (MB of
+// request body, 0 meaning none); a stream past it is refused with a 403
+// naming the limit, and nothing lands.
+func TestStreamInLimit(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "src")
+	volume(t, base, "v")
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("src"), "f"), bytes.Repeat([]byte("0123456789"), 1000), 0o644))
+	kept := filepath.Join(s.Path("v"), "kept")
+	require.NoError(t, os.WriteFile(kept, []byte("before"), 0o644))
+	tarballs := map[string][]byte{}
+	for _, enc := range []string{Raw, Gzip} {
+		resp, b := do(t, http.MethodPut, base+"/volumes/src/stream-out", map[string]string{"Accept-Encoding": enc}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		tarballs[enc] = b
+	}
+	require.Greater(t, len(tarballs[Gzip]), 104, "the gzip stream is past the limit below")
+	for i, tc := range []struct {
+		enc, limit string
+		code       int
+		msg        string
+	}{
+		{Raw, "", http.StatusNoContent, ""},
+		{Raw, "0", http.StatusNoContent, ""},
+		{Raw, "0.000000", http.StatusNoContent, ""},
+		{Raw, "1.000000", http.StatusNoContent, ""},
+		{Raw, "0.000100", http.StatusForbidden, "past its limit of 0.000100 MB (104 bytes)"},
+		{Gzip, "0.000100", http.StatusForbidden, "past its limit of 0.000100 MB (104 bytes)"},
+		{Raw, "lots", http.StatusBadRequest, `limit \"lots\" is not a number of MB`},
+		{Raw, "-1", http.StatusBadRequest, `limit \"-1\" is not a number of MB`},
+	} {
+		path := fmt.Sprintf("in-%d", i)
+		resp, body := do(t, http.MethodPut, base+"/volumes/v/stream-in?path="+path+"&limit="+url.QueryEscape(tc.limit),
+			map[string]string{"Content-Encoding": tc.enc}, bytes.NewReader(tarballs[tc.enc]))
+		assert.Equal(t, tc.code, resp.StatusCode, "%s %q: %s", tc.enc, tc.limit, body)
+		assert.Contains(t, string(body), tc.msg)
+		_, err := os.Stat(filepath.Join(s.Path("v"), path, "f"))
+		assert.Equal(t, tc.code == http.StatusNoContent, err == nil, "%s %q lands only if accepted", tc.enc, tc.limit)
+	}
+	b, err := os.ReadFile(kept)
+	require.NoError(t, err)
+	assert.Equal(t, "before", string(b))
+	leftovers, _ := filepath.Glob(filepath.Join(s.Path("v"), ".stream-in-*"))
+	assert.Empty(t, leftovers)
+}
+
 // TestTruncatedStreamInNeverLands cuts a chunked upload mid-way: the
 // volume keeps what it had.
 func TestTruncatedStreamInNeverLands(t *testing.T) {

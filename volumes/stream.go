@@ -6,12 +6,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,7 +58,8 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
 
 // streamIn extracts a tar into the volume path. It extracts into a
 // temporary folder and moves it in place only once the whole stream
-// arrived, so a truncated stream never lands.
+// arrived, so a truncated stream never lands; nor does one past the
+// request's limit (baggageclaim's limit query), refused with a 403.
 func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	if !s.holds(r) && !s.useTicket(r) {
 		unauthorized(w)
@@ -65,50 +69,110 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, err := decoder(r.Header.Get("Content-Encoding"), r.Body)
+	q := r.URL.Query().Get("limit")
+	limit, err := streamLimit(q)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "stream-in: %v", err)
 		return
 	}
+	in := &limitedReader{r: r.Body, left: limit}
+	if code, err := s.land(dst, r.Header.Get("Content-Encoding"), in); err != nil {
+		if in.past {
+			// Decoders may replace the reader's error: ask it.
+			code, err = http.StatusForbidden, fmt.Errorf("the stream goes past its limit of %s MB (%d bytes)", q, limit)
+		}
+		fail(w, code, "stream-in: %v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// land extracts the tar stream in, encoded as enc says, into a new
+// folder next to dst, then puts that folder in dst's place. If it does
+// not, it says why and the status to answer; dst is as it was.
+func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
+	body, err := decoder(enc, in)
+	if err != nil {
+		return http.StatusBadRequest, err
+	}
 	defer body.Close()
 	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".stream-in-")
 	if err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
-		return
+		return http.StatusInternalServerError, err
 	}
 	defer os.RemoveAll(tmp)
 	// Whoever the step runs as may read and write what lands (the
 	// sidecar runs as its own user).
 	if err := os.Chmod(tmp, 0o777); err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
-		return
+		return http.StatusInternalServerError, err
 	}
 	s.mu.Lock()
 	limits := s.limits
 	s.mu.Unlock()
 	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
-		fail(w, http.StatusBadRequest, "stream-in: %v", err)
-		return
+		return http.StatusBadRequest, err
 	}
 	// The tar ended; the encoded stream and the request body must end
 	// there too, completely: a cut connection fails here, not silently.
 	if _, err := io.Copy(io.Discard, body); err != nil {
-		fail(w, http.StatusBadRequest, "stream-in: %v", err)
-		return
+		return http.StatusBadRequest, err
 	}
-	if _, err := io.Copy(io.Discard, r.Body); err != nil {
-		fail(w, http.StatusBadRequest, "stream-in: %v", err)
-		return
+	if _, err := io.Copy(io.Discard, in); err != nil {
+		return http.StatusBadRequest, err
 	}
 	if err := os.RemoveAll(dst); err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
-		return
+		return http.StatusInternalServerError, err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
-		return
+		return http.StatusInternalServerError, err
 	}
-	w.WriteHeader(http.StatusNoContent)
+	return 0, nil
+}
+
+// noLimit is a stream-in without a limit.
+const noLimit = math.MaxInt64 - 1
+
+// streamLimit reads stream-in's limit query, as baggageclaim's client
+// sends it: the MB (MiB) the request body may carry, a float ("%f"),
+// where 0 or nothing means no limit.
+func streamLimit(q string) (int64, error) {
+	if q == "" {
+		return noLimit, nil
+	}
+	mb, err := strconv.ParseFloat(q, 64)
+	if err != nil || mb < 0 || math.IsNaN(mb) {
+		return 0, fmt.Errorf("limit %q is not a number of MB", q)
+	}
+	if b := mb * (1 << 20); mb > 0 && b < noLimit {
+		return int64(b), nil
+	}
+	return noLimit, nil
+}
+
+// limitedReader reads at most left bytes of r; a byte more is an error,
+// and past records that it came.
+type limitedReader struct {
+	r    io.Reader
+	left int64
+	past bool
+}
+
+var errPastLimit = errors.New("the stream goes past its limit")
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.past {
+		return 0, errPastLimit
+	}
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	if int64(n) > l.left {
+		l.past = true
+		return int(l.left), errPastLimit
+	}
+	l.left -= int64(n)
+	return n, err
 }
 
 func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
