@@ -11,11 +11,11 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,6 +39,11 @@ type Server struct {
 	killed   bool
 	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
 	handlers sync.WaitGroup
+
+	// vols serializes changes of volumes (made, removed, metadata
+	// written); making holds the handles being made, not yet in place.
+	vols   sync.Mutex
+	making map[string]bool
 
 	tokenHash [sha256.Size]byte
 	tickets   map[[sha256.Size]byte]ticket // by the ticket's SHA-256
@@ -88,11 +93,18 @@ func Listen(addr, root, tokenHash string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	sweep(root)
 	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}),
-		tickets: map[[sha256.Size]byte]ticket{}, now: time.Now}
+		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /volumes", s.create)
+	mux.HandleFunc("GET /volumes", s.list)
+	mux.HandleFunc("GET /volumes/{handle}", s.get)
+	mux.HandleFunc("DELETE /volumes/{handle}", s.destroy)
+	mux.HandleFunc("PUT /volumes/{handle}/properties/{name}", s.setProperty)
+	mux.HandleFunc("GET /volumes/{handle}/privileged", s.getPrivileged)
+	mux.HandleFunc("PUT /volumes/{handle}/privileged", s.setPrivileged)
 	mux.HandleFunc("POST /tickets", s.ticket)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
@@ -247,23 +259,27 @@ func fail(w http.ResponseWriter, code int, format string, args ...any) {
 	_, _ = w.Write(b)
 }
 
-func validHandle(h string) bool {
-	return h != "" && !strings.ContainsAny(h, "/\\") && h != "." && h != ".."
+// decode reads a request's JSON body, of at most maxBody bytes, into v.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(v)
+	if _, past := errors.AsType[*http.MaxBytesError](err); past {
+		return fmt.Errorf("the body is past the limit of %d bytes", maxBody)
+	}
+	return err
 }
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Handle string `json:"handle"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !validHandle(req.Handle) {
-		fail(w, http.StatusBadRequest, "body must be {\"handle\": \"...\"}")
-		return
-	}
-	if err := os.MkdirAll(s.Path(req.Handle), 0o755); err != nil {
-		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+// answer answers code with v in JSON, and nothing more.
+func answer(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	_ = json.NewEncoder(w).Encode(map[string]string{"handle": req.Handle, "path": s.Path(req.Handle)})
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
+
+func validHandle(h string) bool {
+	return h != "" && !strings.ContainsAny(h, "/\\") && h != "." && h != ".."
 }

@@ -39,8 +39,14 @@ const testToken = "test-token-0123456789abcdef"
 
 func start(t *testing.T) (*Server, string) {
 	t.Helper()
+	return startIn(t, t.TempDir())
+}
+
+// startIn starts a server over root.
+func startIn(t *testing.T, root string) (*Server, string) {
+	t.Helper()
 	sum := sha256.Sum256([]byte(testToken))
-	s, err := Start(t.TempDir(), hex.EncodeToString(sum[:]))
+	s, err := Start(root, hex.EncodeToString(sum[:]))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Kill() })
 	return s, fmt.Sprintf("http://127.0.0.1:%d", s.Port())

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -37,7 +36,7 @@ const (
 func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
 	handle := r.PathValue("handle")
 	base := s.Path(handle)
-	if !validHandle(handle) {
+	if !s.exists(handle) {
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
 		return "", false
 	}
@@ -253,8 +252,7 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The destination took the whole stream: say what it was.
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(P2PResult{Bytes: sent.n, SHA256: hex.EncodeToString(sent.h.Sum(nil))})
+	answer(w, http.StatusOK, P2PResult{Bytes: sent.n, SHA256: hex.EncodeToString(sent.h.Sum(nil))})
 }
 
 // P2PResult is stream-p2p-out's answer: the encoded bytes the destination

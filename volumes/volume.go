@@ -1,0 +1,400 @@
+package volumes
+
+import (
+	"errors"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Volume is a volume as the server answers it: baggageclaim's
+// VolumeResponse, and what an import volume imports.
+type Volume struct {
+	Handle     string            `json:"handle"`
+	Path       string            `json:"path"`
+	Properties map[string]string `json:"properties"`
+	Privileged bool              `json:"privileged"`
+	// ImportPath is an import volume's strategy path, as the request
+	// named it (an image reference such as k8s-image://docker.io/x:1):
+	// the server records it and reads nothing there.
+	ImportPath string `json:"import_path,omitempty"`
+}
+
+// CreateRequest is the body of POST /volumes: baggageclaim's
+// VolumeRequest. Without a Strategy it only makes the volume's folder if
+// it is missing, as the step pods' callers always asked.
+type CreateRequest struct {
+	Handle     string            `json:"handle"`
+	Strategy   *Strategy         `json:"strategy,omitempty"`
+	Properties map[string]string `json:"properties,omitempty"`
+	Privileged bool              `json:"privileged,omitempty"`
+}
+
+// Strategy says what a new volume holds: nothing (StrategyEmpty), a copy
+// of Volume's files (StrategyCOW), or nothing yet, with Path recorded as
+// what it imports (StrategyImport).
+type Strategy struct {
+	Type   string `json:"type"`
+	Volume string `json:"volume,omitempty"`
+	Path   string `json:"path,omitempty"`
+}
+
+// The strategies' types.
+const (
+	StrategyEmpty  = "empty"
+	StrategyCOW    = "cow"
+	StrategyImport = "import"
+)
+
+// CopiedBytesHeader, on the answer to a cow create, is the bytes of the
+// files it copied.
+const CopiedBytesHeader = "X-Jetway-Copied-Bytes"
+
+// exists reports whether handle is a volume: a folder or a link to one
+// under root/volumes. Names starting with a dot are the server's own.
+func (s *Server) exists(handle string) bool {
+	if !validHandle(handle) || strings.HasPrefix(handle, ".") {
+		return false
+	}
+	fi, err := os.Lstat(s.Path(handle))
+	return err == nil && (fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0)
+}
+
+func (s *Server) describe(handle string, m meta) Volume {
+	return Volume{Handle: handle, Path: s.Path(handle), Properties: m.Properties,
+		Privileged: m.Privileged, ImportPath: m.ImportPath}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if err := decode(w, r, &req); err != nil {
+		fail(w, http.StatusBadRequest, `body must be {"handle": "...", "strategy": {"type": "..."}, "properties": {...}, "privileged": false}: %v`, err)
+		return
+	}
+	if !validHandle(req.Handle) || strings.HasPrefix(req.Handle, ".") {
+		fail(w, http.StatusBadRequest, "handle %q is not a volume's name", req.Handle)
+		return
+	}
+	if err := checkProperties(req.Properties); err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if req.Strategy == nil {
+		s.ensure(w, req)
+		return
+	}
+	switch st := req.Strategy; {
+	case st.Type != StrategyEmpty && st.Type != StrategyCOW && st.Type != StrategyImport:
+		fail(w, http.StatusUnprocessableEntity, "unknown strategy type %q (%s, %s, %s)", st.Type, StrategyEmpty, StrategyCOW, StrategyImport)
+	case st.Type == StrategyCOW && st.Volume == "":
+		fail(w, http.StatusBadRequest, "a cow strategy names its parent volume")
+	case st.Type == StrategyImport && st.Path == "":
+		fail(w, http.StatusBadRequest, "an import strategy names its path")
+	default:
+		s.makeVolume(w, r, req)
+	}
+}
+
+// ensure makes the volume's folder if it is missing, and keeps the
+// properties and privilege if the request has any: POST /volumes
+// without a strategy, as the step pods' callers always used it.
+func (s *Server) ensure(w http.ResponseWriter, req CreateRequest) {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	if err := os.MkdirAll(s.Path(req.Handle), 0o755); err != nil {
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	m, err := s.readMeta(req.Handle)
+	if err == nil && (req.Properties != nil || req.Privileged) {
+		m.Properties, m.Privileged = orEmpty(req.Properties), req.Privileged
+		err = s.writeMeta(req.Handle, m)
+	}
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	answer(w, http.StatusCreated, s.describe(req.Handle, m))
+}
+
+// makeVolume makes a new volume as its strategy says. It fills a temporary
+// folder of root/volumes and renames it into place, so a half-made
+// volume never shows; the lock is held only around that rename, not
+// while a copy runs.
+func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRequest) {
+	h, st := req.Handle, req.Strategy
+	if !s.reserve(h) {
+		fail(w, http.StatusConflict, "volume %q exists", h)
+		return
+	}
+	defer s.release(h)
+	if err := os.MkdirAll(filepath.Join(s.root, "volumes"), 0o755); err != nil {
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(s.root, "volumes"), creating)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	var copied int64
+	if st.Type == StrategyCOW {
+		parent, ok := s.resolve(st.Volume)
+		if !ok {
+			fail(w, http.StatusNotFound, "parent volume %q not found", st.Volume)
+			return
+		}
+		if copied, err = copyTree(r.Context(), parent, tmp); err != nil {
+			fail(w, http.StatusInternalServerError, "copy volume %q: %v", st.Volume, err)
+			return
+		}
+	} else if err := os.Chmod(tmp, 0o777); err != nil { // steps run as any user
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	// A parent's properties stay its own, as in baggageclaim.
+	m := meta{Properties: orEmpty(req.Properties), Privileged: req.Privileged}
+	if st.Type == StrategyImport {
+		m.ImportPath = st.Path
+	}
+	if err := s.commit(h, tmp, m); err != nil {
+		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	committed = true
+	if st.Type == StrategyCOW {
+		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(copied, 10))
+	}
+	answer(w, http.StatusCreated, s.describe(h, m))
+}
+
+// orEmpty is p, or no properties for nil: a Volume's properties are an
+// object, never null.
+func orEmpty(p map[string]string) map[string]string {
+	if p == nil {
+		return map[string]string{}
+	}
+	return p
+}
+
+// reserve takes handle for a create, if it is neither a volume nor being
+// made; release gives it back.
+func (s *Server) reserve(handle string) bool {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	if s.making[handle] || s.exists(handle) {
+		return false
+	}
+	s.making[handle] = true
+	return true
+}
+
+func (s *Server) release(handle string) {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	delete(s.making, handle)
+}
+
+// commit makes the folder tmp the volume handle, with its metadata
+// written first: a volume never shows without it.
+func (s *Server) commit(handle, tmp string, m meta) error {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	if err := s.writeMeta(handle, m); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.Path(handle)); err != nil {
+		return errors.Join(err, s.removeMeta(handle))
+	}
+	return nil
+}
+
+// resolve is the folder holding a volume's files, through the link a
+// step's volume is.
+func (s *Server) resolve(handle string) (string, bool) {
+	if !s.exists(handle) {
+		return "", false
+	}
+	dir, err := filepath.EvalSymlinks(s.Path(handle))
+	if err != nil {
+		return "", false
+	}
+	fi, err := os.Stat(dir)
+	return dir, err == nil && fi.IsDir()
+}
+
+// list answers the volumes whose properties include every name=value
+// pair of the query, sorted by handle.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	want := r.URL.Query()
+	for name, values := range want {
+		if len(values) > 1 {
+			fail(w, http.StatusUnprocessableEntity, "a property may only have one value: %s has %d", name, len(values))
+			return
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(s.root, "volumes"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		fail(w, http.StatusInternalServerError, "list volumes: %v", err)
+		return
+	}
+	found := []Volume{}
+	for _, e := range entries { // sorted by name
+		if !s.exists(e.Name()) {
+			continue
+		}
+		m, err := s.readMeta(e.Name())
+		if err != nil {
+			fail(w, http.StatusInternalServerError, "%v", err)
+			return
+		}
+		if matches(m.Properties, want) {
+			found = append(found, s.describe(e.Name(), m))
+		}
+	}
+	answer(w, http.StatusOK, found)
+}
+
+func matches(have map[string]string, want map[string][]string) bool {
+	for name, values := range want {
+		if v, ok := have[name]; !ok || v != values[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// lookup reads the request's volume's metadata, or answers 404 or 500.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (string, meta, bool) {
+	h := r.PathValue("handle")
+	if !s.exists(h) {
+		fail(w, http.StatusNotFound, "volume %q not found", h)
+		return h, meta{}, false
+	}
+	m, err := s.readMeta(h)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return h, meta{}, false
+	}
+	return h, m, true
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	if h, m, ok := s.lookup(w, r); ok {
+		answer(w, http.StatusOK, s.describe(h, m))
+	}
+}
+
+func (s *Server) getPrivileged(w http.ResponseWriter, r *http.Request) {
+	if _, m, ok := s.lookup(w, r); ok {
+		answer(w, http.StatusOK, m.Privileged)
+	}
+}
+
+// destroy removes a volume: a step's link alone, not the folder it links
+// to; a folder moved out of the way at once and removed after, so the
+// lock is not held while a big volume's files go.
+func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
+	h := r.PathValue("handle")
+	gone, err := s.unlink(h)
+	if errors.Is(err, errNoVolume) {
+		fail(w, http.StatusNotFound, "volume %q not found", h)
+		return
+	}
+	if gone != "" {
+		err = errors.Join(err, os.RemoveAll(gone))
+	}
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "destroy volume %q: %v", h, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+var errNoVolume = errors.New("no such volume")
+
+// unlink takes the volume handle away, with its metadata: a link is
+// removed, a folder moved into a temporary folder, returned for the
+// caller to remove even with an error.
+func (s *Server) unlink(handle string) (string, error) {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	if !s.exists(handle) {
+		return "", errNoVolume
+	}
+	path := s.Path(handle)
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return "", err
+	}
+	gone := ""
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		err = os.Remove(path)
+	} else if gone, err = os.MkdirTemp(filepath.Dir(path), deleting); err == nil {
+		if err = os.Rename(path, filepath.Join(gone, "volume")); err != nil {
+			_ = os.Remove(gone)
+			gone = ""
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	return gone, s.removeMeta(handle)
+}
+
+// change applies edit to the request's volume's metadata and keeps it,
+// answering 204, or says why not.
+func (s *Server) change(w http.ResponseWriter, r *http.Request, edit func(*meta) error) {
+	s.vols.Lock()
+	defer s.vols.Unlock()
+	h, m, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if err := edit(&m); err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if err := s.writeMeta(h, m); err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setProperty(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Value string `json:"value"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		fail(w, http.StatusBadRequest, `body must be {"value": "..."}: %v`, err)
+		return
+	}
+	s.change(w, r, func(m *meta) error {
+		m.Properties[r.PathValue("name")] = req.Value
+		return checkProperties(m.Properties)
+	})
+}
+
+func (s *Server) setPrivileged(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Value bool `json:"value"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		fail(w, http.StatusBadRequest, `body must be {"value": true or false}: %v`, err)
+		return
+	}
+	s.change(w, r, func(m *meta) error {
+		m.Privileged = req.Value
+		return nil
+	})
+}

@@ -1,0 +1,403 @@
+package volumes
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// create posts a create request; body is its JSON.
+func create(t *testing.T, base, body string) (*http.Response, []byte) {
+	t.Helper()
+	return do(t, http.MethodPost, base+"/volumes", nil, strings.NewReader(body))
+}
+
+// made creates a volume as body says, and returns the answer.
+func made(t *testing.T, base, body string) Volume {
+	t.Helper()
+	resp, b := create(t, base, body)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var v Volume
+	require.NoError(t, json.Unmarshal(b, &v))
+	return v
+}
+
+// lookUp gets a volume.
+func lookUp(t *testing.T, base, handle string) Volume {
+	t.Helper()
+	resp, b := do(t, http.MethodGet, base+"/volumes/"+handle, nil, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var v Volume
+	require.NoError(t, json.Unmarshal(b, &v))
+	return v
+}
+
+// stepVolume makes a volume as the step agent does: a link to a folder
+// elsewhere, holding a file, without metadata. It returns the folder.
+func stepVolume(t *testing.T, s *Server, handle string) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("step"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Dir(s.Path(handle)), 0o755))
+	require.NoError(t, os.Symlink(dir, s.Path(handle)))
+	return dir
+}
+
+func TestCreate(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"e","strategy":{"type":"empty"}}`)
+	many := map[string]string{}
+	for i := range maxProperties + 1 {
+		many[strconv.Itoa(i)] = "x"
+	}
+	tooMany, _ := json.Marshal(CreateRequest{Handle: "n", Strategy: &Strategy{Type: StrategyEmpty}, Properties: many})
+	for _, tc := range []struct {
+		name, body string
+		code       int
+		msg        string
+	}{
+		{"a handle alone", `{"handle":"old"}`, 201, `"handle":"old"`},
+		{"again: as before strategies, no conflict", `{"handle":"old"}`, 201, `"properties":{}`},
+		{"empty", `{"handle":"new","strategy":{"type":"empty"},"properties":{"k":"v"},"privileged":true}`, 201,
+			`"properties":{"k":"v"},"privileged":true`},
+		{"an existing handle", `{"handle":"e","strategy":{"type":"empty"}}`, 409, `volume \"e\" exists`},
+		{"a handle being a step's volume", `{"handle":"step","strategy":{"type":"empty"}}`, 409, `volume \"step\" exists`},
+		{"an unknown strategy", `{"handle":"u","strategy":{"type":"btrfs"}}`, 422, `unknown strategy type \"btrfs\" (empty, cow, import)`},
+		{"no strategy type", `{"handle":"u","strategy":{}}`, 422, `unknown strategy type \"\"`},
+		{"a cow without parent", `{"handle":"u","strategy":{"type":"cow"}}`, 400, "names its parent volume"},
+		{"a cow of a missing parent", `{"handle":"u","strategy":{"type":"cow","volume":"nope"}}`, 404, `parent volume \"nope\" not found`},
+		{"an import without path", `{"handle":"u","strategy":{"type":"import"}}`, 400, "names its path"},
+		{"bad JSON", `{"handle":`, 400, "body must be"},
+		{"no handle", `{"strategy":{"type":"empty"}}`, 400, `handle \"\" is not`},
+		{"a handle leaving the root", `{"handle":"../x","strategy":{"type":"empty"}}`, 400, `handle \"../x\" is not`},
+		{"a handle of the server's own", `{"handle":".create-1"}`, 400, `handle \".create-1\" is not`},
+		{"too many properties", string(tooMany), 400, "65 properties are past the limit of 64"},
+		{"a long property name", `{"handle":"n","properties":{"` + strings.Repeat("k", 257) + `":"v"}}`, 400,
+			"a property name of 257 bytes is past the limit of 256 bytes"},
+		{"long property values", `{"handle":"n","properties":{"a":"` + strings.Repeat("v", 32<<10) + `","b":"` + strings.Repeat("v", 32<<10+1) + `"}}`, 400,
+			"property values of 65537 bytes in all are past the limit of 65536 bytes"},
+		{"a long body", `{"handle":"n","x":"` + strings.Repeat(" ", 1<<20) + `"}`, 400, "the body is past the limit of 1048576 bytes"},
+	} {
+		if tc.name == "a handle being a step's volume" {
+			stepVolume(t, s, "step")
+		}
+		resp, body := create(t, base, tc.body)
+		assert.Equal(t, tc.code, resp.StatusCode, "%s: %s", tc.name, body)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), tc.name)
+		assert.Contains(t, string(body), tc.msg, tc.name)
+	}
+	for _, h := range []string{"u", "n", "x"} {
+		_, err := os.Lstat(s.Path(h))
+		assert.True(t, os.IsNotExist(err), "no volume %s made", h)
+	}
+	// An empty volume is writable by whoever a step runs as; a volume
+	// made without strategy is made as it always was.
+	for h, mode := range map[string]os.FileMode{"new": 0o777, "old": 0o755 &^ umask(t)} {
+		fi, err := os.Stat(s.Path(h))
+		require.NoError(t, err)
+		assert.Equal(t, os.ModeDir|mode, fi.Mode(), h)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(s.root, "volumes", ".*"))
+	assert.Empty(t, leftovers)
+}
+
+// umask is the process's umask, as a new folder's mode shows it.
+func umask(t *testing.T) os.FileMode {
+	dir := filepath.Join(t.TempDir(), "probe")
+	require.NoError(t, os.Mkdir(dir, 0o777))
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	return 0o777 &^ fi.Mode().Perm()
+}
+
+// TestCopyOnWrite: a cow volume is a copy of its parent's files, modes
+// and links (not followed), independent of the parent, with its own
+// properties; the answer says the bytes copied.
+func TestCopyOnWrite(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"p","strategy":{"type":"empty"},"properties":{"from":"parent"}}`)
+	p := s.Path("p")
+	require.NoError(t, os.MkdirAll(filepath.Join(p, "d", "deep"), 0o750))
+	require.NoError(t, os.WriteFile(filepath.Join(p, "d", "f"), []byte("hello"), 0o640))
+	require.NoError(t, os.WriteFile(filepath.Join(p, "d", "deep", "x"), []byte("#!/bin/sh\n"), 0o755))
+	require.NoError(t, os.Symlink("d/f", filepath.Join(p, "link")))
+	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(p, "out")))
+	require.NoError(t, os.MkdirAll(filepath.Join(p, "ro"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(p, "ro", "g"), []byte("read-only"), 0o444))
+	require.NoError(t, os.Chmod(filepath.Join(p, "ro"), 0o555))
+	t.Cleanup(func() { // so that t.TempDir can go
+		_ = os.Chmod(filepath.Join(p, "ro"), 0o755)
+		_ = os.Chmod(filepath.Join(s.Path("c"), "ro"), 0o755)
+	})
+
+	resp, body := create(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"},"properties":{"own":"1"}}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	assert.Equal(t, strconv.Itoa(len("hello")+len("#!/bin/sh\n")+len("read-only")), resp.Header.Get(CopiedBytesHeader))
+	var v Volume
+	require.NoError(t, json.Unmarshal(body, &v))
+	assert.Equal(t, Volume{Handle: "c", Path: s.Path("c"), Properties: map[string]string{"own": "1"}}, v,
+		"a parent's properties stay its own")
+
+	c := s.Path("c")
+	for name, mode := range map[string]os.FileMode{
+		".": os.ModeDir | 0o777, "d": os.ModeDir | 0o750, "d/deep": os.ModeDir | 0o750, "d/f": 0o640,
+		"d/deep/x": 0o755, "ro": os.ModeDir | 0o555, "ro/g": 0o444,
+	} {
+		fi, err := os.Lstat(filepath.Join(c, name))
+		require.NoError(t, err, name)
+		assert.Equal(t, mode, fi.Mode(), name)
+	}
+	for name, want := range map[string]string{"d/f": "hello", "d/deep/x": "#!/bin/sh\n", "ro/g": "read-only"} {
+		b, err := os.ReadFile(filepath.Join(c, name))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(b), name)
+	}
+	for name, target := range map[string]string{"link": "d/f", "out": "/etc/passwd"} {
+		got, err := os.Readlink(filepath.Join(c, name))
+		require.NoError(t, err, "%s is a link still", name)
+		assert.Equal(t, target, got)
+	}
+
+	// The copy is the child's own.
+	require.NoError(t, os.WriteFile(filepath.Join(c, "d", "f"), []byte("changed"), 0o640))
+	require.NoError(t, os.WriteFile(filepath.Join(c, "new"), nil, 0o644))
+	b, err := os.ReadFile(filepath.Join(p, "d", "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(b))
+	assert.NoFileExists(t, filepath.Join(p, "new"))
+	assert.Equal(t, map[string]string{"from": "parent"}, lookUp(t, base, "p").Properties)
+
+	// A step's volume, a link, is copied from the folder it links to.
+	stepVolume(t, s, "step")
+	resp, body = create(t, base, `{"handle":"of-step","strategy":{"type":"cow","volume":"step"}}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	assert.Equal(t, "4", resp.Header.Get(CopiedBytesHeader))
+	fi, err := os.Lstat(s.Path("of-step"))
+	require.NoError(t, err)
+	assert.True(t, fi.IsDir(), "a folder, not a link")
+	b, err = os.ReadFile(filepath.Join(s.Path("of-step"), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "step", string(b))
+}
+
+// TestImportRecordsItsPath: an import volume is empty, whatever its path
+// names, even a folder of the server's machine; the path is kept.
+func TestImportRecordsItsPath(t *testing.T) {
+	s, base := start(t)
+	local := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(local, "secret"), []byte("host's"), 0o644))
+	for i, path := range []string{"k8s-image://docker.io/x:1", local} {
+		h := fmt.Sprintf("i%d", i)
+		body, _ := json.Marshal(CreateRequest{Handle: h, Strategy: &Strategy{Type: StrategyImport, Path: path}})
+		v := made(t, base, string(body))
+		assert.Equal(t, Volume{Handle: h, Path: s.Path(h), Properties: map[string]string{}, ImportPath: path}, v)
+		assert.Equal(t, v, lookUp(t, base, h))
+		entries, err := os.ReadDir(s.Path(h))
+		require.NoError(t, err)
+		assert.Empty(t, entries, "nothing read from %s", path)
+	}
+	_, b := do(t, http.MethodGet, base+"/volumes/i0", nil, nil)
+	assert.Contains(t, string(b), `"import_path":"k8s-image://docker.io/x:1"`)
+	_, b = create(t, base, `{"handle":"e","strategy":{"type":"empty"}}`)
+	assert.NotContains(t, string(b), "import_path", "only an import has one")
+}
+
+func TestList(t *testing.T) {
+	s, base := start(t)
+	resp, body := do(t, http.MethodGet, base+"/volumes", nil, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "[]", string(body), "no volumes yet: an empty array")
+
+	made(t, base, `{"handle":"b","strategy":{"type":"empty"},"properties":{"kind":"cache","team":"2"}}`)
+	made(t, base, `{"handle":"a","strategy":{"type":"empty"},"properties":{"kind":"cache","team":"1"}}`)
+	volume(t, base, "c")
+	stepVolume(t, s, "d")
+	// The server's own temporary folders are not volumes.
+	require.NoError(t, os.Mkdir(filepath.Join(s.root, "volumes", ".stream-in-1"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(s.root, "volumes", "file"), nil, 0o644))
+	for _, tc := range []struct {
+		query string
+		code  int
+		want  []string
+	}{
+		{"", 200, []string{"a", "b", "c", "d"}},
+		{"?kind=cache", 200, []string{"a", "b"}},
+		{"?kind=cache&team=2", 200, []string{"b"}},
+		{"?kind=other", 200, []string{}},
+		{"?team=", 200, []string{}},
+		{"?team=1&team=2", 422, nil},
+	} {
+		resp, body := do(t, http.MethodGet, base+"/volumes"+tc.query, nil, nil)
+		require.Equal(t, tc.code, resp.StatusCode, "%s: %s", tc.query, body)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		if tc.code != http.StatusOK {
+			continue
+		}
+		var got []Volume
+		require.NoError(t, json.Unmarshal(body, &got))
+		handles := []string{}
+		for _, v := range got {
+			handles = append(handles, v.Handle)
+			assert.NotNil(t, v.Properties, "properties are an object, never null")
+			assert.Equal(t, s.Path(v.Handle), v.Path)
+		}
+		assert.Equal(t, tc.want, handles, tc.query)
+		if len(tc.want) == 0 {
+			assert.Equal(t, "[]", string(body))
+		}
+	}
+}
+
+// TestMetadataSurvivesARestart: a server started over the same root
+// answers the same volumes, and sweeps what a killed one left half done.
+func TestMetadataSurvivesARestart(t *testing.T) {
+	root := t.TempDir()
+	first, base := startIn(t, root)
+	made(t, base, `{"handle":"a","strategy":{"type":"empty"},"properties":{"k":"v"},"privileged":true}`)
+	made(t, base, `{"handle":"i","strategy":{"type":"import","path":"k8s-image://x"}}`)
+	resp, _ := do(t, http.MethodPut, base+"/volumes/i/properties/late", nil, strings.NewReader(`{"value":"yes"}`))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	before, b := do(t, http.MethodGet, base+"/volumes", nil, nil)
+	require.Equal(t, http.StatusOK, before.StatusCode)
+	require.NoError(t, first.Kill())
+	for _, half := range []string{"volumes/" + creating + "1", "volumes/" + deleting + "2", "meta/" + writing + "3"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, half), 0o755))
+	}
+
+	_, base = startIn(t, root)
+	_, after := do(t, http.MethodGet, base+"/volumes", nil, nil)
+	assert.JSONEq(t, string(b), string(after))
+	assert.Equal(t, map[string]string{"k": "v"}, lookUp(t, base, "a").Properties)
+	assert.True(t, lookUp(t, base, "a").Privileged)
+	assert.Equal(t, Volume{Handle: "i", Path: filepath.Join(root, "volumes", "i"),
+		Properties: map[string]string{"late": "yes"}, ImportPath: "k8s-image://x"}, lookUp(t, base, "i"))
+	for _, dir := range []string{"volumes", "meta"} {
+		leftovers, _ := filepath.Glob(filepath.Join(root, dir, ".*"))
+		assert.Empty(t, leftovers)
+	}
+}
+
+func TestDestroy(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"v","strategy":{"type":"empty"},"properties":{"k":"v"}}`)
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("v"), "f"), []byte("x"), 0o644))
+	target := stepVolume(t, s, "step")
+	for _, h := range []string{"v", "step"} {
+		resp, body := do(t, http.MethodDelete, base+"/volumes/"+h, nil, nil)
+		assert.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+		_, err := os.Lstat(s.Path(h))
+		assert.True(t, os.IsNotExist(err), h)
+		assert.NoFileExists(t, s.metaPath(h))
+		resp, body = do(t, http.MethodGet, base+"/volumes/"+h, nil, nil)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+		assert.Equal(t, `{"error":"volume \"`+h+`\" not found"}`, string(body))
+		resp, body = do(t, http.MethodDelete, base+"/volumes/"+h, nil, nil)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+		assert.Equal(t, `{"error":"volume \"`+h+`\" not found"}`, string(body))
+	}
+	b, err := os.ReadFile(filepath.Join(target, "f"))
+	require.NoError(t, err, "a step's volume is a link: its folder stays")
+	assert.Equal(t, "step", string(b))
+	leftovers, _ := filepath.Glob(filepath.Join(s.root, "volumes", ".*"))
+	assert.Empty(t, leftovers)
+	// The handle is free again, with no properties of the old volume.
+	assert.Empty(t, made(t, base, `{"handle":"v","strategy":{"type":"empty"}}`).Properties)
+}
+
+func TestPropertiesAndPrivileged(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"v","strategy":{"type":"empty"},"properties":{"a":"1"}}`)
+	stepVolume(t, s, "step")
+	for _, tc := range []struct {
+		method, path, body string
+		code               int
+		answer             string
+	}{
+		{http.MethodPut, "/volumes/v/properties/b", `{"value":"2"}`, 204, ""},
+		{http.MethodPut, "/volumes/v/properties/a", `{"value":"one"}`, 204, ""},
+		{http.MethodPut, "/volumes/step/properties/a", `{"value":"s"}`, 204, ""},
+		{http.MethodPut, "/volumes/nope/properties/a", `{"value":"1"}`, 404, `{"error":"volume \"nope\" not found"}`},
+		{http.MethodPut, "/volumes/v/properties/c", `{"value":`, 400, ""},
+		{http.MethodPut, "/volumes/v/properties/c", `{"value":"` + strings.Repeat("v", 64<<10) + `"}`, 400, ""},
+		{http.MethodGet, "/volumes/v/privileged", "", 200, "false"},
+		{http.MethodPut, "/volumes/v/privileged", `{"value":true}`, 204, ""},
+		{http.MethodGet, "/volumes/v/privileged", "", 200, "true"},
+		{http.MethodGet, "/volumes/step/privileged", "", 200, "false"},
+		{http.MethodPut, "/volumes/v/privileged", `{"value":"yes"}`, 400, ""},
+		{http.MethodGet, "/volumes/nope/privileged", "", 404, `{"error":"volume \"nope\" not found"}`},
+		{http.MethodPut, "/volumes/nope/privileged", `{"value":true}`, 404, `{"error":"volume \"nope\" not found"}`},
+	} {
+		resp, body := do(t, tc.method, base+tc.path, nil, strings.NewReader(tc.body))
+		assert.Equal(t, tc.code, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
+		if tc.code != http.StatusNoContent {
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		}
+		if tc.answer != "" {
+			assert.Equal(t, tc.answer, string(body), "%s %s", tc.method, tc.path)
+		}
+	}
+	_, body := do(t, http.MethodPut, base+"/volumes/v/properties/c", nil, strings.NewReader(`{"value":"`+strings.Repeat("v", 64<<10)+`"}`))
+	assert.Contains(t, string(body), "property values of 65540 bytes in all are past the limit of 65536 bytes")
+	v := lookUp(t, base, "v")
+	assert.Equal(t, map[string]string{"a": "one", "b": "2"}, v.Properties, "a refused change changes nothing")
+	assert.True(t, v.Privileged)
+	assert.Equal(t, map[string]string{"a": "s"}, lookUp(t, base, "step").Properties)
+}
+
+// TestConcurrentChanges: creates of one handle race to one volume;
+// changes of different volumes at once are safe (the race detector
+// guards it), and none is lost.
+func TestConcurrentChanges(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"p","strategy":{"type":"empty"}}`)
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("p"), "f"), []byte("data"), 0o644))
+	send := func(method, path, body string) int {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const n = 8
+	codes := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			codes <- send(http.MethodPost, "/volumes", `{"handle":"same","strategy":{"type":"cow","volume":"p"}}`)
+		})
+		wg.Go(func() {
+			h := fmt.Sprintf("v%d", i)
+			if send(http.MethodPost, "/volumes", `{"handle":"`+h+`","strategy":{"type":"empty"}}`) != http.StatusCreated {
+				return
+			}
+			for j := range 10 {
+				send(http.MethodPut, "/volumes/"+h+"/properties/p"+strconv.Itoa(j), `{"value":"x"}`)
+			}
+			send(http.MethodGet, "/volumes", "")
+		})
+	}
+	wg.Wait()
+	close(codes)
+	counts := map[int]int{}
+	for c := range codes {
+		counts[c]++
+	}
+	assert.Equal(t, map[int]int{http.StatusCreated: 1, http.StatusConflict: n - 1}, counts)
+	for i := range n {
+		assert.Len(t, lookUp(t, base, fmt.Sprintf("v%d", i)).Properties, 10)
+	}
+}
