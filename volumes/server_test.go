@@ -320,7 +320,8 @@ func ticketFor(t *testing.T, base, ticket, handle, path string) {
 }
 
 // TestServesOnlyTheTokensHolder: every route answers 401 to a request
-// without the token, or with another, and reads or writes nothing.
+// without the token, or with another, and reads, writes or removes
+// nothing.
 func TestServesOnlyTheTokensHolder(t *testing.T) {
 	s, base := start(t)
 	volume(t, base, "v")
@@ -338,8 +339,15 @@ func TestServesOnlyTheTokensHolder(t *testing.T) {
 			{http.MethodPut, "/volumes/v/stream-in", tarball},
 			{http.MethodPut, "/volumes/v/stream-p2p-out?streamInURL=http://127.0.0.1:1/", nil},
 			{http.MethodPost, "/volumes", []byte(`{"handle":"new"}`)},
+			{http.MethodPost, "/volumes", []byte(`{"handle":"new","strategy":{"type":"cow","volume":"v"}}`)},
 			{http.MethodPost, "/tickets", ticket},
 			{http.MethodGet, "/volumes", nil},
+			{http.MethodGet, "/volumes?team=a", nil},
+			{http.MethodGet, "/volumes/v", nil},
+			{http.MethodDelete, "/volumes/v", nil},
+			{http.MethodPut, "/volumes/v/properties/team", []byte(`{"value":"b"}`)},
+			{http.MethodGet, "/volumes/v/privileged", nil},
+			{http.MethodPut, "/volumes/v/privileged", []byte(`{"value":true}`)},
 			{http.MethodGet, "/no/such/path", nil},
 		} {
 			resp, body := do(t, tc.method, base+tc.path, map[string]string{"Authorization": cred}, bytes.NewReader(tc.body))
@@ -353,6 +361,8 @@ func TestServesOnlyTheTokensHolder(t *testing.T) {
 	assert.Equal(t, "team a's", string(b), "nothing written")
 	_, err = os.Stat(s.Path("new"))
 	assert.True(t, os.IsNotExist(err), "no volume made")
+	assert.Equal(t, Volume{Handle: "v", Path: s.Path("v"), Properties: map[string]string{}}, lookUp(t, base, "v"),
+		"no volume removed or changed")
 	// The one ticket registered with the token is not one the others made.
 	resp, _ := do(t, http.MethodPut, base+"/volumes/v/stream-in", map[string]string{"Authorization": "Bearer mine"}, bytes.NewReader(tarball))
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
