@@ -1,9 +1,18 @@
-// Package volumes is a step pod's volume sidecar: a small server speaking
-// the subset of Concourse's baggageclaim volume API that jetway uses:
-// create a volume, stream a tar of it out and into it (raw, gzip, zstd or s2),
-// and push a stream straight to another server (stream-p2p-out). The step
-// agent serves it on port 7788 of every step pod; the local test clusters
-// run it in-process behind each step pod's port-forward.
+// Package volumes is jetway's volume server: a small HTTP server
+// speaking the subset of Concourse's baggageclaim volume API that jetway
+// needs, over volumes kept as folders under a root folder. It makes a
+// volume (empty, a copy of another, or an import that records what it
+// names and reads nothing), lists, looks up and removes volumes, keeps
+// their properties and privilege on disk, streams a tar of a volume out
+// and into it (raw, gzip, zstd or s2), and pushes a stream straight to
+// another server (stream-p2p-out). It serves only the holder of its
+// token.
+//
+// The step agent serves it on port 7788 of every step pod, over the
+// pod's volumes; the local test clusters run it in-process behind each
+// step pod's port-forward. A per-target volume holder pod serves it over
+// the volumes of a Concourse web node, and the gateway answers the web
+// node's baggageclaim API by calling it.
 package volumes
 
 import (
