@@ -29,12 +29,12 @@ type Holdings interface {
 	// means the list is not known now (the target's pods not listed yet,
 	// the pod key not read): nothing is reported then, since a short list
 	// would tell the web node its containers are missing.
-	Containers(target string) ([]string, error)
+	Containers(ctx context.Context, target string) ([]string, error)
 	// DestroyContainer destroys a container the web node named: nil if
 	// it is gone, ErrNotOurs if a pod with its handle is not jetway's.
 	DestroyContainer(ctx context.Context, target, handle string) error
 	// Volumes are the handles of the target's volumes.
-	Volumes(target string) ([]string, error)
+	Volumes(ctx context.Context, target string) ([]string, error)
 	// DestroyVolume destroys a volume the web node named.
 	DestroyVolume(ctx context.Context, target, handle string) error
 }
@@ -49,18 +49,18 @@ type PodTargets interface {
 }
 
 // Pods are the holdings of cluster targets: a container is a pod jetway
-// sealed carrying ContainerLabel. jetway makes no volume for a web node
-// yet (running its steps is the next step, docs/concourse.md): a target
-// reports none, and destroys none.
+// sealed carrying ContainerLabel; a volume is one its Holder keeps (nil:
+// none).
 type Pods struct {
 	Targets PodTargets
 	// Key is the installation's pod key, zero until it is read.
-	Key func() ownership.Key
+	Key    func() ownership.Key
+	Holder *Holder
 }
 
 // Containers lists the sealed pods with ContainerLabel from the target's
 // pod cache.
-func (h Pods) Containers(target string) ([]string, error) {
+func (h Pods) Containers(_ context.Context, target string) ([]string, error) {
 	t, key, err := h.ready(target)
 	if err != nil || t == nil {
 		return nil, err
@@ -101,13 +101,21 @@ func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error
 	return nil
 }
 
-// Volumes: jetway makes no volume for a web node yet.
-func (Pods) Volumes(string) ([]string, error) { return nil, nil }
+// Volumes lists the volumes the target's holder keeps.
+func (h Pods) Volumes(ctx context.Context, target string) ([]string, error) {
+	if h.Holder == nil {
+		return nil, nil
+	}
+	return h.Holder.List(ctx, target)
+}
 
-// DestroyVolume: jetway makes no volume for a web node yet, so a volume
-// the web node names is none of jetway's.
-func (Pods) DestroyVolume(_ context.Context, _, handle string) error {
-	return fmt.Errorf("volume %s: %w", handle, ErrNotOurs)
+// DestroyVolume destroys a volume the target's holder keeps: every volume
+// there is one the web node made.
+func (h Pods) DestroyVolume(ctx context.Context, target, handle string) error {
+	if h.Holder == nil {
+		return fmt.Errorf("volume %s: %w", handle, ErrNotOurs)
+	}
+	return h.Holder.Destroy(ctx, target, handle)
 }
 
 // ready is the target and the pod key, once both can be trusted. An

@@ -13,6 +13,8 @@ type Metrics struct {
 	commands      *prometheus.CounterVec
 	sweeps        *prometheus.CounterVec
 	destroys      *prometheus.CounterVec
+	copies        prometheus.Counter
+	copiedBytes   prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg.
@@ -42,8 +44,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_concourse_destroyed_total",
 			Help: "What the web node named to destroy, by kind (containers, volumes) and result: destroyed, not-ours (jetway did not make it: left alone), error.",
 		}, []string{"kind", "result"}),
+		copies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_volume_copies_total",
+			Help: "Copy-on-write volumes the web node made that were real copies of their parent's files in the volume holder.",
+		}),
+		copiedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_volume_copied_bytes_total",
+			Help: "Bytes those copies wrote.",
+		}),
 	}
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys)
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes)
 	return m
 }
 
@@ -98,4 +108,13 @@ func (m *Metrics) destroyed(kind, result string) {
 	if m != nil {
 		m.destroys.WithLabelValues(kind, result).Inc()
 	}
+}
+
+// copied counts a volume made by copying n bytes.
+func (m *Metrics) copied(n int64) {
+	if m == nil {
+		return
+	}
+	m.copies.Inc()
+	m.copiedBytes.Add(float64(n))
 }

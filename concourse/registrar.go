@@ -77,6 +77,9 @@ type Options struct {
 	// Holdings are the containers and volumes jetway holds for the web
 	// node; nil: none.
 	Holdings Holdings
+	// VolumeAPI serves a worker's volume API (Holder.API); nil: the
+	// volumes are listed from Holdings, and nothing else is served.
+	VolumeAPI func(target string) http.Handler
 	// SweepInterval is how often each registration runs the garbage
 	// collection rounds with the web node; default DefaultSweepInterval.
 	SweepInterval time.Duration
@@ -152,6 +155,9 @@ func New(opts Options) *Registrar {
 	}
 	if opts.Holdings == nil {
 		opts.Holdings = none{}
+	}
+	if opts.VolumeAPI == nil {
+		opts.VolumeAPI = func(target string) http.Handler { return volumeAPI(target, opts.Holdings) }
 	}
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
@@ -377,7 +383,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		sctx, stopSweeps := context.WithCancel(ctx)
 		var sweeps sync.WaitGroup
 		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
-		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings), volumeAPI(w.Name, r.opts.Holdings), func(e Event) {
+		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings), r.opts.VolumeAPI(w.Name), func(e Event) {
 			switch e.Type {
 			case "registered":
 				once.Do(func() { registered <- e })

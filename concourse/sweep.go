@@ -26,7 +26,7 @@ const commandTimeout = 30 * time.Second
 // kind is containers or volumes: how they are listed and destroyed.
 type kind struct {
 	name    string // as in the TSA's commands: report-<name>, sweep-<name>
-	list    func(target string) ([]string, error)
+	list    func(ctx context.Context, target string) ([]string, error)
 	destroy func(ctx context.Context, target, handle string) error
 }
 
@@ -72,7 +72,7 @@ func (r *Registrar) sweep(ctx context.Context, target string, k kind, run comman
 		defer cancel()
 		return run(ctx, command)
 	}
-	handles, err := k.list(target)
+	handles, err := k.list(ctx, target)
 	if err != nil {
 		// Not reported: a partial list would tell the web node that
 		// what is missing from it is gone.

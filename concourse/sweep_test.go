@@ -40,7 +40,9 @@ type heldContainers struct {
 	destroyed     []string
 }
 
-func (h *heldContainers) Containers(string) ([]string, error) { return h.held, h.listErr }
+func (h *heldContainers) Containers(context.Context, string) ([]string, error) {
+	return h.held, h.listErr
+}
 func (h *heldContainers) DestroyContainer(_ context.Context, _, handle string) error {
 	for _, f := range h.foreign {
 		if f == handle {

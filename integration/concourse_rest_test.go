@@ -66,14 +66,15 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	}
 
 	// The web node calls the workers at the addresses registered: a step
-	// placed on one looks its container up with a Garden list, then asks
-	// for volumes, which jetway refuses, saying so.
+	// placed on one looks its container up with a Garden list, makes its
+	// volumes (in the target's volume holder), then asks Garden to create
+	// the container, which jetway refuses, saying so.
 	task := filepath.Join(t.TempDir(), "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: echo, args: [hi]}\n"))
 	out, err := web.Fly("execute", "-c", task, "--tag", "gpu")
 	require.Error(t, err, "jetway runs no step of the web node's yet")
 	assert.Contains(t, err.Error()+out,
-		"find or create container on worker cwrest-tagged: jetway does not run a Concourse web node's containers or volumes yet")
+		"find or create container on worker cwrest-tagged: jetway does not run a Concourse web node's containers yet")
 	assertWebNodeListsGarden(ctx, t, web, client, task)
 
 	// Heartbeats keep every worker running past its TTL: once a worker

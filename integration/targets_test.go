@@ -303,6 +303,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
 	id := steps.NewIdentity(o.identity)
+	podOpts := steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
+		Extract: o.extract, Key: key, Steps: o.stepDefaults}
 	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
 		return steps.StoreOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Logger: logger},
 			steps.OwnersOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Identity: id, Logger: logger},
@@ -326,18 +328,22 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			}
 			return out
 		},
-		Pod: steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
-			Extract: o.extract, Key: key, Steps: o.stepDefaults},
+		Pod:            podOpts,
 		ImagePullGrace: o.pullGrace, KillGrace: cmp.Or(o.killGrace, 2*time.Second), Retain: cmp.Or(o.retain, time.Minute), TargetGoneGrace: o.targetGone,
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	var registrar *concourse.Registrar
+	var holder *concourse.Holder
 	if o.concourse != nil {
+		metrics := concourse.NewMetrics(reg)
+		holder = &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
+			Server: streamer.VolumeServer, Metrics: metrics}
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
-			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }}, SweepInterval: o.sweep,
+			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder},
+			VolumeAPI: holder.API, SweepInterval: o.sweep,
 			Agents: agentsOf(node), LandAgent: landAgentOf(node),
-			Logger: logger.With("component", "concourse"), Metrics: concourse.NewMetrics(reg)})
+			Logger: logger.With("component", "concourse"), Metrics: metrics})
 	}
 	ln, err := listenAPI(o.listen)
 	require.NoError(t, err)
@@ -351,7 +357,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	// gateway's leases go once its runners stopped, as in gateway run).
 	first := []interface{ Start(context.Context) error }{stepper}
 	if registrar != nil {
-		first = append(first, registrar)
+		first = append(first, registrar, holder)
 	}
 	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
 	if node != nil {

@@ -326,6 +326,9 @@ func gone(err error) bool { return apierrors.IsNotFound(err) || apierrors.IsConf
 func unfinished(pods []*corev1.Pod) []string {
 	var out []string
 	for _, p := range pods {
+		if targets.IsVolumeHolder(p) {
+			continue // deleted with the rest once the steps ended
+		}
 		if !targets.Finished(p) || p.DeletionTimestamp != nil {
 			out = append(out, p.Name)
 		}

@@ -75,6 +75,25 @@ func (o PodOptions) sidecarCommand() []string {
 	return cmd
 }
 
+// sidecar is the volume sidecar container, serving the pod's emptyDir to
+// the holder of the token whose SHA-256 is tokenHash. Its working dir is
+// the emptyDir, as the step container's: the gateway reads a step's log
+// through it (the same relative bin/step-agent) once the step's container
+// ended.
+func (o PodOptions) sidecar(tokenHash string) corev1.Container {
+	return corev1.Container{
+		Name: SidecarContainer, Image: o.AgentImage,
+		Command:    o.sidecarCommand(),
+		WorkingDir: stepagent.Root,
+		Env: []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root},
+			{Name: stepagent.TokenHashEnv, Value: tokenHash}},
+		Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
+		VolumeMounts:    []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}},
+		SecurityContext: agentSecurity(),
+		Resources:       sidecarResources,
+	}
+}
+
 // sidecarResources bound the volume sidecar: it streams, holding one
 // buffer per stream.
 var sidecarResources = corev1.ResourceRequirements{
@@ -134,20 +153,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
 				Resources:       stepResources(sum.Resources, defaults),
 				SecurityContext: stepSecurity(sum.Privileged),
-			}, {
-				// Its working dir is the emptyDir, as the step container's:
-				// the gateway reads the step's log through it (the same
-				// relative bin/step-agent) once the step's container ended.
-				Name: SidecarContainer, Image: opts.AgentImage,
-				Command:    opts.sidecarCommand(),
-				WorkingDir: stepagent.Root,
-				Env: []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root},
-					{Name: stepagent.TokenHashEnv, Value: tokenHash}},
-				Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
-				VolumeMounts:    mount,
-				SecurityContext: agentSecurity(),
-				Resources:       sidecarResources,
-			}},
+			}, opts.sidecar(tokenHash)},
 		},
 	}
 	for _, name := range meta.ImagePullSecrets {
@@ -165,4 +171,41 @@ func agentSecurity() *corev1.SecurityContext {
 		Capabilities:           &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 		SeccompProfile:         &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
+}
+
+// VolumeHolderName is the name of the pod keeping a Concourse web node's
+// volumes on a target of installation (one per target namespace).
+func VolumeHolderName(installation string) string {
+	sum := sha256.Sum256([]byte(installation))
+	return "jetway-volumes-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// VolumeHolderPod is the pod keeping a Concourse web node's volumes on t:
+// the volume sidecar alone, serving its emptyDir (sized as a step's),
+// sealed for no team, so that only the gateway, with the pod's token, and
+// jetway's admins reach it. It is the step pods' sidecar, so the same
+// image and limits; it holds what the web node streams in, not a step.
+func VolumeHolderPod(t *targets.Target, opts PodOptions) *corev1.Pod {
+	name := VolumeHolderName(opts.Installation)
+	labels := ownership.Labels(t.Name(), opts.Installation)
+	labels[targets.VolumeHolderLabel] = "concourse"
+	meta := t.Config.Meta
+	no := false
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.Namespace(), Labels: labels,
+			Annotations: map[string]string{ownership.SealAnnotation: opts.Key.Seal(t.Name(), name, "")}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyAlways,
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			NodeSelector:                 meta.NodeSelector,
+			Tolerations:                  meta.Tolerations,
+			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(opts.Steps.For(meta.Steps))}},
+			Containers:                   []corev1.Container{opts.sidecar(ownership.TokenHash(opts.Key.Token(t.Name(), name)))},
+		},
+	}
+	for _, s := range meta.ImagePullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	return pod
 }

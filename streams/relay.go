@@ -27,28 +27,51 @@ import (
 // port-forward, with the pod's token: op on the endpoint's volume path,
 // or, for an op starting with "/", that path of the server.
 func (s *Streamer) volumeRequest(ctx context.Context, e Endpoint, op string, q url.Values, body io.Reader) (*http.Request, error) {
-	if s.opts.Key.IsZero() {
-		return nil, errNoKey
-	}
-	t, err := s.opts.Target(e.Target)
-	if err != nil {
-		return nil, err
-	}
-	u := url.URL{Scheme: "http", Host: portforward.Host(e.Target, t.Namespace(), e.Pod, VolumePort), Path: op}
+	path := op
 	if !strings.HasPrefix(op, "/") {
 		if q == nil {
 			q = url.Values{}
 		}
 		q.Set("path", e.Path)
-		u.Path = "/volumes/" + url.PathEscape(e.Handle) + "/" + op
+		path = "/volumes/" + url.PathEscape(e.Handle) + "/" + op
 	}
-	u.RawQuery = q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), body)
+	return s.podRequest(ctx, e.Target, e.Pod, http.MethodPut, path, q, body)
+}
+
+// podRequest is a request to path of a pod's volume server, reached by
+// port-forward, with the pod's token.
+func (s *Streamer) podRequest(ctx context.Context, target, pod, method, path string, q url.Values, body io.Reader) (*http.Request, error) {
+	if s.opts.Key.IsZero() {
+		return nil, errNoKey
+	}
+	t, err := s.opts.Target(target)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+s.opts.Key.Token(e.Target, e.Pod))
+	u := url.URL{Scheme: "http", Host: portforward.Host(target, t.Namespace(), pod, VolumePort), Path: path, RawQuery: q.Encode()}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.opts.Key.Token(target, pod))
 	return req, nil
+}
+
+// VolumeServer sends one request to a pod's volume server: method on
+// path, with query q, header h (the token is set here) and body. It
+// checks no caller: the concourse package reaches its volume holders
+// with it, for the web node they serve.
+func (s *Streamer) VolumeServer(ctx context.Context, target, pod, method, path string, q url.Values, h http.Header, body io.Reader) (*http.Response, error) {
+	req, err := s.podRequest(ctx, target, pod, method, path, q, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range h {
+		if k != "Authorization" {
+			req.Header[k] = v
+		}
+	}
+	return s.client.Do(req)
 }
 
 // errNoKey: a streamer without the installation's pod key reaches no pod.

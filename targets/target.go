@@ -69,6 +69,15 @@ func (t *Target) AwaitPods(ctx context.Context, done func(pods []*corev1.Pod) bo
 // check. Build containers are steps of type task, get and put.
 const StepTypeLabel = "jetway-ci.dev/step-type"
 
+// VolumeHolderLabel marks the pod that keeps a Concourse web node's
+// volumes on a target (concourse.Holder). It runs no step: it is not
+// counted, and a landing target does not wait for it; retiring deletes it
+// with the target's other pods.
+const VolumeHolderLabel = "jetway-ci.dev/volume-holder"
+
+// IsVolumeHolder reports whether p is labelled as a target's volume holder.
+func IsVolumeHolder(p *corev1.Pod) bool { _, ok := p.Labels[VolumeHolderLabel]; return ok }
+
 // RecordName is the name of a target's lifecycle record and Lease.
 func RecordName(installation, target string) string {
 	return "jetway-" + installation + "-" + target
@@ -222,6 +231,9 @@ func podsView(items []any) any {
 		p := it.(*corev1.Pod)
 		s.pods = append(s.pods, p)
 		s.byName[p.Name] = p
+		if IsVolumeHolder(p) {
+			continue
+		}
 		if p.DeletionTimestamp == nil {
 			for _, v := range p.Spec.Volumes {
 				if v.EmptyDir != nil {

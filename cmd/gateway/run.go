@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -170,7 +171,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		stepOpts.Elsewhere = func() []targets.Status { return remoteStatuses(meshNode) }
 	}
 	stepper = steps.New(stepOpts)
-	registrar, err := newRegistrar(cfg, registry, controller, meshNode, state, reg, logger)
+	registrar, holder, err := newRegistrar(cfg, registry, controller, meshNode, state, streamer, stepOpts.Pod, reg, logger)
 	if err != nil {
 		return err
 	}
@@ -204,6 +205,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	}
 	if registrar != nil {
 		components = append(components, registrar) // its sessions end before the targets they serve
+	}
+	if holder != nil {
+		components = append(components, holder) // its creates end once no session asks for more
 	}
 	components = append(components, stepper)
 	if state.store != nil {
@@ -404,29 +408,37 @@ func signalContext(parent context.Context, logger *slog.Logger) (context.Context
 
 // newRegistrar registers the targets with a Concourse web node, if
 // concourse-tsa or concourse-url says which; nil otherwise. Of replicas
-// sharing targets, the one holding the placer Lease registers them.
+// sharing targets, the one holding the placer Lease registers them. The
+// holder keeps the web node's volumes (nil without a state namespace).
 func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, meshNode *mesh.Mesh,
-	state stepState, reg prometheus.Registerer, logger *slog.Logger) (*concourse.Registrar, error) {
+	state stepState, streamer *streams.Streamer, pod steps.PodOptions, reg prometheus.Registerer,
+	logger *slog.Logger) (*concourse.Registrar, *concourse.Holder, error) {
 	if cfg.ConcourseTSA == "" && cfg.ConcourseURL == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	logger = logger.With("component", "concourse")
 	web, err := newWeb(cfg, logger)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	types, err := concourse.LoadResourceTypes(cfg.ConcourseResourceTypes)
 	if err != nil {
-		return nil, configProblem("concourse-resource-types", err)
+		return nil, nil, configProblem("concourse-resource-types", err)
 	}
 	registers := func() bool { return true }
 	if state.elector != nil {
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }
 	}
+	metrics := concourse.NewMetrics(reg)
 	var holdings concourse.Holdings
+	var holder *concourse.Holder
+	var volumeAPI func(string) http.Handler
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
-		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }}
+		holder = &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return pod },
+			Server: streamer.VolumeServer, Metrics: metrics}
+		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder}
+		volumeAPI = holder.API
 	}
 	var agents func() []targets.Status
 	var landAgent func(context.Context, string) error
@@ -438,6 +450,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		Agents:        agents,
 		LandAgent:     landAgent,
 		Holdings:      holdings,
+		VolumeAPI:     volumeAPI,
 		Web:           web,
 		WebURL:        cfg.ConcourseURL, // if given, its worker version is checked first
 		Targets:       registry,
@@ -445,8 +458,8 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		Lifecycle:     lc,
 		ResourceTypes: types,
 		Logger:        logger,
-		Metrics:       concourse.NewMetrics(reg),
-	}), nil
+		Metrics:       metrics,
+	}), holder, nil
 }
 
 // newWeb is how the web node is reached: its TSA (concourse-tsa), else

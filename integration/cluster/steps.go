@@ -30,6 +30,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
@@ -46,8 +47,9 @@ const (
 const stepCleanupTimeout = 10 * time.Second
 
 // RunStepPods plays the part of a kubelet for the step pods the gateway
-// makes (pods labelled steps.HandleLabel, and check sandboxes, labelled
-// steps.SandboxLabel, whose kubelet no test plays, see
+// makes (pods labelled steps.HandleLabel, check sandboxes, labelled
+// steps.SandboxLabel, and volume holders, labelled
+// targets.VolumeHolderLabel, whose kubelet no test plays, see
 // KubeletAnnotation; tests that make step-like pods by hand serve them
 // themselves) until ctx ends, then tears every pod down and returns
 // once all it started is gone. For each pod it:
@@ -70,7 +72,7 @@ const stepCleanupTimeout = 10 * time.Second
 func (c *Cluster) RunStepPods(ctx context.Context, agentBin string) error {
 	k := &stepKubelet{c: c, agentBin: agentBin, pods: map[string]*stepPod{}}
 	var wg sync.WaitGroup
-	for _, selector := range []string{steps.HandleLabel, steps.SandboxLabel} {
+	for _, selector := range []string{steps.HandleLabel, steps.SandboxLabel, targets.VolumeHolderLabel} {
 		inf := coreinformers.NewFilteredPodInformer(c.Client, metav1.NamespaceAll, 0, cache.Indexers{},
 			func(o *metav1.ListOptions) { o.LabelSelector = selector })
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{

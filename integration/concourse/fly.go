@@ -22,11 +22,17 @@ const FlyTarget = "local"
 // User, and returns its standard output; an error carries its standard
 // error.
 func (w *WebNode) Fly(args ...string) (string, error) {
+	return w.FlyContext(context.Background(), args...)
+}
+
+// FlyContext is Fly, killing fly when ctx ends (fly execute waits for its
+// build).
+func (w *WebNode) FlyContext(ctx context.Context, args ...string) (string, error) {
 	home := filepath.Join(w.Dir, "home")
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return "", err
 	}
-	cmd := exec.Command(w.flyBin, append([]string{"-t", FlyTarget}, args...)...)
+	cmd := exec.CommandContext(ctx, w.flyBin, append([]string{"-t", FlyTarget}, args...)...)
 	cmd.Env = append(webEnv(), "HOME="+home)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -1,0 +1,446 @@
+package concourse
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A web node's volumes live in one pod per target, its volume holder
+// (steps.VolumeHolderPod): the step pods' volume sidecar alone, serving
+// an emptyDir. The worker's volume (baggageclaim) API is served by the
+// gateway, which passes each call to the holder's sidecar with the pod's
+// token; the holder is made by the first create, so that a target whose
+// web node makes no volume runs no pod for it. What the web node stored
+// (files, properties, privileged) lives in the target cluster: a
+// restarted gateway, or another replica, answers the same.
+
+// VolumeServer sends one request to a pod's volume server
+// (streams.Streamer.VolumeServer).
+type VolumeServer func(ctx context.Context, target, pod, method, path string, q url.Values, h http.Header, body io.Reader) (*http.Response, error)
+
+// Holder keeps a web node's volumes in each target's volume holder.
+type Holder struct {
+	Targets PodTargets
+	// Pod are the step pods' options (the agent image, the installation,
+	// the pod key); read at each use, since the key is read after start.
+	Pod    func() steps.PodOptions
+	Server VolumeServer
+	// Ready bounds the wait for a new holder to run and answer.
+	Ready   time.Duration
+	Metrics *Metrics
+
+	mu      sync.Mutex
+	ctx     context.Context // Start's, for the async creates; nil before
+	wg      sync.WaitGroup
+	futures map[string]*future // async creates, by target and handle
+}
+
+// future is an async create: done is closed once vol or err is set.
+type future struct {
+	done  chan struct{}
+	vol   json.RawMessage
+	err   error
+	began time.Time
+}
+
+// Bounds of the async creates: how many may wait for the web node to
+// collect them, and for how long.
+const (
+	maxFutures   = 1024
+	futureTTL    = 10 * time.Minute
+	maxCreate    = 1 << 20 // bytes of a create's body
+	holderReady  = 2 * time.Minute
+	holderPoll   = 200 * time.Millisecond
+	holderAnswer = 30 * time.Second // for a new holder's port-forward to work
+)
+
+// Start runs the async creates until ctx ends, then waits for them.
+func (h *Holder) Start(ctx context.Context) error {
+	h.mu.Lock()
+	h.ctx = ctx
+	h.mu.Unlock()
+	<-ctx.Done()
+	h.wg.Wait()
+	return nil
+}
+
+// errNoHolder: the target has no volume holder, so no volume.
+var errNoHolder = errors.New("no volume holder")
+
+// holder returns the name of target's volume holder pod if it runs and is
+// jetway's; errNoHolder if there is none. A pod of that name jetway did
+// not seal is never used.
+func (h *Holder) holder(target string) (*targets.Target, string, error) {
+	t, err := h.Targets.Target(target)
+	if err != nil {
+		if errors.Is(err, targets.ErrNotFound) {
+			return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it", target)
+		}
+		return nil, "", err
+	}
+	opts := h.Pod()
+	if opts.Key.IsZero() {
+		return nil, "", errors.New("the installation's pod key is not read yet: jetway cannot reach its volume holder")
+	}
+	name := steps.VolumeHolderName(opts.Installation)
+	p := t.CachedPod(name)
+	switch {
+	case p == nil || p.DeletionTimestamp != nil:
+		return t, name, errNoHolder
+	case !opts.Key.Sealed(target, p):
+		return nil, "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: left alone, and no volume is kept on this worker", t.Namespace(), name)
+	}
+	return t, name, nil
+}
+
+// ensure returns target's volume holder, making it if there is none, once
+// it runs.
+func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
+	t, name, err := h.holder(target)
+	if err == nil || !errors.Is(err, errNoHolder) {
+		return name, err
+	}
+	pod := steps.VolumeHolderPod(t, h.Pod())
+	if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), name, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cmpDuration(h.Ready, holderReady))
+	defer cancel()
+	err = t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
+		// Called with the cache held: read the pods given, not the cache.
+		i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == name })
+		return i >= 0 && pods[i].Status.Phase == corev1.PodRunning && pods[i].DeletionTimestamp == nil
+	})
+	if err != nil {
+		p := t.CachedPod(name)
+		phase := "not listed"
+		if p != nil {
+			phase = string(p.Status.Phase)
+		}
+		return "", fmt.Errorf("the volume holder pod %s/%s is not running (%s): %w", t.Namespace(), name, phase, err)
+	}
+	return name, nil
+}
+
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// call sends one request to target's holder; a holder just made may not
+// answer at once (its port-forward), so a failure to connect is retried
+// for a while. body must be replayable when retried: nil or bytes.
+func (h *Holder) call(ctx context.Context, target, pod, method, path string, q url.Values, hdr http.Header, body []byte) (*http.Response, error) {
+	deadline := time.Now().Add(holderAnswer)
+	for {
+		var r io.Reader
+		if body != nil {
+			r = bytes.NewReader(body)
+		}
+		resp, err := h.Server(ctx, target, pod, method, path, q, hdr, r)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(holderPoll):
+		}
+	}
+}
+
+// create makes a volume in target's holder (making the holder first):
+// body is the web node's create request, passed on unchanged. It returns
+// the volume's JSON.
+func (h *Holder) create(ctx context.Context, target string, body []byte) (json.RawMessage, error) {
+	pod, err := h.ensure(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := h.call(ctx, target, pod, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
+	if err != nil {
+		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxCreate))
+	if err != nil {
+		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
+	}
+	if n, _ := strconv.ParseInt(resp.Header.Get("X-Jetway-Copied-Bytes"), 10, 64); n > 0 {
+		h.Metrics.copied(n)
+	}
+	return b, nil
+}
+
+// answerError says what a volume server's error answer says.
+func answerError(code int, body []byte) string {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return fmt.Sprintf("answered %d", code)
+}
+
+// startCreate begins an async create of handle on target.
+func (h *Holder) startCreate(target, handle string, body []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil || h.ctx.Err() != nil {
+		return errors.New("the gateway is not serving volumes (starting or stopping)")
+	}
+	if h.futures == nil {
+		h.futures = map[string]*future{}
+	}
+	now := time.Now()
+	for k, f := range h.futures {
+		if now.Sub(f.began) > futureTTL {
+			delete(h.futures, k)
+		}
+	}
+	key := target + "/" + handle
+	if _, ok := h.futures[key]; ok {
+		return fmt.Errorf("volume %s is being created already", handle)
+	}
+	if len(h.futures) >= maxFutures {
+		return fmt.Errorf("%d volume creates wait already; try again", maxFutures)
+	}
+	f := &future{done: make(chan struct{}), began: now}
+	h.futures[key] = f
+	ctx := h.ctx
+	h.wg.Go(func() {
+		f.vol, f.err = h.create(ctx, target, body)
+		close(f.done)
+	})
+	return nil
+}
+
+// future returns the async create of handle on target, or nil.
+func (h *Holder) future(target, handle string, drop bool) *future {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := h.futures[target+"/"+handle]
+	if drop {
+		delete(h.futures, target+"/"+handle)
+	}
+	return f
+}
+
+// List returns the handles of target's volumes: none without a holder.
+func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
+	_, pod, err := h.holder(target)
+	if errors.Is(err, errNoHolder) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp, err := h.Server(ctx, target, pod, http.MethodGet, "/volumes", nil, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
+	}
+	var vols []struct {
+		Handle string `json:"handle"`
+	}
+	if err := json.Unmarshal(b, &vols); err != nil {
+		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
+	}
+	handles := make([]string, 0, len(vols))
+	for _, v := range vols {
+		handles = append(handles, v.Handle)
+	}
+	return handles, nil
+}
+
+// Destroy destroys a volume of target's holder; a volume already gone is
+// no error.
+func (h *Holder) Destroy(ctx context.Context, target, handle string) error {
+	_, pod, err := h.holder(target)
+	if errors.Is(err, errNoHolder) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	resp, err := h.Server(ctx, target, pod, http.MethodDelete, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", handle, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotFound {
+		return fmt.Errorf("volume %s: %s", handle, answerError(resp.StatusCode, b))
+	}
+	return nil
+}
+
+// API serves target's volume (baggageclaim) API to the web node.
+func (h *Holder) API(target string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /volumes-async", func(w http.ResponseWriter, r *http.Request) {
+		body, handle, ok := createBody(w, r)
+		if !ok {
+			return
+		}
+		if err := h.startCreate(target, handle, body); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, errorJSON(err))
+			return
+		}
+		writeJSON(w, http.StatusCreated, map[string]string{"handle": handle})
+	})
+	mux.HandleFunc("GET /volumes-async/{handle}", func(w http.ResponseWriter, r *http.Request) {
+		f := h.future(target, r.PathValue("handle"), false)
+		if f == nil {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		select {
+		case <-f.done:
+		default:
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		if f.err != nil {
+			writeJSON(w, http.StatusInternalServerError, errorJSON(f.err))
+			return
+		}
+		writeRaw(w, http.StatusOK, f.vol)
+	})
+	mux.HandleFunc("DELETE /volumes-async/{handle}", func(w http.ResponseWriter, r *http.Request) {
+		if h.future(target, r.PathValue("handle"), true) == nil {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /volumes", func(w http.ResponseWriter, r *http.Request) {
+		body, _, ok := createBody(w, r)
+		if !ok {
+			return
+		}
+		vol, err := h.create(r.Context(), target, body)
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+			return
+		}
+		writeRaw(w, http.StatusCreated, vol)
+	})
+	mux.HandleFunc("GET /volumes", func(w http.ResponseWriter, r *http.Request) {
+		h.pass(w, r, target, func(w http.ResponseWriter) { writeRaw(w, http.StatusOK, []byte("[]\n")) })
+	})
+	missing := func(w http.ResponseWriter) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "volume not found"})
+	}
+	for _, route := range []string{
+		"GET /volumes/{handle}", "DELETE /volumes/{handle}",
+		"PUT /volumes/{handle}/properties/{property}",
+		"GET /volumes/{handle}/privileged", "PUT /volumes/{handle}/privileged",
+		"PUT /volumes/{handle}/stream-in", "PUT /volumes/{handle}/stream-out",
+	} {
+		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) { h.pass(w, r, target, missing) })
+	}
+	for _, route := range []string{"GET /p2p-url", "PUT /volumes/{handle}/stream-p2p-out"} {
+		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "jetway's workers do not stream volumes " +
+				"peer to peer yet: run the web node without --enable-p2p-volume-streaming (" + r.Method + " " + r.URL.Path + ")"})
+		})
+	}
+	mux.HandleFunc("/", notYet)
+	return mux
+}
+
+// createBody reads a create request's body and its handle, or answers 400.
+func createBody(w http.ResponseWriter, r *http.Request) ([]byte, string, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreate+1))
+	var req struct {
+		Handle string `json:"handle"`
+	}
+	switch {
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, errorJSON(err))
+	case len(body) > maxCreate:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("a volume's create request is at most %d bytes", maxCreate)})
+	case json.Unmarshal(body, &req) != nil || req.Handle == "":
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be a volume request: {"handle": "...", "strategy": {...}, "properties": {...}}`})
+	default:
+		return body, req.Handle, true
+	}
+	return nil, "", false
+}
+
+// pass passes the request on to target's holder, as it came (method, path,
+// query, the headers that say how the body is encoded, the body), and its
+// answer back. Without a holder there is no volume: none answers.
+func (h *Holder) pass(w http.ResponseWriter, r *http.Request, target string, none func(http.ResponseWriter)) {
+	_, pod, err := h.holder(target)
+	if errors.Is(err, errNoHolder) {
+		none(w)
+		return
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	hdr := http.Header{}
+	for _, k := range []string{"Content-Type", "Content-Encoding", "Accept-Encoding"} {
+		if v := r.Header.Get(k); v != "" {
+			hdr.Set(k, v)
+		}
+	}
+	var body io.Reader
+	if r.ContentLength != 0 {
+		body = r.Body
+	}
+	resp, err := h.Server(r.Context(), target, pod, r.Method, r.URL.Path, r.URL.Query(), hdr, body)
+	if err != nil {
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
+		return
+	}
+	defer resp.Body.Close()
+	for _, k := range []string{"Content-Type", "Content-Encoding"} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+func errorJSON(err error) map[string]string { return map[string]string{"error": err.Error()} }
+
+func writeRaw(w http.ResponseWriter, code int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
