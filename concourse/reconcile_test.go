@@ -144,3 +144,31 @@ func TestRegistrarTellsWhatTheWebNodeHas(t *testing.T) {
 		assert.NoError(t, <-done)
 	})
 }
+
+// TestRetiringAWorkerTheWebNodeLanded: a worker landed from the web node
+// has no address there, so the web node cannot retire it (its workers
+// table refuses a retiring worker without one): jetway's retire of such
+// a target deletes the worker instead.
+func TestRetiringAWorkerTheWebNodeLanded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tg := &changingTargets{}
+		web := &sessionWeb{land: map[string]chan struct{}{}}
+		r := New(Options{Web: web, Targets: tg})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- r.Start(ctx) }()
+		look := func() { time.Sleep(3 * time.Second); synctest.Wait() }
+
+		tg.set(targets.Status{Name: "w", State: targets.StateRunning})
+		look()
+		web.landFromTheWebNode("w")
+		synctest.Wait()
+		tg.set(targets.Status{Name: "w", State: targets.StateLanded})
+		look()
+		tg.set(targets.Status{Name: "w", State: targets.StateRetired})
+		look()
+		assert.Equal(t, []string{"delete-worker w"}, web.told())
+		cancel()
+		assert.NoError(t, <-done)
+	})
+}

@@ -259,8 +259,8 @@ func (r *Registrar) reconcile(ctx context.Context) {
 				delete(r.regs, st.Name)
 			}
 		}
-		if registers && r.was[st.Name] != st.State && !landedThere {
-			r.tell(ctx, w, r.was[st.Name], st.State)
+		if registers && r.was[st.Name] != st.State {
+			r.tell(ctx, w, r.was[st.Name], st.State, landedThere)
 		}
 	}
 	for name, s := range r.sessions {
@@ -276,7 +276,7 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		// Gone: a target the web node has a worker of is deleted there,
 		// landed or not; an agent gone is only no longer registered here.
 		if registers && r.known[name] && !r.agents[name] {
-			r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "")
+			r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "", false)
 		}
 		delete(r.regs, name)
 		delete(r.since, name)
@@ -290,20 +290,26 @@ func (r *Registrar) reconcile(ctx context.Context) {
 // tell tells the web node of a target's move from was to now (""; gone):
 // landing lands the worker, retiring retires it, a target gone deletes
 // it. A target first seen, or moving to or from running, stalled or an
-// error, needs no word (its registration, or its end, says it).
-func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State) {
+// error, needs no word (its registration, or its end, says it). A worker
+// the web node landed (landedThere) is landed already, and cannot be
+// retired there (it has no address, which a retiring worker must have):
+// retiring deletes it.
+func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State, landedThere bool) {
 	if was == "" {
 		return // first seen: whatever it is, the web node learns it from the registration
 	}
 	var command string
 	switch now {
 	case targets.StateLanding, targets.StateLanded:
-		if was != targets.StateLanding && was != targets.StateLanded {
+		if was != targets.StateLanding && was != targets.StateLanded && !landedThere {
 			command = "land-worker"
 		}
 	case targets.StateRetiring, targets.StateRetired:
 		if was != targets.StateRetiring && was != targets.StateRetired {
 			command = "retire-worker"
+			if landedThere {
+				command = "delete-worker"
+			}
 		}
 	case "":
 		if was != targets.StateRetiring && was != targets.StateRetired {
