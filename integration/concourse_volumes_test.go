@@ -1,0 +1,176 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// flyVolume is one row of `fly volumes --json`.
+type flyVolume struct {
+	ID         string `json:"id"`
+	WorkerName string `json:"worker_name"`
+	Type       string `json:"type"`
+}
+
+func flyVolumes(t *testing.T, web *cwn.WebNode) []flyVolume {
+	t.Helper()
+	out, err := web.Fly("volumes", "--json")
+	require.NoError(t, err)
+	var vols []flyVolume
+	require.NoError(t, json.Unmarshal([]byte(out), &vols), out)
+	return vols
+}
+
+// TestConcourseVolumesLiveInTheTarget: `fly execute` with an upload on a
+// jetway worker: the web node makes its volumes through the worker's
+// volume API, jetway keeps them in the target's volume holder pod (the
+// uploaded bytes there, whole), and `fly volumes` lists them on that
+// worker. The build fails at its container, naming why (jetway runs no
+// web node's container yet); the web node then collects the volumes it
+// made for that container, and the sweep destroys them in the holder,
+// leaving the upload. A restarted gateway reports the same volumes.
+func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second})
+	dir := t.TempDir()
+	const name = "cwv"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	state := newState(t)
+	opts := gatewayOptions{concourse: concourseTSA(t, web), sweep: 500 * time.Millisecond, state: state}
+	g := startGateway(t, dir, opts)
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+
+	work := t.TempDir()
+	upload := filepath.Join(work, "in")
+	require.NoError(t, os.MkdirAll(upload, 0o755))
+	payload := []byte(rand.Text() + "\n")
+	require.NoError(t, os.WriteFile(filepath.Join(upload, "payload"), payload, 0o644))
+	task := filepath.Join(work, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\ninputs: [{name: in}]\nrun: {path: cat, args: [in/payload]}\n"))
+	fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+upload)
+	fcancel()
+	require.Error(t, err, "no container runs yet: %s", out)
+	assert.Contains(t, out+err.Error(), "find or create container on worker cwv: jetway does not run a Concourse web node's containers yet")
+
+	// The upload is in the holder, whole, under the handle fly lists.
+	holder := steps.VolumeHolderName("jetway")
+	pod, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Contains(t, pod.Labels, targets.VolumeHolderLabel)
+	root := clusters[0].StepRoot(name, holder)
+	var uploaded string
+	eventually(t, 10*time.Second, func() error {
+		for _, v := range flyVolumes(t, web) {
+			if v.WorkerName != name {
+				return errorf("volume %s on worker %s", v.ID, v.WorkerName)
+			}
+			if b, err := os.ReadFile(filepath.Join(root, "volumes", v.ID, "payload")); err == nil {
+				assert.Equal(t, string(payload), string(b))
+				uploaded = v.ID
+			}
+		}
+		if uploaded == "" {
+			return errorf("no volume fly lists holds the upload")
+		}
+		return nil
+	})
+
+	// The volumes of the container that was never made are collected:
+	// the sweep destroys them in the holder, which then keeps exactly
+	// what the web node lists on the worker.
+	destroyed := `jetway_concourse_destroyed_total{kind="volumes",result="destroyed"}`
+	var kept []string
+	eventually(t, 60*time.Second, func() error {
+		if n := metricValue(t, g, destroyed); n < 1 {
+			return errorf("%v volumes destroyed", n)
+		}
+		held, listed := heldVolumes(t, root), listedVolumes(t, web, name)
+		if !slices.Equal(held, listed) {
+			return errorf("the holder keeps %v, fly lists %v", held, listed)
+		}
+		kept = held
+		return nil
+	})
+	require.NotEmpty(t, kept, "fly execute's artifact stays")
+	t.Logf("kept after the collection: %v", flyVolumes(t, web))
+
+	// Another gateway over the same targets and state reports the same
+	// volumes: the web node keeps listing them on the worker.
+	g.stop()
+	g2 := startGateway(t, dir, opts)
+	swept := `jetway_concourse_sweeps_total{kind="volumes",result="ok"}`
+	eventually(t, 30*time.Second, func() error {
+		if n := metricValue(t, g2, swept); n < 2 {
+			return errorf("%v volume sweeps on the new gateway", n)
+		}
+		return nil
+	})
+	assert.Equal(t, kept, listedVolumes(t, web, name))
+	assert.Equal(t, kept, heldVolumes(t, root))
+
+	// The holder runs no step: the worker lands with it running (its
+	// volumes kept). Retiring the landed target deletes the holder, and
+	// the worker, which the web node cannot retire once landed (it has no
+	// address then), is deleted there.
+	_, err = web.Fly("land-worker", "-w", name)
+	require.NoError(t, err)
+	g2.waitTarget(t, name, time.Minute, inState("landed"))
+	flyWorker(t, web, name, 10*time.Second, workerIn("landed"))
+	_, err = clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err, "a landed worker keeps its volumes")
+	code, body, _ := call(t, http.MethodPut, g2.base+"/api/v1/workers/"+name+"/retire", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, name, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	eventually(t, 30*time.Second, func() error {
+		if _, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return errorf("the retired target's volume holder is still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// heldVolumes are the volumes in a holder's root, sorted.
+func heldVolumes(t *testing.T, root string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(root, "volumes"))
+	require.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// listedVolumes are the volumes fly lists on worker, sorted.
+func listedVolumes(t *testing.T, web *cwn.WebNode, worker string) []string {
+	t.Helper()
+	var out []string
+	for _, v := range flyVolumes(t, web) {
+		if v.WorkerName == worker {
+			out = append(out, v.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
