@@ -85,13 +85,15 @@ func (h *Holder) Start(ctx context.Context) error {
 var errNoHolder = errors.New("no volume holder")
 
 // holder returns the name of target's volume holder pod if it runs and is
-// jetway's; errNoHolder if there is none. A pod of that name jetway did
-// not seal is never used.
+// jetway's; errNoHolder if there is none (with no target for an agent's
+// worker, which has no volumes). A pod of that name jetway did not seal is
+// never used.
 func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	t, err := h.Targets.Target(target)
 	if err != nil {
 		if errors.Is(err, targets.ErrNotFound) {
-			return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it", target)
+			// An agent: it has no volume, and none is made for it.
+			return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it: %w", target, errNoHolder)
 		}
 		return nil, "", err
 	}
@@ -114,7 +116,7 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 // it runs.
 func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	t, name, err := h.holder(target)
-	if err == nil || !errors.Is(err, errNoHolder) {
+	if err == nil || !errors.Is(err, errNoHolder) || t == nil {
 		return name, err
 	}
 	pod := steps.VolumeHolderPod(t, h.Pod())
