@@ -84,10 +84,10 @@ func (h *Holder) Start(ctx context.Context) error {
 // errNoHolder: the target has no volume holder, so no volume.
 var errNoHolder = errors.New("no volume holder")
 
-// holder returns the name of target's volume holder pod if it runs and is
-// jetway's; errNoHolder if there is none (with no target for an agent's
-// worker, which has no volumes). A pod of that name jetway did not seal is
-// never used.
+// holder returns target's volume holder pod's name if there is one and it
+// is jetway's; errNoHolder if there is none, with the target to make it
+// on, or none (an agent's worker, which has no volumes; a pod of that name
+// jetway did not seal, which is never used).
 func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	t, err := h.Targets.Target(target)
 	if err != nil {
@@ -107,21 +107,28 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	case p == nil || p.DeletionTimestamp != nil:
 		return t, name, errNoHolder
 	case !opts.Key.Sealed(target, p):
-		return nil, "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: left alone, and no volume is kept on this worker", t.Namespace(), name)
+		// Planted: it gets no request. The worker holds no volume, and
+		// makes none.
+		return nil, "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: "+
+			"left alone, and no volume is kept on this worker until it is gone: %w", t.Namespace(), name, errNoHolder)
 	}
 	return t, name, nil
 }
 
 // ensure returns target's volume holder, making it if there is none, once
-// it runs.
+// it runs. Whoever made the pod of that name, it is used only if jetway
+// sealed it.
 func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	t, name, err := h.holder(target)
-	if err == nil || !errors.Is(err, errNoHolder) || t == nil {
-		return name, err
+	if errors.Is(err, errNoHolder) && t != nil {
+		pod := steps.VolumeHolderPod(t, h.Pod())
+		if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), name, err)
+		}
+		err = nil
 	}
-	pod := steps.VolumeHolderPod(t, h.Pod())
-	if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), name, err)
+	if err != nil {
+		return "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmpDuration(h.Ready, holderReady))
 	defer cancel()
@@ -137,6 +144,9 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 			phase = string(p.Status.Phase)
 		}
 		return "", fmt.Errorf("the volume holder pod %s/%s is not running (%s): %w", t.Namespace(), name, phase, err)
+	}
+	if _, _, err := h.holder(target); err != nil {
+		return "", err
 	}
 	return name, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -53,10 +54,21 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	dir := t.TempDir()
 	const name = "cwv"
 	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	// Someone who may make pods in a target's namespace plants one where
+	// jetway's volume holder would be, with its labels.
+	const planted = "cwv-planted"
+	placeTarget(ctx, t, clusters[1], dir, planted, "tags: [planted]\n", "")
+	holder := steps.VolumeHolderName("jetway")
+	labels := teamLabels(planted, "jetway", "")
+	labels[targets.VolumeHolderLabel] = "concourse"
+	_, err := clusters[1].Client.CoreV1().Pods(planted).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: holder, Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "volumes", Image: "example.invalid/thief"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
 	state := newState(t)
 	opts := gatewayOptions{concourse: concourseTSA(t, web), sweep: 500 * time.Millisecond, state: state}
 	g := startGateway(t, dir, opts)
 	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	flyWorker(t, web, planted, 30*time.Second, workerIn("running"))
 
 	work := t.TempDir()
 	upload := filepath.Join(work, "in")
@@ -72,7 +84,6 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	assert.Contains(t, out+err.Error(), "find or create container on worker cwv: jetway does not run a Concourse web node's containers yet")
 
 	// The upload is in the holder, whole, under the handle fly lists.
-	holder := steps.VolumeHolderName("jetway")
 	pod, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Contains(t, pod.Labels, targets.VolumeHolderLabel)
@@ -93,6 +104,17 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 		}
 		return nil
 	})
+
+	// On the worker with the planted pod no volume is made: the planted
+	// pod gets no request, nor is it deleted, and the build says why.
+	fctx, fcancel = context.WithTimeout(ctx, 90*time.Second)
+	out, err = web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+upload, "--tag", "planted")
+	fcancel()
+	require.Error(t, err, out)
+	assert.Contains(t, out+err.Error(), "pod cwv-planted/"+holder+" carries the volume holder's name and labels but jetway did not make it")
+	p, err := clusters[1].Client.CoreV1().Pods(planted).Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "example.invalid/thief", p.Spec.Containers[0].Image, "left alone")
 
 	// The volumes of the container that was never made are collected:
 	// the sweep destroys them in the holder, which then keeps exactly
