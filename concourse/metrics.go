@@ -15,6 +15,7 @@ type Metrics struct {
 	destroys      *prometheus.CounterVec
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
+	refusals      prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg.
@@ -52,8 +53,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_concourse_volume_copied_bytes_total",
 			Help: "Bytes those copies wrote.",
 		}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_refused_connections_total",
+			Help: "Connections to the REST-registered workers' listeners closed because they came from outside concourse-web-node-networks.",
+		}),
 	}
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes)
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals)
 	return m
 }
 
@@ -117,4 +122,12 @@ func (m *Metrics) copied(n int64) {
 	}
 	m.copies.Inc()
 	m.copiedBytes.Add(float64(n))
+}
+
+// refused counts a connection refused at a worker's listener.
+func (m *Metrics) refused() {
+	if m == nil {
+		return
+	}
+	m.refusals.Inc()
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -58,9 +59,16 @@ type RESTOptions struct {
 	// Timeout bounds each call to the web node and to the worker's own
 	// APIs; default 30 s.
 	Timeout time.Duration
+	// WebNodeNetworks are where the web node calls the workers from
+	// (concourse-web-node-networks): the worker's listeners take no
+	// authentication, as a stock worker's, so they accept connections
+	// only from these and from the gateway itself. Empty: from anyone who
+	// reaches them.
+	WebNodeNetworks []netip.Prefix
 	// Now is the clock the token's lifetime is read on; default time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now     func() time.Time
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // Secret is a value that is never shown: formatted, logged or marshalled,
@@ -195,6 +203,9 @@ func (r *REST) serve(ctx context.Context, wg *sync.WaitGroup, what string, h htt
 	if err != nil {
 		return "", nil, fmt.Errorf("listen for the web node's calls to the worker's %s on %s (concourse-worker-address): %w",
 			what, r.opts.WorkerHost, err)
+	}
+	if len(r.opts.WebNodeNetworks) > 0 {
+		ln = &fromWebNode{Listener: ln, nets: r.opts.WebNodeNetworks, what: what, logger: r.opts.Logger, metrics: r.opts.Metrics}
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
 	wg.Go(func() { _ = srv.Serve(ln) })
@@ -541,4 +552,58 @@ func bound(text string) string {
 		text = text[:maxErrorBody] + "…"
 	}
 	return text
+}
+
+// fromWebNode is a worker's listener that accepts connections only from
+// the web node's networks and from the gateway itself (its heartbeat
+// lists through its own listeners): anyone else is closed on before a
+// byte is read.
+type fromWebNode struct {
+	net.Listener
+	nets    []netip.Prefix
+	what    string
+	logger  *slog.Logger
+	metrics *Metrics
+}
+
+func (l *fromWebNode) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if admits(l.nets, c.LocalAddr(), c.RemoteAddr()) {
+			return c, nil
+		}
+		_ = c.Close()
+		l.metrics.refused()
+		l.logger.Debug("refused a connection to a worker's listener from outside concourse-web-node-networks",
+			"api", l.what, "remote", c.RemoteAddr().String())
+	}
+}
+
+// admits reports whether a connection from remote to local comes from
+// the gateway itself or from one of nets.
+func admits(nets []netip.Prefix, local, remote net.Addr) bool {
+	from, ok := addrIP(remote)
+	if !ok {
+		return false
+	}
+	if to, ok := addrIP(local); ok && to == from {
+		return true
+	}
+	for _, n := range nets {
+		if n.Contains(from) {
+			return true
+		}
+	}
+	return false
+}
+
+func addrIP(a net.Addr) (netip.Addr, bool) {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return ap.Addr().Unmap(), true
 }

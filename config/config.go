@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -116,6 +117,7 @@ type Config struct {
 	ConcourseClientID         string `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
 	ConcourseClientSecretFile string `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
 	ConcourseWorkerAddress    string `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
+	ConcourseWebNodeNetworks  []string `mapstructure:"concourse-web-node-networks" help:"CIDRs (or IPs) the web node calls the workers from: their listeners, which take no authentication as a stock worker's, accept connections only from these and from this gateway; empty: from anyone who reaches them (a warning at start)"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
@@ -412,6 +414,9 @@ func (c Config) concourseProblems() []Problem {
 			add("concourse-resource-types", "%v", err)
 		}
 	}
+	if len(c.ConcourseWebNodeNetworks) > 0 && c.ConcourseTSA != "" {
+		add("concourse-web-node-networks", "only with concourse-url (the REST API): through the TSA the web node's calls come over the registration's own SSH connection")
+	}
 	return probs
 }
 
@@ -470,7 +475,29 @@ func (c Config) concourseRESTProblems() []Problem {
 	case net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified():
 		add("concourse-worker-address", "%s is no address the web node can reach: give this gateway's own (a pod's IP)", host)
 	}
+	if _, err := c.WebNodeNetworks(); err != nil {
+		add("concourse-web-node-networks", "%v", err)
+	}
 	return probs
+}
+
+// WebNodeNetworks parses concourse-web-node-networks: each a CIDR, or an
+// IP standing for itself alone.
+func (c Config) WebNodeNetworks() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.ConcourseWebNodeNetworks {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither a CIDR (10.0.0.0/8) nor an IP", s)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // placementProblems checks the chains Load could parse and the limits. An

@@ -360,6 +360,14 @@ func TestValidateConcourse(t *testing.T) {
 		{name: "the TSA, keys missing", mutate: func(c *Config) { c.ConcourseTSA = "ci:2222" },
 			want: []string{"concourse-tsa-public-key: required with concourse-tsa", "concourse-worker-key: required with concourse-tsa"}},
 		{name: "resource types with the REST API", mutate: func(c *Config) { rest(c); c.ConcourseResourceTypes = file }},
+		{name: "the REST API from the web node's networks", mutate: func(c *Config) {
+			rest(c)
+			c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8", " 192.168.1.7", "fd00::/8"}
+		}},
+		{name: "web node networks that are none", mutate: func(c *Config) { rest(c); c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8", "ci.example.com"} },
+			want: []string{`concourse-web-node-networks: "ci.example.com" is neither a CIDR (10.0.0.0/8) nor an IP`}},
+		{name: "web node networks with the TSA", mutate: func(c *Config) { tsa(c); c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8"} },
+			want: []string{"concourse-web-node-networks: only with concourse-url (the REST API)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -379,4 +387,16 @@ func TestValidateConcourse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWebNodeNetworks: CIDRs are masked, an IP stands for itself alone.
+func TestWebNodeNetworks(t *testing.T) {
+	c := Config{ConcourseWebNodeNetworks: []string{"10.1.2.3/8", "192.168.1.7", "::ffff:10.0.0.1", "fd00::1/8"}}
+	nets, err := c.WebNodeNetworks()
+	require.NoError(t, err)
+	var got []string
+	for _, n := range nets {
+		got = append(got, n.String())
+	}
+	assert.Equal(t, []string{"10.0.0.0/8", "192.168.1.7/32", "10.0.0.1/32", "fd00::/8"}, got)
 }

@@ -417,7 +417,8 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		return nil, nil, nil
 	}
 	logger = logger.With("component", "concourse")
-	web, err := newWeb(cfg, logger)
+	metrics := concourse.NewMetrics(reg)
+	web, err := newWeb(cfg, metrics, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -429,7 +430,6 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.elector != nil {
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }
 	}
-	metrics := concourse.NewMetrics(reg)
 	var holdings concourse.Holdings
 	var holder *concourse.Holder
 	var volumeAPI func(string) http.Handler
@@ -464,7 +464,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 
 // newWeb is how the web node is reached: its TSA (concourse-tsa), else
 // its REST API (concourse-url).
-func newWeb(cfg config.Config, logger *slog.Logger) (concourse.Web, error) {
+func newWeb(cfg config.Config, metrics *concourse.Metrics, logger *slog.Logger) (concourse.Web, error) {
 	if cfg.ConcourseTSA != "" {
 		hostKeys, err := concourse.LoadHostKeys(cfg.ConcourseTSAPublicKey)
 		if err != nil {
@@ -484,8 +484,17 @@ func newWeb(cfg config.Config, logger *slog.Logger) (concourse.Web, error) {
 	if secret == "" {
 		return nil, configProblem("concourse-client-secret-file", fmt.Errorf("%s is empty", cfg.ConcourseClientSecretFile))
 	}
+	nets, err := cfg.WebNodeNetworks()
+	if err != nil {
+		return nil, configProblem("concourse-web-node-networks", err)
+	}
+	if len(nets) == 0 {
+		logger.Warn("the workers' listeners accept anyone who reaches " + cfg.ConcourseWorkerAddress +
+			": set concourse-web-node-networks to the web node's, or keep everyone else out with a NetworkPolicy (docs/concourse.md)")
+	}
 	web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
-		ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress, Logger: logger})
+		ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress, WebNodeNetworks: nets,
+		Logger: logger, Metrics: metrics})
 	if err != nil {
 		return nil, configProblem("concourse-url", err)
 	}

@@ -35,6 +35,7 @@ func TestConcourseREST(t *testing.T) {
 	assert.Equal(t, "jetway", f["concourse-client-id"])
 	assert.Equal(t, "/etc/jetway/concourse/client_secret", f["concourse-client-secret-file"])
 	assert.Equal(t, "/etc/jetway/config/resource-types.yaml", f["concourse-resource-types"])
+	assert.Equal(t, "10.42.0.0/16,192.168.7.1", f["concourse-web-node-networks"])
 	for _, k := range []string{"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-worker-address"} {
 		assert.NotContains(t, f, k)
 	}

@@ -168,6 +168,10 @@ func TestConcourseRejectsBadValues(t *testing.T) {
 		concourse map[string]any
 		want      string
 	}{
+		{"web node networks with the TSA", map[string]any{"tsa": "ci.example.com:2222", "existingSecret": "jetway-concourse",
+			"webNodeNetworks": []any{"10.0.0.0/8"}}, "concourse.webNodeNetworks: only with the REST API"},
+		{"a web node network that is none", map[string]any{"url": "https://ci.example.com", "clientId": "jetway",
+			"clientSecret": map[string]any{"existingSecret": "c"}, "webNodeNetworks": []any{"ci.example.com"}}, "/concourse/webNodeNetworks/0"},
 		{"tsa without keys", map[string]any{"tsa": "ci.example.com:2222"},
 			"concourse: concourse.tsa needs the TSA's host public key and a worker key: set concourse.existingSecret"},
 		{"tsa without a port", map[string]any{"tsa": "ci.example.com", "existingSecret": "jetway-concourse"}, "/concourse/tsa"},

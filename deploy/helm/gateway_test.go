@@ -37,6 +37,7 @@ var chartKeys = []string{
 	"state-kubeconfig", "state-namespace",
 	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
 	"concourse-url", "concourse-client-id", "concourse-client-secret-file", "concourse-worker-address",
+	"concourse-web-node-networks",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it

@@ -189,6 +189,10 @@ these never come from config (the schema refuses them there).
 - --concourse-url
 - {{ . | quote }}
 {{- end }}
+{{- if and (eq $concourse "rest") .Values.concourse.webNodeNetworks }}
+- --concourse-web-node-networks
+- {{ join "," .Values.concourse.webNodeNetworks | quote }}
+{{- end }}
 {{- if and $concourse .Values.concourse.resourceTypes }}
 - --concourse-resource-types
 - /etc/jetway/config/resource-types.yaml
@@ -267,6 +271,9 @@ place. No message quotes a key: a fail is printed, and may be logged.
 {{- include "jetway.validateConcourseREST" . }}
 {{- else if $cc.resourceTypes }}
 {{- fail "concourse: concourse.resourceTypes set, but the targets join no Concourse: set concourse.tsa (its TSA) or concourse.url, concourse.clientId and concourse.clientSecret.existingSecret (its REST API), or leave concourse.resourceTypes empty" }}
+{{- end }}
+{{- if and $cc.webNodeNetworks (ne (include "jetway.concourseMode" .) "rest") }}
+{{- fail "concourse.webNodeNetworks: only with the REST API (concourse.url, concourse.clientId and concourse.clientSecret.existingSecret, without concourse.tsa): through the TSA the web node's calls come over the registration's own SSH connection" }}
 {{- end }}
 {{- end }}
 
