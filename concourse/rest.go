@@ -145,8 +145,14 @@ func NewREST(opts RESTOptions) (*REST, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
+	// The worker's own lists come from the worker's address, so that its
+	// listeners tell them from the web node's (WebNodeNetworks).
+	dialer := &net.Dialer{Timeout: opts.Timeout}
+	if ip, err := netip.ParseAddr(opts.WorkerHost); err == nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip.AsSlice()}
+	}
 	return &REST{opts: opts, base: base, client: &http.Client{Transport: transport},
-		ping: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		ping: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialer.DialContext}},
 		lock: make(chan struct{}, 1)}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,11 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -248,4 +253,67 @@ func assertWebNodeListsGarden(ctx context.Context, t *testing.T, web *cwn.WebNod
 	_, err = probe.Command(ctx, "delete-worker", concourse.Worker{Name: "cwrest-probe"})
 	require.NoError(t, err)
 	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+}
+
+// TestRESTWorkersAdmitOnlyTheWebNode: with concourse-web-node-networks,
+// the workers' listeners (on 127.0.0.2 here) serve the gateway's own
+// lists, so the worker runs, but close on the web node's calls when it
+// is outside those networks: a build placed there reaches nothing (no
+// volume holder is made) and the refusals are counted. With the web
+// node's own network (127.0.0.1/32) the same build reaches the worker.
+func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "rest-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second})
+	dir := t.TempDir()
+	const name = "cwrest-nets"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	// Each REST client counts its refusals on a registry of its own.
+	refused := func(reg *prometheus.Registry) float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "jetway_concourse_refused_connections_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	rest := func(reg *prometheus.Registry, networks ...string) *concourse.REST {
+		var nets []netip.Prefix
+		for _, n := range networks {
+			nets = append(nets, netip.MustParsePrefix(n))
+		}
+		r, err := concourse.NewREST(concourse.RESTOptions{URL: web.URL, ClientID: client.ID, ClientSecret: concourse.Secret(client.Secret),
+			WorkerHost: "127.0.0.2", HeartbeatInterval: 2 * time.Second, WebNodeNetworks: nets, Metrics: concourse.NewMetrics(reg)})
+		require.NoError(t, err)
+		t.Cleanup(r.Close)
+		return r
+	}
+	reg, reg2 := prometheus.NewRegistry(), prometheus.NewRegistry()
+	state := newState(t)
+	g := startGateway(t, dir, gatewayOptions{concourse: rest(reg, "10.0.0.0/8"), state: state})
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	task := filepath.Join(t.TempDir(), "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: echo, args: [hi]}\n"))
+	execute := func() string {
+		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, "execute", "-c", task)
+		require.Error(t, err, "no container runs yet: %s", out)
+		return out + err.Error()
+	}
+	out := execute()
+	assert.NotContains(t, out, "jetway does not run a Concourse web node's containers yet", "the web node reached nothing")
+	assert.GreaterOrEqual(t, refused(reg), 1.0)
+	_, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, steps.VolumeHolderName("jetway"), metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "no volume holder: %v", err)
+	flyWorker(t, web, name, time.Second, workerIn("running"))
+
+	g.stop()
+	startGateway(t, dir, gatewayOptions{concourse: rest(reg2, "127.0.0.1/32"), state: state})
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	assert.Contains(t, execute(), "find or create container on worker "+name+": jetway does not run a Concourse web node's containers yet")
+	assert.Equal(t, 0.0, refused(reg2))
 }
