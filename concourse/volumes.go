@@ -69,6 +69,8 @@ const (
 	holderReady  = 2 * time.Minute
 	holderPoll   = 200 * time.Millisecond
 	holderAnswer = 30 * time.Second // for a new holder's port-forward to work
+	holderCall   = 30 * time.Second // a list or a destroy
+	holderCreate = 10 * time.Minute // a create, which may copy a volume
 )
 
 // Start runs the async creates until ctx ends, then waits for them.
@@ -184,6 +186,9 @@ func (h *Holder) call(ctx context.Context, target, pod, method, path string, q u
 // body is the web node's create request, passed on unchanged. It returns
 // the volume's JSON.
 func (h *Holder) create(ctx context.Context, target string, body []byte) (json.RawMessage, error) {
+	// Making the holder waits for its pod; a copy takes its time.
+	ctx, cancel := context.WithTimeout(ctx, holderReady+holderCreate)
+	defer cancel()
 	pod, err := h.ensure(ctx, target)
 	if err != nil {
 		return nil, err
@@ -263,6 +268,8 @@ func (h *Holder) future(target, handle string, drop bool) *future {
 
 // List returns the handles of target's volumes: none without a holder.
 func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
 	_, pod, err := h.holder(target)
 	if errors.Is(err, errNoHolder) {
 		return nil, nil
@@ -298,6 +305,8 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 // Destroy destroys a volume of target's holder; a volume already gone is
 // no error.
 func (h *Holder) Destroy(ctx context.Context, target, handle string) error {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
 	_, pod, err := h.holder(target)
 	if errors.Is(err, errNoHolder) {
 		return nil
