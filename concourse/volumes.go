@@ -397,7 +397,9 @@ func (h *Holder) API(target string) http.Handler {
 				"peer to peer yet: run the web node without --enable-p2p-volume-streaming (" + r.Method + " " + r.URL.Path + ")"})
 		})
 	}
-	mux.HandleFunc("/", notYet)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "the volume API has no " + r.Method + " " + r.URL.Path})
+	})
 	return mux
 }
 
