@@ -26,6 +26,7 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -345,6 +346,27 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	bases := []string{rs[0].base(), rs[1].base()}
 	i := oneRegisters(t, bases, names, 30*time.Second)
 	holder, other := rs[i], rs[1-i]
+	// A build's upload lands in a volume holder through the registering
+	// replica; the web node keeps the artifact's volume.
+	work := t.TempDir()
+	writeFile(t, filepath.Join(work, "in", "payload"), []byte("kept\n"))
+	task := filepath.Join(work, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\ninputs: [{name: in}]\nrun: {path: cat, args: [in/payload]}\n"))
+	execute := func() string {
+		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+filepath.Join(work, "in"))
+		require.Error(t, err, "no container runs yet: %s", out)
+		return out + err.Error()
+	}
+	assert.Contains(t, execute(), "jetway does not run a Concourse web node's containers yet")
+	uploads := map[string]string{} // artifact volume -> its worker
+	for _, v := range flyVolumes(t, web) {
+		if v.Type == "artifact" {
+			uploads[v.ID] = v.WorkerName
+		}
+	}
+	require.NotEmpty(t, uploads)
 
 	holder.kill(t)
 	eventually(t, 45*time.Second, func() error {
@@ -356,6 +378,15 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	for _, name := range names {
 		flyWorker(t, web, name, 10*time.Second, workerIn("running"))
 	}
+	// The volumes outlived the replica that made them: in the holders,
+	// which the other replica now serves, making more there.
+	for id, worker := range uploads {
+		c := clusters[slices.Index(names, worker)]
+		root := c.StepRoot(worker, steps.VolumeHolderName("jetway"))
+		_, err := os.Stat(filepath.Join(root, "volumes", id))
+		assert.NoError(t, err, "volume %s of %s", id, worker)
+	}
+	assert.Contains(t, execute(), "jetway does not run a Concourse web node's containers yet")
 
 	holder.start(t)
 	assert.Equal(t, 1-i, oneRegisters(t, bases, names, 30*time.Second), "the Lease stays with the replica that took it")
