@@ -73,6 +73,7 @@ type gateway struct {
 	meshAddr string     // where it accepts peers, if it does
 	state    *stateNamespace
 	identity string // its steps identity
+	holder   *concourse.Holder
 }
 
 // gatewayOptions vary the in-process gateway; zero values are test defaults.
@@ -333,11 +334,12 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		ResourceDir: o.resourceDir, SandboxTTL: o.sandboxTTL, ExecStream: o.execStream,
 		Logger: logger, Metrics: steps.NewMetrics(reg)})
 	var registrar *concourse.Registrar
-	var holder *concourse.Holder
+	// The volume holder serves the web node's volumes; tests without one
+	// call its API themselves (gateway.holder).
+	metrics := concourse.NewMetrics(reg)
+	holder := &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
+		Server: streamer.VolumeServer, Metrics: metrics}
 	if o.concourse != nil {
-		metrics := concourse.NewMetrics(reg)
-		holder = &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
-			Server: streamer.VolumeServer, Metrics: metrics}
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder},
@@ -357,8 +359,9 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	// gateway's leases go once its runners stopped, as in gateway run).
 	first := []interface{ Start(context.Context) error }{stepper}
 	if registrar != nil {
-		first = append(first, registrar, holder)
+		first = append(first, registrar)
 	}
+	first = append(first, holder)
 	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
 	if node != nil {
 		node.SetHTTP(server.Handler())
@@ -382,7 +385,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		}
 	})
 	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop,
-		mesh: node, state: o.state, identity: id}
+		mesh: node, state: o.state, identity: id, holder: holder}
 	if node != nil {
 		<-node.Ready()
 		if a := node.Addr(); a != nil {

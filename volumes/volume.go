@@ -18,8 +18,9 @@ type Volume struct {
 	Properties map[string]string `json:"properties"`
 	Privileged bool              `json:"privileged"`
 	// ImportPath is an import volume's strategy path, as the request
-	// named it (an image reference such as k8s-image://docker.io/x:1):
-	// the server records it and reads nothing there.
+	// named it (an image reference such as k8s-image://docker.io/x:1),
+	// or its parent's for a cow: the server records it and reads nothing
+	// there.
 	ImportPath string `json:"import_path,omitempty"`
 }
 
@@ -161,10 +162,17 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 		fail(w, http.StatusInternalServerError, "create volume: %v", err)
 		return
 	}
-	// A parent's properties stay its own, as in baggageclaim.
+	// A parent's properties stay its own, as in baggageclaim; what it
+	// imports is what its copy imports (a base type's image, copied for
+	// each container that runs it).
 	m := meta{Properties: orEmpty(req.Properties), Privileged: req.Privileged}
-	if st.Type == StrategyImport {
+	switch st.Type {
+	case StrategyImport:
 		m.ImportPath = st.Path
+	case StrategyCOW:
+		if pm, err := s.readMeta(st.Volume); err == nil {
+			m.ImportPath = pm.ImportPath
+		}
 	}
 	if err := s.commit(h, tmp, m); err != nil {
 		fail(w, http.StatusInternalServerError, "create volume: %v", err)

@@ -211,6 +211,14 @@ func TestImportRecordsItsPath(t *testing.T) {
 	assert.Contains(t, string(b), `"import_path":"k8s-image://docker.io/x:1"`)
 	_, b = create(t, base, `{"handle":"e","strategy":{"type":"empty"}}`)
 	assert.NotContains(t, string(b), "import_path", "only an import has one")
+
+	// A copy of an import, and a copy of that, import what it imports:
+	// the web node runs a base type's image from a copy of its import.
+	v := made(t, base, `{"handle":"c0","strategy":{"type":"cow","volume":"i0"}}`)
+	assert.Equal(t, "k8s-image://docker.io/x:1", v.ImportPath)
+	made(t, base, `{"handle":"c1","strategy":{"type":"cow","volume":"c0"}}`)
+	assert.Equal(t, "k8s-image://docker.io/x:1", lookUp(t, base, "c1").ImportPath)
+	assert.Empty(t, made(t, base, `{"handle":"c2","strategy":{"type":"cow","volume":"e"}}`).ImportPath)
 }
 
 func TestList(t *testing.T) {
