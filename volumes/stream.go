@@ -321,6 +321,8 @@ func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd, s2)", enc)
 }
 
+// writeTar writes root as a tar: a folder's contents by their paths
+// inside it, or a file alone by its base name.
 func writeTar(w io.Writer, root string) error {
 	tw := tar.NewWriter(w)
 	err := filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
@@ -328,8 +330,16 @@ func writeTar(w io.Writer, root string) error {
 			return err
 		}
 		rel, err := filepath.Rel(root, path)
-		if err != nil || rel == "." {
+		if err != nil {
 			return err
+		}
+		if rel == "." {
+			if info.IsDir() {
+				return nil
+			}
+			// One file: a tar of it alone, by its base name, as
+			// baggageclaim's `tar -C dir file` makes it.
+			rel = filepath.Base(path)
 		}
 		link := ""
 		if info.Mode()&os.ModeSymlink != 0 {

@@ -1,8 +1,11 @@
 package volumes
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -407,5 +410,32 @@ func TestConcurrentChanges(t *testing.T) {
 	assert.Equal(t, map[int]int{http.StatusCreated: 1, http.StatusConflict: n - 1}, counts)
 	for i := range n {
 		assert.Len(t, lookUp(t, base, fmt.Sprintf("v%d", i)).Properties, 10)
+	}
+}
+
+// TestStreamOutOfOneFile: a path naming a file streams a tar of that file
+// alone, named by its base name, as baggageclaim's does: the web node
+// reads an image's metadata.json so.
+func TestStreamOutOfOneFile(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"img","strategy":{"type":"empty"}}`)
+	require.NoError(t, os.MkdirAll(filepath.Join(s.Path("img"), "rootfs", "etc"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("img"), "metadata.json"), []byte(`{"user":"root"}`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("img"), "rootfs", "etc", "os-release"), []byte("ID=test\n"), 0o644))
+	for path, want := range map[string][2]string{
+		"metadata.json":         {"metadata.json", `{"user":"root"}`},
+		"rootfs/etc/os-release": {"os-release", "ID=test\n"},
+	} {
+		resp, body := do(t, http.MethodPut, base+"/volumes/img/stream-out?path="+path, map[string]string{"Accept-Encoding": "raw"}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		tr := tar.NewReader(bytes.NewReader(body))
+		h, err := tr.Next()
+		require.NoError(t, err, path)
+		assert.Equal(t, want[0], h.Name)
+		got, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		assert.Equal(t, want[1], string(got))
+		_, err = tr.Next()
+		assert.Equal(t, io.EOF, err, "that file alone")
 	}
 }
