@@ -113,10 +113,10 @@ type Config struct {
 	ConcourseResourceTypes string `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
 	// Registering over the REST API instead, where the web node reaches
 	// the gateway directly.
-	ConcourseURL              string `mapstructure:"concourse-url" help:"external URL of the Concourse web node: with concourse-client-id, concourse-client-secret-file and concourse-worker-address, the targets register through its REST API instead of its TSA; with concourse-tsa, jetway reads the web node's worker version there first and registers nothing it would never use (docs/concourse.md); empty: none"`
-	ConcourseClientID         string `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
-	ConcourseClientSecretFile string `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
-	ConcourseWorkerAddress    string `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
+	ConcourseURL              string   `mapstructure:"concourse-url" help:"external URL of the Concourse web node: with concourse-client-id, concourse-client-secret-file and concourse-worker-address, the targets register through its REST API instead of its TSA; with concourse-tsa, jetway reads the web node's worker version there first and registers nothing it would never use (docs/concourse.md); empty: none"`
+	ConcourseClientID         string   `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
+	ConcourseClientSecretFile string   `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
+	ConcourseWorkerAddress    string   `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
 	ConcourseWebNodeNetworks  []string `mapstructure:"concourse-web-node-networks" help:"CIDRs (or IPs) the web node calls the workers from: their listeners, which take no authentication as a stock worker's, accept connections only from these and from this gateway; empty: from anyone who reaches them (a warning at start)"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
