@@ -99,6 +99,14 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 		}
 		return nil, "", err
 	}
+	if ok, err := t.Synced(); !ok {
+		// Not "none": a short list would tell the web node its volumes
+		// are gone.
+		if err == nil {
+			err = errors.New("not listed yet")
+		}
+		return nil, "", fmt.Errorf("the pods of target %s: %w", target, err)
+	}
 	opts := h.Pod()
 	if opts.Key.IsZero() {
 		return nil, "", errors.New("the installation's pod key is not read yet: jetway cannot reach its volume holder")
