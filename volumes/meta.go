@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/jetway-ci/jetway/internal/atomicfile"
 )
 
 // A volume's metadata (its properties, whether it is privileged, what it
@@ -35,12 +37,11 @@ const (
 )
 
 // Prefixes of the server's temporary names: a volume being made, a
-// volume being removed, metadata being written. Names starting with a
-// dot are never volumes.
+// volume being removed. Names starting with a dot are never volumes, nor
+// metadata (atomicfile's temporary files start with one).
 const (
 	creating = ".create-"
 	deleting = ".delete-"
-	writing  = ".meta-"
 )
 
 func (s *Server) metaPath(handle string) string {
@@ -63,29 +64,19 @@ func (s *Server) readMeta(handle string) (meta, error) {
 	return m, nil
 }
 
-// writeMeta replaces a volume's metadata in one step: a reader, or a
-// server restarted after a kill, finds the old file or the new one,
-// never a part of one.
+// writeMeta replaces a volume's metadata in one step (atomicfile): a
+// reader, or a server restarted after a kill, finds the old file or the
+// new one, never a part of one.
 func (s *Server) writeMeta(handle string, m meta) error {
 	dir := filepath.Join(s.root, "meta")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("write volume %q's metadata: %w", handle, err)
-	}
 	b, err := json.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("write volume %q's metadata: %w", handle, err)
-	}
-	f, err := os.CreateTemp(dir, writing)
-	if err != nil {
-		return fmt.Errorf("write volume %q's metadata: %w", handle, err)
-	}
-	_, err = f.Write(b)
-	err = errors.Join(err, f.Close())
 	if err == nil {
-		err = os.Rename(f.Name(), s.metaPath(handle))
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err == nil {
+		err = atomicfile.Write(s.metaPath(handle), b, 0o644)
 	}
 	if err != nil {
-		_ = os.Remove(f.Name())
 		return fmt.Errorf("write volume %q's metadata: %w", handle, err)
 	}
 	return nil
@@ -123,7 +114,7 @@ func checkProperties(p map[string]string) error {
 func sweep(root string) {
 	for dir, prefixes := range map[string][]string{
 		filepath.Join(root, "volumes"): {creating, deleting},
-		filepath.Join(root, "meta"):    {writing},
+		filepath.Join(root, "meta"):    {"."},
 	} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
