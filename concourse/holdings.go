@@ -121,24 +121,36 @@ func (h Pods) DestroyVolume(ctx context.Context, target, handle string) error {
 // ready is the target and the pod key, once both can be trusted. An
 // agent's target (not in the registry) has no pods: nil, nil.
 func (h Pods) ready(target string) (*targets.Target, ownership.Key, error) {
-	t, err := h.Targets.Target(target)
-	if errors.Is(err, targets.ErrNotFound) {
-		return nil, ownership.Key{}, nil
-	}
-	if err != nil {
+	t, err := listed(h.Targets, target)
+	if err != nil || t == nil {
 		return nil, ownership.Key{}, err
-	}
-	if ok, err := t.Synced(); !ok {
-		if err == nil {
-			err = errors.New("not listed yet")
-		}
-		return nil, ownership.Key{}, fmt.Errorf("the pods of target %s: %w", target, err)
 	}
 	key := h.Key()
 	if key.IsZero() {
 		return nil, ownership.Key{}, errors.New("the installation's pod key is not read yet: jetway cannot tell its pods")
 	}
 	return t, key, nil
+}
+
+// listed is target once its pods are listed, so that what jetway holds
+// there can be told; nil, nil for an agent's target (not in the
+// registry), which has no pods. A target not listed yet is an error, not
+// "none": a short list would tell the web node its holdings are gone.
+func listed(ts PodTargets, target string) (*targets.Target, error) {
+	t, err := ts.Target(target)
+	if errors.Is(err, targets.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ok, err := t.Synced(); !ok {
+		if err == nil {
+			err = errors.New("not listed yet")
+		}
+		return nil, fmt.Errorf("the pods of target %s: %w", target, err)
+	}
+	return t, nil
 }
 
 // deletePod deletes p if it is still the pod listed (its UID).

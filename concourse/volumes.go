@@ -91,21 +91,13 @@ var errNoHolder = errors.New("no volume holder")
 // on, or none (an agent's worker, which has no volumes; a pod of that name
 // jetway did not seal, which is never used).
 func (h *Holder) holder(target string) (*targets.Target, string, error) {
-	t, err := h.Targets.Target(target)
-	if err != nil {
-		if errors.Is(err, targets.ErrNotFound) {
-			// An agent: it has no volume, and none is made for it.
-			return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it: %w", target, errNoHolder)
-		}
+	t, err := listed(h.Targets, target)
+	switch {
+	case err != nil:
 		return nil, "", err
-	}
-	if ok, err := t.Synced(); !ok {
-		// Not "none": a short list would tell the web node its volumes
-		// are gone.
-		if err == nil {
-			err = errors.New("not listed yet")
-		}
-		return nil, "", fmt.Errorf("the pods of target %s: %w", target, err)
+	case t == nil:
+		// An agent: it has no volume, and none is made for it.
+		return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it: %w", target, errNoHolder)
 	}
 	opts := h.Pod()
 	if opts.Key.IsZero() {
