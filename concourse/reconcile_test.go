@@ -77,6 +77,13 @@ func (w *sessionWeb) told() []string {
 	return slices.Clone(w.commands)
 }
 
+// look lets the registrar's 2 s look pass on synctest's clock (no real
+// time), then waits until what it started is blocked again.
+func look() {
+	time.Sleep(3 * time.Second)
+	synctest.Wait()
+}
+
 // TestRegistrarTellsWhatTheWebNodeHas: a target landed here and then gone
 // is deleted from the web node, which had its worker; a target the web
 // node never had is not; a retired one is not deleted again; an agent
@@ -99,7 +106,6 @@ func TestRegistrarTellsWhatTheWebNodeHas(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- r.Start(ctx) }()
-		look := func() { time.Sleep(3 * time.Second); synctest.Wait() } // past the registrar's 2 s look
 
 		running := func(name string) targets.Status { return targets.Status{Name: name, State: targets.StateRunning} }
 		mac := func(state targets.State, since time.Time) targets.Status {
@@ -157,7 +163,6 @@ func TestRetiringAWorkerTheWebNodeLanded(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- r.Start(ctx) }()
-		look := func() { time.Sleep(3 * time.Second); synctest.Wait() }
 
 		tg.set(targets.Status{Name: "w", State: targets.StateRunning})
 		look()
