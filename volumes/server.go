@@ -289,6 +289,8 @@ func answer(w http.ResponseWriter, code int, v any) {
 	_, _ = w.Write(b)
 }
 
+// validHandle reports whether h can name a volume: one path element, not
+// starting with a dot (the server's own temporary names do).
 func validHandle(h string) bool {
-	return h != "" && !strings.ContainsAny(h, "/\\") && h != "." && h != ".."
+	return h != "" && h[0] != '.' && !strings.ContainsAny(h, "/\\")
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 )
 
 // Volume is a volume as the server answers it: baggageclaim's
@@ -57,7 +56,7 @@ const CopiedBytesHeader = "X-Jetway-Copied-Bytes"
 // exists reports whether handle is a volume: a folder or a link to one
 // under root/volumes. Names starting with a dot are the server's own.
 func (s *Server) exists(handle string) bool {
-	if !validHandle(handle) || strings.HasPrefix(handle, ".") {
+	if !validHandle(handle) {
 		return false
 	}
 	fi, err := os.Lstat(s.Path(handle))
@@ -75,7 +74,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, `body must be {"handle": "...", "strategy": {"type": "..."}, "properties": {...}, "privileged": false}: %v`, err)
 		return
 	}
-	if !validHandle(req.Handle) || strings.HasPrefix(req.Handle, ".") {
+	if !validHandle(req.Handle) {
 		fail(w, http.StatusBadRequest, "handle %q is not a volume's name", req.Handle)
 		return
 	}
