@@ -607,9 +607,9 @@ func admits(nets []netip.Prefix, local, remote net.Addr) bool {
 }
 
 func addrIP(a net.Addr) (netip.Addr, bool) {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
 		return netip.Addr{}, false
 	}
-	return ap.Addr().Unmap(), true
+	return t.AddrPort().Addr().Unmap(), true
 }
