@@ -48,19 +48,21 @@ type PodTargets interface {
 	Target(name string) (*targets.Target, error)
 }
 
-// Pods are the holdings of cluster targets: a container is a pod jetway
-// sealed carrying ContainerLabel; a volume is one its Holder keeps (nil:
-// none).
+// Pods are the holdings of cluster targets: a container is one the web
+// node made (its record, Records) or a pod jetway sealed carrying
+// ContainerLabel; a volume is one its Holder keeps (nil: none).
 type Pods struct {
 	Targets PodTargets
 	// Key is the installation's pod key, zero until it is read.
-	Key    func() ownership.Key
-	Holder *Holder
+	Key     func() ownership.Key
+	Holder  *Holder
+	Records *ContainerRecords
 }
 
-// Containers lists the sealed pods with ContainerLabel from the target's
-// pod cache.
-func (h Pods) Containers(_ context.Context, target string) ([]string, error) {
+// Containers lists the target's containers: those recorded, and the
+// sealed pods with ContainerLabel in the target's pod cache (a pod whose
+// record is gone is reported, so that the web node names it to destroy).
+func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	t, key, err := h.ready(target)
 	if err != nil || t == nil {
 		return nil, err
@@ -71,34 +73,34 @@ func (h Pods) Containers(_ context.Context, target string) ([]string, error) {
 			handles = append(handles, handle)
 		}
 	}
+	if h.Records != nil {
+		recorded, err := h.Records.List(ctx, target)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range recorded {
+			handles = append(handles, c.Handle())
+		}
+	}
 	slices.Sort(handles)
 	return slices.Compact(handles), nil
 }
 
-// DestroyContainer deletes the sealed pods of handle; a pod of that handle
-// jetway did not seal stays, and the answer is ErrNotOurs.
+// DestroyContainer deletes the sealed pods of handle, then its record; a
+// pod of that handle jetway did not seal stays, and the answer is
+// ErrNotOurs.
 func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error {
 	t, key, err := h.ready(target)
 	if err != nil || t == nil {
 		return err
 	}
-	var foreign []string
-	for _, p := range t.Pods() {
-		if p.Labels[ContainerLabel] != handle {
-			continue
-		}
-		if !key.Sealed(target, p) {
-			foreign = append(foreign, p.Name)
-			continue
-		}
-		if err := deletePod(ctx, t, p); err != nil {
-			return fmt.Errorf("container %s: delete pod %s/%s: %w", handle, t.Namespace(), p.Name, err)
+	err = destroyPods(ctx, t, key, handle)
+	if h.Records != nil && (err == nil || errors.Is(err, ErrNotOurs)) {
+		if rerr := h.Records.Delete(ctx, target, handle); rerr != nil {
+			return rerr
 		}
 	}
-	if foreign != nil {
-		return fmt.Errorf("container %s: pods %v carry its handle but jetway did not make them: %w", handle, foreign, ErrNotOurs)
-	}
-	return nil
+	return err
 }
 
 // Volumes lists the volumes the target's holder keeps.

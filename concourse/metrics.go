@@ -16,6 +16,8 @@ type Metrics struct {
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
 	refusals      prometheus.Counter
+	containers    *prometheus.CounterVec
+	garden        *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -58,7 +60,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Connections to the REST-registered workers' listeners closed because they came from outside concourse-web-node-networks.",
 		}),
 	}
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals)
+	m.containers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_containers_total",
+		Help: "Containers the web node made (event created) and destroyed (destroyed) on jetway's workers: their pods.",
+	}, []string{"event"})
+	m.garden = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_garden_calls_total",
+		Help: "The web node's Garden calls to jetway's workers, by call and result (ok, or error).",
+	}, []string{"call", "result"})
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
+		m.containers, m.garden)
 	return m
 }
 
@@ -130,4 +141,21 @@ func (m *Metrics) refused() {
 		return
 	}
 	m.refusals.Inc()
+}
+
+func (m *Metrics) container(event string) {
+	if m != nil {
+		m.containers.WithLabelValues(event).Inc()
+	}
+}
+
+func (m *Metrics) gardenCall(call string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.garden.WithLabelValues(call, result).Inc()
 }

@@ -80,6 +80,9 @@ type Options struct {
 	// VolumeAPI serves a worker's volume API (Holder.API); nil: the
 	// volumes are listed from Holdings, and nothing else is served.
 	VolumeAPI func(target string) http.Handler
+	// Containers are the web node's containers on cluster targets; nil:
+	// Garden lists the containers Holdings hold, and runs none.
+	Containers *Containers
 	// SweepInterval is how often each registration runs the garbage
 	// collection rounds with the web node; default DefaultSweepInterval.
 	SweepInterval time.Duration
@@ -389,7 +392,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		sctx, stopSweeps := context.WithCancel(ctx)
 		var sweeps sync.WaitGroup
 		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
-		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings), r.opts.VolumeAPI(w.Name), func(e Event) {
+		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings, r.opts.Containers, r.opts.Metrics), r.opts.VolumeAPI(w.Name), func(e Event) {
 			switch e.Type {
 			case "registered":
 				once.Do(func() { registered <- e })

@@ -125,7 +125,7 @@ func (f *fakeWeb) worker() Worker {
 // forward runs Forward for worker t and returns its result and events.
 func forward(ctx context.Context, r *REST) (error, []string) {
 	var events []string
-	err := r.Forward(ctx, Worker{Name: "t", Platform: "linux", Version: WorkerVersion}, gardenAPI("t", none{}), volumeAPI("t", none{}),
+	err := r.Forward(ctx, Worker{Name: "t", Platform: "linux", Version: WorkerVersion}, gardenAPI("t", none{}, nil, nil), volumeAPI("t", none{}),
 		func(e Event) { events = append(events, e.Type) })
 	return err, events
 }

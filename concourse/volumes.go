@@ -1,6 +1,7 @@
 package concourse
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/volumes"
 )
 
 // A web node's volumes live in one pod per target, its volume holder
@@ -466,4 +468,80 @@ func writeRaw(w http.ResponseWriter, code int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = w.Write(b)
+}
+
+// errVolumeNotFound: the holder has no such volume.
+var errVolumeNotFound = errors.New("no such volume")
+
+// Volume is target's volume handle as its holder describes it.
+func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Volume, error) {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	var v volumes.Volume
+	_, pod, err := h.holder(target)
+	if errors.Is(err, errNoHolder) {
+		return v, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
+	}
+	if err != nil {
+		return v, err
+	}
+	resp, err := h.Server(ctx, target, pod, http.MethodGet, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	if err != nil {
+		return v, fmt.Errorf("volume %s: %w", handle, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	switch {
+	case err != nil:
+		return v, fmt.Errorf("volume %s: %w", handle, err)
+	case resp.StatusCode == http.StatusNotFound:
+		return v, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
+	case resp.StatusCode != http.StatusOK:
+		return v, fmt.Errorf("volume %s: %s", handle, answerError(resp.StatusCode, b))
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return v, fmt.Errorf("volume %s: %w", handle, err)
+	}
+	return v, nil
+}
+
+// ReadFile reads the file at path in target's volume handle, of at most
+// limit bytes: errVolumeNotFound-wrapped if the volume or the file is
+// missing.
+func (h *Holder) ReadFile(ctx context.Context, target, handle, path string, limit int64) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	_, pod, err := h.holder(target)
+	if errors.Is(err, errNoHolder) {
+		return nil, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp, err := h.Server(ctx, target, pod, http.MethodPut, "/volumes/"+url.PathEscape(handle)+"/stream-out",
+		url.Values{"path": {path}}, http.Header{"Accept-Encoding": {volumes.Raw}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %s: %w", handle, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, fmt.Errorf("volume %s has no %s: %w", handle, path, errVolumeNotFound)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("volume %s: %s: %s", handle, path, answerError(resp.StatusCode, b))
+	}
+	// A single file streams out as a tar of it alone.
+	tr := tar.NewReader(resp.Body)
+	if _, err := tr.Next(); err != nil {
+		return nil, fmt.Errorf("volume %s: %s: %w", handle, path, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(tr, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %s: %w", handle, path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("volume %s: %s is over %d bytes", handle, path, limit)
+	}
+	return b, nil
 }

@@ -73,13 +73,12 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	// The web node calls the workers at the addresses registered: a step
 	// placed on one looks its container up with a Garden list, makes its
 	// volumes (in the target's volume holder), then asks Garden to create
-	// the container, which jetway refuses, saying so.
+	// the container, whose process jetway does not run yet, saying so.
 	task := filepath.Join(t.TempDir(), "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: echo, args: [hi]}\n"))
 	out, err := web.Fly("execute", "-c", task, "--tag", "gpu")
-	require.Error(t, err, "jetway runs no step of the web node's yet")
-	assert.Contains(t, err.Error()+out,
-		"find or create container on worker cwrest-tagged: jetway does not run a Concourse web node's containers yet")
+	require.Error(t, err, "jetway runs no process of the web node's yet")
+	assert.Contains(t, err.Error()+out, notRunYet)
 	assertWebNodeListsGarden(ctx, t, web, client, task)
 
 	// Heartbeats keep every worker running past its TTL: once a worker
@@ -305,7 +304,7 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 		return out + err.Error()
 	}
 	out := execute()
-	assert.NotContains(t, out, "jetway does not run a Concourse web node's containers yet", "the web node reached nothing")
+	assert.NotContains(t, out, notRunYet, "the web node reached nothing")
 	assert.GreaterOrEqual(t, refused(reg), 1.0)
 	_, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, steps.VolumeHolderName("jetway"), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no volume holder: %v", err)
@@ -314,6 +313,6 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 	g.stop()
 	startGateway(t, dir, gatewayOptions{concourse: rest(reg2, "127.0.0.1/32"), state: state})
 	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
-	assert.Contains(t, execute(), "find or create container on worker "+name+": jetway does not run a Concourse web node's containers yet")
+	assert.Contains(t, execute(), notRunYet)
 	assert.Equal(t, 0.0, refused(reg2))
 }

@@ -359,7 +359,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 		require.Error(t, err, "no container runs yet: %s", out)
 		return out + err.Error()
 	}
-	assert.Contains(t, execute(), "jetway does not run a Concourse web node's containers yet")
+	assert.Contains(t, execute(), notRunYet)
 	uploads := map[string]string{} // artifact volume -> its worker
 	for _, v := range flyVolumes(t, web) {
 		if v.Type == "artifact" {
@@ -386,7 +386,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 		_, err := os.Stat(filepath.Join(root, "volumes", id))
 		assert.NoError(t, err, "volume %s of %s", id, worker)
 	}
-	assert.Contains(t, execute(), "jetway does not run a Concourse web node's containers yet")
+	assert.Contains(t, execute(), notRunYet)
 
 	holder.start(t)
 	assert.Equal(t, 1-i, oneRegisters(t, bases, names, 30*time.Second), "the Lease stays with the replica that took it")

@@ -43,14 +43,18 @@ func flyVolumes(t *testing.T, web *cwn.WebNode) []flyVolume {
 // jetway worker: the web node makes its volumes through the worker's
 // volume API, jetway keeps them in the target's volume holder pod (the
 // uploaded bytes there, whole), and `fly volumes` lists them on that
-// worker. The build fails at its container, naming why (jetway runs no
-// web node's container yet); the web node then collects the volumes it
-// made for that container, and the sweep destroys them in the holder,
-// leaving the upload. A restarted gateway reports the same volumes.
+// worker. The build fails at its process, naming why (jetway runs no
+// process in a web node's container yet); the web node then collects the
+// one-off build's container and the volumes it mounted, and the sweep
+// destroys them in the holder, leaving the upload. A restarted gateway
+// reports the same volumes.
 func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second})
+	// The one-off build's container, and so the volumes it mounts, is
+	// collected a second after the build.
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second,
+		Args: []string{"--gc-one-off-grace-period", "1s"}})
 	dir := t.TempDir()
 	const name = "cwv"
 	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
@@ -81,7 +85,7 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+upload)
 	fcancel()
 	require.Error(t, err, "no container runs yet: %s", out)
-	assert.Contains(t, out+err.Error(), "find or create container on worker cwv: jetway does not run a Concourse web node's containers yet")
+	assert.Contains(t, out+err.Error(), notRunYet)
 
 	// The upload is in the holder, whole, under the handle fly lists.
 	pod, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})

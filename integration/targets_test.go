@@ -74,6 +74,9 @@ type gateway struct {
 	state    *stateNamespace
 	identity string // its steps identity
 	holder   *concourse.Holder
+	// containers are the web node's containers (Containers.API serves
+	// a worker's Garden), with or without a web node.
+	containers *concourse.Containers
 }
 
 // gatewayOptions vary the in-process gateway; zero values are test defaults.
@@ -114,6 +117,8 @@ type gatewayOptions struct {
 	// concourse, if set, registers the targets with a Concourse web node:
 	// through its TSA (*concourse.TSA) or its REST API (*concourse.REST).
 	concourse concourse.Web
+	// resourceTypes are the base resource types the workers offer.
+	resourceTypes []concourse.ResourceType
 	// sweep is how often each registration sweeps with the web node;
 	// default concourse.DefaultSweepInterval.
 	sweep time.Duration
@@ -339,11 +344,18 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	metrics := concourse.NewMetrics(reg)
 	holder := &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
 		Server: streamer.VolumeServer, Metrics: metrics}
+	stateClient, err := kubernetes.NewForConfig(o.state.rest)
+	require.NoError(t, err)
+	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
+	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steps.PodOptions { return podOpts },
+		Holder: holder, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse")}
 	if o.concourse != nil {
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
-			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder},
+			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder, Records: records},
 			VolumeAPI: holder.API, SweepInterval: o.sweep,
+			Containers:    containers,
+			ResourceTypes: o.resourceTypes,
 			Agents: agentsOf(node), LandAgent: landAgentOf(node),
 			Logger: logger.With("component", "concourse"), Metrics: metrics})
 	}
@@ -385,7 +397,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		}
 	})
 	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop,
-		mesh: node, state: o.state, identity: id, holder: holder}
+		mesh: node, state: o.state, identity: id, holder: holder, containers: containers}
 	if node != nil {
 		<-node.Ready()
 		if a := node.Addr(); a != nil {

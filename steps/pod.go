@@ -209,3 +209,47 @@ func VolumeHolderPod(t *targets.Target, opts PodOptions) *corev1.Pod {
 	}
 	return pod
 }
+
+// ContainerPodSpec is a Concourse web node's container on a target, as
+// its pod is made (concourse.Containers).
+type ContainerPodSpec struct {
+	Name, Team, Image string
+	// Labels are added to the pod's own (ownership, team).
+	Labels     map[string]string
+	Resources  Resources
+	Privileged bool
+	// Mounts are the container's bind mounts: each one a folder of the
+	// pod's emptyDir (SubPath, under MountsDir) at Path, in this order,
+	// so a mount nested in another comes after it.
+	Mounts []ContainerMount
+}
+
+// ContainerMount is one bind mount of a container.
+type ContainerMount struct {
+	Path, SubPath string
+	ReadOnly      bool
+}
+
+// MountsDir holds a container pod's bind mounts, in its emptyDir.
+const MountsDir = "mounts"
+
+// ContainerPod is the pod of a Concourse web node's container on t: a step
+// pod (the same agent, sidecar, seal, security and defaults) whose step
+// container waits (pid1) in the container's image for the processes the
+// web node runs, with the container's bind mounts. It carries no step
+// handle and no owner: no step engine's placer or runner ever acts on it.
+func ContainerPod(t *targets.Target, spec ContainerPodSpec, opts PodOptions) *corev1.Pod {
+	sum := &Summary{Type: "concourse", Team: spec.Team, Image: spec.Image, Resources: spec.Resources, Privileged: spec.Privileged}
+	pod := buildPod(sum, "", t, Placed{Pod: spec.Name}, opts)
+	delete(pod.Labels, HandleLabel)
+	delete(pod.Labels, ownership.OwnerLabel)
+	for k, v := range spec.Labels {
+		pod.Labels[k] = v
+	}
+	step := &pod.Spec.Containers[0]
+	for _, m := range spec.Mounts {
+		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
+			SubPath: MountsDir + "/" + m.SubPath, ReadOnly: m.ReadOnly})
+	}
+	return pod
+}

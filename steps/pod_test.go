@@ -244,3 +244,30 @@ func quantities(l corev1.ResourceList) map[corev1.ResourceName]string {
 	}
 	return out
 }
+
+// A web node's container is a step pod no step engine acts on: no handle,
+// no owner; its bind mounts are folders of the pod's volume, in order.
+func TestContainerPod(t *testing.T) {
+	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+		Meta: targets.Metadata{Namespace: "ci", Team: "main"}}, "prod")
+	require.NoError(t, err)
+	p := ContainerPod(tgt, ContainerPodSpec{Name: "c-1", Team: "main", Image: "busybox:1.36",
+		Labels:    map[string]string{"jetway-ci.dev/concourse-container": "h1"},
+		Resources: Resources{Memory: "100Mi"},
+		Mounts:    []ContainerMount{{Path: "/tmp/build/x", SubPath: "0"}, {Path: "/tmp/build/x/in", SubPath: "1", ReadOnly: true}},
+	}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
+	assert.NotContains(t, p.Labels, HandleLabel)
+	assert.NotContains(t, p.Labels, ownership.OwnerLabel)
+	assert.Equal(t, "h1", p.Labels["jetway-ci.dev/concourse-container"])
+	assert.Equal(t, "main", p.Labels[ownership.TeamLabel])
+	assert.Contains(t, p.Annotations, ownership.SealAnnotation)
+	step := p.Spec.Containers[0]
+	assert.Equal(t, "busybox:1.36", step.Image)
+	assert.Equal(t, []corev1.VolumeMount{
+		{Name: sharedVolume, MountPath: stepagent.Root},
+		{Name: sharedVolume, MountPath: "/tmp/build/x", SubPath: "mounts/0"},
+		{Name: sharedVolume, MountPath: "/tmp/build/x/in", SubPath: "mounts/1", ReadOnly: true},
+	}, step.VolumeMounts)
+	assert.Equal(t, "100Mi", step.Resources.Limits.Memory().String())
+	assert.Equal(t, SidecarContainer, p.Spec.Containers[1].Name)
+}

@@ -433,12 +433,16 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	var holdings concourse.Holdings
 	var holder *concourse.Holder
 	var volumeAPI func(string) http.Handler
+	var containers *concourse.Containers
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
-		holder = &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return pod },
-			Server: streamer.VolumeServer, Metrics: metrics}
-		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder}
+		podOptions := func() steps.PodOptions { return pod }
+		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Metrics: metrics}
+		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
+		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records}
 		volumeAPI = holder.API
+		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder,
+			ResourceTypes: types, Metrics: metrics, Logger: logger}
 	}
 	var agents func() []targets.Status
 	var landAgent func(context.Context, string) error
@@ -451,6 +455,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		LandAgent:     landAgent,
 		Holdings:      holdings,
 		VolumeAPI:     volumeAPI,
+		Containers:    containers,
 		Web:           web,
 		WebURL:        cfg.ConcourseURL, // if given, its worker version is checked first
 		Targets:       registry,

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -25,8 +26,11 @@ type stepState struct {
 	elector *steps.Elector
 	// key seals the installation's pods and derives their sidecars'
 	// tokens (ownership.Key); keys reads it from the state namespace.
-	key         ownership.Key
-	keys        *ownership.KeyLoader
+	key  ownership.Key
+	keys *ownership.KeyLoader
+	// secrets are the state namespace's: the web node's containers are
+	// kept there (concourse.ContainerRecords).
+	secrets     corev1client.SecretInterface
 	unavailable string
 }
 
@@ -68,7 +72,7 @@ func newStepState(cfg config.Config, identity string, logger *slog.Logger) (step
 	}
 	keys := ownership.NewKeyLoader(client.CoreV1(), ns, cfg.Installation, log)
 	log.Info("steps are kept in the state namespace", "identity", identity)
-	return stepState{store: store, owners: owners, elector: elector, keys: keys, key: keys.Key()}, nil
+	return stepState{store: store, owners: owners, elector: elector, keys: keys, key: keys.Key(), secrets: client.CoreV1().Secrets(ns)}, nil
 }
 
 // stateConfig reaches the state namespace: the state kubeconfig's

@@ -1,0 +1,226 @@
+package concourse
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+)
+
+// ContainerRecords keep the web node's containers on cluster targets as
+// Secrets in the installation's state namespace, one per container: what
+// Create was given (its environment too, which never goes into a pod's
+// spec, where anyone who may read pods in the target namespace would see
+// it) and the properties the web node sets. They make a container
+// durable: a restarted gateway, or another replica, answers from them.
+type ContainerRecords struct {
+	Secrets      corev1client.SecretInterface
+	Installation string
+}
+
+const (
+	// containerRecordLabel marks a container's record, with its
+	// installation as the value; the target is ownership.WorkerLabel's.
+	containerRecordLabel = "jetway-ci.dev/concourse-container-of"
+	containerRecordType  = "jetway-ci.dev/concourse-container"
+	specKey              = "spec"
+	propertiesKey        = "properties"
+	// maxRecordData bounds a record's spec and properties together: a
+	// Secret must fit etcd's 1.5 MiB request limit.
+	maxRecordData = 1 << 20
+	// recordTimeout bounds one call to the state namespace's API server.
+	recordTimeout = 15 * time.Second
+)
+
+// ErrPropertyNotFound: the container has no such property.
+var ErrPropertyNotFound = errors.New("property does not exist")
+
+// Container is a web node's container as jetway keeps it.
+type Container struct {
+	Target string `json:"target"`
+	// Pod is the container's pod in the target's namespace.
+	Pod string `json:"pod"`
+	// Image is what the pod runs, resolved from the spec's rootfs.
+	Image string `json:"image"`
+	// Spec is what the web node's Create gave, as it gave it.
+	Spec    garden.ContainerSpec `json:"spec"`
+	Created time.Time            `json:"created"`
+
+	properties garden.Properties
+}
+
+// Properties are the container's properties (a copy).
+func (c *Container) Properties() garden.Properties {
+	out := make(garden.Properties, len(c.properties))
+	for k, v := range c.properties {
+		out[k] = v
+	}
+	return out
+}
+
+// Handle is the container's Garden handle.
+func (c *Container) Handle() string { return c.Spec.Handle }
+
+// name is the record of target's container handle.
+func (s *ContainerRecords) name(target, handle string) string {
+	sum := sha256.Sum256([]byte(s.Installation + "\x00" + target + "\x00" + handle))
+	return "jetway-container-" + hex.EncodeToString(sum[:])[:20]
+}
+
+// Create keeps a new container; an existing one of its handle is an
+// error naming it.
+func (s *ContainerRecords) Create(ctx context.Context, c *Container) error {
+	obj, err := s.encode(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	_, err = s.Secrets.Create(ctx, obj, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("a container with handle %s already exists on worker %s", c.Handle(), c.Target)
+	}
+	if err != nil {
+		return fmt.Errorf("keep container %s in the state namespace: %w", c.Handle(), err)
+	}
+	return nil
+}
+
+// Get is target's container handle: garden.ContainerNotFoundError if
+// there is none.
+func (s *ContainerRecords) Get(ctx context.Context, target, handle string) (*Container, error) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	obj, err := s.Secrets.Get(ctx, s.name(target, handle), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, garden.ContainerNotFoundError{Handle: handle}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read container %s from the state namespace: %w", handle, err)
+	}
+	return s.decode(obj, target, handle)
+}
+
+// List is target's containers.
+func (s *ContainerRecords) List(ctx context.Context, target string) ([]*Container, error) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	list, err := s.Secrets.List(ctx, metav1.ListOptions{LabelSelector: s.selector(target)})
+	if err != nil {
+		return nil, fmt.Errorf("list the containers of worker %s in the state namespace: %w", target, err)
+	}
+	out := make([]*Container, 0, len(list.Items))
+	for i := range list.Items {
+		c, err := s.decode(&list.Items[i], target, "")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Change applies change to the properties of target's container handle
+// and writes them, again on a conflict with another writer.
+func (s *ContainerRecords) Change(ctx context.Context, target, handle string, change func(garden.Properties) error) error {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		obj, err := s.Secrets.Get(ctx, s.name(target, handle), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return garden.ContainerNotFoundError{Handle: handle}
+		}
+		if err != nil {
+			return fmt.Errorf("read container %s from the state namespace: %w", handle, err)
+		}
+		c, err := s.decode(obj, target, handle)
+		if err != nil {
+			return err
+		}
+		if err := change(c.properties); err != nil {
+			return err
+		}
+		b, _ := json.Marshal(c.properties)
+		if len(b)+len(obj.Data[specKey]) > maxRecordData {
+			return fmt.Errorf("container %s: its properties would take %d bytes; at most %d are kept", handle, len(b), maxRecordData-len(obj.Data[specKey]))
+		}
+		// A merge patch with the version read: a conflict if another
+		// writer came first (the state Role grants patch, not update).
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": obj.ResourceVersion},
+			"data": map[string]string{propertiesKey: base64.StdEncoding.EncodeToString(b)}})
+		_, err = s.Secrets.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) {
+			return garden.ContainerNotFoundError{Handle: handle}
+		}
+		return err
+	})
+}
+
+// Delete forgets target's container handle; nil if it is gone.
+func (s *ContainerRecords) Delete(ctx context.Context, target, handle string) error {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	err := s.Secrets.Delete(ctx, s.name(target, handle), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("forget container %s in the state namespace: %w", handle, err)
+	}
+	return nil
+}
+
+func (s *ContainerRecords) selector(target string) string {
+	return labels.SelectorFromSet(s.labels(target)).String()
+}
+
+func (s *ContainerRecords) labels(target string) map[string]string {
+	return map[string]string{containerRecordLabel: s.Installation, ownership.WorkerLabel: target}
+}
+
+func (s *ContainerRecords) encode(c *Container) (*corev1.Secret, error) {
+	spec, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	props, _ := json.Marshal(c.properties)
+	if len(spec)+len(props) > maxRecordData {
+		return nil, fmt.Errorf("container %s: its spec and properties take %d bytes; at most %d are kept", c.Handle(), len(spec)+len(props), maxRecordData)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name(c.Target, c.Handle()), Labels: s.labels(c.Target)},
+		Type:       containerRecordType,
+		Data:       map[string][]byte{specKey: spec, propertiesKey: props},
+	}, nil
+}
+
+// decode reads a record; a record that is not of target's container
+// handle ("" for any) is an error: nothing is taken from it.
+func (s *ContainerRecords) decode(obj *corev1.Secret, target, handle string) (*Container, error) {
+	var c Container
+	if err := json.Unmarshal(obj.Data[specKey], &c); err != nil {
+		return nil, fmt.Errorf("container record %s: %w", obj.Name, err)
+	}
+	if err := json.Unmarshal(obj.Data[propertiesKey], &c.properties); err != nil {
+		return nil, fmt.Errorf("container record %s: properties: %w", obj.Name, err)
+	}
+	if c.properties == nil {
+		c.properties = garden.Properties{}
+	}
+	if c.Target != target || (handle != "" && c.Handle() != handle) || obj.Name != s.name(c.Target, c.Handle()) {
+		return nil, fmt.Errorf("container record %s is not of container %s on worker %s", obj.Name, handle, target)
+	}
+	return &c, nil
+}

@@ -1,0 +1,328 @@
+package concourse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A web node's container on a cluster target is a pod: a step pod whose
+// step container waits in the container's image (steps.ContainerPod),
+// sealed, labelled ContainerLabel with its handle, with its bind mounts
+// as folders of the pod's emptyDir. What the web node gave and set (the
+// spec, the environment, the properties) is kept in the state namespace
+// (ContainerRecords), never in the pod. The record is made before the pod
+// and forgotten after it, so a pod never lacks one for long: the sweeps
+// report both, and the web node names what it no longer knows.
+
+// Containers are the web node's containers on cluster targets.
+type Containers struct {
+	Targets PodTargets
+	Records *ContainerRecords
+	// Pod are the step pods' options (the agent image, the installation,
+	// the pod key); read at each use, since the key is read after start.
+	Pod func() steps.PodOptions
+	// Holder keeps the volumes the containers' images and mounts are.
+	Holder *Holder
+	// ResourceTypes are the base resource types the workers offer: an
+	// import of one of their images runs as that image.
+	ResourceTypes []ResourceType
+	Metrics       *Metrics
+	Logger        *slog.Logger
+}
+
+// Bounds of a container's create: the image's files read from a volume.
+const (
+	imageFileLimit = 4 << 10
+	createTimeout  = 2 * time.Minute
+)
+
+// validHandle is a handle jetway takes: a pod label's value (the web node
+// gives UUIDs).
+var validHandle = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
+
+// Create makes target's container of spec: its record, then its pod. It
+// returns once the pod is made, not once its image is pulled: a process
+// run in it waits for that, saying so.
+func (c *Containers) Create(ctx context.Context, target string, spec garden.ContainerSpec) (*Container, error) {
+	ctx, cancel := context.WithTimeout(ctx, createTimeout)
+	defer cancel()
+	if spec.Handle == "" {
+		return nil, errors.New("a container needs a handle: the web node always gives one")
+	}
+	if !validHandle.MatchString(spec.Handle) {
+		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
+	}
+	t, opts, err := c.target(target)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Privileged && !t.Config.Meta.Steps.AllowPrivileged {
+		return nil, fmt.Errorf("worker %s does not run privileged containers: its target's policy does not allow them (%s in its target.yaml)",
+			target, targets.PrivilegedKey)
+	}
+	image, err := c.image(ctx, target, spec)
+	if err != nil {
+		return nil, err
+	}
+	mounts, err := c.mounts(spec.BindMounts)
+	if err != nil {
+		return nil, err
+	}
+	ct := &Container{Target: target, Pod: steps.PodName(t.Config.Meta.Team, "concourse-"+spec.Handle), Image: image,
+		Spec: spec, Created: time.Now().UTC(), properties: spec.Properties}
+	ct.Spec.Properties = nil // kept once, as the properties
+	if ct.properties == nil {
+		ct.properties = garden.Properties{}
+	}
+	if err := c.Records.Create(ctx, ct); err != nil {
+		return nil, err
+	}
+	pod := steps.ContainerPod(t, steps.ContainerPodSpec{
+		Name: ct.Pod, Team: t.Config.Meta.Team, Image: image,
+		Labels:    map[string]string{ContainerLabel: spec.Handle},
+		Resources: resources(spec.Limits), Privileged: spec.Privileged, Mounts: mounts,
+	}, opts)
+	if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		err = fmt.Errorf("make the pod %s/%s of container %s: %w", t.Namespace(), ct.Pod, spec.Handle, err)
+		if ferr := c.Records.Delete(context.WithoutCancel(ctx), target, spec.Handle); ferr != nil {
+			err = fmt.Errorf("%w (and its record stays: %v)", err, ferr)
+		}
+		return nil, err
+	}
+	c.Metrics.container("created")
+	c.logger().Info("container made", "target", target, "handle", spec.Handle, "pod", ct.Pod, "image", image, "privileged", spec.Privileged)
+	return ct, nil
+}
+
+// Lookup is target's container handle: garden.ContainerNotFoundError if
+// the web node made none of that handle (or destroyed it).
+func (c *Containers) Lookup(ctx context.Context, target, handle string) (*Container, error) {
+	return c.Records.Get(ctx, target, handle)
+}
+
+// List is the handles of target's containers whose properties include
+// all of filter's.
+func (c *Containers) List(ctx context.Context, target string, filter garden.Properties) ([]string, error) {
+	all, err := c.Records.List(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	handles := []string{}
+next:
+	for _, ct := range all {
+		for k, v := range filter {
+			if have, ok := ct.properties[k]; !ok || have != v {
+				continue next
+			}
+		}
+		handles = append(handles, ct.Handle())
+	}
+	return handles, nil
+}
+
+// SetProperty sets a property of target's container handle.
+func (c *Containers) SetProperty(ctx context.Context, target, handle, key, value string) error {
+	return c.Records.Change(ctx, target, handle, func(p garden.Properties) error {
+		p[key] = value
+		return nil
+	})
+}
+
+// RemoveProperty removes a property of target's container handle.
+func (c *Containers) RemoveProperty(ctx context.Context, target, handle, key string) error {
+	return c.Records.Change(ctx, target, handle, func(p garden.Properties) error {
+		if _, ok := p[key]; !ok {
+			return fmt.Errorf("%w: %s", ErrPropertyNotFound, key)
+		}
+		delete(p, key)
+		return nil
+	})
+}
+
+// Destroy deletes target's container handle: its pods jetway sealed, then
+// its record. A pod of that handle jetway did not seal is left alone.
+func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	if _, err := c.Records.Get(ctx, target, handle); err != nil {
+		return err
+	}
+	t, opts, err := c.target(target)
+	if err != nil {
+		return err
+	}
+	if err := destroyPods(ctx, t, opts.Key, handle); err != nil && !errors.Is(err, ErrNotOurs) {
+		return err
+	}
+	if err := c.Records.Delete(ctx, target, handle); err != nil {
+		return err
+	}
+	c.Metrics.container("destroyed")
+	return nil
+}
+
+// target is a cluster target whose pods are listed, and the pod options
+// with the pod key read.
+func (c *Containers) target(target string) (*targets.Target, steps.PodOptions, error) {
+	t, err := listed(c.Targets, target)
+	if err != nil {
+		return nil, steps.PodOptions{}, err
+	}
+	if t == nil {
+		return nil, steps.PodOptions{}, fmt.Errorf("worker %s is an agent: jetway runs a web node's containers on cluster targets only, not on agents yet", target)
+	}
+	opts := c.Pod()
+	if opts.Key.IsZero() {
+		return nil, opts, errors.New("the installation's pod key is not read yet: jetway makes no pod before")
+	}
+	return t, opts, nil
+}
+
+// image is the image the pod of spec runs: what its rootfs names, read as
+// docs/concourse.md says.
+func (c *Containers) image(ctx context.Context, target string, spec garden.ContainerSpec) (string, error) {
+	rootfs := spec.Image.URI
+	if rootfs == "" {
+		rootfs = spec.RootFSPath
+	}
+	if spec.Image.Username != "" || spec.Image.Password != "" {
+		return "", fmt.Errorf("image %s: jetway does not take a registry's credentials from the web node: "+
+			"give the target's namespace an image pull secret (imagePullSecrets in its target.yaml)", rootfs)
+	}
+	scheme, rest, _ := strings.Cut(rootfs, "://")
+	switch scheme {
+	case "docker":
+		return dockerImage(rootfs, rest)
+	case "raw":
+		return c.rawImage(ctx, target, rootfs, rest)
+	}
+	return "", fmt.Errorf("image %q: jetway runs docker:///REPOSITORY#TAG, an image_resource or image: from a registry-image get, "+
+		"or a base resource type; not this", rootfs)
+}
+
+// dockerImage is docker://[HOST]/REPOSITORY[#TAG] as a reference.
+func dockerImage(rootfs, rest string) (string, error) {
+	ref, tag, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "#")
+	if ref == "" {
+		return "", fmt.Errorf("image %q names no repository", rootfs)
+	}
+	if tag != "" {
+		ref += ":" + tag
+	}
+	return ref, nil
+}
+
+// rawImage is the image of a volume: raw://P/rootfs, a copy of a
+// registry-image get's volume, runs the repository and digest that get
+// wrote beside rootfs/; raw://P, a copy of a base type's import, runs the
+// image the operator mapped the type to.
+func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (string, error) {
+	if c.Holder == nil {
+		return "", fmt.Errorf("image %s: this gateway keeps no volumes (no state namespace)", rootfs)
+	}
+	dir, imageDir := strings.CutSuffix(p, "/rootfs")
+	handle := path.Base(dir)
+	v, err := c.Holder.Volume(ctx, target, handle)
+	if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != dir) {
+		return "", fmt.Errorf("image %s: worker %s has no volume at %s", rootfs, target, dir)
+	}
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", rootfs, err)
+	}
+	if !imageDir {
+		for _, rt := range c.ResourceTypes {
+			if v.ImportPath == rt.Image {
+				return rt.Image, nil
+			}
+		}
+		return "", fmt.Errorf("image %s: volume %s is no base resource type's import (imported from %q): "+
+			"jetway runs a volume as an image only if it is a registry-image get's (image_resource, or image: from a get)", rootfs, handle, v.ImportPath)
+	}
+	read := func(name string) (string, error) {
+		b, err := c.Holder.ReadFile(ctx, target, handle, name, imageFileLimit)
+		return strings.TrimSpace(string(b)), err
+	}
+	repo, err := read("repository")
+	if err == nil {
+		var digest string
+		if digest, err = read("digest"); err == nil && repo != "" && strings.HasPrefix(digest, "sha256:") {
+			return repo + "@" + digest, nil
+		}
+	}
+	if err != nil && !errors.Is(err, errVolumeNotFound) {
+		return "", fmt.Errorf("image %s: %w", rootfs, err)
+	}
+	return "", fmt.Errorf("image %s: volume %s has no repository and sha256 digest files beside rootfs/, so it is no registry-image get's: "+
+		"Kubernetes runs images from a registry only, so a rootfs built in a task cannot run here; "+
+		"push it to a registry and use a registry-image get of it", rootfs, handle)
+}
+
+// mounts are spec's bind mounts as folders of the pod's emptyDir: each
+// its own folder, named by its order.
+func (c *Containers) mounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
+	out := make([]steps.ContainerMount, 0, len(bms))
+	for i, bm := range bms {
+		if !path.IsAbs(bm.DstPath) || path.Clean(bm.DstPath) == "/" {
+			return nil, fmt.Errorf("bind mount %d: destination %q is not an absolute path below /", i, bm.DstPath)
+		}
+		out = append(out, steps.ContainerMount{Path: path.Clean(bm.DstPath), SubPath: strconv.Itoa(i),
+			ReadOnly: bm.Mode == garden.BindMountModeRO})
+	}
+	return out, nil
+}
+
+// resources are a container's limits as a step's: memory as bytes, CPU
+// shares as cores (1024 shares, one core, as the kubelet counts them).
+func resources(l garden.Limits) steps.Resources {
+	var r steps.Resources
+	if shares := max(l.CPU.Weight, l.CPU.LimitInShares); shares > 0 {
+		r.CPU = strconv.FormatUint(max(shares*1000/1024, 1), 10) + "m"
+	}
+	if b := l.Memory.LimitInBytes; b > 0 {
+		r.Memory = strconv.FormatUint(b, 10)
+	}
+	return r
+}
+
+func (c *Containers) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+// destroyPods deletes the sealed pods of container handle; a pod of that
+// handle jetway did not seal stays, and the answer is ErrNotOurs.
+func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, handle string) error {
+	var foreign []string
+	for _, p := range t.Pods() {
+		if p.Labels[ContainerLabel] != handle {
+			continue
+		}
+		if !key.Sealed(t.Name(), p) {
+			foreign = append(foreign, p.Name)
+			continue
+		}
+		if err := deletePod(ctx, t, p); err != nil {
+			return fmt.Errorf("container %s: delete pod %s/%s: %w", handle, t.Namespace(), p.Name, err)
+		}
+	}
+	if foreign != nil {
+		return fmt.Errorf("container %s: pods %v carry its handle but jetway did not make them: %w", handle, foreign, ErrNotOurs)
+	}
+	return nil
+}

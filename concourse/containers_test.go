@@ -1,0 +1,112 @@
+package concourse
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"code.cloudfoundry.org/garden"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/steps"
+)
+
+func TestDockerImages(t *testing.T) {
+	for rootfs, want := range map[string]string{
+		"docker:///busybox#1.36":                    "busybox:1.36",
+		"docker:///busybox":                         "busybox",
+		"docker:///library/busybox#latest":          "library/busybox:latest",
+		"docker://registry.example:5000/team/app#v": "registry.example:5000/team/app:v",
+	} {
+		_, rest, _ := strings.Cut(rootfs, "://")
+		got, err := dockerImage(rootfs, rest)
+		require.NoError(t, err, rootfs)
+		assert.Equal(t, want, got, rootfs)
+	}
+	_, err := dockerImage("docker:///#tag", "/#tag")
+	assert.ErrorContains(t, err, "names no repository")
+}
+
+func TestContainerLimitsAreResources(t *testing.T) {
+	assert.Equal(t, steps.Resources{}, resources(garden.Limits{}), "no limit: the target's defaults")
+	assert.Equal(t, steps.Resources{CPU: "500m", Memory: "104857600"},
+		resources(garden.Limits{CPU: garden.CPULimits{LimitInShares: 512}, Memory: garden.MemoryLimits{LimitInBytes: 100 << 20}}))
+	assert.Equal(t, steps.Resources{CPU: "1000m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1024}}), "1024 shares: a core")
+	assert.Equal(t, steps.Resources{CPU: "1m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1}}), "never zero")
+}
+
+func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
+	var c Containers
+	got, err := c.mounts([]garden.BindMount{
+		{SrcPath: "/v/a", DstPath: "/tmp/build/x", Mode: garden.BindMountModeRW},
+		{SrcPath: "/v/b", DstPath: "/tmp/build/x/in/", Mode: garden.BindMountModeRO},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []steps.ContainerMount{{Path: "/tmp/build/x", SubPath: "0"}, {Path: "/tmp/build/x/in", SubPath: "1", ReadOnly: true}}, got,
+		"in order, so a nested mount follows its parent")
+	for _, dst := range []string{"", "relative", "/", "/.."} {
+		_, err := c.mounts([]garden.BindMount{{SrcPath: "/v/a", DstPath: dst}})
+		assert.ErrorContains(t, err, "is not an absolute path below /", dst)
+	}
+}
+
+func TestHandlesAreLabelValues(t *testing.T) {
+	for _, h := range []string{"dbf66ad4-1e01-4cb9-986b-f97ece8187d7", "a", "cwc.1_x"} {
+		assert.True(t, validHandle.MatchString(h), h)
+	}
+	for _, h := range []string{"", "-a", "a-", "with space", strings.Repeat("a", 64), "a/b"} {
+		assert.False(t, validHandle.MatchString(h), h)
+	}
+}
+
+// Garden's client rebuilds an error from its type: an unknown container
+// must come back as ContainerNotFoundError (the web node then makes it
+// anew), wrapped or not.
+func TestGardenErrorsKeepTheirType(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+		typ  string
+	}{
+		{garden.ContainerNotFoundError{Handle: "h"}, http.StatusNotFound, "ContainerNotFoundError"},
+		{errors.Join(errors.New("context"), garden.ContainerNotFoundError{Handle: "h"}), http.StatusNotFound, "ContainerNotFoundError"},
+		{garden.ProcessNotFoundError{ProcessID: "task"}, http.StatusNotFound, "ProcessNotFoundError"},
+		{errors.New("plain"), http.StatusInternalServerError, ""},
+	} {
+		rec := httptest.NewRecorder()
+		gardenError(rec, tc.err)
+		assert.Equal(t, tc.code, rec.Code, tc.err.Error())
+		var got garden.Error
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &got))
+		var body struct{ Type string }
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+		assert.Equal(t, tc.typ, body.Type, tc.err.Error())
+	}
+}
+
+func TestGardenRefusesBadRequests(t *testing.T) {
+	h := gardenAPI("t", none{}, &Containers{}, nil)
+	for _, tc := range []struct{ method, path, body, want string }{
+		{http.MethodPost, "/containers", "{not json", "is not the JSON of Garden's POST /containers"},
+		{http.MethodPost, "/containers", `{"handle":"` + strings.Repeat("a", maxContainerSpec) + `"}`, "is over 1048576 bytes"},
+		{http.MethodPut, "/containers/h/net/in", "{}", "jetway's workers do not serve Garden's PUT /containers/h/net/in"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body)))
+		var body struct{ Message string }
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+		assert.Contains(t, body.Message, tc.want)
+	}
+	// Without a state namespace: the list answers, the rest is refused.
+	h = gardenAPI("t", none{}, nil, nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/containers", nil))
+	assert.JSONEq(t, `{"Handles":[]}`, rec.Body.String())
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/containers", strings.NewReader("{}")))
+	assert.Contains(t, rec.Body.String(), "without a state namespace")
+}

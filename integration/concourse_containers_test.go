@@ -1,0 +1,336 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	gclient "code.cloudfoundry.org/garden/client"
+	gconn "code.cloudfoundry.org/garden/client/connection"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/jetway-ci/jetway/concourse"
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// notRunYet is how a build on a jetway worker fails today: the container
+// is made, its process is not run.
+const notRunYet = "jetway does not run processes in a Concourse web node's containers yet"
+
+// flyContainer is one row of `fly containers --json`.
+type flyContainer struct {
+	ID         string `json:"id"`
+	WorkerName string `json:"worker_name"`
+	Type       string `json:"type"`
+}
+
+func flyContainers(t *testing.T, web *cwn.WebNode) []flyContainer {
+	t.Helper()
+	out, err := web.Fly("containers", "--json")
+	require.NoError(t, err)
+	var cs []flyContainer
+	require.NoError(t, json.Unmarshal([]byte(out), &cs), out)
+	return cs
+}
+
+// containerPods are the pods of a web node's container handle in ns.
+func containerPods(ctx context.Context, t *testing.T, c corev1Pods, handle string) []corev1.Pod {
+	t.Helper()
+	list, err := c.List(ctx, metav1.ListOptions{LabelSelector: labels.Set{concourse.ContainerLabel: handle}.String()})
+	require.NoError(t, err)
+	return list.Items
+}
+
+// TestConcourseContainersArePods: the web node's Garden Create on a
+// jetway worker makes a pod in the target (fly execute, real web node,
+// real fly): the task's image, its container limits as the pod's
+// resources, its bind mounts as mounts of the pod's volume; its params
+// are kept in the state namespace, never in the pod. `fly containers`
+// lists it on its worker. Its properties are durable: a restarted gateway
+// answers them, through Garden's own client, and a list filters by them.
+// The web node's garbage collector destroys the container after the
+// one-off build's grace period: pod and record are gone.
+func TestConcourseContainersArePods(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "containers-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second,
+		Args: []string{"--gc-one-off-grace-period", "20s"}})
+	dir := t.TempDir()
+	const name = "cwc"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	opts := gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), sweep: 500 * time.Millisecond, state: newState(t)}
+	g := startGateway(t, dir, opts)
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+
+	work := t.TempDir()
+	secret := rand.Text()
+	task := filepath.Join(work, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nparams: {SECRET: "+secret+"}\n"+
+		"container_limits: {cpu: 512, memory: 104857600}\nrun: {path: echo, args: [hi]}\n"))
+	execute := func(args ...string) string {
+		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, append([]string{"execute", "-c", task}, args...)...)
+		require.Error(t, err, out)
+		return out + err.Error()
+	}
+	out := execute()
+	assert.Contains(t, out, notRunYet)
+
+	// The container is a pod of the task's image, limits and mounts,
+	// listed by fly on its worker.
+	var handle string
+	for _, c := range flyContainers(t, web) {
+		if c.WorkerName == name && c.Type == "task" {
+			handle = c.ID
+		}
+	}
+	require.NotEmpty(t, handle, "fly containers lists the task's container on %s: %v", name, flyContainers(t, web))
+	pods := clusters[0].Client.CoreV1().Pods(name)
+	found := containerPods(ctx, t, pods, handle)
+	require.Len(t, found, 1)
+	pod := found[0]
+	step := pod.Spec.Containers[0]
+	assert.Equal(t, "busybox:1.36", step.Image)
+	assert.True(t, step.Resources.Limits.Memory().Equal(resource.MustParse("104857600")), "memory %v", step.Resources.Limits)
+	assert.True(t, step.Resources.Limits.Cpu().Equal(resource.MustParse("500m")), "512 shares: half a core, %v", step.Resources.Limits)
+	var mounts []string
+	for _, m := range step.VolumeMounts {
+		mounts = append(mounts, m.MountPath)
+	}
+	assert.Contains(t, mounts, "/scratch")
+	assert.True(t, slices.ContainsFunc(mounts, func(m string) bool { return strings.HasPrefix(m, "/tmp/build/") }), "the build dir: %v", mounts)
+	raw, err := json.Marshal(pod)
+	require.NoError(t, err)
+	assert.NotContains(t, string(raw), secret, "a param never reaches the pod")
+	assert.False(t, *step.SecurityContext.Privileged, "not privileged")
+
+	// Garden's own client, as the web node's: properties are durable.
+	// gardenOf is the Garden client of worker, once fly lists it running
+	// at an address other than old.
+	gardenOf := func(worker, old string) (gclient.Client, string) {
+		w := flyWorker(t, web, worker, 30*time.Second, func(w cwn.Worker, found bool) bool {
+			return found && w.State == "running" && w.GardenAddr != old
+		})
+		return gclient.New(gconn.New("tcp", w.GardenAddr)), w.GardenAddr
+	}
+	gc, addr := gardenOf(name, "")
+	c, err := gc.Lookup(handle)
+	require.NoError(t, err)
+	require.NoError(t, c.SetProperty("jetway:test", "kept"))
+	_, err = gc.Lookup("no-such-container")
+	assert.ErrorAs(t, err, &garden.ContainerNotFoundError{})
+	g.stop()
+	g = startGateway(t, dir, opts)
+	gc, _ = gardenOf(name, addr)
+	eventually(t, 30*time.Second, func() error {
+		c, err := gc.Lookup(handle)
+		if err != nil {
+			return err
+		}
+		v, err := c.Property("jetway:test")
+		if err != nil || v != "kept" {
+			return errorf("property after a restart: %q, %v", v, err)
+		}
+		return nil
+	})
+	c, err = gc.Lookup(handle)
+	require.NoError(t, err)
+	props, err := c.Properties()
+	require.NoError(t, err)
+	assert.Equal(t, "kept", props["jetway:test"])
+	listed, err := gc.Containers(garden.Properties{"jetway:test": "kept"})
+	require.NoError(t, err)
+	var handles []string
+	for _, c := range listed {
+		handles = append(handles, c.Handle())
+	}
+	assert.Equal(t, []string{handle}, handles, "a list filtered by properties")
+
+	// The web node collects the one-off build's container after its
+	// grace period: the sweep destroys it, pod and record.
+	eventually(t, 90*time.Second, func() error {
+		if slices.ContainsFunc(flyContainers(t, web), func(c flyContainer) bool { return c.ID == handle }) {
+			return errorf("fly still lists %s", handle)
+		}
+		if p := containerPods(ctx, t, pods, handle); len(p) > 0 && p[0].DeletionTimestamp == nil {
+			return errorf("its pod is still there")
+		}
+		if _, err := gc.Lookup(handle); !errors.As(err, &garden.ContainerNotFoundError{}) {
+			return errorf("Garden still finds it: %v", err)
+		}
+		return nil
+	})
+	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_concourse_destroyed_total{kind="containers",result="destroyed"}`), 1.0)
+}
+
+// TestConcourseContainerImagesAndPolicy: what a container's pod runs and
+// whether it is made, through Garden's own client and the worker's volume
+// API as jetway serves them (no web node, whose sweeps would collect the
+// volumes made here by hand). Images from volumes: a copy of a base
+// type's import runs the image the operator mapped, a copy of a
+// registry-image get's volume its repository@digest, anything else is
+// refused saying why. A privileged container is refused on a target whose
+// policy does not allow it, naming the key, and made on one that does. A
+// bad handle is refused. Garden's Destroy deletes the pod and the record.
+func TestConcourseContainerImagesAndPolicy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const name, trusted = "cwi", "cwi-priv"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	placeTarget(ctx, t, clusters[1], dir, trusted, "steps: {allowPrivileged: true}\n", "")
+	const baseImage = "registry.example/jetway/mock-resource:1.0"
+	g := startGateway(t, dir, gatewayOptions{resourceTypes: []concourse.ResourceType{{Type: "mock", Image: baseImage, Version: "1"}}})
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	g.waitTarget(t, trusted, 30*time.Second, inState("running"))
+	serve := func(h http.Handler) string {
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	gardenOf := func(target string) gclient.Client {
+		return gclient.New(gconn.New("tcp", strings.TrimPrefix(serve(g.containers.API(target)), "http://")))
+	}
+	gc := gardenOf(name)
+	bc := serve(g.holder.API(name))
+	pods := clusters[0].Client.CoreV1().Pods(name)
+
+	imported := createVolume(t, bc, map[string]any{"handle": "cwi-import", "strategy": map[string]any{"type": "import", "path": baseImage}})
+	copied := createVolume(t, bc, map[string]any{"handle": "cwi-import-cow", "strategy": map[string]any{"type": "cow", "volume": imported.Handle}})
+	got := createVolume(t, bc, map[string]any{"handle": "cwi-get", "strategy": map[string]any{"type": "empty"}})
+	streamIn(t, bc, got.Handle, map[string]string{"repository": "registry.example/team/app\n",
+		"digest": "sha256:" + strings.Repeat("ab", 32) + "\n", "rootfs/etc/hostname": "x\n"})
+	gotCopy := createVolume(t, bc, map[string]any{"handle": "cwi-get-cow", "strategy": map[string]any{"type": "cow", "volume": got.Handle}})
+	built := createVolume(t, bc, map[string]any{"handle": "cwi-built", "strategy": map[string]any{"type": "empty"}})
+	other := createVolume(t, bc, map[string]any{"handle": "cwi-other", "strategy": map[string]any{"type": "import", "path": "/somewhere/else"}})
+	imageOf := func(handle, rootfs string) string {
+		_, err := gc.Create(garden.ContainerSpec{Handle: handle, RootFSPath: rootfs})
+		require.NoError(t, err, rootfs)
+		p := containerPods(ctx, t, pods, handle)
+		require.Len(t, p, 1)
+		return p[0].Spec.Containers[0].Image
+	}
+	assert.Equal(t, baseImage, imageOf("cwi-base", "raw://"+copied.Path), "a base type's import runs the image mapped")
+	assert.Equal(t, "registry.example/team/app@sha256:"+strings.Repeat("ab", 32), imageOf("cwi-image", "raw://"+gotCopy.Path+"/rootfs"),
+		"a registry-image get's volume runs its repository@digest")
+	assert.Equal(t, "busybox:1.36", imageOf("cwi-docker", "docker:///busybox#1.36"))
+	for rootfs, want := range map[string]string{
+		"raw://" + built.Path + "/rootfs": "a rootfs built in a task cannot run here",
+		"raw:///no/such/volume":           "has no volume at /no/such/volume",
+		"raw://" + other.Path:             `is no base resource type's import (imported from "/somewhere/else")`,
+		"oci:///some/layout":              "jetway runs docker:///REPOSITORY#TAG",
+		"":                                "jetway runs docker:///REPOSITORY#TAG",
+	} {
+		h := "cwi-bad-" + strings.ToLower(rand.Text()[:6])
+		_, err := gc.Create(garden.ContainerSpec{Handle: h, RootFSPath: rootfs})
+		require.Error(t, err, rootfs)
+		assert.Contains(t, err.Error(), want, rootfs)
+		_, err = gc.Lookup(h)
+		assert.ErrorAs(t, err, &garden.ContainerNotFoundError{}, "nothing is kept of a refused container")
+		assert.Empty(t, containerPods(ctx, t, pods, h))
+	}
+	_, err := gc.Create(garden.ContainerSpec{Handle: "bad handle!", RootFSPath: "docker:///busybox"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `container handle "bad handle!"`)
+	_, err = gc.Create(garden.ContainerSpec{Handle: "cwi-docker", RootFSPath: "docker:///busybox"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "a container with handle cwi-docker already exists on worker cwi")
+
+	// Privileged: refused where the policy does not allow it, naming the
+	// key; made where it does.
+	_, err = gc.Create(garden.ContainerSpec{Handle: "cwi-root", RootFSPath: "docker:///busybox", Privileged: true})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "worker cwi does not run privileged containers")
+	assert.Contains(t, err.Error(), targets.PrivilegedKey)
+	_, err = gardenOf(trusted).Create(garden.ContainerSpec{Handle: "cwi-root", RootFSPath: "docker:///busybox", Privileged: true})
+	require.NoError(t, err)
+	p := containerPods(ctx, t, clusters[1].Client.CoreV1().Pods(trusted), "cwi-root")
+	require.Len(t, p, 1)
+	assert.True(t, *p[0].Spec.Containers[0].SecurityContext.Privileged)
+
+	// Garden's destroy deletes the pod and forgets the container.
+	require.NoError(t, gc.Destroy("cwi-base"))
+	_, err = gc.Lookup("cwi-base")
+	assert.ErrorAs(t, err, &garden.ContainerNotFoundError{})
+	eventually(t, 10*time.Second, func() error {
+		if p := containerPods(ctx, t, pods, "cwi-base"); len(p) > 0 && p[0].DeletionTimestamp == nil {
+			return errorf("the destroyed container's pod is still there")
+		}
+		return nil
+	})
+	assert.ErrorAs(t, gc.Destroy("cwi-base"), &garden.ContainerNotFoundError{}, "destroyed once")
+	for _, h := range []string{"cwi-image", "cwi-docker"} {
+		require.NoError(t, gc.Destroy(h))
+	}
+	require.NoError(t, gardenOf(trusted).Destroy("cwi-root"))
+}
+
+type corev1Pods = interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+}
+
+// bcVolume is a volume as the volume API answers it.
+type bcVolume struct {
+	Handle string `json:"handle"`
+	Path   string `json:"path"`
+}
+
+// createVolume makes a volume through a worker's volume API, as the web
+// node does (synchronously).
+func createVolume(t *testing.T, url string, req map[string]any) bcVolume {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	resp, err := http.Post(url+"/volumes", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, string(b))
+	var v bcVolume
+	require.NoError(t, json.Unmarshal(b, &v))
+	return v
+}
+
+// streamIn writes files into a volume through a worker's volume API, as
+// an uncompressed tar.
+func streamIn(t *testing.T, url, handle string, files map[string]string) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, content := range files {
+		if dir := filepath.Dir(name); dir != "." {
+			require.NoError(t, tw.WriteHeader(&tar.Header{Name: dir + "/", Typeflag: tar.TypeDir, Mode: 0o755}))
+		}
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content))}))
+		_, err := tw.Write([]byte(content))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	req, err := http.NewRequest(http.MethodPut, url+"/volumes/"+handle+"/stream-in?path=.", &buf)
+	require.NoError(t, err)
+	req.Header.Set("Content-Encoding", "raw")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, string(b))
+}
