@@ -356,7 +356,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			VolumeAPI: holder.API, SweepInterval: o.sweep,
 			Containers:    containers,
 			ResourceTypes: o.resourceTypes,
-			Agents: agentsOf(node), LandAgent: landAgentOf(node),
+			Agents:        agentsOf(node), LandAgent: landAgentOf(node),
 			Logger: logger.With("component", "concourse"), Metrics: metrics})
 	}
 	ln, err := listenAPI(o.listen)
