@@ -35,21 +35,7 @@ import (
 // is made, its process is not run.
 const notRunYet = "jetway does not run processes in a Concourse web node's containers yet"
 
-// flyContainer is one row of `fly containers --json`.
-type flyContainer struct {
-	ID         string `json:"id"`
-	WorkerName string `json:"worker_name"`
-	Type       string `json:"type"`
-}
-
-func flyContainers(t *testing.T, web *cwn.WebNode) []flyContainer {
-	t.Helper()
-	out, err := web.Fly("containers", "--json")
-	require.NoError(t, err)
-	var cs []flyContainer
-	require.NoError(t, json.Unmarshal([]byte(out), &cs), out)
-	return cs
-}
+func flyContainers(t *testing.T, web *cwn.WebNode) []flyRow { return flyList(t, web, "containers") }
 
 // containerPods are the pods of a web node's container handle in ns.
 func containerPods(ctx context.Context, t *testing.T, c corev1Pods, handle string) []corev1.Pod {
@@ -169,7 +155,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	// The web node collects the one-off build's container after its
 	// grace period: the sweep destroys it, pod and record.
 	eventually(t, 90*time.Second, func() error {
-		if slices.ContainsFunc(flyContainers(t, web), func(c flyContainer) bool { return c.ID == handle }) {
+		if slices.ContainsFunc(flyContainers(t, web), func(c flyRow) bool { return c.ID == handle }) {
 			return errorf("fly still lists %s", handle)
 		}
 		if p := containerPods(ctx, t, pods, handle); len(p) > 0 && p[0].DeletionTimestamp == nil {

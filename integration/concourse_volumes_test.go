@@ -23,21 +23,24 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
-// flyVolume is one row of `fly volumes --json`.
-type flyVolume struct {
+// flyRow is one row of `fly volumes --json` or `fly containers --json`.
+type flyRow struct {
 	ID         string `json:"id"`
 	WorkerName string `json:"worker_name"`
 	Type       string `json:"type"`
 }
 
-func flyVolumes(t *testing.T, web *cwn.WebNode) []flyVolume {
+// flyList is what `fly <what> --json` lists.
+func flyList(t *testing.T, web *cwn.WebNode, what string) []flyRow {
 	t.Helper()
-	out, err := web.Fly("volumes", "--json")
+	out, err := web.Fly(what, "--json")
 	require.NoError(t, err)
-	var vols []flyVolume
-	require.NoError(t, json.Unmarshal([]byte(out), &vols), out)
-	return vols
+	var rows []flyRow
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	return rows
 }
+
+func flyVolumes(t *testing.T, web *cwn.WebNode) []flyRow { return flyList(t, web, "volumes") }
 
 // TestConcourseVolumesLiveInTheTarget: `fly execute` with an upload on a
 // jetway worker: the web node makes its volumes through the worker's
