@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"code.cloudfoundry.org/garden"
@@ -40,6 +41,9 @@ const (
 	containerRecordType  = "jetway-ci.dev/concourse-container"
 	specKey              = "spec"
 	propertiesKey        = "properties"
+	processesKey         = "processes"
+	// maxProcesses bounds the processes kept of one container.
+	maxProcesses = 1024
 	// maxRecordData bounds a record's spec and properties together: a
 	// Secret must fit etcd's 1.5 MiB request limit.
 	maxRecordData = 1 << 20
@@ -62,7 +66,15 @@ type Container struct {
 	Created time.Time            `json:"created"`
 
 	properties garden.Properties
+	// processes are the IDs of the processes run in it, in order.
+	processes []string
 }
+
+// HasProcess reports whether a process of id was run in the container.
+func (c *Container) HasProcess(id string) bool { return slices.Contains(c.processes, id) }
+
+// Processes are the IDs of the processes run in the container.
+func (c *Container) Processes() []string { return slices.Clone(c.processes) }
 
 // Properties are the container's properties (a copy).
 func (c *Container) Properties() garden.Properties {
@@ -135,9 +147,9 @@ func (s *ContainerRecords) List(ctx context.Context, target string) ([]*Containe
 	return out, nil
 }
 
-// Change applies change to the properties of target's container handle
-// and writes them, again on a conflict with another writer.
-func (s *ContainerRecords) Change(ctx context.Context, target, handle string, change func(garden.Properties) error) error {
+// Change applies change to target's container handle (its properties and
+// processes) and writes them, again on a conflict with another writer.
+func (s *ContainerRecords) Change(ctx context.Context, target, handle string, change func(*Container) error) error {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -152,17 +164,22 @@ func (s *ContainerRecords) Change(ctx context.Context, target, handle string, ch
 		if err != nil {
 			return err
 		}
-		if err := change(c.properties); err != nil {
+		if err := change(c); err != nil {
 			return err
 		}
-		b, _ := json.Marshal(c.properties)
-		if len(b)+len(obj.Data[specKey]) > maxRecordData {
-			return fmt.Errorf("container %s: its properties would take %d bytes; at most %d are kept", handle, len(b), maxRecordData-len(obj.Data[specKey]))
+		if len(c.processes) > maxProcesses {
+			return fmt.Errorf("container %s: at most %d processes are run in one container", handle, maxProcesses)
+		}
+		props, _ := json.Marshal(c.properties)
+		procs, _ := json.Marshal(c.processes)
+		if n := len(props) + len(procs) + len(obj.Data[specKey]); n > maxRecordData {
+			return fmt.Errorf("container %s: its record would take %d bytes; at most %d are kept", handle, n, maxRecordData)
 		}
 		// A merge patch with the version read: a conflict if another
 		// writer came first (the state Role grants patch, not update).
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": obj.ResourceVersion},
-			"data": map[string]string{propertiesKey: base64.StdEncoding.EncodeToString(b)}})
+			"data": map[string]string{propertiesKey: base64.StdEncoding.EncodeToString(props),
+				processesKey: base64.StdEncoding.EncodeToString(procs)}})
 		_, err = s.Secrets.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsNotFound(err) {
 			return garden.ContainerNotFoundError{Handle: handle}
@@ -218,6 +235,11 @@ func (s *ContainerRecords) decode(obj *corev1.Secret, target, handle string) (*C
 	}
 	if c.properties == nil {
 		c.properties = garden.Properties{}
+	}
+	if b := obj.Data[processesKey]; len(b) > 0 {
+		if err := json.Unmarshal(b, &c.processes); err != nil {
+			return nil, fmt.Errorf("container record %s: processes: %w", obj.Name, err)
+		}
 	}
 	if c.Target != target || (handle != "" && c.Handle() != handle) || obj.Name != s.name(c.Target, c.Handle()) {
 		return nil, fmt.Errorf("container record %s is not of container %s on worker %s", obj.Name, handle, target)

@@ -136,19 +136,19 @@ next:
 
 // SetProperty sets a property of target's container handle.
 func (c *Containers) SetProperty(ctx context.Context, target, handle, key, value string) error {
-	return c.Records.Change(ctx, target, handle, func(p garden.Properties) error {
-		p[key] = value
+	return c.Records.Change(ctx, target, handle, func(ct *Container) error {
+		ct.properties[key] = value
 		return nil
 	})
 }
 
 // RemoveProperty removes a property of target's container handle.
 func (c *Containers) RemoveProperty(ctx context.Context, target, handle, key string) error {
-	return c.Records.Change(ctx, target, handle, func(p garden.Properties) error {
-		if _, ok := p[key]; !ok {
+	return c.Records.Change(ctx, target, handle, func(ct *Container) error {
+		if _, ok := ct.properties[key]; !ok {
 			return fmt.Errorf("%w: %s", ErrPropertyNotFound, key)
 		}
-		delete(p, key)
+		delete(ct.properties, key)
 		return nil
 	})
 }

@@ -2,33 +2,37 @@ package concourse
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
+	"sync"
+	"time"
 
 	"code.cloudfoundry.org/garden"
+	"code.cloudfoundry.org/garden/transport"
+
+	"github.com/jetway-ci/jetway/stepagent"
 )
 
 // The Garden API of a registered worker, as the web node calls it
 // (../shared/CONCOURSE-WORKER.md): containers are made, listed, looked up,
-// given properties and destroyed (Containers). Processes are not run yet:
-// Attach answers that the process is unknown, so the web node runs it,
-// and Run says jetway does not run them yet. Errors are Garden's shape,
+// given properties and destroyed, and their processes run, attached to
+// and stopped (Containers, processes.go). Errors are Garden's shape,
 // {"Type", "Message", ...}, which the web node's client reads.
 
 // maxContainerSpec bounds a Create's body.
 const maxContainerSpec = 1 << 20
 
-// notRunYet is why jetway refuses what it does not serve yet.
-const notRunYet = "jetway does not run processes in a Concourse web node's containers yet (docs/concourse.md)"
-
 // gardenAPI serves the Garden API of target's worker: its containers are
 // cs's; without cs (no state namespace, so no pod), the list is what
 // Holdings hold and every other call is refused, saying why.
 func gardenAPI(target string, h Holdings, cs *Containers, m *Metrics) http.Handler {
-	g := &gardenServer{target: target, h: h, cs: cs, m: m}
+	g := &gardenServer{target: target, h: h, cs: cs, m: m, streams: map[string]*processStreams{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ping", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, struct{}{}) })
 	mux.HandleFunc("GET /containers", g.list)
@@ -47,6 +51,9 @@ func gardenAPI(target string, h Holdings, cs *Containers, m *Metrics) http.Handl
 	mux.HandleFunc("PUT /containers/{handle}/grace_time", g.graceTime)
 	mux.HandleFunc("GET /containers/{handle}/processes/{pid}", g.attach)
 	mux.HandleFunc("POST /containers/{handle}/processes", g.run)
+	mux.HandleFunc("GET /containers/{handle}/processes/{pid}/attaches/{stream}/stdout", g.output(stdoutStream))
+	mux.HandleFunc("GET /containers/{handle}/processes/{pid}/attaches/{stream}/stderr", g.output(stderrStream))
+	mux.HandleFunc("PUT /containers/{handle}/stop", g.stop)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, fmt.Errorf("jetway's workers do not serve Garden's %s %s (docs/concourse.md)", r.Method, r.URL.Path))
 	})
@@ -61,6 +68,9 @@ type gardenServer struct {
 	h      Holdings
 	cs     *Containers
 	m      *Metrics
+
+	mu      sync.Mutex
+	streams map[string]*processStreams // by stream ID
 }
 
 // list answers the handles of the worker's containers whose properties
@@ -174,22 +184,206 @@ func (g *gardenServer) graceTime(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
-// attach finds no process: none runs yet. The web node then runs it.
-func (g *gardenServer) attach(w http.ResponseWriter, r *http.Request) {
-	if _, err := g.cs.Lookup(r.Context(), g.target, r.PathValue("handle")); err != nil {
+func (g *gardenServer) run(w http.ResponseWriter, r *http.Request) {
+	var spec garden.ProcessSpec
+	if !readJSON(w, r, &spec, maxContainerSpec) {
+		return
+	}
+	p, err := g.cs.Run(r.Context(), g.target, r.PathValue("handle"), spec)
+	g.m.gardenCall("run", err)
+	if err != nil {
 		gardenError(w, err)
 		return
 	}
-	gardenError(w, garden.ProcessNotFoundError{ProcessID: r.PathValue("pid")})
+	g.serveProcess(w, r, p, http.StatusCreated)
 }
 
-func (g *gardenServer) run(w http.ResponseWriter, r *http.Request) {
-	if _, err := g.cs.Lookup(r.Context(), g.target, r.PathValue("handle")); err != nil {
+func (g *gardenServer) attach(w http.ResponseWriter, r *http.Request) {
+	p, err := g.cs.Attach(r.Context(), g.target, r.PathValue("handle"), r.PathValue("pid"))
+	g.m.gardenCall("attach", err)
+	if err != nil {
 		gardenError(w, err)
 		return
 	}
-	g.m.gardenCall("run", errors.New(notRunYet))
-	gardenError(w, errors.New(notRunYet))
+	g.serveProcess(w, r, p, http.StatusOK)
+}
+
+func (g *gardenServer) stop(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Kill bool `json:"kill"`
+	}
+	if !readJSON(w, r, &req, 4096) {
+		return
+	}
+	err := g.cs.Stop(r.Context(), g.target, r.PathValue("handle"), req.Kill)
+	g.m.gardenCall("stop", err)
+	if err != nil {
+		gardenError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// Garden's process protocol: the Run (or Attach) connection is hijacked;
+// the server writes the process's ID and a stream ID, the client opens the
+// process's stdout and stderr by that stream ID (two more hijacked
+// connections) and sends stdin, TTY changes and signals on the first;
+// the server writes the exit status there when the process ends.
+
+// streamAttach bounds the wait for the client to open the process's
+// output streams: the process starts once they are open (its output is
+// not buffered meanwhile).
+const streamAttach = 10 * time.Second
+
+type streamKind int
+
+const (
+	stdoutStream streamKind = iota
+	stderrStream
+)
+
+// processStreams are the output connections of one served process.
+type processStreams struct {
+	conns [2]chan net.Conn // opened by the client, each at most once
+	done  chan struct{}    // the process's output is all written
+}
+
+// serveProcess answers a Run or Attach of p with Garden's protocol and
+// follows the process until it ends or the client goes (the process goes
+// on: Attach finds it again).
+func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *Process, code int) {
+	streamID := strings.ToLower(rand.Text())
+	ps := &processStreams{conns: [2]chan net.Conn{make(chan net.Conn, 1), make(chan net.Conn, 1)}, done: make(chan struct{})}
+	g.mu.Lock()
+	g.streams[streamID] = ps
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.streams, streamID)
+		g.mu.Unlock()
+		close(ps.done)
+	}()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	conn, br, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	var wmu sync.Mutex // the exit status and the stream's first message
+	send := func(v any) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return json.NewEncoder(conn).Encode(v)
+	}
+	// The client's messages: stdin, TTY, signals. Its connection closing
+	// ends the following (not the process).
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	stdinR, stdinW := io.Pipe()
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		conn.Close() // ends the reader below
+		stdinW.Close()
+		wg.Wait()
+	}()
+	if err := send(transport.ProcessPayload{ProcessID: p.ID, StreamID: streamID}); err != nil {
+		return
+	}
+	wg.Go(func() {
+		defer cancel()
+		dec := json.NewDecoder(br)
+		for {
+			var msg transport.ProcessPayload
+			if err := dec.Decode(&msg); err != nil {
+				stdinW.CloseWithError(errors.New("the web node's connection closed"))
+				return
+			}
+			switch {
+			case msg.Source != nil && msg.Data != nil:
+				if err := writeStdin(stdinW, stepagent.KindStdin, []byte(*msg.Data)); err != nil {
+					return
+				}
+			case msg.Source != nil:
+				_ = writeStdin(stdinW, stepagent.KindStdinEnd, nil)
+			case msg.Signal != nil:
+				// Abort outlives the connection that asked for it.
+				wg.Go(func() {
+					actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), holderCall)
+					defer acancel()
+					_ = p.run.Abort(actx)
+				})
+			}
+			// TTY changes are taken and have no effect: the agent runs
+			// processes without a terminal.
+		}
+	})
+	var outs [2]io.Writer
+	for i := range outs {
+		outs[i] = io.Discard
+		select {
+		case c := <-ps.conns[i]:
+			outs[i] = c
+		case <-time.After(streamAttach):
+		case <-ctx.Done():
+			return
+		}
+	}
+	status, err := p.Follow(ctx, stdinR, outs[stdoutStream], outs[stderrStream])
+	for _, o := range outs {
+		if c, ok := o.(net.Conn); ok {
+			c.Close()
+		}
+	}
+	if ctx.Err() != nil {
+		return // the client went
+	}
+	if err != nil {
+		msg := err.Error()
+		_ = send(transport.ProcessPayload{ProcessID: p.ID, Error: &msg})
+		return
+	}
+	_ = send(transport.ProcessPayload{ProcessID: p.ID, ExitStatus: &status})
+}
+
+// writeStdin writes stdin for the agent (steps.RunIn.Follow): chunks of
+// at most stepagent.MaxPayload, in frames of kind.
+func writeStdin(w io.Writer, kind byte, b []byte) error {
+	for {
+		n := min(len(b), stepagent.MaxPayload)
+		if err := stepagent.WriteFrame(w, kind, b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+		if len(b) == 0 {
+			return nil
+		}
+	}
+}
+
+// output serves one output stream of a process the client runs or
+// attaches: the connection is hijacked and handed to the process.
+func (g *gardenServer) output(kind streamKind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		ps := g.streams[r.PathValue("stream")]
+		g.mu.Unlock()
+		if ps == nil {
+			gardenError(w, garden.ProcessNotFoundError{ProcessID: r.PathValue("pid")})
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		select {
+		case ps.conns[kind] <- conn:
+		default:
+			conn.Close() // opened twice
+			return
+		}
+		<-ps.done
+	}
 }
 
 // gardenError answers err as Garden's server does: 404 for an unknown

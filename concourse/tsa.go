@@ -217,7 +217,9 @@ func (t TSA) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Ha
 			return nil, fmt.Errorf("TSA at %s: forward %s: %w", t.Addr, addr, err)
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
-		wg.Go(func() { _ = srv.Serve(ln) })
+		// The SSH channels take no read deadline, which Garden's
+		// hijacked connections need.
+		wg.Go(func() { _ = srv.Serve(deadlineListener{ln}) })
 		return srv, nil
 	}
 	gs, err := serve(gardenForward, garden)

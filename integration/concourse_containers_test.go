@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,10 +31,6 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/targets"
 )
-
-// notRunYet is how a build on a jetway worker fails today: the container
-// is made, its process is not run.
-const notRunYet = "jetway does not run processes in a Concourse web node's containers yet"
 
 func flyContainers(t *testing.T, web *cwn.WebNode) []flyRow { return flyList(t, web, "containers") }
 
@@ -70,17 +67,20 @@ func TestConcourseContainersArePods(t *testing.T) {
 	work := t.TempDir()
 	secret := rand.Text()
 	task := filepath.Join(work, "task.yml")
-	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nparams: {SECRET: "+secret+"}\n"+
-		"container_limits: {cpu: 512, memory: 104857600}\nrun: {path: echo, args: [hi]}\n"))
-	execute := func(args ...string) string {
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nparams: {SECRET: "+secret+", NAME: jetway}\n"+
+		"container_limits: {cpu: 512, memory: 104857600}\nrun: {path: sh, args: [-c, 'echo \"hello $NAME\"']}\n"))
+	failing := filepath.Join(work, "failing.yml")
+	writeFile(t, failing, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nrun: {path: sh, args: [-c, 'echo to-stderr >&2; exit 3']}\n"))
+	execute := func(task string) (string, error) {
 		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
 		defer fcancel()
-		out, err := web.FlyContext(fctx, append([]string{"execute", "-c", task}, args...)...)
-		require.Error(t, err, out)
-		return out + err.Error()
+		return web.FlyContext(fctx, "execute", "-c", task)
 	}
-	out := execute()
-	assert.Contains(t, out, notRunYet)
+	// RFC 075's hello world, with a param: the task runs in its pod.
+	out, err := execute(task)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "hello jetway\n")
+	assert.Contains(t, out, "succeeded")
 
 	// The container is a pod of the task's image, limits and mounts,
 	// listed by fly on its worker.
@@ -151,6 +151,12 @@ func TestConcourseContainersArePods(t *testing.T) {
 		handles = append(handles, c.Handle())
 	}
 	assert.Equal(t, []string{handle}, handles, "a list filtered by properties")
+
+	// A failing task fails the build, its stderr in the build's log.
+	out, err = execute(failing)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "to-stderr")
+	assert.Contains(t, out, "failed")
 
 	// The web node collects the one-off build's container after its
 	// grace period: the sweep destroys it, pod and record.
@@ -319,4 +325,111 @@ func streamIn(t *testing.T, url, handle string, files map[string]string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	require.Equal(t, http.StatusNoContent, resp.StatusCode, string(b))
+}
+
+// TestConcourseProcesses: processes in a web node's container, through
+// Garden's own client: exit status, stdout and stderr apart, the
+// container's and the process's environment, the working dir in the
+// container's mounts, stdin to its end (a resource script's request), an
+// unknown process, Stop as abort (TERM), and a process that outlives its
+// gateway: a new gateway's Attach replays its output from the start and
+// follows it to its exit status.
+func TestConcourseProcesses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const name = "cwp"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	opts := gatewayOptions{state: newState(t)}
+	g := startGateway(t, dir, opts)
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	gardenOf := func(g *gateway) gclient.Client {
+		srv := httptest.NewServer(g.containers.API(name))
+		t.Cleanup(srv.Close)
+		return gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	}
+	gc := gardenOf(g)
+	c, err := gc.Create(garden.ContainerSpec{Handle: "cwp-1", RootFSPath: "docker:///busybox",
+		BindMounts: []garden.BindMount{{SrcPath: "/v/w", DstPath: "/tmp/build/w", Mode: garden.BindMountModeRW}},
+		Env:        []string{"FROM_CONTAINER=c"}})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, gardenOf(g).Destroy("cwp-1")) }()
+
+	var stdout, stderr bytes.Buffer
+	p, err := c.Run(garden.ProcessSpec{ID: "task", Path: "sh", Dir: "/tmp/build/w", Env: []string{"FROM_PROCESS=p"},
+		Args: []string{"-c", `echo "out $FROM_CONTAINER $FROM_PROCESS"; pwd; echo err >&2; exit 3`}},
+		garden.ProcessIO{Stdout: &stdout, Stderr: &stderr})
+	require.NoError(t, err)
+	assert.Equal(t, "task", p.ID())
+	status, err := p.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, 3, status)
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	require.Len(t, lines, 2, stdout.String())
+	assert.Equal(t, "out c p", lines[0])
+	assert.True(t, strings.HasSuffix(lines[1], "/mounts/0"), "the working dir is the mount's folder: %s", lines[1])
+	assert.Contains(t, stderr.String(), "err\n")
+
+	stdout.Reset()
+	p, err = c.Run(garden.ProcessSpec{ID: "resource", Path: "cat"},
+		garden.ProcessIO{Stdin: strings.NewReader(`{"source":{"uri":"x"}}`), Stdout: &stdout, Stderr: io.Discard})
+	require.NoError(t, err)
+	status, err = p.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, 0, status)
+	assert.Equal(t, `{"source":{"uri":"x"}}`, stdout.String(), "stdin to its end")
+
+	_, err = c.Attach("no-such-process", garden.ProcessIO{})
+	assert.ErrorAs(t, err, &garden.ProcessNotFoundError{})
+
+	// Stop ends the container's processes: TERM.
+	p, err = c.Run(garden.ProcessSpec{ID: "sleeper", Path: "sleep", Args: []string{"600"}}, garden.ProcessIO{Stdout: io.Discard, Stderr: io.Discard})
+	require.NoError(t, err)
+	require.NoError(t, c.Stop(false))
+	status, err = p.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, 128+15, status, "ended by TERM")
+
+	// A process outlives its gateway; a new one replays and follows it.
+	started := make(chan struct{})
+	slow := &notifyWriter{match: "one\n", seen: started}
+	_, err = c.Run(garden.ProcessSpec{ID: "slow", Path: "sh", Args: []string{"-c", "echo one; sleep 3; echo two; exit 4"}},
+		garden.ProcessIO{Stdout: slow, Stderr: io.Discard})
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the process never printed its first line")
+	}
+	g.stop()
+	g = startGateway(t, dir, opts)
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	c, err = gardenOf(g).Lookup("cwp-1")
+	require.NoError(t, err)
+	stdout.Reset()
+	p, err = c.Attach("slow", garden.ProcessIO{Stdout: &stdout, Stderr: io.Discard})
+	require.NoError(t, err)
+	status, err = p.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, 4, status)
+	assert.Equal(t, "one\ntwo\n", stdout.String(), "replayed from its start, then followed")
+}
+
+// notifyWriter closes seen once what was written contains match.
+type notifyWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	match string
+	seen  chan struct{}
+	once  sync.Once
+}
+
+func (w *notifyWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.match) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
 }

@@ -571,3 +571,54 @@ func isComplete(b []byte) bool {
 		}
 	}
 }
+
+// A streamed stdin (a Concourse web node's process) is what `run --stdin`
+// gets after its inputs, in frames, to the frame that ends it (the exec's
+// stdin itself is never closed here, as kwok never passes that on); an
+// absolute working dir is used as it is, under JETWAY_STEP_FS where that
+// stands in for the container's.
+func TestStreamedStdinAndAbsoluteDir(t *testing.T) {
+	fsRoot := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(fsRoot, "tmp", "build", "x"), 0o755))
+	t.Setenv(stepagent.FSEnv, fsRoot)
+	root, spec := newStep(t, `pwd; cat; echo read-all`, func(sp *stepagent.Spec) {
+		sp.StdinStream, sp.Dir = true, "/tmp/build/x"
+	})
+	var framed bytes.Buffer
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("{\"source\":")))
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("{}}\n")))
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdinEnd, nil))
+	stdin := slices.Concat(spec, []byte("[]"), framed.Bytes())
+	stdout, _, st := outcome(t, runOpenStdin(t, root, spec, stdin))
+	dir, err := filepath.EvalSymlinks(filepath.Join(fsRoot, "tmp", "build", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, dir+"\n{\"source\":{}}\nread-all\n", stdout)
+	assert.Equal(t, 0, st.ExitStatus)
+
+	// A process that never reads its stdin ends as it would, with its
+	// stdin never ended (a task: the web node sends it none).
+	root, spec = newStep(t, `echo done`, func(sp *stepagent.Spec) { sp.StdinStream = true })
+	stdout, _, st = outcome(t, runOpenStdin(t, root, spec, slices.Concat(spec, []byte("[]"))))
+	assert.Equal(t, "done\n", stdout)
+	assert.Equal(t, 0, st.ExitStatus)
+}
+
+// runOpenStdin runs `run --stdin` with stdin written to a pipe it never
+// closes, as kwok's exec never passes a close on.
+func runOpenStdin(t *testing.T, root string, spec, stdin []byte) []stepagent.Frame {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	defer pw.Close()
+	defer pr.Close()
+	_, err = pw.Write(stdin)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentBin, "run", "--stdin", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2")
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+root)
+	cmd.Stdin = pr
+	b, err := cmd.Output()
+	require.NoError(t, err)
+	return frames(t, b)
+}

@@ -112,8 +112,8 @@ func (sp *Spec) validate() error {
 	if sp.Path == "" {
 		return errors.New("spec: path is required")
 	}
-	if sp.Dir != "" && !inside(sp.Dir, true) {
-		return fmt.Errorf("spec: dir %q must be a clean path inside the build dir", sp.Dir)
+	if sp.Dir != "" && !inside(sp.Dir, true) && !(path.IsAbs(sp.Dir) && path.Clean(sp.Dir) == sp.Dir) {
+		return fmt.Errorf("spec: dir %q must be a clean path inside the build dir, or an absolute one", sp.Dir)
 	}
 	seen := map[string]bool{}
 	for _, v := range sp.Volumes {

@@ -34,15 +34,35 @@ func run(root string, sp Spec, log *os.File) error {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
+	var stdinW *os.File
+	if sp.StdinStream {
+		var stdinR *os.File
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			return err
+		}
+		cmd.Stdin = stdinR
+	}
 	ooms := oomKills(cgroupFS)
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
+	if f, ok := cmd.Stdin.(*os.File); ok {
+		f.Close() // the process's end: a write to it fails once the process is gone
+	}
 	if err != nil {
 		outR.Close()
 		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		return spawnFailed(root, err)
 	}
+	stdinStop := make(chan struct{})
+	var stdinWG sync.WaitGroup
+	if stdinW != nil {
+		stdinWG.Go(func() { pumpStdin(root, stdinW, stdinStop) })
+	}
+	defer func() { close(stdinStop); stdinWG.Wait() }()
 	preferForOOM(cmd.Process.Pid)
 	started := Started{PID: cmd.Process.Pid, At: time.Now().UTC(), OOMKills: ooms}
 	p, _ := json.Marshal(started)
@@ -84,6 +104,70 @@ func run(root string, sp Spec, log *os.File) error {
 		return err
 	}
 	return writeStatus(root, st)
+}
+
+// stdinPoll is how often pumpStdin looks for more of a streamed stdin.
+const stdinPoll = 20 * time.Millisecond
+
+// pumpStdin copies StdinFile into the process's stdin as `run --stdin`
+// appends to it, closing the stdin once StdinDone marks its end and all
+// of it is copied, or when stop is closed (the process ended).
+func pumpStdin(root string, w *os.File, stop <-chan struct{}) {
+	defer w.Close()
+	f, err := os.OpenFile(Path(root, StdinFile), os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		done := exists(Path(root, StdinDone)) // before the read: all written by then is read
+		n, err := f.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the process closed its stdin
+			}
+			continue
+		}
+		if err != nil && err != io.EOF || done {
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(stdinPoll):
+		}
+	}
+}
+
+// StreamStdin appends the KindStdin frames read from in to the run's
+// StdinFile until a KindStdinEnd frame, or until in ends or breaks, then
+// marks the stdin's end: the process reads it as its stdin
+// (Spec.StdinStream).
+func StreamStdin(root string, in io.Reader) error {
+	f, err := os.OpenFile(Path(root, StdinFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	for {
+		fr, rerr := ReadFrame(in)
+		if rerr != nil || fr.Kind == KindStdinEnd {
+			break
+		}
+		if fr.Kind != KindStdin {
+			continue
+		}
+		if _, err = f.Write(fr.Payload); err != nil {
+			break
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(Path(root, StdinDone), nil, 0o600)
 }
 
 // stdoutKind is the kind of the frames of the process's stdout.

@@ -61,6 +61,12 @@ const (
 	RootEnv = "JETWAY_STEP_ROOT"
 )
 
+// FSEnv names, where it is set, a folder standing in for the step
+// container's own filesystem for a process's absolute working dir: kwok
+// test clusters run exec as a local process, and stand in for a
+// container's mounts with links in that folder.
+const FSEnv = "JETWAY_STEP_FS"
+
 // Paths under the root.
 const (
 	BinPath     = "bin/step-agent" // the binary, copied by install
@@ -72,8 +78,12 @@ const (
 	LogFile     = "run/log"          // frames, appended by the supervisor only
 	AbortFile   = "run/abort"        // present: kill the process
 	StatusFile  = "run/status.json"  // written last, atomically
-	BuildDir    = "build"            // the step's build dir: inputs and outputs live here
-	VolumesDir  = "volumes"          // volumes/<handle> -> ../build/<path>, served by the sidecar
+	// StdinFile holds what `run --stdin` streamed for a process whose
+	// spec has StdinStream; StdinDone marks its end.
+	StdinFile  = "run/stdin"
+	StdinDone  = "run/stdin.done"
+	BuildDir   = "build"   // the step's build dir: inputs and outputs live here
+	VolumesDir = "volumes" // volumes/<handle> -> ../build/<path>, served by the sidecar
 	// RunsDir holds a sandbox pod's runs: runs/<name> is a root of its own
 	// for each step run there (see RunRoot).
 	RunsDir = "runs"
@@ -101,6 +111,10 @@ type Spec struct {
 	// empty runs as the container's user.
 	User  string `json:"user,omitempty"`
 	Stdin []byte `json:"stdin,omitempty"`
+	// StdinStream: the process's stdin is what `run --stdin` streams
+	// after its inputs (a Concourse web node's process, whose stdin comes
+	// after it started), read from StdinFile until StdinDone; not Stdin.
+	StdinStream bool `json:"stdin_stream,omitempty"`
 	// Timeout counts from the process's start; zero means none.
 	Timeout Duration `json:"timeout,omitempty"`
 	// KillGrace is the time between TERM and KILL on abort and timeout;
@@ -173,6 +187,12 @@ const (
 	KindStarted  byte = 4 // JSON Started
 	KindAnswer   byte = 5 // the process's stdout when Spec.Answer: no event
 	KindPosition byte = 6 // JSON Position: tail's first frame, never in the log
+	// KindStdin and KindStdinEnd carry a streamed stdin to `run --stdin`
+	// (never in the log): a chunk of it, then its end. Its end is said in
+	// the stream, not by closing the exec's stdin, which not every
+	// exec path passes on (kwok's does not).
+	KindStdin    byte = 0x20
+	KindStdinEnd byte = 0x21
 	KindStatus   byte = 0xFF
 )
 

@@ -144,9 +144,8 @@ func command(root string, sp Spec) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: bin, Args: append([]string{sp.Path}, sp.Args...), Env: env,
-		Dir: Path(root, filepath.Join(BuildDir, sp.Dir))}
-	if len(sp.Stdin) > 0 {
+	cmd := &exec.Cmd{Path: bin, Args: append([]string{sp.Path}, sp.Args...), Env: env, Dir: workDir(root, sp.Dir)}
+	if len(sp.Stdin) > 0 && !sp.StdinStream {
 		cmd.Stdin = strings.NewReader(string(sp.Stdin))
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -158,6 +157,19 @@ func command(root string, sp Spec) (*exec.Cmd, error) {
 		cmd.SysProcAttr.Credential = cred
 	}
 	return cmd, nil
+}
+
+// workDir is the process's working directory: dir in the build dir, or
+// an absolute dir as it is (a Concourse web node's process, in its
+// container's own mounts), under FSEnv's folder where it is set.
+func workDir(root, dir string) string {
+	if !filepath.IsAbs(dir) {
+		return Path(root, filepath.Join(BuildDir, dir))
+	}
+	if fs := os.Getenv(FSEnv); fs != "" {
+		return filepath.Join(fs, dir)
+	}
+	return dir
 }
 
 // environ is the process's environment.

@@ -58,6 +58,7 @@ func dispatch(cmd string, args []string) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	specBytes := fs.Int("spec-bytes", -1, "bytes of spec JSON on stdin")
 	inputBytes := fs.Int("inputs-bytes", 0, "bytes of inputs JSON on stdin, after the spec")
+	stdin := fs.Bool("stdin", false, "run: the rest of stdin is the process's (a spec with stdin_stream)")
 	var tail stepagent.TailOptions
 	fs.Int64Var(&tail.Offset, "offset", 0, "log offset to tail from: a frame boundary")
 	fs.IntVar(&tail.Events, "events", 0, "event frames in the log before --offset")
@@ -102,6 +103,11 @@ func dispatch(cmd string, args []string) error {
 		}
 		if err := stepagent.Start(root, inputs); err != nil {
 			return err
+		}
+		if *stdin {
+			// The rest of stdin is the process's (Spec.StdinStream),
+			// streamed while the log is.
+			go func() { _ = stepagent.StreamStdin(root, os.Stdin) }()
 		}
 		return stepagent.TailFrom(context.Background(), root, tail, os.Stdout)
 	case "tail":

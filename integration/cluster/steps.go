@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
@@ -72,7 +73,7 @@ const stepCleanupTimeout = 10 * time.Second
 func (c *Cluster) RunStepPods(ctx context.Context, agentBin string) error {
 	k := &stepKubelet{c: c, agentBin: agentBin, pods: map[string]*stepPod{}}
 	var wg sync.WaitGroup
-	for _, selector := range []string{steps.HandleLabel, steps.SandboxLabel, targets.VolumeHolderLabel} {
+	for _, selector := range []string{steps.HandleLabel, steps.SandboxLabel, targets.VolumeHolderLabel, concourse.ContainerLabel} {
 		inf := coreinformers.NewFilteredPodInformer(c.Client, metav1.NamespaceAll, 0, cache.Indexers{},
 			func(o *metav1.ListOptions) { o.LabelSelector = selector })
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -183,6 +184,9 @@ func (k *stepKubelet) setup(ctx context.Context, pod *corev1.Pod) (*stepPod, err
 			return p, fmt.Errorf("install agent: %w", err)
 		}
 	}
+	if err := standInForMounts(p.root, pod); err != nil {
+		return p, err
+	}
 	sidecar, err := volumes.Start(p.root, sidecarTokenHash(pod))
 	if err != nil {
 		return p, fmt.Errorf("start volume sidecar: %w", err)
@@ -281,7 +285,8 @@ func (k *stepKubelet) createExec(ctx context.Context, p *stepPod) error {
 			"containers": []any{StepContainer, SidecarContainer},
 			"local": map[string]any{
 				"workDir": p.root,
-				"envs":    []any{map[string]any{"name": stepagent.RootEnv, "value": p.root}},
+				"envs": []any{map[string]any{"name": stepagent.RootEnv, "value": p.root},
+					map[string]any{"name": stepagent.FSEnv, "value": filepath.Join(p.root, containerFS)}},
 			},
 		}}},
 	}}
@@ -291,6 +296,39 @@ func (k *stepKubelet) createExec(ctx context.Context, p *stepPod) error {
 	}
 	if _, err := res.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create exec: %w", err)
+	}
+	return nil
+}
+
+// containerFS is the folder of a pod's root standing in for its step
+// container's own filesystem (stepagent.FSEnv): a kwok exec runs a local
+// process, which takes an absolute working dir under it.
+const containerFS = "fs"
+
+// standInForMounts makes, for each mount of a folder of the pod's emptyDir
+// (a subPath) in its step container, that folder and a link to it at the
+// mount's path under containerFS, as a kubelet mounts it there.
+func standInForMounts(root string, pod *corev1.Pod) error {
+	for _, c := range pod.Spec.Containers {
+		if c.Name != StepContainer {
+			continue
+		}
+		for _, m := range c.VolumeMounts {
+			if m.SubPath == "" {
+				continue
+			}
+			dir := filepath.Join(root, filepath.FromSlash(m.SubPath))
+			link := filepath.Join(root, containerFS, filepath.FromSlash(m.MountPath))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(dir, link); err != nil {
+				return fmt.Errorf("stand in for mount %s: %w", m.MountPath, err)
+			}
+		}
 	}
 	return nil
 }

@@ -1,0 +1,257 @@
+package concourse
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A process the web node runs in a container is a run of the step agent
+// in the container's pod (steps.RunIn): started once, its output and exit
+// status in the pod's files, so it outlives a dropped connection and a
+// gateway restart, and Attach replays its output and follows it. Its ID
+// is recorded with the container before it starts, so any gateway knows
+// it.
+
+// validProcessID is a process ID jetway takes: a folder name.
+var validProcessID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Bounds of a process's start.
+const (
+	// podStartTimeout bounds the wait for the container's pod to run (its
+	// image pulled) before a process starts.
+	podStartTimeout = 10 * time.Minute
+	killGrace       = 10 * time.Second
+)
+
+// Process is a process of a container, ready to be followed.
+type Process struct {
+	ID  string
+	run steps.RunIn
+	// spec is the agent's spec: nil for an attach.
+	spec []byte
+	ct   *Container
+	c    *Containers
+}
+
+// Run records a new process of spec in target's container handle and
+// returns it, to be started and followed (Process.Follow). A process
+// without an ID (fly intercept's) gets one.
+func (c *Containers) Run(ctx context.Context, target, handle string, spec garden.ProcessSpec) (*Process, error) {
+	ct, err := c.Lookup(ctx, target, handle)
+	if err != nil {
+		return nil, err
+	}
+	id := spec.ID
+	if id == "" {
+		id = "jetway-" + strings.ToLower(rand.Text()[:12])
+	}
+	if !validProcessID.MatchString(id) {
+		return nil, fmt.Errorf("process ID %q: jetway takes IDs of at most 63 letters, digits, '.', '_' and '-'", id)
+	}
+	if spec.Path == "" {
+		return nil, errors.New("a process needs a path")
+	}
+	dir := spec.Dir
+	if dir != "" && !path.IsAbs(dir) {
+		return nil, fmt.Errorf("process %s: working dir %q is not absolute", id, dir)
+	}
+	if dir != "" {
+		dir = path.Clean(dir)
+	}
+	raw, err := json.Marshal(stepagent.Spec{Handle: id, Path: spec.Path, Args: spec.Args, Dir: dir,
+		Env: append(slices.Clone(ct.Spec.Env), spec.Env...), User: processUser(spec.User),
+		StdinStream: true, KillGrace: stepagent.Duration(killGrace)})
+	if err != nil {
+		return nil, err
+	}
+	if !ct.HasProcess(id) {
+		// Recorded before it starts: an Attach on any gateway finds it.
+		if err := c.Records.Change(ctx, target, handle, func(rc *Container) error {
+			if !rc.HasProcess(id) {
+				rc.processes = append(rc.processes, id)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return c.process(ct, id, raw), nil
+}
+
+// Attach is target's container handle's process id, to be followed from
+// its start: garden.ProcessNotFoundError if none was run.
+func (c *Containers) Attach(ctx context.Context, target, handle, id string) (*Process, error) {
+	ct, err := c.Lookup(ctx, target, handle)
+	if err != nil {
+		return nil, err
+	}
+	if !ct.HasProcess(id) {
+		return nil, garden.ProcessNotFoundError{ProcessID: id}
+	}
+	return c.process(ct, id, nil), nil
+}
+
+// Stop ends every process of target's container handle: TERM, then KILL
+// after the grace (kill: at once).
+func (c *Containers) Stop(ctx context.Context, target, handle string, kill bool) error {
+	ct, err := c.Lookup(ctx, target, handle)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ct.processes {
+		if err := c.process(ct, id, nil).run.Abort(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("process %s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Containers) process(ct *Container, id string, spec []byte) *Process {
+	target := ct.Target
+	return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Pod, Run: id,
+		Target: func() (*targets.Target, error) { t, _, err := c.target(target); return t, err }}}
+}
+
+// processUser is the agent's user for Garden's: root by number, since an
+// image need not have an /etc/passwd.
+func processUser(u string) string {
+	if u == "root" {
+		return "0:0"
+	}
+	return u
+}
+
+// Follow starts the process (a Run's; once) and writes its output to
+// stdout and stderr until it ends, returning its exit status. stdin is
+// the process's stdin. Before the process starts it waits for the pod to
+// run, saying on stderr why it waits (scheduling, pulling the image). A
+// pod that cannot run (its image cannot be pulled, it ended) is an error
+// naming why.
+func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	if err := p.c.awaitPod(ctx, p.ct, stderr); err != nil {
+		return 0, err
+	}
+	st, err := p.run.Follow(ctx, p.spec, stdin, func(f stepagent.Frame) error {
+		var err error
+		switch f.Kind {
+		case stepagent.KindStdout, stepagent.KindAnswer:
+			_, err = stdout.Write(f.Payload)
+		case stepagent.KindStderr:
+			_, err = stderr.Write(f.Payload)
+		}
+		return err
+	})
+	if errors.Is(err, steps.ErrNoSuchRun) {
+		return 0, garden.ProcessNotFoundError{ProcessID: p.ID}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if st.Message != "" {
+		_, _ = fmt.Fprintf(stderr, "%s\n", st.Message)
+	}
+	return st.ExitStatus, nil
+}
+
+// awaitPod waits until the container's step container runs, writing to
+// progress what it waits for as that changes.
+func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, podStartTimeout)
+	defer cancel()
+	t, _, err := c.target(ct.Target)
+	if err != nil {
+		return err
+	}
+	said := ""
+	for {
+		state, done, err := podState(t.CachedPod(ct.Pod), ct)
+		if done || err != nil {
+			return err
+		}
+		if state != said {
+			_, _ = fmt.Fprintf(progress, "jetway: %s\n", state)
+			said = state
+		}
+		// Wait for the pod to change.
+		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
+			i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == ct.Pod })
+			var p *corev1.Pod
+			if i >= 0 {
+				p = pods[i]
+			}
+			s, d, e := podState(p, ct)
+			return s != said || d || e != nil
+		})
+		wcancel()
+		if ctx.Err() != nil {
+			return fmt.Errorf("container %s: its pod %s did not run within %s (%s)", ct.Handle(), ct.Pod, podStartTimeout, said)
+		}
+	}
+}
+
+// podState says what the container's pod is waiting for, done once its
+// step container runs; an error if it never will.
+func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
+	switch {
+	case p == nil:
+		return "waiting for pod " + ct.Pod + " to be listed", false, nil
+	case p.DeletionTimestamp != nil:
+		return "", false, fmt.Errorf("container %s: its pod %s is being deleted", ct.Handle(), ct.Pod)
+	case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+		return "", false, fmt.Errorf("container %s: its pod %s has ended (%s)", ct.Handle(), ct.Pod, p.Status.Phase)
+	case p.Spec.NodeName == "":
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Message != "" {
+				return "waiting for pod " + ct.Pod + " to be scheduled: " + cond.Message, false, nil
+			}
+		}
+		return "waiting for pod " + ct.Pod + " to be scheduled", false, nil
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name != steps.StepContainer {
+			continue
+		}
+		switch {
+		case cs.State.Running != nil:
+			return "", true, nil
+		case cs.State.Terminated != nil:
+			return "", false, fmt.Errorf("container %s: its pod %s's step container has ended (%s)", ct.Handle(), ct.Pod, cs.State.Terminated.Reason)
+		case cs.State.Waiting != nil:
+			w := cs.State.Waiting
+			switch w.Reason {
+			case "ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError":
+				return "", false, fmt.Errorf("container %s: image %s: %s: %s", ct.Handle(), ct.Image, w.Reason, w.Message)
+			}
+			return "pulling image " + ct.Image + " (" + cmpString(w.Reason, "waiting") + ")", false, nil
+		}
+	}
+	if p.Status.Phase == corev1.PodRunning {
+		return "", true, nil // a node that reports no container states (kwok)
+	}
+	return "waiting for pod " + ct.Pod + " on node " + p.Spec.NodeName + " (" + string(p.Status.Phase) + ")", false, nil
+}
+
+func cmpString(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
