@@ -42,6 +42,7 @@ const (
 	specKey              = "spec"
 	propertiesKey        = "properties"
 	processesKey         = "processes"
+	stateKey             = "state"
 	// maxProcesses bounds the processes kept of one container.
 	maxProcesses = 1024
 	// maxRecordData bounds a record's spec and properties together: a
@@ -68,6 +69,13 @@ type Container struct {
 	properties garden.Properties
 	// processes are the IDs of the processes run in it, in order.
 	processes []string
+	state     containerState
+}
+
+// containerState is what jetway did to a container.
+type containerState struct {
+	// MovedIn: the volumes its bind mounts name were moved into its pod.
+	MovedIn bool `json:"moved_in,omitempty"`
 }
 
 // HasProcess reports whether a process of id was run in the container.
@@ -172,14 +180,15 @@ func (s *ContainerRecords) Change(ctx context.Context, target, handle string, ch
 		}
 		props, _ := json.Marshal(c.properties)
 		procs, _ := json.Marshal(c.processes)
-		if n := len(props) + len(procs) + len(obj.Data[specKey]); n > maxRecordData {
+		state, _ := json.Marshal(c.state)
+		if n := len(props) + len(procs) + len(state) + len(obj.Data[specKey]); n > maxRecordData {
 			return fmt.Errorf("container %s: its record would take %d bytes; at most %d are kept", handle, n, maxRecordData)
 		}
 		// A merge patch with the version read: a conflict if another
 		// writer came first (the state Role grants patch, not update).
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": obj.ResourceVersion},
 			"data": map[string]string{propertiesKey: base64.StdEncoding.EncodeToString(props),
-				processesKey: base64.StdEncoding.EncodeToString(procs)}})
+				processesKey: base64.StdEncoding.EncodeToString(procs), stateKey: base64.StdEncoding.EncodeToString(state)}})
 		_, err = s.Secrets.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsNotFound(err) {
 			return garden.ContainerNotFoundError{Handle: handle}
@@ -239,6 +248,11 @@ func (s *ContainerRecords) decode(obj *corev1.Secret, target, handle string) (*C
 	if b := obj.Data[processesKey]; len(b) > 0 {
 		if err := json.Unmarshal(b, &c.processes); err != nil {
 			return nil, fmt.Errorf("container record %s: processes: %w", obj.Name, err)
+		}
+	}
+	if b := obj.Data[stateKey]; len(b) > 0 {
+		if err := json.Unmarshal(b, &c.state); err != nil {
+			return nil, fmt.Errorf("container record %s: state: %w", obj.Name, err)
 		}
 	}
 	if c.Target != target || (handle != "" && c.Handle() != handle) || obj.Name != s.name(c.Target, c.Handle()) {

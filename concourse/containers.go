@@ -16,6 +16,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -37,6 +38,10 @@ type Containers struct {
 	Pod func() steps.PodOptions
 	// Holder keeps the volumes the containers' images and mounts are.
 	Holder *Holder
+	// Stream copies a volume between two pods of a target
+	// (streams.Streamer.Stream): the volumes a container's bind mounts name
+	// are moved into its pod, and back out after each process.
+	Stream func(ctx context.Context, req streams.Request) (streams.Result, error)
 	// ResourceTypes are the base resource types the workers offer: an
 	// import of one of their images runs as that image.
 	ResourceTypes []ResourceType
@@ -271,7 +276,10 @@ func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (st
 		"push it to a registry and use a registry-image get of it", rootfs, handle)
 }
 
-// mounts are spec's bind mounts as folders of the pod's emptyDir: each
+// mountVolume is the pod's volume of the container's bind mount i.
+func mountVolume(i int) string { return "m" + strconv.Itoa(i) }
+
+// mounts are spec's bind mounts as volumes of the pod's emptyDir: each
 // its own folder, named by its order.
 func (c *Containers) mounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
 	out := make([]steps.ContainerMount, 0, len(bms))
@@ -279,7 +287,7 @@ func (c *Containers) mounts(bms []garden.BindMount) ([]steps.ContainerMount, err
 		if !path.IsAbs(bm.DstPath) || path.Clean(bm.DstPath) == "/" {
 			return nil, fmt.Errorf("bind mount %d: destination %q is not an absolute path below /", i, bm.DstPath)
 		}
-		out = append(out, steps.ContainerMount{Path: path.Clean(bm.DstPath), SubPath: strconv.Itoa(i),
+		out = append(out, steps.ContainerMount{Path: path.Clean(bm.DstPath), Volume: mountVolume(i),
 			ReadOnly: bm.Mode == garden.BindMountModeRO})
 	}
 	return out, nil
@@ -323,6 +331,83 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 	}
 	if foreign != nil {
 		return fmt.Errorf("container %s: pods %v carry its handle but jetway did not make them: %w", handle, foreign, ErrNotOurs)
+	}
+	return nil
+}
+
+// holdsMounts reports whether another of mounts is nested in bm.
+func holdsMounts(mounts []garden.BindMount, bm garden.BindMount) bool {
+	dir := path.Clean(bm.DstPath) + "/"
+	for _, m := range mounts {
+		if strings.HasPrefix(path.Clean(m.DstPath), dir) {
+			return true
+		}
+	}
+	return false
+}
+
+// moveTimeout bounds moving one container's volumes in or out.
+const moveTimeout = 30 * time.Minute
+
+// moveIn copies the volumes the container's bind mounts name from the
+// target's volume holder into its pod's mounts, once: before its first
+// process.
+func (c *Containers) moveIn(ctx context.Context, ct *Container) error {
+	if ct.state.MovedIn {
+		return nil
+	}
+	if err := c.move(ctx, ct, true); err != nil {
+		return err
+	}
+	return c.Records.Change(ctx, ct.Target, ct.Handle(), func(rc *Container) error {
+		rc.state.MovedIn = true
+		return nil
+	})
+}
+
+// moveOut copies the container's writable mounts back into the volumes
+// they came from, after a process: the web node reads outputs, caches and
+// a get's files from those volumes.
+func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return c.move(ctx, ct, false) }
+
+// move copies each bind mount's volume into the pod (in), or each
+// writable one back (out), but for a mount other mounts are nested in (a
+// task's build dir, whose inputs, outputs and caches are mounts of their
+// own, and which the web node never reads again). A mount whose source is
+// no volume of the holder (a path of the web node's worker host) is left
+// empty.
+func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
+	if c.Stream == nil || c.Holder == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
+	defer cancel()
+	holder := steps.VolumeHolderName(c.Pod().Installation)
+	for i, bm := range ct.Spec.BindMounts {
+		if !in && (bm.Mode == garden.BindMountModeRO || holdsMounts(ct.Spec.BindMounts, bm)) {
+			continue
+		}
+		handle := path.Base(bm.SrcPath)
+		v, err := c.Holder.Volume(ctx, ct.Target, handle)
+		if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		inHolder := streams.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
+		inPod := streams.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
+		req := streams.Request{From: inHolder, To: inPod, Encoding: "raw", Caller: streams.Caller{Admin: true}}
+		what := "into"
+		if !in {
+			req.From, req.To, what = inPod, inHolder, "out of"
+		}
+		res, err := c.Stream(ctx, req)
+		if err != nil {
+			return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
+		}
+		c.Metrics.moved(in, res.Bytes)
+		c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", in, "bytes", res.Bytes, "sha256", res.SHA256)
 	}
 	return nil
 }

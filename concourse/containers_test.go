@@ -46,7 +46,7 @@ func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
 		{SrcPath: "/v/b", DstPath: "/tmp/build/x/in/", Mode: garden.BindMountModeRO},
 	})
 	require.NoError(t, err)
-	assert.Equal(t, []steps.ContainerMount{{Path: "/tmp/build/x", SubPath: "0"}, {Path: "/tmp/build/x/in", SubPath: "1", ReadOnly: true}}, got,
+	assert.Equal(t, []steps.ContainerMount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}}, got,
 		"in order, so a nested mount follows its parent")
 	for _, dst := range []string{"", "relative", "/", "/.."} {
 		_, err := c.mounts([]garden.BindMount{{SrcPath: "/v/a", DstPath: dst}})

@@ -18,6 +18,8 @@ type Metrics struct {
 	refusals      prometheus.Counter
 	containers    *prometheus.CounterVec
 	garden        *prometheus.CounterVec
+	moves         *prometheus.CounterVec
+	movedBytes    *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -68,8 +70,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_garden_calls_total",
 		Help: "The web node's Garden calls to jetway's workers, by call and result (ok, or error).",
 	}, []string{"call", "result"})
+	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_volume_moves_total",
+		Help: "Volumes moved between the volume holder and a container's pod: into the pod before its first process (direction in), its writable mounts back after each process (out).",
+	}, []string{"direction"})
+	m.movedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_volume_moved_bytes_total",
+		Help: "Bytes those moves carried (tar, unencoded).",
+	}, []string{"direction"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.containers, m.garden)
+		m.containers, m.garden, m.moves, m.movedBytes)
 	return m
 }
 
@@ -158,4 +168,16 @@ func (m *Metrics) gardenCall(call string, err error) {
 		result = "error"
 	}
 	m.garden.WithLabelValues(call, result).Inc()
+}
+
+func (m *Metrics) moved(in bool, n int64) {
+	if m == nil {
+		return
+	}
+	dir := "out"
+	if in {
+		dir = "in"
+	}
+	m.moves.WithLabelValues(dir).Inc()
+	m.movedBytes.WithLabelValues(dir).Add(float64(n))
 }

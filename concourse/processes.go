@@ -148,6 +148,11 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 	if err := p.c.awaitPod(ctx, p.ct, stderr); err != nil {
 		return 0, err
 	}
+	if p.spec != nil {
+		if err := p.c.moveIn(ctx, p.ct); err != nil {
+			return 0, err
+		}
+	}
 	st, err := p.run.Follow(ctx, p.spec, stdin, func(f stepagent.Frame) error {
 		var err error
 		switch f.Kind {
@@ -162,6 +167,11 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 		return 0, garden.ProcessNotFoundError{ProcessID: p.ID}
 	}
 	if err != nil {
+		return 0, err
+	}
+	// What the process wrote is read by the web node from the volumes:
+	// back out before the exit status says it is there.
+	if err := p.c.moveOut(ctx, p.ct); err != nil {
 		return 0, err
 	}
 	if st.Message != "" {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -151,6 +152,25 @@ func TestConcourseContainersArePods(t *testing.T) {
 		handles = append(handles, c.Handle())
 	}
 	assert.Equal(t, []string{handle}, handles, "a list filtered by properties")
+
+	// An input moved into the pod and an output moved back out: fly
+	// downloads what the task wrote.
+	upload, download := filepath.Join(work, "in"), filepath.Join(work, "out")
+	payload := rand.Text() + "\n"
+	writeFile(t, filepath.Join(upload, "payload"), []byte(payload))
+	require.NoError(t, os.MkdirAll(download, 0o755))
+	copyTask := filepath.Join(work, "copy.yml")
+	writeFile(t, copyTask, []byte("platform: linux\nrootfs_uri: docker:///busybox\ninputs: [{name: in}]\noutputs: [{name: out}]\n"+
+		"run: {path: sh, args: [-c, 'cat in/payload > out/copy && echo copied']}\n"))
+	fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+	out, err = web.FlyContext(fctx, "execute", "-c", copyTask, "-i", "in="+upload, "-o", "out="+download)
+	fcancel()
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "copied")
+	got, err := os.ReadFile(filepath.Join(download, "copy"))
+	require.NoError(t, err, out)
+	assert.Equal(t, payload, string(got))
+	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_concourse_volume_moves_total{direction="out"}`), 1.0)
 
 	// A failing task fails the build, its stderr in the build's log.
 	out, err = execute(failing)
@@ -367,7 +387,7 @@ func TestConcourseProcesses(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	require.Len(t, lines, 2, stdout.String())
 	assert.Equal(t, "out c p", lines[0])
-	assert.True(t, strings.HasSuffix(lines[1], "/mounts/0"), "the working dir is the mount's folder: %s", lines[1])
+	assert.True(t, strings.HasSuffix(lines[1], "/volumes/m0"), "the working dir is the mount's folder: %s", lines[1])
 	assert.Contains(t, stderr.String(), "err\n")
 
 	stdout.Reset()

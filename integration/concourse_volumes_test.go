@@ -46,7 +46,8 @@ func flyVolumes(t *testing.T, web *cwn.WebNode) []flyRow { return flyList(t, web
 // jetway worker: the web node makes its volumes through the worker's
 // volume API, jetway keeps them in the target's volume holder pod (the
 // uploaded bytes there, whole), and `fly volumes` lists them on that
-// worker. The build runs its task in a pod; the web node then collects
+// worker. The build runs its task in a pod, its input moved in from the
+// holder; the web node then collects
 // the one-off build's container and the volumes it mounted, and the sweep
 // destroys them in the holder, leaving the upload. A restarted gateway
 // reports the same volumes.
@@ -82,12 +83,12 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	payload := []byte(rand.Text() + "\n")
 	require.NoError(t, os.WriteFile(filepath.Join(upload, "payload"), payload, 0o644))
 	task := filepath.Join(work, "task.yml")
-	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\ninputs: [{name: in}]\nrun: {path: echo, args: [ran]}\n"))
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\ninputs: [{name: in}]\nrun: {path: cat, args: [in/payload]}\n"))
 	fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+upload)
 	fcancel()
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "ran\n")
+	assert.Contains(t, out, string(payload), "the input, moved into the container's pod")
 
 	// The upload is in the holder, whole, under the handle fly lists.
 	pod, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})

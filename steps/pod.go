@@ -219,19 +219,18 @@ type ContainerPodSpec struct {
 	Resources  Resources
 	Privileged bool
 	// Mounts are the container's bind mounts: each one a folder of the
-	// pod's emptyDir (SubPath, under MountsDir) at Path, in this order,
-	// so a mount nested in another comes after it.
+	// pod's emptyDir at Path, in this order, so a mount nested in another
+	// comes after it. The folder is a volume the sidecar serves, named
+	// Volume (under stepagent.VolumesDir), so that its files can be
+	// streamed in and out.
 	Mounts []ContainerMount
 }
 
 // ContainerMount is one bind mount of a container.
 type ContainerMount struct {
-	Path, SubPath string
-	ReadOnly      bool
+	Path, Volume string
+	ReadOnly     bool
 }
-
-// MountsDir holds a container pod's bind mounts, in its emptyDir.
-const MountsDir = "mounts"
 
 // ContainerPod is the pod of a Concourse web node's container on t: a step
 // pod (the same agent, sidecar, seal, security and defaults) whose step
@@ -249,7 +248,7 @@ func ContainerPod(t *targets.Target, spec ContainerPodSpec, opts PodOptions) *co
 	step := &pod.Spec.Containers[0]
 	for _, m := range spec.Mounts {
 		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
-			SubPath: MountsDir + "/" + m.SubPath, ReadOnly: m.ReadOnly})
+			SubPath: stepagent.VolumesDir + "/" + m.Volume, ReadOnly: m.ReadOnly})
 	}
 	return pod
 }

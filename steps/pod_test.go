@@ -254,7 +254,7 @@ func TestContainerPod(t *testing.T) {
 	p := ContainerPod(tgt, ContainerPodSpec{Name: "c-1", Team: "main", Image: "busybox:1.36",
 		Labels:    map[string]string{"jetway-ci.dev/concourse-container": "h1"},
 		Resources: Resources{Memory: "100Mi"},
-		Mounts:    []ContainerMount{{Path: "/tmp/build/x", SubPath: "0"}, {Path: "/tmp/build/x/in", SubPath: "1", ReadOnly: true}},
+		Mounts:    []ContainerMount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}},
 	}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
 	assert.NotContains(t, p.Labels, HandleLabel)
 	assert.NotContains(t, p.Labels, ownership.OwnerLabel)
@@ -265,8 +265,8 @@ func TestContainerPod(t *testing.T) {
 	assert.Equal(t, "busybox:1.36", step.Image)
 	assert.Equal(t, []corev1.VolumeMount{
 		{Name: sharedVolume, MountPath: stepagent.Root},
-		{Name: sharedVolume, MountPath: "/tmp/build/x", SubPath: "mounts/0"},
-		{Name: sharedVolume, MountPath: "/tmp/build/x/in", SubPath: "mounts/1", ReadOnly: true},
+		{Name: sharedVolume, MountPath: "/tmp/build/x", SubPath: "volumes/m0"},
+		{Name: sharedVolume, MountPath: "/tmp/build/x/in", SubPath: "volumes/m1", ReadOnly: true},
 	}, step.VolumeMounts)
 	assert.Equal(t, "100Mi", step.Resources.Limits.Memory().String())
 	assert.Equal(t, SidecarContainer, p.Spec.Containers[1].Name)

@@ -473,3 +473,35 @@ func BenchmarkAuthorization(b *testing.B) {
 	}
 	b.ReportMetric(float64(without)/float64(withCheck), "throughput-checked/unchecked")
 }
+
+// A stream-in into a folder that is there lands in that same folder, next
+// to what it holds, as baggageclaim extracts: a container's mount of the
+// folder (a web node's, package concourse) sees what lands, and a mount
+// point nested in it stays.
+func TestStreamInLandsInTheFolderThatIsThere(t *testing.T) {
+	dst, dstURL := start(t)
+	volume(t, dstURL, "m0")
+	root := dst.Path("m0")
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "in"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "kept"), []byte("before"), 0o644))
+	before, err := os.Stat(root)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, content := range map[string]string{"new": "landed", "kept": "replaced"} {
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content))}))
+		_, _ = tw.Write([]byte(content))
+	}
+	require.NoError(t, tw.Close())
+	resp, body := do(t, http.MethodPut, dstURL+"/volumes/m0/stream-in?path=.", map[string]string{"Content-Encoding": "raw"}, &buf)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	after, err := os.Stat(root)
+	require.NoError(t, err)
+	assert.True(t, os.SameFile(before, after), "the same folder")
+	for name, want := range map[string]string{"new": "landed", "kept": "replaced"} {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(b))
+	}
+	assert.DirExists(t, filepath.Join(root, "in"), "a nested mount point stays")
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
 	"os"
@@ -87,8 +88,11 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 }
 
 // land extracts the tar stream in, encoded as enc says, into a new
-// folder next to dst, then puts that folder in dst's place. If it does
-// not, it says why and the status to answer; dst is as it was.
+// folder next to dst, then moves what it holds into dst, as baggageclaim
+// extracts into the volume: what dst held beside it stays, and dst itself
+// stays the same folder (a container's mount of it sees what lands). If
+// the stream fails, it says why and the status to answer; dst is as it
+// was.
 func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
 	body, err := decoder(enc, in)
 	if err != nil {
@@ -119,13 +123,52 @@ func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
 	if _, err := io.Copy(io.Discard, in); err != nil {
 		return http.StatusBadRequest, err
 	}
-	if err := os.RemoveAll(dst); err != nil {
-		return http.StatusInternalServerError, err
+	fi, err := os.Lstat(dst)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		err = os.Rename(tmp, dst)
+	case err == nil && fi.IsDir():
+		err = mergeInto(tmp, dst)
+	case err == nil:
+		if err = os.Remove(dst); err == nil {
+			err = os.Rename(tmp, dst)
+		}
 	}
-	if err := os.Rename(tmp, dst); err != nil {
+	if err != nil {
 		return http.StatusInternalServerError, err
 	}
 	return 0, nil
+}
+
+// mergeInto moves each entry of src into dst: a folder into a folder of
+// the same name entry by entry, anything else in place of what dst has
+// of that name. The root's mode is taken as the tar set it.
+func mergeInto(src, dst string) error {
+	if fi, err := os.Lstat(src); err == nil {
+		_ = os.Chmod(dst, fi.Mode().Perm())
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if e.IsDir() {
+			if fi, err := os.Lstat(to); err == nil && fi.IsDir() {
+				if err := mergeInto(from, to); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if err := os.RemoveAll(to); err != nil {
+			return err
+		}
+		if err := os.Rename(from, to); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // noLimit is a stream-in without a limit.
