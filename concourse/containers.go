@@ -335,6 +335,24 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 	return nil
 }
 
+// streamRetrying streams req, again for a while after a failure: a pod
+// just running may not answer on its sidecar's port yet (the sidecar
+// starts after the step container; kwok forwards a moment later).
+func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (streams.Result, error) {
+	deadline := time.Now().Add(holderAnswer)
+	for {
+		res, err := c.Stream(ctx, req)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(holderPoll):
+		}
+	}
+}
+
 // holdsMounts reports whether another of mounts is nested in bm.
 func holdsMounts(mounts []garden.BindMount, bm garden.BindMount) bool {
 	dir := path.Clean(bm.DstPath) + "/"
@@ -402,7 +420,7 @@ func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 		if !in {
 			req.From, req.To, what = inPod, inHolder, "out of"
 		}
-		res, err := c.Stream(ctx, req)
+		res, err := c.streamRetrying(ctx, req)
 		if err != nil {
 			return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
 		}

@@ -7,12 +7,15 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -57,7 +60,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	defer cancel()
 	client := cwn.Client{ID: "jetway", Secret: "containers-s3cret"}
 	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second,
-		Args: []string{"--gc-one-off-grace-period", "20s"}})
+		Args: []string{"--gc-one-off-grace-period", "20s", "--gc-hijack-grace-period", "20s"}})
 	dir := t.TempDir()
 	const name = "cwc"
 	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
@@ -82,6 +85,16 @@ func TestConcourseContainersArePods(t *testing.T) {
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "hello jetway\n")
 	assert.Contains(t, out, "succeeded")
+	// fly intercept runs a command in the build's container (without a
+	// terminal: fly's stdin here is none).
+	build := regexp.MustCompile(`executing build (\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, build, out)
+	ictx, icancel := context.WithTimeout(ctx, 60*time.Second)
+	iout, err := web.FlyContext(ictx, "intercept", "-b", build[1], "--", "sh", "-c", `echo "intercepted $NAME in $(pwd)"`)
+	icancel()
+	require.NoError(t, err, iout)
+	assert.Regexp(t, `intercepted jetway in \S+\n`, iout)
+
 
 	// The container is a pod of the task's image, limits and mounts,
 	// listed by fly on its worker.
@@ -152,6 +165,54 @@ func TestConcourseContainersArePods(t *testing.T) {
 		handles = append(handles, c.Handle())
 	}
 	assert.Equal(t, []string{handle}, handles, "a list filtered by properties")
+
+	// fly abort ends a running task: Stop reaches its process.
+	sleeper := filepath.Join(work, "sleeper.yml")
+	writeFile(t, sleeper, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: sh, args: [-c, 'echo sleeping; exec sleep 600']}\n"))
+	runs := `jetway_concourse_garden_calls_total{call="run",result="ok"}`
+	ran := metricValue(t, g, runs)
+	aborted := make(chan string, 1)
+	go func() {
+		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, "execute", "-c", sleeper)
+		aborted <- fmt.Sprintf("%s%v", out, err)
+	}()
+	var sleeping string
+	eventually(t, 30*time.Second, func() error {
+		builds, err := web.Fly("builds", "--json")
+		if err != nil {
+			return err
+		}
+		var bs []struct {
+			ID     int    `json:"id"`
+			Status string `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(builds), &bs); err != nil {
+			return err
+		}
+		for _, b := range bs {
+			if b.Status == "started" {
+				sleeping = strconv.Itoa(b.ID)
+				return nil
+			}
+		}
+		return errorf("no build started: %s", builds)
+	})
+	eventually(t, 30*time.Second, func() error {
+		if n := metricValue(t, g, runs); n <= ran {
+			return errorf("the sleeper's process is not run yet (%v runs)", n)
+		}
+		return nil
+	})
+	_, err = web.Fly("abort-build", "-b", sleeping)
+	require.NoError(t, err)
+	select {
+	case out := <-aborted:
+		assert.Contains(t, out, "interrupted")
+	case <-time.After(60 * time.Second):
+		t.Fatal("fly execute did not end after fly abort-build")
+	}
 
 	// An input moved into the pod and an output moved back out: fly
 	// downloads what the task wrote.

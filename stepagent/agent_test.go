@@ -622,3 +622,20 @@ func runOpenStdin(t *testing.T, root string, spec, stdin []byte) []stepagent.Fra
 	require.NoError(t, err)
 	return frames(t, b)
 }
+
+// An abort that comes before the run was prepared (a web node aborting a
+// build while its container's volumes move in) sticks: the run, prepared
+// and started after it, never starts its process.
+func TestAbortBeforePrepareNeverStarts(t *testing.T) {
+	root := t.TempDir()
+	run := filepath.Join(root, stepagent.RunsDir, "task")
+	_, code := agent(t, root, nil, "abort", "--run", "task")
+	require.Equal(t, 0, code)
+	_, spec := newStep(t, "touch started", func(sp *stepagent.Spec) { sp.StdinStream = true })
+	out, code := agent(t, root, slices.Concat(spec, []byte("[]")), "run", "--run", "task", "--stdin",
+		"--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2")
+	require.Equal(t, 0, code, "%s", out)
+	_, _, st := outcome(t, frames(t, out))
+	assert.Equal(t, stepagent.ReasonAborted, st.Reason)
+	assert.NoFileExists(t, filepath.Join(run, stepagent.BuildDir, "started"))
+}

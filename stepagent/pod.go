@@ -10,8 +10,10 @@ import (
 )
 
 // Install copies the running binary to dst (the init container's job) and
-// makes the root's folders.
-func Install(dst string) error {
+// makes the root's folders, and volumes (folders of VolumesDir, open to
+// every user): a Concourse web node's container's mounts, which its
+// sidecar writes into before the container's user works in them.
+func Install(dst string, volumes ...string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -42,6 +44,14 @@ func Install(dst string) error {
 	root := RootDir()
 	for _, dir := range []string{"run", BuildDir, VolumesDir} {
 		if err := mkdirOpen(Path(root, dir)); err != nil {
+			return fmt.Errorf("install: %w", err)
+		}
+	}
+	for _, v := range volumes {
+		if v == "" || v != filepath.Base(v) || v[0] == '.' {
+			return fmt.Errorf("install: volume %q is not a folder name", v)
+		}
+		if err := mkdirOpen(Path(root, filepath.Join(VolumesDir, v))); err != nil {
 			return fmt.Errorf("install: %w", err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -130,8 +131,12 @@ func awaitSupervisor(root string, deadline time.Time) error {
 }
 
 // Abort asks the supervisor to kill the process. A step not started yet
-// never starts.
+// never starts, nor one not prepared yet (a run aborted before its spec
+// came: its folder is made for the mark).
 func Abort(root string) error {
+	if err := mkdirOpen(filepath.Dir(Path(root, AbortFile))); err != nil {
+		return err
+	}
 	if err := writeAtomic(Path(root, AbortFile), []byte("TERM\n")); err != nil {
 		return err
 	}

@@ -246,7 +246,11 @@ func ContainerPod(t *targets.Target, spec ContainerPodSpec, opts PodOptions) *co
 		pod.Labels[k] = v
 	}
 	step := &pod.Spec.Containers[0]
+	install := &pod.Spec.InitContainers[0]
 	for _, m := range spec.Mounts {
+		// Made open by the init container before the kubelet mounts
+		// them: the sidecar writes into them, the container's user too.
+		install.Command = append(install.Command, m.Volume)
 		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
 			SubPath: stepagent.VolumesDir + "/" + m.Volume, ReadOnly: m.ReadOnly})
 	}

@@ -270,4 +270,6 @@ func TestContainerPod(t *testing.T) {
 	}, step.VolumeMounts)
 	assert.Equal(t, "100Mi", step.Resources.Limits.Memory().String())
 	assert.Equal(t, SidecarContainer, p.Spec.Containers[1].Name)
+	assert.Equal(t, []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath, "m0", "m1"}, p.Spec.InitContainers[0].Command,
+		"the mounts' folders, made open before the kubelet mounts them")
 }

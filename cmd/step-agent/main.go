@@ -23,7 +23,7 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N]
+  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 func main() {
@@ -82,10 +82,10 @@ func dispatch(cmd string, args []string) error {
 	}
 	switch cmd {
 	case "install":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("%w: install DEST", errUsage)
+		if fs.NArg() < 1 {
+			return fmt.Errorf("%w: install DEST [VOLUME...]", errUsage)
 		}
-		return stepagent.Install(fs.Arg(0))
+		return stepagent.Install(fs.Arg(0), fs.Args()[1:]...)
 	case "pid1":
 		stepagent.Pid1()
 		return nil
