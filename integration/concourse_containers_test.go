@@ -95,7 +95,6 @@ func TestConcourseContainersArePods(t *testing.T) {
 	require.NoError(t, err, iout)
 	assert.Regexp(t, `intercepted jetway in \S+\n`, iout)
 
-
 	// The container is a pod of the task's image, limits and mounts,
 	// listed by fly on its worker.
 	var handle string

@@ -349,7 +349,9 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
 	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steps.PodOptions { return podOpts },
 		Holder: holder, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
-		Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) { return streamer.Stream(ctx, req, nil) }}
+		Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
+			return streamer.Stream(ctx, req, nil)
+		}}
 	if o.concourse != nil {
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },

@@ -442,7 +442,9 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records}
 		volumeAPI = holder.API
 		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder,
-			Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) { return streamer.Stream(ctx, req, nil) },
+			Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
+				return streamer.Stream(ctx, req, nil)
+			},
 			ResourceTypes: types, Metrics: metrics, Logger: logger}
 	}
 	var agents func() []targets.Status
