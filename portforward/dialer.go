@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/spdystream"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
@@ -323,12 +324,18 @@ func (d *Dialer) Dial(ctx context.Context, target, namespace, pod string, port i
 			return c, nil
 		}
 		err = fmt.Errorf("dial %s:%d: %w", key, port, err)
-		if attempt > 0 || !pc.dead() {
+		if attempt > 0 || !pc.dead() && !errors.Is(err, spdystream.ErrTimeout) {
 			d.opts.Metrics.stream(err)
 			return nil, err
 		}
-		// The shared connection died under us: forget it and dial once more.
+		// The shared connection died under us, or answers no new stream
+		// (seen on a kubelet after a stream to a port nothing listened on
+		// yet: each later stream timed out): forget it, close it, and
+		// dial once more.
 		d.forget(pc)
+		if !pc.dead() {
+			_ = pc.conn.Close()
+		}
 	}
 }
 

@@ -51,6 +51,27 @@ func TestFailedStreamOnDeadConnectionRedials(t *testing.T) {
 	assert.Len(t, up.upgrades(), 2)
 }
 
+// TestWedgedConnectionRedials: a shared connection that answers no new
+// stream (each times out) is closed, and the next dials open a new one.
+func TestWedgedConnectionRedials(t *testing.T) {
+	ctx := context.Background()
+	d, up := startFake(t, Options{})
+	a, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer a.Close()
+	up.upgrades()[0].timeOutCreates()
+	b, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.NoError(t, echo(b, "fresh"))
+	assert.Len(t, up.upgrades(), 2, "a new connection")
+	assert.True(t, up.upgrades()[0].isClosed(), "the wedged one is closed")
+	c, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Len(t, up.upgrades(), 2, "the new connection carries the next stream")
+}
+
 // TestCloseIdleNeverHandsOutClosingConnection runs a Dial exactly between
 // closeIdle choosing an idle connection and closing it: the Dial must get
 // a new connection, not the one about to close.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/spdystream"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 )
@@ -40,7 +41,8 @@ func (u *fakeUpgrader) upgrades() []*fakeConn {
 type fakeConn struct {
 	mu         sync.Mutex
 	streams    []*fakeStream
-	failCreate int // CreateStream calls left to fail
+	failCreate int  // CreateStream calls left to fail
+	timeouts   bool // every CreateStream times out, as on a wedged connection
 	closed     chan bool
 	closeOnce  sync.Once
 }
@@ -57,9 +59,18 @@ func (c *fakeConn) CreateStream(h http.Header) (httpstream.Stream, error) {
 		c.failCreate--
 		return nil, errInjected
 	}
+	if c.timeouts {
+		return nil, spdystream.ErrTimeout
+	}
 	s := &fakeStream{headers: h, data: make(chan []byte, 16), reset: make(chan struct{})}
 	c.streams = append(c.streams, s)
 	return s, nil
+}
+
+func (c *fakeConn) timeOutCreates() {
+	c.mu.Lock()
+	c.timeouts = true
+	c.mu.Unlock()
 }
 
 func (c *fakeConn) failNextCreate() {
