@@ -383,6 +383,11 @@ func (g *gardenServer) output(kind streamKind) http.HandlerFunc {
 			return
 		}
 		<-ps.done
+		select {
+		case c := <-ps.conns[kind]:
+			c.Close() // opened after the process stopped waiting for it
+		default:
+		}
 	}
 }
 
