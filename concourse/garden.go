@@ -414,9 +414,11 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
 		gardenError(w, fmt.Errorf("read the request: %w", err))
 	case int64(len(b)) > limit:
 		gardenError(w, fmt.Errorf("the request is over %d bytes", limit))
-	case json.Unmarshal(b, v) != nil:
-		gardenError(w, fmt.Errorf("the request is not the JSON of Garden's %s %s: %w", r.Method, r.URL.Path, json.Unmarshal(b, v)))
 	default:
+		if err := json.Unmarshal(b, v); err != nil {
+			gardenError(w, fmt.Errorf("the request is not the JSON of Garden's %s %s: %w", r.Method, r.URL.Path, err))
+			return false
+		}
 		return true
 	}
 	return false

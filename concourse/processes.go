@@ -1,6 +1,7 @@
 package concourse
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -250,18 +251,11 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 			case "ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError":
 				return "", false, fmt.Errorf("container %s: image %s: %s: %s", ct.Handle(), ct.Image, w.Reason, w.Message)
 			}
-			return "pulling image " + ct.Image + " (" + cmpString(w.Reason, "waiting") + ")", false, nil
+			return "pulling image " + ct.Image + " (" + cmp.Or(w.Reason, "waiting") + ")", false, nil
 		}
 	}
 	if p.Status.Phase == corev1.PodRunning {
 		return "", true, nil // a node that reports no container states (kwok)
 	}
 	return "waiting for pod " + ct.Pod + " on node " + p.Spec.NodeName + " (" + string(p.Status.Phase) + ")", false, nil
-}
-
-func cmpString(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
