@@ -58,9 +58,10 @@ TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 # says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
 NODE_PACKAGES     := containerd runc containernetworking-plugins busybox-static iproute2
-NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar
+NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
+REGISTRY_IMAGE_REF := jetway.test/registry-image:1
 
 # The Concourse web node the tests register targets with
 # (integration/concourse, docs/testing.md): Concourse v8.2.5's concourse
@@ -111,7 +112,10 @@ image: $(BIN)/mkimage
 # and waits, and a base image for tasks, Debian's busybox-static with a
 # link for each of its commands (/bin/sh, /usr/bin/env, ...), run as root
 # as many task images are, with /usr/bin/stamp (the time in nanoseconds,
-# for the benchmarks) and a test resource type's scripts in /opt/resource.
+# for the benchmarks) and a test resource type's scripts in /opt/resource;
+# and the same busybox with a stand-in for Concourse's registry-image
+# resource in /opt/resource (integration/testdata/registry-image), which
+# reads the images the harness's registry serves.
 node-images: $(NODE_IMAGES)
 
 $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
@@ -126,6 +130,12 @@ $(BIN)/busybox-image.tar: $(BIN)/mkimage integration/cmd/stamp/main.go $(wildcar
 		$(foreach f,check in out,-file integration/testdata/resource/$(f):/opt/resource/$(f)) \
 		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
 		-ref $(BUSYBOX_IMAGE_REF) -title "busybox (jetway's test base image)" -o $@
+
+$(BIN)/registry-image-image.tar: $(BIN)/mkimage $(wildcard integration/testdata/registry-image/*) | node-packages
+	$(MKIMAGE) -binary /bin/busybox -path /bin/busybox -user 0:0 -dir /tmp -cmd sh \
+		$(foreach f,check in out,-file integration/testdata/registry-image/$(f):/opt/resource/$(f)) \
+		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
+		-ref $(REGISTRY_IMAGE_REF) -title "registry-image (jetway's test stand-in)" -o $@
 
 $(BIN)/mkimage: tools/mkimage/go.mod tools/mkimage/go.sum tools/mkimage/main.go
 	cd tools/mkimage && $(GO) build -trimpath -o $@ .

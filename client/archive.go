@@ -129,7 +129,7 @@ func UntarLimited(r io.Reader, dir string, lim Limits) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("untar into %s: %w", dir, err)
 	}
-	done, err := tarsafe.Extract(zr, dir, tarsafe.Limits(lim))
+	done, err := tarsafe.Extract(zr, dir, tarsafe.Limits{Bytes: lim.Bytes, Entries: lim.Entries})
 	if err == nil {
 		// Read on to the gzip trailer, whose checksum covers it all.
 		_, err = io.Copy(io.Discard, zr)

@@ -33,27 +33,31 @@ const (
 	S2   = "s2"
 )
 
-// volume resolves a request's volume and path inside it, or answers 404.
-func (s *Server) volume(w http.ResponseWriter, r *http.Request) (string, bool) {
+// volume resolves a request's volume, as the folder that holds it and
+// the path inside it, or answers 404.
+func (s *Server) volume(w http.ResponseWriter, r *http.Request) (base, sub string, ok bool) {
 	handle := r.PathValue("handle")
-	base := s.Path(handle)
+	base = s.Path(handle)
 	if !s.exists(handle) {
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
-		return "", false
+		return "", "", false
 	}
 	// A step's volumes are symlinks to folders of its build dir: serve
 	// the folder itself.
 	base, err := filepath.EvalSymlinks(base)
 	if err != nil {
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
-		return "", false
+		return "", "", false
 	}
-	sub := filepath.Join(base, filepath.FromSlash(r.URL.Query().Get("path")))
-	if rel, err := filepath.Rel(base, sub); err != nil || strings.HasPrefix(rel, "..") {
+	sub = filepath.FromSlash(r.URL.Query().Get("path"))
+	if sub == "" {
+		sub = "."
+	}
+	if !filepath.IsLocal(sub) {
 		fail(w, http.StatusBadRequest, "path %q leaves the volume", r.URL.Query().Get("path"))
-		return "", false
+		return "", "", false
 	}
-	return sub, true
+	return base, filepath.Clean(sub), true
 }
 
 // streamIn extracts a tar into the volume path. It extracts into a
@@ -65,10 +69,11 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
-	dst, ok := s.volume(w, r)
+	base, sub, ok := s.volume(w, r)
 	if !ok {
 		return
 	}
+	dst := filepath.Join(base, sub)
 	q := r.URL.Query().Get("limit")
 	limit, err := streamLimit(q)
 	if err != nil {
@@ -112,6 +117,10 @@ func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
 	s.mu.Lock()
 	limits := s.limits
 	s.mu.Unlock()
+	// A volume is mounted in a container, which resolves its links in
+	// its own root: an image's rootfs is full of absolute ones. The
+	// sidecar itself reads volumes only through an os.Root (writeTar).
+	limits.ForeignLinks = true
 	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
 		return http.StatusBadRequest, err
 	}
@@ -218,11 +227,17 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 }
 
 func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
-	src, ok := s.volume(w, r)
+	base, sub, ok := s.volume(w, r)
 	if !ok {
 		return
 	}
-	if _, err := os.Stat(src); err != nil {
+	vol, err := os.OpenRoot(base)
+	if err != nil {
+		fail(w, http.StatusNotFound, "volume %q not found", r.PathValue("handle"))
+		return
+	}
+	defer vol.Close()
+	if _, err := vol.Lstat(sub); err != nil {
 		// The words baggageclaim's client compares to tell a missing
 		// file from a missing volume (a web node reads an image's
 		// metadata.json, which may be absent).
@@ -241,7 +256,7 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Encoding", encodingName(enc))
 	w.WriteHeader(http.StatusOK)
-	if err := writeTar(out, src); err != nil {
+	if err := writeTar(out, vol, sub); err != nil {
 		panic(http.ErrAbortHandler) // cut the response: no clean end
 	}
 	if err := out.Close(); err != nil {
@@ -252,10 +267,16 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 // streamP2POut pushes the volume path straight to another server's
 // stream-in URL.
 func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
-	src, ok := s.volume(w, r)
+	base, sub, ok := s.volume(w, r)
 	if !ok {
 		return
 	}
+	vol, err := os.OpenRoot(base)
+	if err != nil {
+		fail(w, http.StatusNotFound, "volume %q not found", r.PathValue("handle"))
+		return
+	}
+	defer vol.Close()
 	target := r.URL.Query().Get("streamInURL")
 	enc := encodingName(r.URL.Query().Get("encoding"))
 	pr, pw := io.Pipe()
@@ -265,7 +286,7 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		defer close(written)
 		out, err := encoder(enc, sent)
 		if err == nil {
-			err = writeTar(out, src)
+			err = writeTar(out, vol, sub)
 		}
 		if err == nil {
 			err = out.Close()
@@ -364,29 +385,18 @@ func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("unsupported encoding %q (raw, gzip, zstd, s2)", enc)
 }
 
-// writeTar writes root as a tar: a folder's contents by their paths
-// inside it, or a file alone by its base name.
-func writeTar(w io.Writer, root string) error {
+// writeTar writes sub of the volume vol as a tar: a folder's contents by
+// their paths inside it, or a file or link alone by its base name. It
+// reads through vol, an os.Root, so no link leads it out of the volume (a
+// step may make any link in its volumes, and an image's rootfs holds
+// absolute ones): links are written as links, never followed.
+func writeTar(w io.Writer, vol *os.Root, sub string) error {
 	tw := tar.NewWriter(w)
-	err := filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return err
-		}
-		if rel == "." {
-			if info.IsDir() {
-				return nil
-			}
-			// One file: a tar of it alone, by its base name, as
-			// baggageclaim's `tar -C dir file` makes it.
-			rel = filepath.Base(path)
-		}
+	entry := func(p, name string, info fs.FileInfo) error {
 		link := ""
 		if info.Mode()&os.ModeSymlink != 0 {
-			if link, err = os.Readlink(path); err != nil {
+			var err error
+			if link, err = vol.Readlink(p); err != nil {
 				return err
 			}
 		}
@@ -394,21 +404,46 @@ func writeTar(w io.Writer, root string) error {
 		if err != nil {
 			return err
 		}
-		hdr.Name = filepath.ToSlash(rel)
+		hdr.Name = name
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
 		if !info.Mode().IsRegular() {
 			return nil
 		}
-		f, err := os.Open(path)
+		f, err := vol.Open(p)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
 		_, err = io.Copy(tw, f)
 		return err
-	})
+	}
+	top, err := vol.Lstat(sub)
+	if err != nil {
+		return err
+	}
+	if !top.IsDir() {
+		// One file: a tar of it alone, by its base name, as
+		// baggageclaim's `tar -C dir file` makes it.
+		err = entry(sub, filepath.Base(sub), top)
+	} else {
+		from := filepath.ToSlash(sub)
+		err = fs.WalkDir(vol.FS(), from, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || p == from {
+				return err
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			name := p
+			if from != "." {
+				name = strings.TrimPrefix(p, from+"/")
+			}
+			return entry(filepath.FromSlash(p), name, info)
+		})
+	}
 	if err != nil {
 		return err
 	}

@@ -439,3 +439,43 @@ func TestStreamOutOfOneFile(t *testing.T) {
 		assert.Equal(t, io.EOF, err, "that file alone")
 	}
 }
+
+// TestStreamOutNeverFollowsLinksOut: a volume may hold links out of it
+// (an image's rootfs; anything a step makes). Stream-out writes them as
+// links and never reads through one: a path through a link out of the
+// volume is not found, though what the link names exists on the host.
+func TestStreamOutNeverFollowsLinksOut(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"img","strategy":{"type":"empty"}}`)
+	outside := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "secret"), []byte("host"), 0o644))
+	vol := s.Path("img")
+	require.NoError(t, os.MkdirAll(filepath.Join(vol, "rootfs", "bin"), 0o755))
+	require.NoError(t, os.Symlink("/bin/busybox", filepath.Join(vol, "rootfs", "bin", "sh")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(vol, "out")))
+	require.NoError(t, os.Symlink("../..", filepath.Join(vol, "up")))
+
+	entries := func(path string) map[string]string {
+		resp, body := do(t, http.MethodPut, base+"/volumes/img/stream-out?path="+path, map[string]string{"Accept-Encoding": "raw"}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		got := map[string]string{}
+		tr := tar.NewReader(bytes.NewReader(body))
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				return got
+			}
+			require.NoError(t, err)
+			b, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			got[h.Name] = h.Linkname + string(b)
+		}
+	}
+	assert.Equal(t, map[string]string{"rootfs": "", "rootfs/bin": "", "rootfs/bin/sh": "/bin/busybox", "out": outside, "up": "../.."}, entries("."))
+	assert.Equal(t, map[string]string{"out": outside}, entries("out"), "the link itself")
+	for _, path := range []string{"out/secret", "up/secret", "rootfs/bin/sh/x"} {
+		resp, body := do(t, http.MethodPut, base+"/volumes/img/stream-out?path="+path, map[string]string{"Accept-Encoding": "raw"}, nil)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+		assert.NotContains(t, string(body), "host", path)
+	}
+}

@@ -445,6 +445,15 @@ func (c *Cluster) NodeImage(tarball string) string {
 	return c.node.images[tarball]
 }
 
+// RegistryMirror is the URL NodeRegistry answers at on the node's bridge
+// (pods reach it there), or "" without a real node.
+func (c *Cluster) RegistryMirror() string {
+	if c.node == nil {
+		return ""
+	}
+	return c.node.mirror
+}
+
 // Logs returns the last lines of every component's log, for a failing test.
 func (c *Cluster) Logs(lines int) string {
 	var b strings.Builder

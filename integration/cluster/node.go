@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,17 +63,19 @@ const (
 	PauseImage = "jetway.test/pause:1"
 
 	// NodeRegistry is the registry host the node pulls from besides the
-	// images it holds: the harness serves it on the node's bridge, and it
-	// has no image. Every manifest under it is unknown (a pull that
-	// cannot succeed: ErrImagePull, "not found"), but those under
-	// NodeRegistry/busy/, which answer 429 Too Many Requests (a pull that
-	// may succeed later).
+	// images it holds: the harness serves it on the node's bridge
+	// (registry.go). It serves the node's own images under their names
+	// without the host (NodeRegistry/busybox:1, or by digest), so a pod
+	// can name an image by its digest. Every other manifest under it is
+	// unknown (a pull that cannot succeed: ErrImagePull, "not found"), but
+	// those under NodeRegistry/busy/, which answer 429 Too Many Requests
+	// (a pull that may succeed later).
 	NodeRegistry = "registry.jetway.test"
 )
 
 // NodeImages are the image tarballs in the bin folder imported into the
 // node's containerd: `make image` and `make node-images` write them.
-var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar"}
+var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar", "registry-image-image.tar"}
 
 // nodePackages are the programs the node runs from Debian's packages.
 var nodePackages = map[string]string{
@@ -110,6 +113,7 @@ type node struct {
 	lock      *os.File
 	state     nodeState
 	registry  *http.Server // NodeRegistry, nil until the bridge is up
+	mirror    string       // NodeRegistry's URL on the bridge
 
 	containerd, kubelet *process
 }
@@ -396,6 +400,10 @@ func (c *Cluster) startNode(ctx context.Context) error {
 // containerd at it (a hosts.toml whose server is it alone, so a pull never
 // falls back to the registry's own name, which resolves nowhere).
 func (n *node) serveRegistry() error {
+	images, err := loadRegistry(filepath.Dir(n.kubelet.path), slices.Sorted(maps.Keys(n.images)))
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", NodeIP+":0")
 	if err != nil {
 		return fmt.Errorf("registry: %w", err)
@@ -405,33 +413,16 @@ func (n *node) serveRegistry() error {
 		ln.Close()
 		return err
 	}
-	url := "http://" + ln.Addr().String()
+	n.mirror = "http://" + ln.Addr().String()
 	// containerd 1.6 refuses a hosts.toml without a host table.
-	toml := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", url, url)
+	toml := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", n.mirror, n.mirror)
 	if err := os.WriteFile(filepath.Join(hosts, "hosts.toml"), []byte(toml), 0o644); err != nil {
 		ln.Close()
 		return err
 	}
-	n.registry = &http.Server{Handler: http.HandlerFunc(registryAPI), ReadHeaderTimeout: 5 * time.Second}
+	n.registry = &http.Server{Handler: images, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = n.registry.Serve(ln) }()
 	return nil
-}
-
-// registryAPI answers as a registry without images does, but that
-// NodeRegistry/busy/... is rate limited.
-func registryAPI(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-	w.Header().Set("Content-Type", "application/json")
-	switch {
-	case r.URL.Path == "/v2/":
-		_, _ = w.Write([]byte("{}"))
-	case strings.HasPrefix(r.URL.Path, "/v2/busy/"):
-		w.WriteHeader(http.StatusTooManyRequests)
-		_, _ = w.Write([]byte(`{"errors":[{"code":"TOOMANYREQUESTS","message":"you have reached your pull rate limit"}]}`))
-	default:
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = w.Write([]byte(`{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}`))
-	}
 }
 
 // ctr runs containerd's client against the node's containerd, in the

@@ -17,6 +17,13 @@ import (
 type Limits struct {
 	Bytes   int64
 	Entries int
+	// ForeignLinks keeps symbolic links whose target leaves the folder
+	// (an image's rootfs links /bin/sh to /bin/busybox), for a folder
+	// whose links only a container resolves, in its own root: the volume
+	// sidecar's. Extract still writes nothing through them (os.Root
+	// refuses), and whoever reads the folder on the host must read it
+	// through an os.Root too. Off, such a link is an error.
+	ForeignLinks bool
 }
 
 // The default limits: far beyond any build's artifact, near enough to
@@ -56,7 +63,8 @@ type Extracted struct {
 }
 
 // Extract writes the tar stream r into dir, which exists: folders,
-// regular files and symbolic links that resolve inside dir. Everything
+// regular files and symbolic links that resolve inside dir (any link,
+// with lim.ForeignLinks). Everything
 // is written through an os.Root of dir, so nothing leaves it, even by a
 // link made earlier in the stream; a file or link replaces whatever was
 // at its name, so nothing is written through a link. A name that leaves
@@ -90,7 +98,7 @@ func Extract(r io.Reader, dir string, lim Limits) (Extracted, error) {
 		if hdr.Typeflag == tar.TypeReg && hdr.Size > lim.Bytes-done.Bytes {
 			return done, &LimitError{Limit: "bytes", Max: lim.Bytes, Entry: hdr.Name}
 		}
-		if err := extractEntry(root, tr, hdr); err != nil {
+		if err := extractEntry(root, tr, hdr, lim.ForeignLinks); err != nil {
 			return done, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeReg {
@@ -100,7 +108,7 @@ func Extract(r io.Reader, dir string, lim Limits) (Extracted, error) {
 	}
 }
 
-func extractEntry(root *os.Root, r io.Reader, hdr *tar.Header) error {
+func extractEntry(root *os.Root, r io.Reader, hdr *tar.Header, foreignLinks bool) error {
 	if !filepath.IsLocal(filepath.FromSlash(hdr.Name)) {
 		return errors.New("the name leaves the folder")
 	}
@@ -135,7 +143,7 @@ func extractEntry(root *os.Root, r io.Reader, hdr *tar.Header) error {
 		if hdr.Linkname == "" {
 			return errors.New("symbolic link without a target")
 		}
-		if !LinkInside(name, hdr.Linkname) {
+		if !foreignLinks && !LinkInside(name, hdr.Linkname) {
 			return fmt.Errorf("symbolic link to %q leaves the folder", hdr.Linkname)
 		}
 		if err := replace(root, name); err != nil {

@@ -24,6 +24,12 @@ type Hostile struct {
 	Entries func(outside string) []*tar.Header
 	// Want is in the error: the entry, and why.
 	Want string
+	// ForeignLink is an archive whose only fault is a link out of the
+	// folder: tarsafe.Limits.ForeignLinks keeps it, as a link.
+	ForeignLink bool
+	// ForeignWant, when set, is in the error with ForeignLinks: the
+	// archive writes through the link it made.
+	ForeignWant string
 }
 
 func file(name string) *tar.Header {
@@ -42,16 +48,17 @@ var Hostiles = []Hostile{
 	{Name: "dotdot inside", Entries: entries(file("a/../../x")), Want: `tar entry "a/../../x": the name leaves the folder`},
 	{Name: "absolute", Entries: func(out string) []*tar.Header { return []*tar.Header{file(filepath.Join(out, "x"))} },
 		Want: `: the name leaves the folder`},
-	{Name: "link up", Entries: entries(link("a/l", "../../x")), Want: `tar entry "a/l": symbolic link to "../../x" leaves the folder`},
+	{Name: "link up", Entries: entries(link("a/l", "../../x")), Want: `tar entry "a/l": symbolic link to "../../x" leaves the folder`,
+		ForeignLink: true},
 	{Name: "link absolute", Entries: func(out string) []*tar.Header { return []*tar.Header{link("l", out)} },
-		Want: `tar entry "l": symbolic link to "/`},
+		Want: `tar entry "l": symbolic link to "/`, ForeignLink: true},
 	{Name: "link through link", Entries: entries(link("d/up", ".."), link("d/l", "up/..")),
-		Want: `tar entry "d/l": symbolic link to "up/.." leaves the folder`},
+		Want: `tar entry "d/l": symbolic link to "up/.." leaves the folder`, ForeignLink: true},
 	{Name: "link without target", Entries: entries(link("l", "")), Want: `tar entry "l": symbolic link without a target`},
 	{Name: "link then file", Entries: func(out string) []*tar.Header { return []*tar.Header{link("a", out), file("a/passwd")} },
-		Want: `tar entry "a": symbolic link to "/`},
+		Want: `tar entry "a": symbolic link to "/`, ForeignWant: `tar entry "a/passwd": `},
 	{Name: "relative link then file", Entries: entries(link("a", "../.."), file("a/passwd")),
-		Want: `tar entry "a": symbolic link to "../.." leaves the folder`},
+		Want: `tar entry "a": symbolic link to "../.." leaves the folder`, ForeignWant: `tar entry "a/passwd": `},
 	{
 		Name:    "file through a link already there",
 		Before:  func(t testing.TB, dir, out string) { check(t, os.Symlink(out, filepath.Join(dir, "a"))) },

@@ -1,0 +1,170 @@
+package cluster
+
+import (
+	"archive/tar"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// The media types of the manifests and blobs the node's registry serves.
+const (
+	manifestType = "application/vnd.docker.distribution.manifest.v2+json"
+	configType   = "application/vnd.docker.container.image.v1+json"
+	layerType    = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+)
+
+// registry is the registry the harness serves as NodeRegistry on the
+// node's bridge. It holds the node's images (NodeImages), each under its
+// name without its host (jetway.test/busybox:1 is NodeRegistry/busybox:1),
+// by tag and by the digest of the manifest it serves, so a pod's image
+// `NodeRegistry/busybox@sha256:…` is pulled for real. Every other
+// manifest is unknown, but those under NodeRegistry/busy/, which answer
+// 429 Too Many Requests (a pull that may succeed later). The images are
+// small and fixed (a few MiB), so it holds them in memory.
+type registry struct {
+	manifests map[string][]byte // "busybox:1" and "busybox@sha256:…"
+	blobs     map[string][]byte // by digest: configs and layers
+}
+
+// loadRegistry reads the `docker save`-style tarballs in dir.
+func loadRegistry(dir string, tarballs []string) (*registry, error) {
+	r := &registry{manifests: map[string][]byte{}, blobs: map[string][]byte{}}
+	for _, name := range tarballs {
+		if err := r.load(filepath.Join(dir, name)); err != nil {
+			return nil, fmt.Errorf("registry: %s: %w", name, err)
+		}
+	}
+	return r, nil
+}
+
+func (r *registry) load(tarball string) error {
+	f, err := os.Open(tarball)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if files[hdr.Name], err = io.ReadAll(tr); err != nil {
+			return err
+		}
+	}
+	var images []struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	if err := json.Unmarshal(files["manifest.json"], &images); err != nil {
+		return fmt.Errorf("manifest.json: %w", err)
+	}
+	type descriptor struct {
+		MediaType string `json:"mediaType"`
+		Size      int    `json:"size"`
+		Digest    string `json:"digest"`
+	}
+	blob := func(name, mediaType string) (descriptor, error) {
+		b, ok := files[name]
+		if !ok {
+			return descriptor{}, fmt.Errorf("no %s", name)
+		}
+		d := digestOf(b)
+		r.blobs[d] = b
+		return descriptor{MediaType: mediaType, Size: len(b), Digest: d}, nil
+	}
+	for _, img := range images {
+		m := struct {
+			SchemaVersion int          `json:"schemaVersion"`
+			MediaType     string       `json:"mediaType"`
+			Config        descriptor   `json:"config"`
+			Layers        []descriptor `json:"layers"`
+		}{SchemaVersion: 2, MediaType: manifestType}
+		if m.Config, err = blob(img.Config, configType); err != nil {
+			return err
+		}
+		for _, l := range img.Layers {
+			d, err := blob(l, layerType)
+			if err != nil {
+				return err
+			}
+			m.Layers = append(m.Layers, d)
+		}
+		raw, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		for _, ref := range img.RepoTags {
+			_, path, _ := strings.Cut(ref, "/") // without the host
+			repo, tag, _ := strings.Cut(path, ":")
+			r.manifests[repo+":"+tag] = raw
+			r.manifests[repo+"@"+digestOf(raw)] = raw
+		}
+	}
+	return nil
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (r *registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	p := req.URL.Path
+	fail := func(status int, code, message string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"errors":[{"code":%q,"message":%q}]}`, code, message)
+	}
+	serve := func(b []byte, mediaType, digest string) {
+		w.Header().Set("Content-Type", mediaType)
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.Header().Set("Docker-Content-Digest", digest)
+		if req.Method != http.MethodHead {
+			_, _ = w.Write(b)
+		}
+	}
+	switch {
+	case p == "/v2/":
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte("{}"))
+	case strings.HasPrefix(p, "/v2/busy/"):
+		fail(http.StatusTooManyRequests, "TOOMANYREQUESTS", "you have reached your pull rate limit")
+	case strings.Contains(p, "/manifests/"):
+		repo, ref, _ := strings.Cut(strings.TrimPrefix(p, "/v2/"), "/manifests/")
+		m, ok := r.manifests[repo+":"+ref]
+		if !ok {
+			m, ok = r.manifests[repo+"@"+ref]
+		}
+		if !ok {
+			fail(http.StatusNotFound, "MANIFEST_UNKNOWN", "manifest unknown")
+			return
+		}
+		serve(m, manifestType, digestOf(m))
+	case strings.Contains(p, "/blobs/"):
+		_, digest, _ := strings.Cut(p, "/blobs/")
+		b, ok := r.blobs[digest]
+		if !ok {
+			fail(http.StatusNotFound, "BLOB_UNKNOWN", "blob unknown")
+			return
+		}
+		serve(b, "application/octet-stream", digest)
+	default:
+		fail(http.StatusNotFound, "NAME_UNKNOWN", "repository name not known to registry")
+	}
+}
