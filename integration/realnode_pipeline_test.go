@@ -63,7 +63,7 @@ jobs:
       caches: [{path: cache}]
       run:
         path: sh
-        args: [-c, 'echo "used $(cat made-in/made)"; if [ -e cache/seen ]; then echo "cache kept"; else echo "cache empty"; touch cache/seen; fi']
+        args: [-c, 'echo "used $(cat made-in/made)"; echo x >> cache/seen; echo "cache holds $(wc -l < cache/seen)"']
   - put: target
     inputs: [src]
 - name: failing
@@ -92,10 +92,10 @@ jobs:
 // layers, pulled by the kubelet by digest from the node's registry), a
 // task from a task file in a get, in that image, with an output mapped
 // into the next task's input, a task cache, a put. fly watch follows the
-// next build, whose task finds the cache kept; fly clear-task-cache
-// empties it. fly execute --inputs-from runs with the job's inputs and
-// image. A failing build's last step is intercepted. A get and a put are
-// aborted while they run.
+// next build; the task cache is kept from build to build, and fly
+// clear-task-cache empties it. fly execute --inputs-from runs with the
+// job's inputs and image. A failing build's last step is intercepted. A
+// get and a put are aborted while they run.
 func TestRealNodeConcoursePipeline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -142,7 +142,7 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 		"fetched " + cluster.NodeRegistry + "/busybox@sha256:", "without its layers",
 		"made by a task file", // Task.file from the get
 		"used fetched",        // an output mapped into the next task's input
-		"cache empty",
+		"cache holds 1",
 		`out got {"source":{"uri":"git://target"}} and fetched`, // the put, with the get as its input
 		"succeeded",
 	} {
@@ -153,16 +153,18 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 	require.NotNil(t, digest, out)
 	assert.Contains(t, g.logs.String(), `"image":"`+cluster.NodeRegistry+`/busybox@`+digest[1]+`"`)
 
-	// The next build, followed with fly watch: the cache is kept; after
-	// clear-task-cache it is empty again.
+	// The next builds, the first followed with fly watch: the cache is
+	// kept from build to build; after clear-task-cache it is empty again.
 	mustFly(time.Minute, "trigger-job", "-j", "p/build")
 	out = mustFly(3*time.Minute, "watch", "-j", "p/build", "-b", "2")
-	assert.Contains(t, out, "cache kept")
+	assert.Contains(t, out, "cache holds 2")
 	assert.Contains(t, out, "succeeded")
+	out = mustFly(3*time.Minute, "trigger-job", "-j", "p/build", "--watch")
+	assert.Contains(t, out, "cache holds 3")
 	out = mustFly(time.Minute, "clear-task-cache", "-j", "p/build", "-s", "use", "-n")
 	assert.Contains(t, out, "1 caches removed")
 	out = mustFly(3*time.Minute, "trigger-job", "-j", "p/build", "--watch")
-	assert.Contains(t, out, "cache empty")
+	assert.Contains(t, out, "cache holds 1")
 
 	// fly execute with the job's inputs and its image.
 	task := filepath.Join(work, "task.yml")

@@ -147,14 +147,21 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 		}
 	}()
 	var copied int64
-	if st.Type == StrategyCOW {
-		parent, ok := s.resolve(st.Volume)
+	// A copy-on-write copies its parent; so does an import of another
+	// volume's path (a web node keeps a task's cache so: an import of
+	// the cache the task wrote).
+	parentHandle := st.Volume
+	if st.Type == StrategyImport {
+		parentHandle = s.volumeAt(st.Path)
+	}
+	if parentHandle != "" {
+		parent, ok := s.resolve(parentHandle)
 		if !ok {
-			fail(w, http.StatusNotFound, "parent volume %q not found", st.Volume)
+			fail(w, http.StatusNotFound, "parent volume %q not found", parentHandle)
 			return
 		}
 		if copied, err = copyTree(r.Context(), parent, tmp); err != nil {
-			fail(w, http.StatusInternalServerError, "copy volume %q: %v", st.Volume, err)
+			fail(w, http.StatusInternalServerError, "copy volume %q: %v", parentHandle, err)
 			return
 		}
 	} else if err := os.Chmod(tmp, 0o777); err != nil { // steps run as any user
@@ -165,10 +172,10 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	// imports is what its copy imports (a base type's image, copied for
 	// each container that runs it).
 	m := meta{Properties: orEmpty(req.Properties), Privileged: req.Privileged}
-	switch st.Type {
-	case StrategyImport:
+	switch {
+	case st.Type == StrategyImport && parentHandle == "":
 		m.ImportPath = st.Path
-	case StrategyCOW:
+	case st.Type == StrategyCOW:
 		if pm, err := s.readMeta(st.Volume); err == nil {
 			m.ImportPath = pm.ImportPath
 		}
@@ -178,7 +185,7 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 		return
 	}
 	committed = true
-	if st.Type == StrategyCOW {
+	if parentHandle != "" {
 		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(copied, 10))
 	}
 	answer(w, http.StatusCreated, s.describe(h, m))
@@ -227,6 +234,16 @@ func (s *Server) commit(handle, tmp string, m meta) error {
 
 // resolve is the folder holding a volume's files, through the link a
 // step's volume is.
+// volumeAt is the handle of the volume whose path (as answered) path is,
+// or "".
+func (s *Server) volumeAt(path string) string {
+	dir, handle := filepath.Split(filepath.Clean(path))
+	if filepath.Clean(dir) != filepath.Join(s.root, "volumes") || !validHandle(handle) {
+		return ""
+	}
+	return handle
+}
+
 func (s *Server) resolve(handle string) (string, bool) {
 	if !s.exists(handle) {
 		return "", false

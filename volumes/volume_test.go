@@ -224,6 +224,31 @@ func TestImportRecordsItsPath(t *testing.T) {
 	assert.Empty(t, made(t, base, `{"handle":"c2","strategy":{"type":"cow","volume":"e"}}`).ImportPath)
 }
 
+// TestImportOfAVolumeCopiesIt: an import of one of the server's own
+// volumes, by the path it answered, is a copy of it (a web node keeps a
+// task's cache so), counted as one; the import path is not kept.
+func TestImportOfAVolumeCopiesIt(t *testing.T) {
+	s, base := start(t)
+	src := made(t, base, `{"handle":"cache","strategy":{"type":"empty"}}`)
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("cache"), "seen"), []byte("1\n"), 0o644))
+	body, _ := json.Marshal(CreateRequest{Handle: "kept", Strategy: &Strategy{Type: StrategyImport, Path: src.Path}})
+	resp, b := create(t, base, string(body))
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	assert.Equal(t, "2", resp.Header.Get(CopiedBytesHeader))
+	assert.Equal(t, Volume{Handle: "kept", Path: s.Path("kept"), Properties: map[string]string{}}, lookUp(t, base, "kept"))
+	got, err := os.ReadFile(filepath.Join(s.Path("kept"), "seen"))
+	require.NoError(t, err)
+	assert.Equal(t, "1\n", string(got))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("cache"), "seen"), []byte("changed"), 0o644))
+	got, _ = os.ReadFile(filepath.Join(s.Path("kept"), "seen"))
+	assert.Equal(t, "1\n", string(got), "a copy, not the same files")
+
+	body, _ = json.Marshal(CreateRequest{Handle: "gone", Strategy: &Strategy{Type: StrategyImport, Path: s.Path("missing")}})
+	resp, b = create(t, base, string(body))
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), `parent volume \"missing\" not found`)
+}
+
 func TestList(t *testing.T) {
 	s, base := start(t)
 	resp, body := do(t, http.MethodGet, base+"/volumes", nil, nil)
