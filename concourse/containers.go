@@ -9,9 +9,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"code.cloudfoundry.org/garden"
+	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -47,7 +49,68 @@ type Containers struct {
 	ResourceTypes []ResourceType
 	Metrics       *Metrics
 	Logger        *slog.Logger
+
+	served served // the processes the web node follows through this gateway
 }
+
+// served counts the processes whose Garden streams this gateway serves,
+// for a stop to wait for (Drain).
+type served struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0
+}
+
+// following counts a process the web node follows until done is called.
+func (c *Containers) following() (done func()) {
+	c.served.mu.Lock()
+	defer c.served.mu.Unlock()
+	if c.served.n == 0 {
+		c.served.zero = make(chan struct{})
+	}
+	c.served.n++
+	return sync.OnceFunc(func() {
+		c.served.mu.Lock()
+		defer c.served.mu.Unlock()
+		if c.served.n--; c.served.n == 0 {
+			close(c.served.zero)
+		}
+	})
+}
+
+// Following is how many processes the web node follows through this
+// gateway now.
+func (c *Containers) Following() int {
+	c.served.mu.Lock()
+	defer c.served.mu.Unlock()
+	return c.served.n
+}
+
+// Drain waits until the web node follows no process through this gateway
+// (each ends, or the web node's connection does) or ctx ends, and returns
+// how many it still follows.
+func (c *Containers) Drain(ctx context.Context) int {
+	c.served.mu.Lock()
+	n, zero := c.served.n, c.served.zero
+	c.served.mu.Unlock()
+	if n == 0 {
+		return 0
+	}
+	select {
+	case <-zero:
+	case <-ctx.Done():
+	}
+	c.served.mu.Lock()
+	defer c.served.mu.Unlock()
+	return c.served.n
+}
+
+// scratchPath is where the web node mounts a new empty volume in each
+// container, which it never reads again.
+const scratchPath = "/scratch"
+
+// moveParallel bounds the volumes one container moves at once.
+const moveParallel = 4
 
 // Bounds of a container's create: the image's files read from a volume.
 const (
@@ -389,11 +452,12 @@ func (c *Containers) moveIn(ctx context.Context, ct *Container) error {
 func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return c.move(ctx, ct, false) }
 
 // move copies each bind mount's volume into the pod (in), or each
-// writable one back (out), but for a mount other mounts are nested in (a
-// task's build dir, whose inputs, outputs and caches are mounts of their
-// own, and which the web node never reads again). A mount whose source is
-// no volume of the holder (a path of the web node's worker host) is left
-// empty.
+// writable one back (out), at most moveParallel at once, but for a mount
+// other mounts are nested in (a task's build dir, whose inputs, outputs
+// and caches are mounts of their own, and which the web node never reads
+// again) and the web node's /scratch (a new empty volume each time, never
+// read again). A mount whose source is no volume of the holder (a path
+// of the web node's worker host) is left empty.
 func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 	if c.Stream == nil || c.Holder == nil {
 		return nil
@@ -401,31 +465,36 @@ func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()
 	holder := steps.VolumeHolderName(c.Pod().Installation)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(moveParallel)
 	for i, bm := range ct.Spec.BindMounts {
-		if !in && (bm.Mode == garden.BindMountModeRO || holdsMounts(ct.Spec.BindMounts, bm)) {
+		if bm.DstPath == scratchPath || (!in && (bm.Mode == garden.BindMountModeRO || holdsMounts(ct.Spec.BindMounts, bm))) {
 			continue
 		}
-		handle := path.Base(bm.SrcPath)
-		v, err := c.Holder.Volume(ctx, ct.Target, handle)
-		if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		inHolder := streams.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
-		inPod := streams.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
-		req := streams.Request{From: inHolder, To: inPod, Encoding: "raw", Caller: streams.Caller{Admin: true}}
-		what := "into"
-		if !in {
-			req.From, req.To, what = inPod, inHolder, "out of"
-		}
-		res, err := c.streamRetrying(ctx, req)
-		if err != nil {
-			return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
-		}
-		c.Metrics.moved(in, res.Bytes)
-		c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", in, "bytes", res.Bytes, "sha256", res.SHA256)
+		g.Go(func() error {
+			handle := path.Base(bm.SrcPath)
+			v, err := c.Holder.Volume(gctx, ct.Target, handle)
+			if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			inHolder := streams.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
+			inPod := streams.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
+			req := streams.Request{From: inHolder, To: inPod, Encoding: "raw", Caller: streams.Caller{Admin: true}}
+			what := "into"
+			if !in {
+				req.From, req.To, what = inPod, inHolder, "out of"
+			}
+			res, err := c.streamRetrying(gctx, req)
+			if err != nil {
+				return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
+			}
+			c.Metrics.moved(in, res.Bytes)
+			c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", in, "bytes", res.Bytes, "sha256", res.SHA256)
+			return nil
+		})
 	}
-	return nil
+	return g.Wait()
 }

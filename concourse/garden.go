@@ -252,6 +252,7 @@ type processStreams struct {
 // follows the process until it ends or the client goes (the process goes
 // on: Attach finds it again).
 func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *Process, code int) {
+	defer g.cs.following()()
 	streamID := strings.ToLower(rand.Text())
 	ps := &processStreams{conns: [2]chan net.Conn{make(chan net.Conn, 1), make(chan net.Conn, 1)}, done: make(chan struct{})}
 	g.mu.Lock()

@@ -83,6 +83,12 @@ type Options struct {
 	// Containers are the web node's containers on cluster targets; nil:
 	// Garden lists the containers Holdings hold, and runs none.
 	Containers *Containers
+	// Drain bounds how long a stop waits, once the registrations ended,
+	// for the processes the web node still follows through this gateway
+	// (their connections outlive a REST registration's listeners): a
+	// build's running step finishes across a graceful restart. 0: no
+	// wait.
+	Drain time.Duration
 	// SweepInterval is how often each registration runs the garbage
 	// collection rounds with the web node; default DefaultSweepInterval.
 	SweepInterval time.Duration
@@ -206,6 +212,7 @@ func (r *Registrar) Start(ctx context.Context) error {
 		}
 		r.mu.Unlock()
 		r.wg.Wait()
+		r.drain()
 	}()
 	for {
 		changed := r.opts.Targets.Changed()
@@ -217,6 +224,27 @@ func (r *Registrar) Start(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// drain waits, at most Drain, for the processes the web node follows
+// through this gateway to end.
+func (r *Registrar) drain() {
+	if r.opts.Containers == nil || r.opts.Drain <= 0 {
+		return
+	}
+	n := r.opts.Containers.Following()
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.Drain)
+	defer cancel()
+	start := time.Now()
+	r.opts.Logger.Info("waiting for the processes the web node follows through this gateway", "processes", n, "within", r.opts.Drain)
+	if left := r.opts.Containers.Drain(ctx); left > 0 {
+		r.opts.Logger.Warn("stopping while the web node still follows processes: their steps error", "processes", left)
+		return
+	}
+	r.opts.Logger.Info("the processes the web node followed ended", "after", time.Since(start).Round(time.Millisecond))
 }
 
 // reconcile starts a session for each running target to register, ends

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -541,4 +542,103 @@ func bothWays(t *testing.T, web *cwn.WebNode, g *gateway, landed, land, retire s
 	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/"+retire+"/retire", "")
 	require.Equal(t, http.StatusOK, code, body)
 	flyWorker(t, web, retire, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+}
+
+// TestConcourseBuildsOutliveARestart: two `gateway run` replicas
+// registered over REST, a build's task running on the registering one's
+// worker.
+//
+//   - SIGTERM (a rolling upgrade): the replica ends the registration,
+//     then waits for the process the web node follows through it; the
+//     task finishes there, its output shown once.
+//   - SIGKILL: the web node's connection breaks; it attaches to the
+//     process again by its ID, through the other replica once that
+//     registers the worker, and the build finishes.
+//
+// Either way the build succeeds and the task ran once.
+func TestConcourseBuildsOutliveARestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "drain-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	dir := t.TempDir()
+	const name = "cwdrain"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeFile(t, secret, []byte(client.Secret))
+	rs := replicas(t, dir, "--concourse-url", web.URL, "--concourse-client-id", client.ID,
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1", "--shutdown-timeout", "60s")
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	bases := []string{rs[0].base(), rs[1].base()}
+
+	// build runs a task (kwok's step kubelet runs it on this machine: it
+	// counts its runs in a file and waits for another), calls stop once it
+	// runs, then releases it, and returns fly's output and the runs.
+	build := func(t *testing.T, stop func()) (string, string) {
+		work := t.TempDir()
+		runs, release := filepath.Join(work, "runs"), filepath.Join(work, "release")
+		task := filepath.Join(work, "task.yml")
+		writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: sh, args: [-c, 'echo ran >> "+runs+
+			"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
+		type result struct {
+			out string
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
+			defer fcancel()
+			out, err := web.FlyContext(fctx, "execute", "-c", task)
+			done <- result{out, err}
+		}()
+		eventually(t, 90*time.Second, func() error {
+			if _, err := os.Stat(runs); err != nil {
+				return errorf("the task does not run yet")
+			}
+			return nil
+		})
+		stop()
+		writeFile(t, release, nil)
+		var r result
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			t.Fatal("fly execute did not end")
+		}
+		require.NoError(t, r.err, r.out)
+		assert.Contains(t, r.out, "finished\n")
+		assert.Contains(t, r.out, "succeeded")
+		b, err := os.ReadFile(runs)
+		require.NoError(t, err)
+		return r.out, string(b)
+	}
+
+	i := oneRegisters(t, bases, []string{name}, 30*time.Second)
+	holder := rs[i]
+	out, runs := build(t, func() {
+		// The task is released once the replica either waits for it or
+		// has exited (what a stop without the wait did).
+		require.NoError(t, holder.proc.cmd.Process.Signal(syscall.SIGTERM))
+		for waiting := false; !waiting; {
+			select {
+			case line := <-holder.proc.lines:
+				waiting = line["msg"] == "waiting for the processes the web node follows through this gateway"
+			case err := <-holder.proc.done:
+				holder.proc.done <- err
+				t.Fatalf("the replica exited while the web node followed its process (%v)", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the replica neither waits for the process nor exits")
+			}
+		}
+	})
+	assert.Equal(t, "ran\n", runs, "the task ran once")
+	assert.Equal(t, 1, strings.Count(out, "before\n"), "its output once: %s", out)
+	require.NoError(t, holder.proc.wait(t, 30*time.Second), "a clean stop once the process ended")
+	assert.Equal(t, 1, holder.logged("the processes the web node followed ended"))
+
+	holder.start(t)
+	i = oneRegisters(t, bases, []string{name}, 60*time.Second)
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	_, runs = build(t, func() { rs[i].kill(t) })
+	assert.Equal(t, "ran\n", runs, "the task ran once")
 }

@@ -465,8 +465,10 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		Registers:     registers,
 		Lifecycle:     lc,
 		ResourceTypes: types,
-		Logger:        logger,
-		Metrics:       metrics,
+		// A graceful stop lets the web node's running processes end.
+		Drain:   cfg.ShutdownTimeout,
+		Logger:  logger,
+		Metrics: metrics,
 	}), holder, nil
 }
 
