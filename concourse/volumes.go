@@ -3,6 +3,7 @@ package concourse
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"sync"
@@ -139,7 +141,7 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	err = t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
 		// Called with the cache held: read the pods given, not the cache.
 		i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == name })
-		return i >= 0 && pods[i].Status.Phase == corev1.PodRunning && pods[i].DeletionTimestamp == nil
+		return i >= 0 && steps.SidecarListens(pods[i])
 	})
 	if err != nil {
 		p := t.CachedPod(name)
@@ -147,7 +149,7 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 		if p != nil {
 			phase = string(p.Status.Phase)
 		}
-		return "", fmt.Errorf("the volume holder pod %s/%s is not running (%s): %w", t.Namespace(), name, phase, err)
+		return "", fmt.Errorf("the volume holder pod %s/%s does not run and listen (%s): %w", t.Namespace(), name, phase, err)
 	}
 	if _, _, err := h.holder(target); err != nil {
 		return "", err
@@ -389,10 +391,17 @@ func (h *Holder) API(target string) http.Handler {
 		"GET /volumes/{handle}", "DELETE /volumes/{handle}",
 		"PUT /volumes/{handle}/properties/{property}",
 		"GET /volumes/{handle}/privileged", "PUT /volumes/{handle}/privileged",
-		"PUT /volumes/{handle}/stream-in", "PUT /volumes/{handle}/stream-out",
+		"PUT /volumes/{handle}/stream-in",
 	} {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) { h.pass(w, r, target, missing) })
 	}
+	mux.HandleFunc("PUT /volumes/{handle}/stream-out", func(w http.ResponseWriter, r *http.Request) {
+		if path.Clean(r.URL.Query().Get("path")) == imageMetadataFile && h.layerFreeImage(r.Context(), target, r.PathValue("handle")) {
+			writeImageMetadata(w, r.Header.Get("Accept-Encoding"))
+			return
+		}
+		h.pass(w, r, target, missing)
+	})
 	for _, route := range []string{"GET /p2p-url", "PUT /volumes/{handle}/stream-p2p-out"} {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "jetway's workers do not stream volumes " +
@@ -403,6 +412,54 @@ func (h *Holder) API(target string) http.Handler {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "the volume API has no " + r.Method + " " + r.URL.Path})
 	})
 	return mux
+}
+
+// imageMetadataFile is the file of an image's volume the web node reads
+// the image's environment and user from before it runs it.
+const imageMetadataFile = "metadata.json"
+
+// layerFreeImage reports whether target's volume handle is an image
+// fetched without its layers: a registry-image get with skip_download
+// writes its repository and digest files and no metadata.json, which
+// the web node reads before it runs the image as a task's (jetway runs
+// repository@digest, and the kubelet applies the image's own
+// environment and user).
+func (h *Holder) layerFreeImage(ctx context.Context, target, handle string) bool {
+	if _, err := h.ReadFile(ctx, target, handle, imageMetadataFile, imageFileLimit); !errors.Is(err, errVolumeNotFound) {
+		return false
+	}
+	_, err := h.ReadFile(ctx, target, handle, "digest", imageFileLimit)
+	return err == nil
+}
+
+// writeImageMetadata answers a stream-out of metadata.json, in the
+// encoding asked for, with metadata that adds nothing to the image's own.
+func writeImageMetadata(w http.ResponseWriter, encoding string) {
+	body := []byte(`{"env":[],"user":""}` + "\n")
+	var buf bytes.Buffer
+	enc, err := volumes.Encoder(encoding, &buf)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, errorJSON(err))
+		return
+	}
+	tw := tar.NewWriter(enc)
+	err = tw.WriteHeader(&tar.Header{Name: imageMetadataFile, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+	if err == nil {
+		_, err = tw.Write(body)
+	}
+	if err == nil {
+		err = tw.Close()
+	}
+	if err == nil {
+		err = enc.Close()
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	w.Header().Set("Content-Encoding", cmp.Or(encoding, volumes.Raw))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(buf.Bytes())
 }
 
 // createBody reads a create request's body and its handle, or answers 400.

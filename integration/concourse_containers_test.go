@@ -3,6 +3,7 @@ package integration
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -306,6 +307,45 @@ func TestConcourseContainerImagesAndPolicy(t *testing.T) {
 	assert.Equal(t, "registry.example/team/app@sha256:"+strings.Repeat("ab", 32), imageOf("cwi-image", "raw://"+gotCopy.Path+"/rootfs"),
 		"a registry-image get's volume runs its repository@digest")
 	assert.Equal(t, "busybox:1.36", imageOf("cwi-docker", "docker:///busybox#1.36"))
+
+	// The web node reads metadata.json before it runs an image from a
+	// volume: a get without the layers (skip_download) wrote none, and
+	// gets metadata that adds nothing to the image's own, in the
+	// encoding asked for; any other volume's missing file stays missing.
+	layerFree := createVolume(t, bc, map[string]any{"handle": "cwi-layer-free", "strategy": map[string]any{"type": "empty"}})
+	streamIn(t, bc, layerFree.Handle, map[string]string{"repository": "registry.example/team/app\n", "digest": "sha256:" + strings.Repeat("cd", 32) + "\n"})
+	metadata := func(handle, encoding string) (int, string) {
+		req, err := http.NewRequest(http.MethodPut, bc+"/volumes/"+handle+"/stream-out?path=metadata.json", nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept-Encoding", encoding)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body io.Reader = resp.Body
+		if resp.StatusCode == http.StatusOK && encoding == "gzip" {
+			zr, err := gzip.NewReader(resp.Body)
+			require.NoError(t, err)
+			body = zr
+		}
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(body)
+			return resp.StatusCode, string(b)
+		}
+		tr := tar.NewReader(body)
+		h, err := tr.Next()
+		require.NoError(t, err)
+		b, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		return resp.StatusCode, h.Name + ": " + string(b)
+	}
+	for _, enc := range []string{"gzip", "raw"} {
+		code, got := metadata(layerFree.Handle, enc)
+		assert.Equal(t, http.StatusOK, code, got)
+		assert.Equal(t, "metadata.json: {\"env\":[],\"user\":\"\"}\n", got, enc)
+	}
+	code, body := metadata(built.Handle, "gzip")
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Equal(t, `{"error":"no such file or directory"}`, body)
 	for rootfs, want := range map[string]string{
 		"raw://" + built.Path + "/rootfs": "a rootfs built in a task cannot run here",
 		"raw:///no/such/volume":           "has no volume at /no/such/volume",

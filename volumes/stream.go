@@ -249,7 +249,7 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	if rate := s.rate.Load(); rate > 0 {
 		sink = &throttled{ctx: r.Context(), w: w, rate: rate, start: time.Now()}
 	}
-	out, err := encoder(enc, sink)
+	out, err := Encoder(enc, sink)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
@@ -284,7 +284,7 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	sent := &hashingWriter{w: pw, h: sha256.New()}
 	go func() {
 		defer close(written)
-		out, err := encoder(enc, sent)
+		out, err := Encoder(enc, sent)
 		if err == nil {
 			err = writeTar(out, vol, sub)
 		}
@@ -351,7 +351,9 @@ type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
 
-func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
+// Encoder writes to w in the encoding enc names (Raw, Gzip, Zstd or S2;
+// "" is Raw), as stream-out answers; Close ends the encoding.
+func Encoder(enc string, w io.Writer) (io.WriteCloser, error) {
 	switch encodingName(enc) {
 	case Raw:
 		return nopWriteCloser{w}, nil
