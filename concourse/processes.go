@@ -196,10 +196,10 @@ func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Wr
 		if done || err != nil {
 			return err
 		}
-		if state != said {
+		if state != said && !strings.HasPrefix(state, sidecarWait) { // a moment: not worth a line
 			_, _ = fmt.Fprintf(progress, "jetway: %s\n", state)
-			said = state
 		}
+		said = state
 		// Wait for the pod to change.
 		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
@@ -217,6 +217,10 @@ func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Wr
 		}
 	}
 }
+
+// sidecarWait begins the state of a pod whose step container runs and
+// whose volume sidecar does not listen yet.
+const sidecarWait = "waiting for the volume sidecar of pod "
 
 // podState says what the container's pod is waiting for, done once its
 // step container runs; an error if it never will.
@@ -241,6 +245,8 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 			continue
 		}
 		switch {
+		case cs.State.Running != nil && !steps.SidecarListens(p):
+			return sidecarWait + ct.Pod + " to listen", false, nil
 		case cs.State.Running != nil:
 			return "", true, nil
 		case cs.State.Terminated != nil:

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -91,7 +92,28 @@ func (o PodOptions) sidecar(tokenHash string) corev1.Container {
 		VolumeMounts:    []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}},
 		SecurityContext: agentSecurity(),
 		Resources:       sidecarResources,
+		// Started (and so ready) once it listens: SidecarListens. Probed
+		// each second until then, and never after.
+		StartupProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(stepagent.VolumePort)}},
+			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 120,
+		},
 	}
+}
+
+// SidecarListens reports whether pod runs and its volume sidecar listens
+// (its startup probe passed), so that a stream to it is not refused. A
+// node that reports no container states (kwok) says it by running.
+func SidecarListens(p *corev1.Pod) bool {
+	if p == nil || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == SidecarContainer {
+			return cs.State.Running != nil && cs.Started != nil && *cs.Started
+		}
+	}
+	return len(p.Status.ContainerStatuses) == 0
 }
 
 // sidecarResources bound the volume sidecar: it streams, holding one

@@ -273,3 +273,35 @@ func TestContainerPod(t *testing.T) {
 	assert.Equal(t, []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath, "m0", "m1"}, p.Spec.InitContainers[0].Command,
 		"the mounts' folders, made open before the kubelet mounts them")
 }
+
+// TestSidecarListens: a pod's volume sidecar is probed until it listens,
+// and a pod is ready for a stream only then; a node that reports no
+// container states (kwok) says so by running.
+func TestSidecarListens(t *testing.T) {
+	probe := PodOptions{AgentImage: "agent:1"}.sidecar("hash").StartupProbe
+	require.NotNil(t, probe)
+	assert.Equal(t, int32(stepagent.VolumePort), probe.TCPSocket.Port.IntVal)
+	assert.Equal(t, int32(1), probe.PeriodSeconds)
+
+	started, notYet := true, false
+	pod := func(phase corev1.PodPhase, statuses ...corev1.ContainerStatus) *corev1.Pod {
+		return &corev1.Pod{Status: corev1.PodStatus{Phase: phase, ContainerStatuses: statuses}}
+	}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	step := corev1.ContainerStatus{Name: StepContainer, State: running}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"none", nil, false},
+		{"pending", pod(corev1.PodPending), false},
+		{"kwok: running, no container states", pod(corev1.PodRunning), true},
+		{"sidecar not started", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Started: &notYet}), false},
+		{"sidecar started", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Started: &started}), true},
+		{"sidecar ended", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Started: &started}), false},
+	} {
+		assert.Equal(t, tc.want, SidecarListens(tc.pod), tc.name)
+	}
+}
