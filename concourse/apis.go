@@ -3,7 +3,9 @@ package concourse
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"time"
 )
 
 // The volume API a registered worker serves without a Holder (no state
@@ -52,3 +54,43 @@ func (none) Containers(context.Context, string) ([]string, error)   { return nil
 func (none) Volumes(context.Context, string) ([]string, error)      { return nil, nil }
 func (none) DestroyContainer(context.Context, string, string) error { return ErrNotOurs }
 func (none) DestroyVolume(context.Context, string, string) error    { return ErrNotOurs }
+
+// logCalls logs each call h answers at debug level: the API, method,
+// path (handles, no bodies), status and time taken (for a hijacked
+// process stream, until it ended).
+func logCalls(log *slog.Logger, api string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !log.Enabled(r.Context(), slog.LevelDebug) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		log.Debug("web node call", "api", api, "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			"took", time.Since(start).Round(time.Microsecond))
+	})
+}
+
+// statusWriter keeps the status written; Unwrap lets a handler hijack the
+// connection through it (http.ResponseController).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -420,7 +420,8 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		sctx, stopSweeps := context.WithCancel(ctx)
 		var sweeps sync.WaitGroup
 		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
-		err := r.opts.Web.Forward(ctx, w, gardenAPI(w.Name, r.opts.Holdings, r.opts.Containers, r.opts.Metrics), r.opts.VolumeAPI(w.Name), func(e Event) {
+		garden := logCalls(log, "garden", gardenAPI(w.Name, r.opts.Holdings, r.opts.Containers, r.opts.Metrics))
+		err := r.opts.Web.Forward(ctx, w, garden, logCalls(log, "volumes", r.opts.VolumeAPI(w.Name)), func(e Event) {
 			switch e.Type {
 			case "registered":
 				once.Do(func() { registered <- e })
