@@ -215,6 +215,11 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	return b, nil
 }
 
+// asyncCreateWait bounds how long an async create's answer waits for the
+// create to end: well under the web node's one-minute bound on the
+// volume API's answers.
+const asyncCreateWait = 5 * time.Second
+
 // answerError says what a volume server's error answer says.
 func answerError(code int, body []byte) string {
 	var e struct {
@@ -341,6 +346,18 @@ func (h *Holder) API(target string) http.Handler {
 		if err := h.startCreate(target, handle, body); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, errorJSON(err))
 			return
+		}
+		// The web node polls a create first at once, then only after
+		// about half a second (baggageclaim's client: its backoff
+		// starts at the library's default, not its own 10 ms): a
+		// create that ends soon is waited for, so that the first poll
+		// finds it done.
+		if f := h.future(target, handle, false); f != nil {
+			select {
+			case <-f.done:
+			case <-r.Context().Done():
+			case <-time.After(asyncCreateWait):
+			}
 		}
 		writeJSON(w, http.StatusCreated, map[string]string{"handle": handle})
 	})
