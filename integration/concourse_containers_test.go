@@ -288,6 +288,19 @@ func TestConcourseContainerImagesAndPolicy(t *testing.T) {
 	bc := serve(g.holder.API(name))
 	pods := clusters[0].Client.CoreV1().Pods(name)
 
+	// An async create is answered once the volume is made: the web
+	// node's first poll, at once, finds it.
+	resp, err := http.Post(bc+"/volumes-async", "application/json", strings.NewReader(`{"handle":"cwi-async","strategy":{"type":"empty"}}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	resp, err = http.Get(bc + "/volumes-async/cwi-async")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), `"handle":"cwi-async"`)
+
 	imported := createVolume(t, bc, map[string]any{"handle": "cwi-import", "strategy": map[string]any{"type": "import", "path": baseImage}})
 	copied := createVolume(t, bc, map[string]any{"handle": "cwi-import-cow", "strategy": map[string]any{"type": "cow", "volume": imported.Handle}})
 	got := createVolume(t, bc, map[string]any{"handle": "cwi-get", "strategy": map[string]any{"type": "empty"}})
@@ -361,7 +374,7 @@ func TestConcourseContainerImagesAndPolicy(t *testing.T) {
 		assert.ErrorAs(t, err, &garden.ContainerNotFoundError{}, "nothing is kept of a refused container")
 		assert.Empty(t, containerPods(ctx, t, pods, h))
 	}
-	_, err := gc.Create(garden.ContainerSpec{Handle: "bad handle!", RootFSPath: "docker:///busybox"})
+	_, err = gc.Create(garden.ContainerSpec{Handle: "bad handle!", RootFSPath: "docker:///busybox"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `container handle "bad handle!"`)
 	_, err = gc.Create(garden.ContainerSpec{Handle: "cwi-docker", RootFSPath: "docker:///busybox"})

@@ -102,15 +102,17 @@ func (o PodOptions) sidecar(tokenHash string) corev1.Container {
 }
 
 // SidecarListens reports whether pod runs and its volume sidecar listens
-// (its startup probe passed), so that a stream to it is not refused. A
-// node that reports no container states (kwok) says it by running.
+// (ready: its startup probe passed), so that a stream to it is not
+// refused. A node that reports no container states says it by running.
 func SidecarListens(p *corev1.Pod) bool {
 	if p == nil || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
 		return false
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == SidecarContainer {
-			return cs.State.Running != nil && cs.Started != nil && *cs.Started
+			// Not ready until its startup probe passed (it has no
+			// readiness probe).
+			return cs.State.Running != nil && cs.Ready
 		}
 	}
 	return len(p.Status.ContainerStatuses) == 0

@@ -275,15 +275,14 @@ func TestContainerPod(t *testing.T) {
 }
 
 // TestSidecarListens: a pod's volume sidecar is probed until it listens,
-// and a pod is ready for a stream only then; a node that reports no
-// container states (kwok) says so by running.
+// and a pod is ready for a stream only then (kwok reports it ready as it
+// runs); a node that reports no container states says so by running.
 func TestSidecarListens(t *testing.T) {
 	probe := PodOptions{AgentImage: "agent:1"}.sidecar("hash").StartupProbe
 	require.NotNil(t, probe)
 	assert.Equal(t, int32(stepagent.VolumePort), probe.TCPSocket.Port.IntVal)
 	assert.Equal(t, int32(1), probe.PeriodSeconds)
 
-	started, notYet := true, false
 	pod := func(phase corev1.PodPhase, statuses ...corev1.ContainerStatus) *corev1.Pod {
 		return &corev1.Pod{Status: corev1.PodStatus{Phase: phase, ContainerStatuses: statuses}}
 	}
@@ -296,11 +295,11 @@ func TestSidecarListens(t *testing.T) {
 	}{
 		{"none", nil, false},
 		{"pending", pod(corev1.PodPending), false},
-		{"kwok: running, no container states", pod(corev1.PodRunning), true},
-		{"sidecar not started", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Started: &notYet}), false},
-		{"sidecar started", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Started: &started}), true},
+		{"running, no container states", pod(corev1.PodRunning), true},
+		{"sidecar not ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running}), false},
+		{"sidecar ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Ready: true}), true},
 		{"sidecar ended", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
-			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Started: &started}), false},
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Ready: true}), false},
 	} {
 		assert.Equal(t, tc.want, SidecarListens(tc.pod), tc.name)
 	}
