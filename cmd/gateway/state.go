@@ -66,7 +66,12 @@ func newStepState(cfg config.Config, identity string, logger *slog.Logger) (step
 	if err != nil {
 		return stepState{}, err
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	// The pod key and the web node's container records: every Garden
+	// call reads or writes a record, so client-go's default 5 requests a
+	// second would queue a pipeline's calls (as the step records' store).
+	crc := rest.CopyConfig(rc)
+	crc.QPS, crc.Burst = 100, 200
+	client, err := kubernetes.NewForConfig(crc)
 	if err != nil {
 		return stepState{}, err
 	}
