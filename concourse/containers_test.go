@@ -1,12 +1,15 @@
 package concourse
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"code.cloudfoundry.org/garden"
 	"github.com/stretchr/testify/assert"
@@ -109,4 +112,28 @@ func TestGardenRefusesBadRequests(t *testing.T) {
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/containers", strings.NewReader("{}")))
 	assert.Contains(t, rec.Body.String(), "without a state namespace")
+}
+
+// TestDrainWaitsForFollowedProcesses: Drain returns once no process the
+// web node follows is left, or when its context ends, saying how many
+// are left then.
+func TestDrainWaitsForFollowedProcesses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c Containers
+		assert.Equal(t, 0, c.Drain(t.Context()), "none followed: at once")
+		doneA, doneB := c.following(), c.following()
+		assert.Equal(t, 2, c.Following())
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		assert.Equal(t, 2, c.Drain(ctx), "bounded by its context")
+		cancel()
+
+		left := make(chan int, 1)
+		go func() { left <- c.Drain(t.Context()) }()
+		doneA()
+		doneA() // once only
+		synctest.Wait()
+		assert.Empty(t, left, "one is still followed")
+		doneB()
+		assert.Equal(t, 0, <-left)
+	})
 }
