@@ -272,6 +272,16 @@ bench-streams: tools $(BIN)/kubectl
 bench-concourse: tools concourse-bins
 	$(GO) test -run '^$$' -bench '^BenchmarkConcourseRegistration$$' -benchtime 1x -timeout 30m -v ./integration/bench/
 
+# bench-pipeline: one pipeline of five steps (get, two tasks with an input
+# and an output, a cached task, a put) on the real node, through a real web
+# node on a jetway worker and through jetway's own step API, alternating
+# build by build (BENCH_PIPELINE_BUILDS each, after one to warm up): time
+# per build and per step, their ratio, and the volume copies and moves a
+# build made. As root (the real node).
+.PHONY: bench-pipeline
+bench-pipeline: tools concourse-bins image node-images
+	$(GO) test -run '^$$' -bench '^BenchmarkConcoursePipeline$$' -benchtime 1x -timeout 40m -v ./integration/bench/
+
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a
 # real gateway's mesh, against the floor: the same bytes from the same pod

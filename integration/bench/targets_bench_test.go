@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -291,9 +292,20 @@ func startGateway(b *testing.B, bin, dir string, flags ...string) *gatewayProc {
 		b.Fatal(err)
 	}
 	addr, meshAddr := make(chan string, 1), make(chan string, 1)
+	// BENCH_GATEWAY_LOG, if set, is a file that gets the whole log.
+	var all io.Writer = io.Discard
+	if path := os.Getenv("BENCH_GATEWAY_LOG"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { f.Close() })
+		all = f
+	}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			_, _ = fmt.Fprintln(all, sc.Text())
 			var line struct{ Msg, Level, Addr, Address string }
 			_ = json.Unmarshal(sc.Bytes(), &line)
 			switch {
