@@ -149,7 +149,7 @@ vet:
 # behind.
 test: tools concourse-bins vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
-	status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
+	status=0; $(GO) test -race -count=1 -timeout 40m ./... || status=$$?; \
 	bash integration/leftovers.sh || status=1; \
 	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status
 

@@ -49,7 +49,9 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (base, sub strin
 		fail(w, http.StatusNotFound, "volume %q not found", handle)
 		return "", "", false
 	}
-	sub = filepath.FromSlash(r.URL.Query().Get("path"))
+	// The path is inside the volume, even with a leading slash (fly's
+	// uploads stream in at "/").
+	sub = strings.TrimLeft(filepath.FromSlash(r.URL.Query().Get("path")), "/")
 	if sub == "" {
 		sub = "."
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
 // create posts a create request; body is its JSON.
@@ -503,4 +505,19 @@ func TestStreamOutNeverFollowsLinksOut(t *testing.T) {
 		assert.Equal(t, http.StatusNotFound, resp.StatusCode, path)
 		assert.NotContains(t, string(body), "host", path)
 	}
+}
+
+// TestStreamInAtTheRootSlash: fly's uploads stream into a volume at
+// path "/", which is the volume's root, as baggageclaim takes it.
+func TestStreamInAtTheRootSlash(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"up","strategy":{"type":"empty"}}`)
+	resp, body := do(t, http.MethodPut, base+"/volumes/up/stream-in?path=/", map[string]string{"Content-Encoding": "raw"},
+		bytes.NewReader(tarsafetest.Tar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	b, err := os.ReadFile(filepath.Join(s.Path("up"), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(b))
+	resp, _ = do(t, http.MethodPut, base+"/volumes/up/stream-out?path=/f", map[string]string{"Accept-Encoding": "raw"}, nil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }

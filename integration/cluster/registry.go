@@ -94,7 +94,16 @@ func (r *registry) load(tarball string) error {
 			Config        descriptor   `json:"config"`
 			Layers        []descriptor `json:"layers"`
 		}{SchemaVersion: 2, MediaType: manifestType}
-		if m.Config, err = blob(img.Config, configType); err != nil {
+		// The config the registry serves is labelled so, which makes
+		// the image it names another image than the one imported into
+		// the node's containerd (another ID): a pod that pulls it by
+		// digest leaves the imported image's references alone.
+		config, err := servedConfig(files[img.Config])
+		if err != nil {
+			return fmt.Errorf("%s: %w", img.Config, err)
+		}
+		files[img.Config+"+served"] = config
+		if m.Config, err = blob(img.Config+"+served", configType); err != nil {
 			return err
 		}
 		for _, l := range img.Layers {
@@ -116,6 +125,27 @@ func (r *registry) load(tarball string) error {
 		}
 	}
 	return nil
+}
+
+// servedConfig is an image config with the label
+// jetway.test/served-by=registry.
+func servedConfig(b []byte) ([]byte, error) {
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, err
+	}
+	inner, _ := cfg["config"].(map[string]any)
+	if inner == nil {
+		inner = map[string]any{}
+		cfg["config"] = inner
+	}
+	labels, _ := inner["Labels"].(map[string]any)
+	if labels == nil {
+		labels = map[string]any{}
+		inner["Labels"] = labels
+	}
+	labels["jetway.test/served-by"] = "registry"
+	return json.Marshal(cfg)
 }
 
 func digestOf(b []byte) string {
