@@ -227,7 +227,7 @@ func (g *gardenServer) stop(w http.ResponseWriter, r *http.Request) {
 // Garden's process protocol: the Run (or Attach) connection is hijacked;
 // the server writes the process's ID and a stream ID, the client opens the
 // process's stdout and stderr by that stream ID (two more hijacked
-// connections) and sends stdin, TTY changes and signals on the first;
+// connections) and sends stdin, window sizes and signals on the first;
 // the server writes the exit status there when the process ends.
 
 // streamAttach bounds the wait for the client to open the process's
@@ -276,7 +276,7 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 		defer wmu.Unlock()
 		return json.NewEncoder(conn).Encode(v)
 	}
-	// The client's messages: stdin, TTY, signals. Its connection closing
+	// The client's messages: stdin, window sizes, signals. Its connection closing
 	// ends the following (not the process).
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	stdinR, stdinW := io.Pipe()
@@ -306,6 +306,11 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 				}
 			case msg.Source != nil:
 				_ = writeStdin(stdinW, stepagent.KindStdinEnd, nil)
+			case msg.TTY != nil && msg.TTY.WindowSize != nil:
+				size, _ := json.Marshal(terminal(msg.TTY))
+				if err := stepagent.WriteFrame(stdinW, stepagent.KindWindow, size); err != nil {
+					return
+				}
 			case msg.Signal != nil:
 				// Abort outlives the connection that asked for it.
 				wg.Go(func() {
@@ -314,8 +319,6 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 					_ = p.run.Abort(actx)
 				})
 			}
-			// TTY changes are taken and have no effect: the agent runs
-			// processes without a terminal.
 		}
 	})
 	var outs [2]io.Writer

@@ -17,6 +17,7 @@ import (
 	"code.cloudfoundry.org/garden"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
@@ -77,7 +78,7 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 	}
 	raw, err := json.Marshal(stepagent.Spec{Handle: id, Path: spec.Path, Args: spec.Args, Dir: dir,
 		Env: append(slices.Clone(ct.Spec.Env), spec.Env...), User: processUser(spec.User),
-		StdinStream: true, KillGrace: stepagent.Duration(killGrace)})
+		StdinStream: true, TTY: terminal(spec.TTY), KillGrace: stepagent.Duration(killGrace)})
 	if err != nil {
 		return nil, err
 	}
@@ -128,6 +129,21 @@ func (c *Containers) process(ct *Container, id string, spec []byte) *Process {
 	target := ct.Target
 	return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Pod, Run: id,
 		Target: func() (*targets.Target, error) { t, _, err := c.target(target); return t, err }}}
+}
+
+// defaultWindow is a terminal's size when Garden's TTY names none, as
+// Garden's own default.
+var defaultWindow = pty.Size{Columns: 80, Rows: 24}
+
+// terminal is the agent's terminal for Garden's TTY: nil for none.
+func terminal(tty *garden.TTYSpec) *pty.Size {
+	switch {
+	case tty == nil:
+		return nil
+	case tty.WindowSize == nil:
+		return &defaultWindow
+	}
+	return &pty.Size{Columns: tty.WindowSize.Columns, Rows: tty.WindowSize.Rows}
 }
 
 // processUser is the agent's user for Garden's: root by number, since an

@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/jetway-ci/jetway/concourse"
+	"github.com/jetway-ci/jetway/internal/pty"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -84,7 +85,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	// RFC 075's hello world, with a param: the task runs in its pod.
 	out, err := execute(task)
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "hello jetway\n")
+	assert.Contains(t, out, "hello jetway\r\n", "a task runs on a terminal, as on Garden")
 	assert.Contains(t, out, "succeeded")
 	// fly intercept runs a command in the build's container (without a
 	// terminal: fly's stdin here is none).
@@ -95,6 +96,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	icancel()
 	require.NoError(t, err, iout)
 	assert.Regexp(t, `intercepted jetway in \S+\n`, iout)
+	interceptOnATerminal(ctx, t, web, "-b", build[1])
 
 	// The container is a pod of the task's image, limits and mounts,
 	// listed by fly on its worker.
@@ -565,4 +567,42 @@ func (w *notifyWriter) Write(p []byte) (int, error) {
 		w.once.Do(func() { close(w.seen) })
 	}
 	return len(p), nil
+}
+
+// interceptOnATerminal: `fly intercept` from a terminal gets a shell on a
+// terminal in the container fly's args select, of the user's window size, resized
+// with the user's window; what is typed is its stdin, and fly exits with
+// the shell's exit status.
+func interceptOnATerminal(ctx context.Context, t *testing.T, web *cwn.WebNode, container ...string) {
+	t.Helper()
+	ictx, icancel := context.WithTimeout(ctx, 90*time.Second)
+	defer icancel()
+	term, err := web.FlyOnTerminal(ictx, pty.Size{Columns: 91, Rows: 21}, slices.Concat([]string{"intercept"}, container, []string{"--", "sh"})...)
+	require.NoError(t, err)
+	code, werr := -1, error(nil)
+	defer func() {
+		if code == -1 {
+			_, _ = term.Wait(ictx)
+		}
+	}()
+	require.NoError(t, term.Type("stty size; test -t 0 && test -t 1 && echo on-a-$((6*7))-tty\n"))
+	at, err := term.AwaitShown("21 91\r\n", 0, time.Minute)
+	require.NoError(t, err)
+	_, err = term.AwaitShown("on-a-42-tty\r\n", at, 10*time.Second)
+	require.NoError(t, err)
+	// fly sends the new size when its window changes (SIGWINCH): asked
+	// again until the shell sees it, as the signal and the keys race in
+	// fly.
+	require.NoError(t, term.Resize(pty.Size{Columns: 133, Rows: 44}))
+	require.Eventually(t, func() bool {
+		if term.Type("stty size\n") != nil {
+			return false
+		}
+		_, err := term.AwaitShown("44 133\r\n", at, 500*time.Millisecond)
+		return err == nil
+	}, 30*time.Second, time.Millisecond, "the shell's terminal takes the new size: %s", term.Shown())
+	require.NoError(t, term.Type("exit 5\n"))
+	code, werr = term.Wait(ictx)
+	require.NoError(t, werr)
+	assert.Equal(t, 5, code, "fly exits with the shell's status: %s", term.Shown())
 }

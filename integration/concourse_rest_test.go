@@ -78,7 +78,7 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: echo, args: [hi]}\n"))
 	out, err := web.Fly("execute", "-c", task, "--tag", "gpu")
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "hi\n")
+	assert.Contains(t, out, "hi\r\n")
 	assertWebNodeListsGarden(ctx, t, web, client, task)
 
 	// Heartbeats keep every worker running past its TTL: once a worker
@@ -314,6 +314,6 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
 	out, err = execute()
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "hi\n")
+	assert.Contains(t, out, "hi\r\n")
 	assert.Equal(t, 0.0, refused(reg2))
 }

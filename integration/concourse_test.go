@@ -360,7 +360,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 		require.NoError(t, err, out)
 		return out
 	}
-	assert.Contains(t, execute(), "ran\n")
+	assert.Contains(t, execute(), "ran\r\n")
 	uploads := map[string]string{} // artifact volume -> its worker
 	for _, v := range flyVolumes(t, web) {
 		if v.Type == "artifact" {
@@ -387,7 +387,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 		_, err := os.Stat(filepath.Join(root, "volumes", id))
 		assert.NoError(t, err, "volume %s of %s", id, worker)
 	}
-	assert.Contains(t, execute(), "ran\n")
+	assert.Contains(t, execute(), "ran\r\n")
 
 	holder.start(t)
 	assert.Equal(t, 1-i, oneRegisters(t, bases, names, 30*time.Second), "the Lease stays with the replica that took it")
@@ -606,7 +606,7 @@ func TestConcourseBuildsOutliveARestart(t *testing.T) {
 			t.Fatal("fly execute did not end")
 		}
 		require.NoError(t, r.err, r.out)
-		assert.Contains(t, r.out, "finished\n")
+		assert.Contains(t, r.out, "finished\r\n")
 		assert.Contains(t, r.out, "succeeded")
 		b, err := os.ReadFile(runs)
 		require.NoError(t, err)
@@ -632,7 +632,7 @@ func TestConcourseBuildsOutliveARestart(t *testing.T) {
 		}
 	})
 	assert.Equal(t, "ran\n", runs, "the task ran once")
-	assert.Equal(t, 1, strings.Count(out, "before\n"), "its output once: %s", out)
+	assert.Equal(t, 1, strings.Count(out, "before\r\n"), "its output once: %s", out)
 	require.NoError(t, holder.proc.wait(t, 30*time.Second), "a clean stop once the process ended")
 	assert.Equal(t, 1, holder.logged("the processes the web node followed ended"))
 

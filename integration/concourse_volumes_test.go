@@ -88,7 +88,7 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+upload)
 	fcancel()
 	require.NoError(t, err, out)
-	assert.Contains(t, out, string(payload), "the input, moved into the container's pod")
+	assert.Contains(t, out, strings.TrimSuffix(string(payload), "\n")+"\r\n", "the input, moved into the container's pod (shown on the task's terminal)")
 
 	// The upload is in the holder, whole, under the handle fly lists.
 	pod, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})

@@ -94,7 +94,8 @@ jobs:
 // into the next task's input, a task cache, a put. fly watch follows the
 // next build; the task cache is kept from build to build, and fly
 // clear-task-cache empties it. fly execute --inputs-from runs with the
-// job's inputs and image. A failing build's last step is intercepted. A
+// job's inputs and image. A failing build's last step is intercepted,
+// also from a terminal (a shell on a terminal in the real container). A
 // get and a put are aborted while they run.
 func TestRealNodeConcoursePipeline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -176,10 +177,11 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 	// intercept runs in it.
 	out, err := fly(3*time.Minute, "trigger-job", "-j", "p/failing", "--watch")
 	require.Error(t, err, out)
-	assert.Regexp(t, `failing in /tmp/build/[0-9a-f]+\n`, out)
+	assert.Regexp(t, `failing in /tmp/build/[0-9a-f]+\r\n`, out, "a task runs on a terminal")
 	assert.Contains(t, out, "failed")
 	out = mustFly(time.Minute, "intercept", "-j", "p/failing", "-s", "fail", "--", "cat", "/tmp/mark")
 	assert.Regexp(t, `failing in /tmp/build/[0-9a-f]+\n`, out)
+	interceptOnATerminal(ctx, t, web, "-j", "p/failing", "-s", "fail")
 
 	// A get and a put that wait, aborted while they run.
 	mustFly(time.Minute, "trigger-job", "-j", "p/slow")

@@ -27,6 +27,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/volumes"
 )
@@ -638,4 +639,31 @@ func TestAbortBeforePrepareNeverStarts(t *testing.T) {
 	_, _, st := outcome(t, frames(t, out))
 	assert.Equal(t, stepagent.ReasonAborted, st.Reason)
 	assert.NoFileExists(t, filepath.Join(run, stepagent.BuildDir, "started"))
+}
+
+// A process with a TTY (a Concourse task, `fly intercept` from a
+// terminal) runs on a terminal of the spec's size: its stdin, stdout and
+// stderr, all in stdout frames with the terminal's line endings. A
+// window size streamed ahead of stdin applies before the process reads
+// that stdin, and the stdin's end is the terminal's end of input.
+func TestATerminal(t *testing.T) {
+	tty := func(sp *stepagent.Spec) { sp.StdinStream, sp.TTY = true, &pty.Size{Columns: 100, Rows: 30} }
+	root, spec := newStep(t, `test -t 0 && test -t 1 && test -t 2 && echo tty; stty size; echo err >&2; exit 3`, tty)
+	stdout, stderr, st := outcome(t, runOpenStdin(t, root, spec, slices.Concat(spec, []byte("[]"))))
+	assert.Empty(t, stderr, "a terminal is the process's stderr too")
+	assert.Equal(t, "tty\r\n30 100\r\nerr\r\n", stdout)
+	assert.Equal(t, 3, st.ExitStatus)
+
+	root, spec = newStep(t, `read line; stty size; echo "got $line"; cat; echo end`, tty)
+	var framed bytes.Buffer
+	size, err := json.Marshal(pty.Size{Columns: 120, Rows: 40})
+	require.NoError(t, err)
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindWindow, size))
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("hello\n")))
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("more\n")))
+	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdinEnd, nil))
+	stdout, _, st = outcome(t, runOpenStdin(t, root, spec, slices.Concat(spec, []byte("[]"), framed.Bytes())))
+	assert.Contains(t, stdout, "40 120\r\ngot hello\r\n")
+	assert.True(t, strings.HasSuffix(stdout, "more\r\nend\r\n"), "cat ends at the stdin's end: %q", stdout)
+	assert.Equal(t, 0, st.ExitStatus)
 }

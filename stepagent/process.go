@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/pty"
 )
 
 // abortPoll is how often the supervisor looks for run/abort: the abort
@@ -25,42 +27,23 @@ func run(root string, sp Spec, log *os.File) error {
 	if err != nil {
 		return spawnFailed(root, err)
 	}
-	outR, outW, err := os.Pipe()
+	pio, err := attachIO(cmd, sp)
 	if err != nil {
-		return err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	var stdinW *os.File
-	if sp.StdinStream {
-		var stdinR *os.File
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			return err
-		}
-		cmd.Stdin = stdinR
+		return spawnFailed(root, err)
 	}
 	ooms := oomKills(cgroupFS)
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
-	if f, ok := cmd.Stdin.(*os.File); ok {
-		f.Close() // the process's end: a write to it fails once the process is gone
+	for _, f := range pio.child {
+		f.Close() // the process's ends: with them closed, its output ends when it does
 	}
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		if stdinW != nil {
-			stdinW.Close()
-		}
+		pio.close()
 		return spawnFailed(root, err)
 	}
 	stdinStop := make(chan struct{})
 	var stdinWG sync.WaitGroup
-	if stdinW != nil {
-		stdinWG.Go(func() { pumpStdin(root, stdinW, stdinStop) })
+	if pio.stdin != nil {
+		stdinWG.Go(func() { pumpStdin(root, pio.stdin, pio.tty, stdinStop) })
 	}
 	defer func() { close(stdinStop); stdinWG.Wait() }()
 	preferForOOM(cmd.Process.Pid)
@@ -72,7 +55,7 @@ func run(root string, sp Spec, log *os.File) error {
 	if err := WriteFrameAt(log, KindStarted, started.At, p); err != nil {
 		return err
 	}
-	copied := pump(log, started.At, output{outR, sp.stdoutKind()}, output{errR, KindStderr})
+	copied := pump(log, started.At, pio.outputs...)
 	stop := make(chan struct{})
 	reason := make(chan string, 1)
 	var wg sync.WaitGroup
@@ -106,30 +89,117 @@ func run(root string, sp Spec, log *os.File) error {
 	return writeStatus(root, st)
 }
 
-// stdinPoll is how often pumpStdin looks for more of a streamed stdin.
+// processIO is the supervisor's side of a process's stdin and output.
+type processIO struct {
+	outputs []output // read into the log; pump closes them
+	stdin   *os.File // written by pumpStdin; nil: not streamed
+	tty     bool     // stdin is a terminal's master, also the only output
+	child   []*os.File
+}
+
+// attachIO gives cmd its stdin and output: pipes, or a terminal
+// (Spec.TTY) in a session of its own.
+func attachIO(cmd *exec.Cmd, sp Spec) (*processIO, error) {
+	if sp.TTY != nil {
+		master, slave, err := pty.Open(*sp.TTY)
+		if err != nil {
+			return nil, err
+		}
+		if c := cmd.SysProcAttr.Credential; c != nil {
+			_ = slave.Chown(int(c.Uid), -1) // the process may open its terminal again by name
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		// A session of its own, the terminal its controlling one (fd 0
+		// in the process): ^C interrupts its foreground job. The session
+		// is its process group, killed as a whole.
+		cmd.SysProcAttr.Setpgid = false
+		cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
+		pio := &processIO{outputs: []output{{master, sp.stdoutKind()}}, child: []*os.File{slave}}
+		if sp.StdinStream {
+			pio.stdin, pio.tty = master, true
+		}
+		return pio, nil
+	}
+	pio := &processIO{}
+	for _, kind := range []byte{sp.stdoutKind(), KindStderr} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			pio.close()
+			return nil, err
+		}
+		pio.outputs = append(pio.outputs, output{r, kind})
+		pio.child = append(pio.child, w)
+	}
+	cmd.Stdout, cmd.Stderr = pio.child[0], pio.child[1]
+	if sp.StdinStream {
+		r, w, err := os.Pipe()
+		if err != nil {
+			pio.close()
+			return nil, err
+		}
+		cmd.Stdin, pio.stdin = r, w
+		pio.child = append(pio.child, r)
+	}
+	return pio, nil
+}
+
+// close closes every file of a process that did not start.
+func (pio *processIO) close() {
+	for _, o := range pio.outputs {
+		o.f.Close()
+	}
+	for _, f := range pio.child {
+		f.Close()
+	}
+	if pio.stdin != nil {
+		pio.stdin.Close()
+	}
+}
+
+// stdinPoll is how often pumpStdin looks for more of a streamed stdin,
+// and for a new window size of a terminal.
 const stdinPoll = 20 * time.Millisecond
 
+// eot is the terminal's end of input (^D): what a terminal's stdin gets
+// at its end, since closing the master would hang the terminal up.
+const eot = 0x04
+
 // pumpStdin copies StdinFile into the process's stdin as `run --stdin`
-// appends to it, closing the stdin once StdinDone marks its end and all
-// of it is copied, or when stop is closed (the process ended).
-func pumpStdin(root string, w *os.File, stop <-chan struct{}) {
-	defer w.Close()
+// appends to it, ending the stdin once StdinDone marks its end and all
+// of it is copied, or when stop is closed (the process ended). On a
+// terminal (tty) it also applies each new WindowFile.
+func pumpStdin(root string, w *os.File, tty bool, stop <-chan struct{}) {
+	if !tty {
+		defer w.Close()
+	}
 	f, err := os.OpenFile(Path(root, StdinFile), os.O_RDONLY|os.O_CREATE, 0o600)
 	if err != nil {
 		return
 	}
 	defer f.Close()
+	var window time.Time // WindowFile's time, once applied
 	buf := make([]byte, 32<<10)
 	for {
 		done := exists(Path(root, StdinDone)) // before the read: all written by then is read
 		n, err := f.Read(buf)
+		if tty {
+			// After the read: a size sent before this stdin applies
+			// before the process reads it.
+			window = resize(root, w, window)
+		}
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return // the process closed its stdin
 			}
 			continue
 		}
-		if err != nil && err != io.EOF || done {
+		if err != nil && err != io.EOF {
+			return
+		}
+		if done {
+			if tty {
+				_, _ = w.Write([]byte{eot})
+			}
 			return
 		}
 		select {
@@ -140,10 +210,26 @@ func pumpStdin(root string, w *os.File, stop <-chan struct{}) {
 	}
 }
 
+// resize applies WindowFile to the terminal master if it changed since
+// applied (its modification time), returning the time applied.
+func resize(root string, master *os.File, applied time.Time) time.Time {
+	fi, err := os.Stat(Path(root, WindowFile))
+	if err != nil || fi.ModTime().Equal(applied) {
+		return applied
+	}
+	b, err := os.ReadFile(Path(root, WindowFile))
+	var size pty.Size
+	if err != nil || json.Unmarshal(b, &size) != nil {
+		return applied
+	}
+	_ = pty.Resize(master, size)
+	return fi.ModTime()
+}
+
 // StreamStdin appends the KindStdin frames read from in to the run's
 // StdinFile until a KindStdinEnd frame, or until in ends or breaks, then
 // marks the stdin's end: the process reads it as its stdin
-// (Spec.StdinStream).
+// (Spec.StdinStream). A KindWindow frame replaces WindowFile.
 func StreamStdin(root string, in io.Reader) error {
 	f, err := os.OpenFile(Path(root, StdinFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -154,10 +240,16 @@ func StreamStdin(root string, in io.Reader) error {
 		if rerr != nil || fr.Kind == KindStdinEnd {
 			break
 		}
-		if fr.Kind != KindStdin {
-			continue
+		switch fr.Kind {
+		case KindStdin:
+			_, err = f.Write(fr.Payload)
+		case KindWindow:
+			var size pty.Size
+			if json.Unmarshal(fr.Payload, &size) == nil {
+				err = writeAtomic(Path(root, WindowFile), fr.Payload)
+			}
 		}
-		if _, err = f.Write(fr.Payload); err != nil {
+		if err != nil {
 			break
 		}
 	}

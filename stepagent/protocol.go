@@ -51,6 +51,8 @@ import (
 	"time"
 
 	utilexec "k8s.io/client-go/util/exec"
+
+	"github.com/jetway-ci/jetway/internal/pty"
 )
 
 // Root is the step pod's shared emptyDir, where the init container puts the
@@ -80,8 +82,11 @@ const (
 	StatusFile  = "run/status.json"  // written last, atomically
 	// StdinFile holds what `run --stdin` streamed for a process whose
 	// spec has StdinStream; StdinDone marks its end.
-	StdinFile  = "run/stdin"
-	StdinDone  = "run/stdin.done"
+	StdinFile = "run/stdin"
+	StdinDone = "run/stdin.done"
+	// WindowFile holds the latest window size `run --stdin` was sent for
+	// a process with a TTY (JSON pty.Size); the supervisor applies it.
+	WindowFile = "run/window.json"
 	BuildDir   = "build"   // the step's build dir: inputs and outputs live here
 	VolumesDir = "volumes" // volumes/<handle> -> ../build/<path>, served by the sidecar
 	// RunsDir holds a sandbox pod's runs: runs/<name> is a root of its own
@@ -115,6 +120,13 @@ type Spec struct {
 	// after its inputs (a Concourse web node's process, whose stdin comes
 	// after it started), read from StdinFile until StdinDone; not Stdin.
 	StdinStream bool `json:"stdin_stream,omitempty"`
+	// TTY, when set, runs the process in a new session on a terminal of
+	// that size, as Garden does for a process with a TTY (a Concourse
+	// task, `fly intercept` from a terminal): its stdin, stdout and
+	// stderr are the terminal, so its output is all KindStdout frames,
+	// with the terminal's line endings. A KindWindow frame streamed to
+	// `run --stdin` resizes it.
+	TTY *pty.Size `json:"tty,omitempty"`
 	// Timeout counts from the process's start; zero means none.
 	Timeout Duration `json:"timeout,omitempty"`
 	// KillGrace is the time between TERM and KILL on abort and timeout;
@@ -193,6 +205,7 @@ const (
 	// exec path passes on (kwok's does not).
 	KindStdin    byte = 0x20
 	KindStdinEnd byte = 0x21
+	KindWindow   byte = 0x22 // JSON pty.Size: the TTY's new window size
 	KindStatus   byte = 0xFF
 )
 
