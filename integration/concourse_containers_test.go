@@ -33,8 +33,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/jetway-ci/jetway/concourse"
-	"github.com/jetway-ci/jetway/internal/pty"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/targets"
 )
 
