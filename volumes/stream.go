@@ -75,7 +75,6 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	dst := filepath.Join(base, sub)
 	q := r.URL.Query().Get("limit")
 	limit, err := streamLimit(q)
 	if err != nil {
@@ -83,7 +82,7 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := &limitedReader{r: r.Body, left: limit}
-	if code, err := s.land(dst, r.Header.Get("Content-Encoding"), in); err != nil {
+	if code, err := s.land(base, sub, r.Header.Get("Content-Encoding"), in); err != nil {
 		if in.past {
 			// Decoders may replace the reader's error: ask it.
 			code, err = http.StatusForbidden, fmt.Errorf("the stream goes past its limit of %s MB (%d bytes)", q, limit)
@@ -95,18 +94,28 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 }
 
 // land extracts the tar stream in, encoded as enc says, into a new
-// folder next to dst, then moves what it holds into dst, as baggageclaim
-// extracts into the volume: what dst held beside it stays, and dst itself
-// stays the same folder (a container's mount of it sees what lands). If
-// the stream fails, it says why and the status to answer; dst is as it
-// was.
-func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
+// folder of the volume base, then moves what it holds into the path sub
+// of the volume, as baggageclaim extracts into the volume: what sub held
+// beside it stays, and a folder at sub stays the same folder (a
+// container's mount of it sees what lands). sub is reached only inside
+// the volume (an os.Root): a step can make links in its volumes, and a
+// path through one that leaves the volume is refused. If the stream
+// fails, it says why and the status to answer; the volume is as it was.
+func (s *Server) land(base, sub, enc string, in io.Reader) (int, error) {
+	vol, err := os.OpenRoot(base)
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	defer vol.Close()
+	if err := vol.MkdirAll(filepath.Dir(sub), 0o755); err != nil {
+		return http.StatusBadRequest, fmt.Errorf("path %q cannot be reached inside the volume (a link out of it?): %w", sub, err)
+	}
 	body, err := decoder(enc, in)
 	if err != nil {
 		return http.StatusBadRequest, err
 	}
 	defer body.Close()
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".stream-in-")
+	tmp, err := os.MkdirTemp(base, ".stream-in-")
 	if err != nil {
 		return http.StatusInternalServerError, err
 	}
@@ -134,15 +143,18 @@ func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
 	if _, err := io.Copy(io.Discard, in); err != nil {
 		return http.StatusBadRequest, err
 	}
-	fi, err := os.Lstat(dst)
+	landed := filepath.Base(tmp)
+	fi, err := vol.Lstat(sub)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		err = os.Rename(tmp, dst)
-	case err == nil && fi.IsDir():
-		err = mergeInto(tmp, dst)
-	case err == nil:
-		if err = os.Remove(dst); err == nil {
-			err = os.Rename(tmp, dst)
+		err = vol.Rename(landed, sub)
+	case err != nil:
+		return http.StatusBadRequest, fmt.Errorf("path %q cannot be reached inside the volume (a link out of it?): %w", sub, err)
+	case fi.IsDir():
+		err = mergeInto(vol, landed, sub)
+	default: // a file or a link: replaced
+		if err = vol.Remove(sub); err == nil {
+			err = vol.Rename(landed, sub)
 		}
 	}
 	if err != nil {
@@ -151,31 +163,37 @@ func (s *Server) land(dst, enc string, in io.Reader) (int, error) {
 	return 0, nil
 }
 
-// mergeInto moves each entry of src into dst: a folder into a folder of
-// the same name entry by entry, anything else in place of what dst has
-// of that name. The root's mode is taken as the tar set it.
-func mergeInto(src, dst string) error {
-	if fi, err := os.Lstat(src); err == nil {
-		_ = os.Chmod(dst, fi.Mode().Perm())
+// mergeInto moves each entry of the volume's folder src into its folder
+// dst: a folder into a folder of the same name entry by entry, anything
+// else in place of what dst has of that name (a link is replaced, never
+// followed). The root's mode is taken as the tar set it.
+func mergeInto(vol *os.Root, src, dst string) error {
+	if fi, err := vol.Lstat(src); err == nil {
+		_ = vol.Chmod(dst, fi.Mode().Perm())
 	}
-	entries, err := os.ReadDir(src)
+	d, err := vol.Open(src)
+	if err != nil {
+		return err
+	}
+	entries, err := d.ReadDir(-1)
+	d.Close()
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
 		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
 		if e.IsDir() {
-			if fi, err := os.Lstat(to); err == nil && fi.IsDir() {
-				if err := mergeInto(from, to); err != nil {
+			if fi, err := vol.Lstat(to); err == nil && fi.IsDir() {
+				if err := mergeInto(vol, from, to); err != nil {
 					return err
 				}
 				continue
 			}
 		}
-		if err := os.RemoveAll(to); err != nil {
+		if err := vol.RemoveAll(to); err != nil {
 			return err
 		}
-		if err := os.Rename(from, to); err != nil {
+		if err := vol.Rename(from, to); err != nil {
 			return err
 		}
 	}

@@ -521,3 +521,56 @@ func TestStreamInAtTheRootSlash(t *testing.T) {
 	resp, _ = do(t, http.MethodPut, base+"/volumes/up/stream-out?path=/f", map[string]string{"Accept-Encoding": "raw"}, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// TestStreamInNeverFollowsLinksOut: a step can make links in its own
+// volumes; a stream-in at a path through one that leaves the volume (to
+// the pod's agent binary, say) is refused, writes nothing there, and
+// leaves the volume as it was. A path through a link that stays inside
+// lands where the link points; a link at the path itself is replaced.
+func TestStreamInNeverFollowsLinksOut(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"v","strategy":{"type":"empty"}}`)
+	outside := t.TempDir()
+	vol := s.Path("v")
+	require.NoError(t, os.Symlink(outside, filepath.Join(vol, "out")))
+	require.NoError(t, os.Symlink("../..", filepath.Join(vol, "up")))
+	require.NoError(t, os.MkdirAll(filepath.Join(vol, "in", "d"), 0o755))
+	require.NoError(t, os.Symlink("in", filepath.Join(vol, "inner")))
+	archive := func() io.Reader {
+		return bytes.NewReader(tarsafetest.Tar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}))
+	}
+	for _, path := range []string{"out/x", "out", "up/x", "out/d/x"} {
+		resp, body := do(t, http.MethodPut, base+"/volumes/v/stream-in?path="+path, map[string]string{"Content-Encoding": "raw"}, archive())
+		if path == "out" {
+			// The link itself is the destination: replaced by the folder.
+			require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+			fi, err := os.Lstat(filepath.Join(vol, "out"))
+			require.NoError(t, err)
+			assert.True(t, fi.IsDir(), "the link at the path is replaced")
+			require.NoError(t, os.Remove(filepath.Join(vol, "out", "f")))
+			require.NoError(t, os.Remove(filepath.Join(vol, "out")))
+			require.NoError(t, os.Symlink(outside, filepath.Join(vol, "out")))
+			continue
+		}
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s: %s", path, body)
+		assert.Contains(t, string(body), "link", path)
+	}
+	left, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, left, "nothing lands outside the volume")
+	parent, err := os.ReadDir(filepath.Dir(filepath.Dir(s.Path("v"))))
+	require.NoError(t, err)
+	for _, e := range parent {
+		assert.NotEqual(t, "x", e.Name())
+	}
+	resp, body := do(t, http.MethodPut, base+"/volumes/v/stream-in?path=inner/d", map[string]string{"Content-Encoding": "raw"}, archive())
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	assert.FileExists(t, filepath.Join(vol, "in", "d", "f"), "a link inside the volume is followed")
+	entries, err := os.ReadDir(vol)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{"out", "up", "in", "inner"}, names, "no stream-in's temporary folder is left")
+}
