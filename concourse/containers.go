@@ -400,9 +400,12 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 
 // streamRetrying streams req, again for a while after a failure: a pod
 // just running may not answer on its sidecar's port yet (the sidecar
-// starts after the step container; kwok forwards a moment later).
+// starts after the step container, and its first process waits only for
+// it to start; kwok forwards a moment later). The first retries come
+// quickly, as the sidecar listens milliseconds after it starts.
 func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (streams.Result, error) {
 	deadline := time.Now().Add(holderAnswer)
+	wait := firstMoveRetry
 	for {
 		res, err := c.Stream(ctx, req)
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
@@ -411,10 +414,14 @@ func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (s
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-time.After(holderPoll):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, holderPoll)
 	}
 }
+
+// firstMoveRetry is the wait before a move's first retry.
+const firstMoveRetry = 10 * time.Millisecond
 
 // holdsMounts reports whether another of mounts is nested in bm.
 func holdsMounts(mounts []garden.BindMount, bm garden.BindMount) bool {

@@ -235,7 +235,7 @@ func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Wr
 }
 
 // sidecarWait begins the state of a pod whose step container runs and
-// whose volume sidecar does not listen yet.
+// whose volume sidecar has not started yet.
 const sidecarWait = "waiting for the volume sidecar of pod "
 
 // podState says what the container's pod is waiting for, done once its
@@ -261,8 +261,8 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 			continue
 		}
 		switch {
-		case cs.State.Running != nil && !steps.SidecarListens(p):
-			return sidecarWait + ct.Pod + " to listen", false, nil
+		case cs.State.Running != nil && !steps.SidecarRuns(p):
+			return sidecarWait + ct.Pod + " to start", false, nil
 		case cs.State.Running != nil:
 			return "", true, nil
 		case cs.State.Terminated != nil:

@@ -105,14 +105,28 @@ func (o PodOptions) sidecar(tokenHash string) corev1.Container {
 // (ready: its startup probe passed), so that a stream to it is not
 // refused. A node that reports no container states says it by running.
 func SidecarListens(p *corev1.Pod) bool {
+	// Not ready until its startup probe passed (it has no readiness probe).
+	return sidecarIs(p, func(cs corev1.ContainerStatus) bool { return cs.State.Running != nil && cs.Ready })
+}
+
+// SidecarRuns reports whether pod runs with its volume sidecar started,
+// listening or about to: the probe's next tick (up to a second) is not
+// waited for. A stream refused in that moment is tried again on a fresh
+// port-forward connection (package portforward retires one whose stream
+// was refused).
+func SidecarRuns(p *corev1.Pod) bool {
+	return sidecarIs(p, func(cs corev1.ContainerStatus) bool { return cs.State.Running != nil })
+}
+
+// sidecarIs reports whether pod runs and its sidecar's status is as is
+// says; a node that reports no container states says it by running.
+func sidecarIs(p *corev1.Pod, is func(corev1.ContainerStatus) bool) bool {
 	if p == nil || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
 		return false
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == SidecarContainer {
-			// Not ready until its startup probe passed (it has no
-			// readiness probe).
-			return cs.State.Running != nil && cs.Ready
+			return is(cs)
 		}
 	}
 	return len(p.Status.ContainerStatuses) == 0

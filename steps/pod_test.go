@@ -275,8 +275,8 @@ func TestContainerPod(t *testing.T) {
 }
 
 // TestSidecarListens: a pod's volume sidecar is probed until it listens,
-// and a pod is ready for a stream only then (kwok reports it ready as it
-// runs); a node that reports no container states says so by running.
+// and listens only then (kwok reports it ready as it runs); it runs once
+// started; a node that reports no container states says both by running.
 func TestSidecarListens(t *testing.T) {
 	probe := PodOptions{AgentImage: "agent:1"}.sidecar("hash").StartupProbe
 	require.NotNil(t, probe)
@@ -289,18 +289,21 @@ func TestSidecarListens(t *testing.T) {
 	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
 	step := corev1.ContainerStatus{Name: StepContainer, State: running}
 	for _, tc := range []struct {
-		name string
-		pod  *corev1.Pod
-		want bool
+		name         string
+		pod          *corev1.Pod
+		listens, run bool
 	}{
-		{"none", nil, false},
-		{"pending", pod(corev1.PodPending), false},
-		{"running, no container states", pod(corev1.PodRunning), true},
-		{"sidecar not ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running}), false},
-		{"sidecar ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Ready: true}), true},
+		{"none", nil, false, false},
+		{"pending", pod(corev1.PodPending), false, false},
+		{"running, no container states", pod(corev1.PodRunning), true, true},
+		{"sidecar waiting", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}}), false, false},
+		{"sidecar not ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running}), false, true},
+		{"sidecar ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Ready: true}), true, true},
 		{"sidecar ended", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
-			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Ready: true}), false},
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Ready: true}), false, false},
 	} {
-		assert.Equal(t, tc.want, SidecarListens(tc.pod), tc.name)
+		assert.Equal(t, tc.listens, SidecarListens(tc.pod), "listens: %s", tc.name)
+		assert.Equal(t, tc.run, SidecarRuns(tc.pod), "runs: %s", tc.name)
 	}
 }
