@@ -208,6 +208,27 @@ func (s *ContainerRecords) Delete(ctx context.Context, target, handle string) er
 	return nil
 }
 
+// Forget forgets every container of target: the web node no longer has
+// its worker (deleted there), so no call will name them again. It
+// returns how many it forgot.
+func (s *ContainerRecords) Forget(ctx context.Context, target string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	list, err := s.Secrets.List(ctx, metav1.ListOptions{LabelSelector: s.selector(target)})
+	if err != nil {
+		return 0, fmt.Errorf("list the containers of %s in the state namespace: %w", target, err)
+	}
+	n := 0
+	for _, sec := range list.Items {
+		err := s.Secrets.Delete(ctx, sec.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sec.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return n, fmt.Errorf("forget the containers of %s in the state namespace: %w", target, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
 func (s *ContainerRecords) selector(target string) string {
 	return labels.SelectorFromSet(s.labels(target)).String()
 }

@@ -318,6 +318,24 @@ func (r *Registrar) reconcile(ctx context.Context) {
 	r.opts.Metrics.set(r.regs)
 }
 
+// forgetContainers forgets the container records of target, whose
+// worker the web node deleted: it forgot their handles with it. Their
+// pods went with a retired target's objects, or with a target gone from
+// the directory, out of jetway's reach.
+func (r *Registrar) forgetContainers(ctx context.Context, target string) {
+	if r.opts.Containers == nil || r.opts.Containers.Records == nil {
+		return
+	}
+	n, err := r.opts.Containers.Records.Forget(ctx, target)
+	if err != nil {
+		r.opts.Logger.Warn("could not forget the containers of a worker the web node deleted", "target", target, "error", err.Error())
+		return
+	}
+	if n > 0 {
+		r.opts.Logger.Info("forgot the containers of a worker the web node deleted", "target", target, "containers", n)
+	}
+}
+
 // tell tells the web node of a target's move from was to now (""; gone):
 // landing lands the worker, retiring retires it, a target gone deletes
 // it. A target first seen, or moving to or from running, stalled or an
@@ -357,6 +375,9 @@ func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State, 
 			r.opts.Metrics.command(command, err)
 			if err == nil {
 				r.opts.Logger.Info("told the web node", "target", w.Name, "command", command)
+				if command == "delete-worker" {
+					r.forgetContainers(ctx, w.Name)
+				}
 				return
 			}
 			if ctx.Err() != nil || attempt == 5 {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"code.cloudfoundry.org/garden"
+	gclient "code.cloudfoundry.org/garden/client"
+	gconn "code.cloudfoundry.org/garden/client/connection"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
@@ -80,7 +84,8 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	placeTarget(ctx, t, clusters[0], dir, "cw-team", "team: main\n", "")
 	placeTarget(ctx, t, clusters[1], dir, "cw-tagged", "tags: [gpu, big]\n", "")
 	placeTarget(ctx, t, clusters[2], dir, "cw-stall", "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{concourse: concourseTSA(t, web)})
+	state := newState(t)
+	g := startGateway(t, dir, gatewayOptions{concourse: concourseTSA(t, web), state: state})
 
 	for name, want := range map[string]struct {
 		team string
@@ -117,7 +122,23 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("running"))
 
 	// A target gone from the targets directory is deleted from the web
-	// node, running (cw-plain) or landed here (cw-team, registered no more).
+	// node, running (cw-plain) or landed here (cw-team, registered no more),
+	// and the records of its containers (made through its Garden API, as
+	// the web node would) are forgotten with it; another's stay.
+	records := func(target string) int {
+		list, err := clusters[0].Client.CoreV1().Secrets(state.namespace).List(ctx,
+			metav1.ListOptions{LabelSelector: ownership.WorkerLabel + "=" + target})
+		require.NoError(t, err)
+		return len(list.Items)
+	}
+	for _, name := range []string{"cw-plain", "cw-tagged"} {
+		srv := httptest.NewServer(g.containers.API(name))
+		defer srv.Close()
+		_, err := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://"))).Create(
+			garden.ContainerSpec{Handle: name + "-kept", Image: garden.ImageRef{URI: "docker:///busybox"}})
+		require.NoError(t, err, name)
+		require.Equal(t, 1, records(name), name)
+	}
 	for _, name := range []string{"cw-plain", "cw-team"} {
 		require.NoError(t, os.RemoveAll(filepath.Join(dir, name)))
 	}
@@ -125,6 +146,13 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 		flyWorker(t, web, name, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
 	}
 	flyWorker(t, web, "cw-stall", time.Second, workerIn("running"))
+	eventually(t, 10*time.Second, func() error {
+		if n := records("cw-plain"); n != 0 {
+			return errorf("%d container records of cw-plain, deleted on the web node", n)
+		}
+		return nil
+	})
+	assert.Equal(t, 1, records("cw-tagged"), "a running worker's records stay")
 
 	eventually(t, 10*time.Second, func() error {
 		land := metricValue(t, g, `jetway_concourse_commands_total{command="land-worker",result="ok"}`)
