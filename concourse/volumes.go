@@ -413,11 +413,17 @@ func (h *Holder) API(target string) http.Handler {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) { h.pass(w, r, target, missing) })
 	}
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", func(w http.ResponseWriter, r *http.Request) {
-		if path.Clean(r.URL.Query().Get("path")) == imageMetadataFile && h.layerFreeImage(r.Context(), target, r.PathValue("handle")) {
+		resp, ok := h.forward(w, r, target, missing)
+		if !ok {
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound && path.Clean(r.URL.Query().Get("path")) == imageMetadataFile &&
+			h.layerFreeImage(r.Context(), target, r.PathValue("handle")) {
 			writeImageMetadata(w, r.Header.Get("Accept-Encoding"))
 			return
 		}
-		h.pass(w, r, target, missing)
+		answerWith(w, resp)
 	})
 	for _, route := range []string{"GET /p2p-url", "PUT /volumes/{handle}/stream-p2p-out"} {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
@@ -435,16 +441,13 @@ func (h *Holder) API(target string) http.Handler {
 // the image's environment and user from before it runs it.
 const imageMetadataFile = "metadata.json"
 
-// layerFreeImage reports whether target's volume handle is an image
-// fetched without its layers: a registry-image get with skip_download
-// writes its repository and digest files and no metadata.json, which
-// the web node reads before it runs the image as a task's (jetway runs
-// repository@digest, and the kubelet applies the image's own
-// environment and user).
+// layerFreeImage reports, for target's volume handle that has no
+// metadata.json, whether it is an image fetched without its layers: a
+// registry-image get with skip_download writes its repository and digest
+// files and no metadata.json, which the web node reads before it runs
+// the image as a task's (jetway runs repository@digest, and the kubelet
+// applies the image's own environment and user).
 func (h *Holder) layerFreeImage(ctx context.Context, target, handle string) bool {
-	if _, err := h.ReadFile(ctx, target, handle, imageMetadataFile, imageFileLimit); !errors.Is(err, errVolumeNotFound) {
-		return false
-	}
 	_, err := h.ReadFile(ctx, target, handle, "digest", imageFileLimit)
 	return err == nil
 }
@@ -502,14 +505,24 @@ func createBody(w http.ResponseWriter, r *http.Request) ([]byte, string, bool) {
 // query, the headers that say how the body is encoded, the body), and its
 // answer back. Without a holder there is no volume: none answers.
 func (h *Holder) pass(w http.ResponseWriter, r *http.Request, target string, none func(http.ResponseWriter)) {
+	if resp, ok := h.forward(w, r, target, none); ok {
+		defer resp.Body.Close()
+		answerWith(w, resp)
+	}
+}
+
+// forward passes the request on to target's holder as pass does, and
+// returns its answer for the caller to close; or it answers w itself
+// (none without a holder, an error) and returns false.
+func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, none func(http.ResponseWriter)) (*http.Response, bool) {
 	_, pod, err := h.holder(target)
 	if errors.Is(err, errNoHolder) {
 		none(w)
-		return
+		return nil, false
 	}
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, errorJSON(err))
-		return
+		return nil, false
 	}
 	hdr := http.Header{}
 	for _, k := range []string{"Content-Type", "Content-Encoding", "Accept-Encoding"} {
@@ -524,9 +537,14 @@ func (h *Holder) pass(w http.ResponseWriter, r *http.Request, target string, non
 	resp, err := h.Server(r.Context(), target, pod, r.Method, r.URL.Path, r.URL.Query(), hdr, body)
 	if err != nil {
 		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
-		return
+		return nil, false
 	}
-	defer resp.Body.Close()
+	return resp, true
+}
+
+// answerWith answers w with the holder's resp: its status, the headers
+// that say what the body is, the body.
+func answerWith(w http.ResponseWriter, resp *http.Response) {
 	for _, k := range []string{"Content-Type", "Content-Encoding"} {
 		if v := resp.Header.Get(k); v != "" {
 			w.Header().Set(k, v)

@@ -41,7 +41,7 @@ func TestRealNodeConcourseTask(t *testing.T) {
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+filepath.Join(work, "in"), "-o", "out="+download)
 	fcancel()
 	require.NoError(t, err, out)
-	assert.Regexp(t, `hello node in /tmp/build/[0-9a-f]+\n`, out)
+	assert.Regexp(t, `hello node in /tmp/build/[0-9a-f]+\r\n`, out, "a task runs on a terminal")
 	assert.Contains(t, out, "/jetway/bin/step-agent", "pid 1 is the step agent: the task ran in its container's pod")
 	got, err := os.ReadFile(filepath.Join(download, "copy"))
 	require.NoError(t, err, out)
