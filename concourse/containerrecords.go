@@ -221,10 +221,12 @@ func (s *ContainerRecords) Forget(ctx context.Context, target string) (int, erro
 	n := 0
 	for _, sec := range list.Items {
 		err := s.Secrets.Delete(ctx, sec.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sec.UID}})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		switch {
+		case err == nil:
+			n++
+		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err): // gone, or made anew since the list
 			return n, fmt.Errorf("forget the containers of %s in the state namespace: %w", target, err)
 		}
-		n++
 	}
 	return n, nil
 }

@@ -168,7 +168,8 @@ func TestConcourseContainersArePods(t *testing.T) {
 	}
 	assert.Equal(t, []string{handle}, handles, "a list filtered by properties")
 
-	// fly abort ends a running task: Stop reaches its process.
+	// fly abort ends a running task: Stop reaches its process. Before,
+	// fly intercept runs a command beside it.
 	sleeper := filepath.Join(work, "sleeper.yml")
 	writeFile(t, sleeper, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: sh, args: [-c, 'echo sleeping; exec sleep 600']}\n"))
 	runs := `jetway_concourse_garden_calls_total{call="run",result="ok"}`
@@ -207,6 +208,13 @@ func TestConcourseContainersArePods(t *testing.T) {
 		}
 		return nil
 	})
+	// fly intercept into the running task: a second process of its
+	// container, beside the task's.
+	ictx, icancel = context.WithTimeout(ctx, 60*time.Second)
+	iout, err = web.FlyContext(ictx, "intercept", "-b", sleeping, "--", "sh", "-c", `echo "beside the task in $(pwd)"`)
+	icancel()
+	require.NoError(t, err, iout)
+	assert.Regexp(t, `beside the task in \S+\n`, iout)
 	_, err = web.Fly("abort-build", "-b", sleeping)
 	require.NoError(t, err)
 	select {

@@ -656,9 +656,11 @@ func TestATerminal(t *testing.T) {
 
 	root, spec = newStep(t, `read line; stty size; echo "got $line"; cat; echo end`, tty)
 	var framed bytes.Buffer
-	size, err := json.Marshal(pty.Size{Columns: 120, Rows: 40})
-	require.NoError(t, err)
-	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindWindow, size))
+	for _, sz := range []pty.Size{{Columns: 100, Rows: 31}, {Columns: 120, Rows: 40}} { // the last one holds
+		size, err := json.Marshal(sz)
+		require.NoError(t, err)
+		require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindWindow, size))
+	}
 	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("hello\n")))
 	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdin, []byte("more\n")))
 	require.NoError(t, stepagent.WriteFrame(&framed, stepagent.KindStdinEnd, nil))

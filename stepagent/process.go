@@ -1,6 +1,7 @@
 package stepagent
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,7 +178,7 @@ func pumpStdin(root string, w *os.File, tty bool, stop <-chan struct{}) {
 		return
 	}
 	defer f.Close()
-	var window time.Time // WindowFile's time, once applied
+	var window []byte // WindowFile, once applied
 	buf := make([]byte, 32<<10)
 	for {
 		done := exists(Path(root, StdinDone)) // before the read: all written by then is read
@@ -210,20 +211,21 @@ func pumpStdin(root string, w *os.File, tty bool, stop <-chan struct{}) {
 	}
 }
 
-// resize applies WindowFile to the terminal master if it changed since
-// applied (its modification time), returning the time applied.
-func resize(root string, master *os.File, applied time.Time) time.Time {
-	fi, err := os.Stat(Path(root, WindowFile))
-	if err != nil || fi.ModTime().Equal(applied) {
+// resize applies WindowFile to the terminal master if it differs from
+// what was applied, returning what is applied now. It compares what the
+// file holds, not its time: two sizes sent within the file system's
+// clock tick would have the same.
+func resize(root string, master *os.File, applied []byte) []byte {
+	b, err := os.ReadFile(Path(root, WindowFile))
+	if err != nil || bytes.Equal(b, applied) {
 		return applied
 	}
-	b, err := os.ReadFile(Path(root, WindowFile))
 	var size pty.Size
-	if err != nil || json.Unmarshal(b, &size) != nil {
+	if json.Unmarshal(b, &size) != nil {
 		return applied
 	}
 	_ = pty.Resize(master, size)
-	return fi.ModTime()
+	return b
 }
 
 // StreamStdin appends the KindStdin frames read from in to the run's
