@@ -56,6 +56,11 @@ func run(root string, sp Spec, log *os.File) error {
 	if err := WriteFrameAt(log, KindStarted, started.At, p); err != nil {
 		return err
 	}
+	if pio.note != "" {
+		if err := WriteFrameAt(log, KindStderr, started.At, []byte(pio.note+"\n")); err != nil {
+			return err
+		}
+	}
 	copied := pump(log, started.At, pio.outputs...)
 	stop := make(chan struct{})
 	reason := make(chan string, 1)
@@ -96,31 +101,51 @@ type processIO struct {
 	stdin   *os.File // written by pumpStdin; nil: not streamed
 	tty     bool     // stdin is a terminal's master, also the only output
 	child   []*os.File
+	// note says, on the process's stderr, why it has no terminal though
+	// it asked for one.
+	note string
 }
 
+// openTerminal opens a process's terminal (tests: one that fails).
+var openTerminal = pty.Open
+
 // attachIO gives cmd its stdin and output: pipes, or a terminal
-// (Spec.TTY) in a session of its own.
+// (Spec.TTY) in a session of its own. Where no terminal can be opened (a
+// container without /dev/pts), the process runs without one, as on a
+// worker without terminals, and says so on its stderr: a task fails for
+// what it does, not for its log's line ends.
 func attachIO(cmd *exec.Cmd, sp Spec) (*processIO, error) {
-	if sp.TTY != nil {
-		master, slave, err := pty.Open(*sp.TTY)
-		if err != nil {
-			return nil, err
+	if sp.TTY == nil {
+		return attachPipes(cmd, sp)
+	}
+	master, slave, err := openTerminal(*sp.TTY)
+	if err != nil {
+		pio, perr := attachPipes(cmd, sp)
+		if perr != nil {
+			return nil, perr
 		}
-		if c := cmd.SysProcAttr.Credential; c != nil {
-			_ = slave.Chown(int(c.Uid), -1) // the process may open its terminal again by name
-		}
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		// A session of its own, the terminal its controlling one (fd 0
-		// in the process): ^C interrupts its foreground job. The session
-		// is its process group, killed as a whole.
-		cmd.SysProcAttr.Setpgid = false
-		cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
-		pio := &processIO{outputs: []output{{master, sp.stdoutKind()}}, child: []*os.File{slave}}
-		if sp.StdinStream {
-			pio.stdin, pio.tty = master, true
-		}
+		pio.note = "jetway: the process runs without a terminal: " + err.Error()
 		return pio, nil
 	}
+	if c := cmd.SysProcAttr.Credential; c != nil {
+		_ = slave.Chown(int(c.Uid), -1) // the process may open its terminal again by name
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	// A session of its own, the terminal its controlling one (fd 0 in the
+	// process): ^C interrupts its foreground job. The session is its
+	// process group, killed as a whole.
+	cmd.SysProcAttr.Setpgid = false
+	cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
+	pio := &processIO{outputs: []output{{master, sp.stdoutKind()}}, child: []*os.File{slave}}
+	if sp.StdinStream {
+		pio.stdin, pio.tty = master, true
+	}
+	return pio, nil
+}
+
+// attachPipes gives cmd pipes for its stdout and stderr, and for its
+// stdin if it is streamed.
+func attachPipes(cmd *exec.Cmd, sp Spec) (*processIO, error) {
 	pio := &processIO{}
 	for _, kind := range []byte{sp.stdoutKind(), KindStderr} {
 		r, w, err := os.Pipe()

@@ -1,12 +1,19 @@
 package stepagent
 
 import (
+	"errors"
+	"io"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/internal/pty"
 )
 
 // Starts side by side spawn one supervisor: an extra one would wait on the
@@ -34,4 +41,31 @@ func TestStartsSideBySideSpawnOneSupervisor(t *testing.T) {
 	require.True(t, ended)
 	assert.Equal(t, ReasonExited, st.Reason)
 	assert.Equal(t, 0, st.ExitStatus)
+}
+
+// TestNoTerminalFallsBackToPipes: a process that asks for a terminal
+// where none can be opened (a container without /dev/pts) runs on pipes,
+// its stdout and stderr apart, with a note for its stderr saying why.
+func TestNoTerminalFallsBackToPipes(t *testing.T) {
+	defer func(open func(pty.Size) (*os.File, *os.File, error)) { openTerminal = open }(openTerminal)
+	openTerminal = func(pty.Size) (*os.File, *os.File, error) {
+		return nil, nil, errors.New("open a pseudo-terminal: open /dev/ptmx: no such file or directory")
+	}
+	cmd := exec.Command("sh", "-c", "echo out; echo err >&2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	pio, err := attachIO(cmd, Spec{TTY: &pty.Size{Columns: 80, Rows: 24}})
+	require.NoError(t, err)
+	assert.Equal(t, "jetway: the process runs without a terminal: open a pseudo-terminal: open /dev/ptmx: no such file or directory", pio.note)
+	require.Len(t, pio.outputs, 2)
+	require.NoError(t, cmd.Start())
+	for _, f := range pio.child {
+		f.Close()
+	}
+	for i, want := range []string{"out\n", "err\n"} {
+		b, err := io.ReadAll(pio.outputs[i].f)
+		require.NoError(t, err)
+		assert.Equal(t, want, string(b))
+		pio.outputs[i].f.Close()
+	}
+	require.NoError(t, cmd.Wait())
 }
