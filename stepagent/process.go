@@ -177,7 +177,7 @@ func (pio *processIO) close() {
 	for _, f := range pio.child {
 		f.Close()
 	}
-	if pio.stdin != nil {
+	if pio.stdin != nil && !pio.tty { // a terminal's master is its output too, closed above
 		pio.stdin.Close()
 	}
 }
