@@ -25,8 +25,7 @@ import (
 // has, is refused, naming the port; the next stream to the pod answers at
 // once, over both transports. A Concourse container's first process
 // relies on it: it moves its volumes in as soon as the sidecar runs, and
-// tries a refused move again at once (the refused stream's connection is
-// retired, portforward.TestRefusedStreamRetiresItsConnection).
+// tries a refused move again after 10 ms.
 func TestRealNodePortForwardAfterARefusal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

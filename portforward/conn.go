@@ -37,7 +37,6 @@ func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metric
 		msg, err := io.ReadAll(errStream)
 		switch {
 		case len(msg) > 0:
-			pc.retire() // before the error is seen: a retry dials afresh
 			c.remoteErr <- fmt.Errorf("pod %s port %d: %s", pc.key, port, strings.TrimSpace(string(msg)))
 		case err != nil:
 			c.remoteErr <- fmt.Errorf("pod %s port %d: error stream: %w", pc.key, port, err)

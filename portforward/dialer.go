@@ -80,14 +80,9 @@ type podConn struct {
 	transport string
 	err       error
 
-	// retire, called when the kubelet refused one of its streams, takes
-	// it out of use (Dialer.retire).
-	retire func()
-
 	mu       sync.Mutex
 	active   int
-	closing  bool // closeIdle chose it, or it is retired: no new streams
-	retired  bool // close it when its last stream ends
+	closing  bool // closeIdle chose it: no new streams
 	lastUsed time.Time
 	nextID   int
 }
@@ -201,33 +196,7 @@ func (pc *podConn) release(now time.Time) {
 	pc.mu.Lock()
 	pc.active--
 	pc.lastUsed = now
-	last := pc.retired && pc.active == 0
 	pc.mu.Unlock()
-	if last {
-		_ = pc.conn.Close() // its supervisor records the close
-	}
-}
-
-// retire takes pc out of use after the kubelet refused one of its streams
-// (nothing listened on the port yet, the pod went): once, on a kubelet,
-// each stream opened on a connection after such a refusal timed out (see
-// Dial), so a retry there waited for the timeout and a redial. pc takes
-// no new stream, the next Dial to its pod dials afresh (one upgrade), and
-// pc closes once its last stream ends.
-func (d *Dialer) retire(pc *podConn) {
-	d.forget(pc)
-	pc.mu.Lock()
-	if pc.retired {
-		pc.mu.Unlock()
-		return
-	}
-	pc.closing, pc.retired = true, true
-	idle := pc.active == 0
-	pc.mu.Unlock()
-	d.opts.Logger.Debug("port-forward connection retired: the kubelet refused a stream", "pod", pc.key.String())
-	if idle {
-		_ = pc.conn.Close()
-	}
 }
 
 // dead reports whether pc's connection has closed.
@@ -277,7 +246,6 @@ func (d *Dialer) podConn(key podKey) (*podConn, error) {
 	pc, ok := d.conns[key]
 	if !ok {
 		pc = &podConn{key: key, ready: make(chan struct{})}
-		pc.retire = func() { d.retire(pc) }
 		d.conns[key] = pc
 		d.wg.Go(func() { d.dial(pc) })
 	}

@@ -72,37 +72,6 @@ func TestWedgedConnectionRedials(t *testing.T) {
 	assert.Len(t, up.upgrades(), 2, "the new connection carries the next stream")
 }
 
-// TestRefusedStreamRetiresItsConnection: a stream the kubelet refused
-// (nothing listens on the port yet) takes its connection out of use, so
-// the retry dials a fresh one rather than waiting on a connection whose
-// new streams time out; the streams already on the old one go on, and it
-// closes when the last of them ends.
-func TestRefusedStreamRetiresItsConnection(t *testing.T) {
-	ctx := context.Background()
-	d, up := startFake(t, Options{})
-	a, err := d.Dial(ctx, "t", "ns", "p", 80)
-	require.NoError(t, err)
-	b, err := d.Dial(ctx, "t", "ns", "p", 7788)
-	require.NoError(t, err)
-	old := up.upgrades()[0]
-	old.refuse(1, "failed to connect to localhost:7788: connection refused")
-	_, err = b.Read(make([]byte, 1))
-	assert.ErrorContains(t, err, "connection refused")
-	assert.ErrorContains(t, err, "t/ns/p port 7788")
-
-	c, err := d.Dial(ctx, "t", "ns", "p", 7788)
-	require.NoError(t, err)
-	assert.NoError(t, echo(c, "fresh"))
-	assert.Len(t, up.upgrades(), 2, "the retry dials a new connection")
-	assert.NoError(t, echo(a, "still here"), "a stream on the retired connection goes on")
-	b.Close()
-	assert.False(t, old.isClosed(), "closed under a live stream")
-	a.Close()
-	assert.True(t, old.isClosed(), "closed when its last stream ended")
-	c.Close()
-	assert.False(t, up.upgrades()[1].isClosed(), "the new connection stays for the next streams")
-}
-
 // TestCloseIdleNeverHandsOutClosingConnection runs a Dial exactly between
 // closeIdle choosing an idle connection and closing it: the Dial must get
 // a new connection, not the one about to close.

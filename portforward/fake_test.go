@@ -73,18 +73,6 @@ func (c *fakeConn) timeOutCreates() {
 	c.mu.Unlock()
 }
 
-// refuse answers the stream pair opened i-th on c as a kubelet does
-// when nothing listens on the port: an error on the error stream, and
-// both streams ended.
-func (c *fakeConn) refuse(i int, msg string) {
-	c.mu.Lock()
-	errs, data := c.streams[2*i], c.streams[2*i+1]
-	c.mu.Unlock()
-	_, _ = errs.Write([]byte(msg))
-	_ = errs.Reset()
-	_ = data.Reset()
-}
-
 func (c *fakeConn) failNextCreate() {
 	c.mu.Lock()
 	c.failCreate = 1
@@ -128,15 +116,10 @@ type fakeStream struct {
 func (s *fakeStream) Read(p []byte) (int, error) {
 	if len(s.pending) == 0 {
 		select {
-		case b := <-s.data: // what was written before a reset is read first
+		case b := <-s.data:
 			s.pending = b
-		default:
-			select {
-			case b := <-s.data:
-				s.pending = b
-			case <-s.reset:
-				return 0, io.EOF
-			}
+		case <-s.reset:
+			return 0, io.EOF
 		}
 	}
 	n := copy(p, s.pending)

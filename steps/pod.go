@@ -111,9 +111,8 @@ func SidecarListens(p *corev1.Pod) bool {
 
 // SidecarRuns reports whether pod runs with its volume sidecar started,
 // listening or about to: the probe's next tick (up to a second) is not
-// waited for. A stream refused in that moment is tried again on a fresh
-// port-forward connection (package portforward retires one whose stream
-// was refused).
+// waited for. A stream refused in that moment is tried again (a
+// Concourse container's moves).
 func SidecarRuns(p *corev1.Pod) bool {
 	return sidecarIs(p, func(cs corev1.ContainerStatus) bool { return cs.State.Running != nil })
 }
