@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -18,11 +21,13 @@ import (
 
 	"github.com/jetway-ci/jetway/agent"
 	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/stepagent/cli"
 	"github.com/jetway-ci/jetway/streams"
 )
 
@@ -175,6 +180,19 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		return &config.Error{Problems: []config.Problem{{Key: "cert", Message: err.Error()}}}
 	}
 	stepagent.SelfArgs = []string{stepAgentCommandName}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	workDir, err := filepath.Abs(f.workDir) // the web node is given its volumes' paths
+	if err != nil {
+		return &config.Error{Problems: []config.Problem{{Key: "work-dir", Message: err.Error()}}}
+	}
+	// The web node's worker this machine is: its volumes and containers,
+	// for the gateway that registers it.
+	worker := &concourse.LocalWorker{Dir: filepath.Join(workDir, "concourse"),
+		StepAgent: []string{self, stepAgentCommandName}, Extract: f.extract(),
+		Logger: logger.With("component", "concourse")}
 	server := api.New(api.Options{
 		WorkerVersion: config.WorkerVersion,
 		Gatherer:      reg,
@@ -191,7 +209,10 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          logger.With("component", "api"),
 	})
-	node.SetHTTP(server.Handler())
+	mux := http.NewServeMux()
+	mux.Handle(concourse.LocalWorkerPath, worker.Handler())
+	mux.Handle("/", server.Handler())
+	node.SetHTTP(mux)
 	logger.Info("starting agent", "version", buildinfo.String(), "name", id.Name(), "join", f.join,
 		"platform", f.platform, "team", f.team, "tags", f.tags, "work_dir", f.workDir)
 	ctx, cancel := context.WithCancel(ctx)
@@ -206,13 +227,13 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		}
 	}()
 	// Stop order: the calls the mesh serves end (those following step
-	// events at once, the others answered); then the agent, whose steps
-	// go on.
+	// events at once, the others answered); then the agent and the web
+	// node's worker, whose steps and processes go on.
 	first := closer(server.Drain)
 	if f.listen != "" {
 		first = server // drains as it stops
 	}
-	err = runAll(ctx, 30*time.Second, first, node, ag)
+	err = runAll(ctx, 30*time.Second, first, node, ag, worker)
 	if err == nil {
 		logger.Info("agent stopped")
 	}
@@ -223,18 +244,22 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 // in this binary: what an agent's steps' supervisors are.
 const stepAgentCommandName = "step-agent"
 
-// stepAgentCommand is `gateway step-agent supervise`: an agent's step
-// supervisor, started detached by the agent (stepagent.Start).
+// stepAgentCommand is `gateway step-agent COMMAND ...`: the step agent's
+// command line (package stepagent/cli) in this binary, which an agent
+// runs on its machine: its steps' supervisors (started detached by
+// stepagent.Start), and a web node's processes in its containers.
 func stepAgentCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:    stepAgentCommandName + " supervise",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
+		Use:                stepAgentCommandName + " COMMAND",
+		Hidden:             true,
+		DisableFlagParsing: true,
 		RunE: func(_ *cobra.Command, args []string) error {
-			if args[0] != "supervise" {
-				return usageError{fmt.Errorf("unknown step-agent command %q", args[0])}
+			// A supervisor it starts runs this command again.
+			stepagent.SelfArgs = []string{stepAgentCommandName}
+			if code := cli.Main(args); code != 0 {
+				os.Exit(code)
 			}
-			return stepagent.Supervise(stepagent.RootDir())
+			return nil
 		},
 	}
 }
