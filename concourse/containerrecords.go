@@ -58,8 +58,11 @@ var ErrPropertyNotFound = errors.New("property does not exist")
 // Container is a web node's container as jetway keeps it.
 type Container struct {
 	Target string `json:"target"`
-	// Pod is the container's pod in the target's namespace.
+	// Pod is the container's pod in the target's namespace: none on an
+	// agent's machine (Agent), where it is a folder.
 	Pod string `json:"pod"`
+	// Agent: the container is on an agent's machine (Containers.Agents).
+	Agent bool `json:"agent,omitempty"`
 	// Image is what the pod runs, resolved from the spec's rootfs.
 	Image string `json:"image"`
 	// Spec is what the web node's Create gave, as it gave it.

@@ -40,6 +40,8 @@ type Containers struct {
 	Pod func() steps.PodOptions
 	// Holder keeps the volumes the containers' images and mounts are.
 	Holder *Holder
+	// Agents make the containers of the agents' workers (nil: none).
+	Agents *Agents
 	// Stream copies a volume between two pods of a target
 	// (streams.Streamer.Stream): the volumes a container's bind mounts name
 	// are moved into its pod, and back out after each process.
@@ -134,6 +136,9 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if !validHandle.MatchString(spec.Handle) {
 		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
 	}
+	if c.onAgent(target) {
+		return c.createOnAgent(ctx, target, spec)
+	}
 	t, opts, err := c.target(target)
 	if err != nil {
 		return nil, err
@@ -173,6 +178,49 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	}
 	c.Metrics.container("created")
 	c.logger().Info("container made", "target", target, "handle", spec.Handle, "pod", ct.Pod, "image", image, "privileged", spec.Privileged)
+	return ct, nil
+}
+
+// onAgent reports whether target is the worker of an agent joined to
+// this gateway, not a cluster target.
+func (c *Containers) onAgent(target string) bool {
+	t, err := listed(c.Targets, target)
+	return err == nil && t == nil && c.Agents.Has(target)
+}
+
+// createOnAgent makes target's container on an agent's machine: its
+// record, then a folder whose mounts link to the agent's volumes
+// (LocalWorker). The image is not used: the agent runs processes on its
+// machine, as its user, as Concourse's Houdini does on a Mac.
+func (c *Containers) createOnAgent(ctx context.Context, target string, spec garden.ContainerSpec) (*Container, error) {
+	if spec.Privileged {
+		return nil, fmt.Errorf("worker %s is an agent: it runs processes as its own user, never privileged: "+
+			"run privileged steps on a cluster target that allows them", target)
+	}
+	if _, err := c.mounts(spec.BindMounts); err != nil {
+		return nil, err
+	}
+	mounts := make([]localMount, 0, len(spec.BindMounts))
+	for _, bm := range spec.BindMounts {
+		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
+	}
+	ct := &Container{Target: target, Agent: true, Spec: spec, Created: time.Now().UTC(), properties: spec.Properties}
+	ct.Spec.Properties = nil
+	if ct.properties == nil {
+		ct.properties = garden.Properties{}
+	}
+	if err := c.Records.Create(ctx, ct); err != nil {
+		return nil, err
+	}
+	if err := c.Agents.makeContainer(ctx, target, spec.Handle, mounts); err != nil {
+		err = fmt.Errorf("make container %s: %w", spec.Handle, err)
+		if ferr := c.Records.Delete(context.WithoutCancel(ctx), target, spec.Handle); ferr != nil {
+			err = fmt.Errorf("%w (and its record stays: %v)", err, ferr)
+		}
+		return nil, err
+	}
+	c.Metrics.container("created")
+	c.logger().Info("container made on an agent", "target", target, "handle", spec.Handle)
 	return ct, nil
 }
 
@@ -226,8 +274,19 @@ func (c *Containers) RemoveProperty(ctx context.Context, target, handle, key str
 func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
-	if _, err := c.Records.Get(ctx, target, handle); err != nil {
+	ct, err := c.Records.Get(ctx, target, handle)
+	if err != nil {
 		return err
+	}
+	if ct.Agent {
+		if err := c.destroyOnAgent(ctx, target, handle); err != nil {
+			return err
+		}
+		if err := c.Records.Delete(ctx, target, handle); err != nil {
+			return err
+		}
+		c.Metrics.container("destroyed")
+		return nil
 	}
 	t, opts, err := c.target(target)
 	if err != nil {
@@ -241,6 +300,15 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	}
 	c.Metrics.container("destroyed")
 	return nil
+}
+
+// destroyOnAgent removes target's container handle from its agent's
+// machine, ending what runs in it.
+func (c *Containers) destroyOnAgent(ctx context.Context, target, handle string) error {
+	if !c.Agents.Has(target) {
+		return fmt.Errorf("container %s: agent %s is %w", handle, target, errNotJoined)
+	}
+	return c.Agents.destroyContainer(ctx, target, handle)
 }
 
 // target is a cluster target whose pods are listed, and the pod options
@@ -466,7 +534,7 @@ func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return 
 // read again). A mount whose source is no volume of the holder (a path
 // of the web node's worker host) is left empty.
 func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
-	if c.Stream == nil || c.Holder == nil {
+	if c.Stream == nil || c.Holder == nil || ct.Agent { // an agent's mounts are its volumes
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)

@@ -57,6 +57,8 @@ type Pods struct {
 	Key     func() ownership.Key
 	Holder  *Holder
 	Records *ContainerRecords
+	// Agents hold the containers of the agents' workers (nil: none).
+	Agents *Agents
 }
 
 // Containers lists the target's containers: those recorded, and the
@@ -64,14 +66,24 @@ type Pods struct {
 // record is gone is reported, so that the web node names it to destroy).
 func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	t, key, err := h.ready(target)
-	if err != nil || t == nil {
+	if err != nil {
 		return nil, err
 	}
 	var handles []string
-	for _, p := range t.Pods() {
-		if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Sealed(target, p) {
-			handles = append(handles, handle)
+	switch {
+	case t != nil:
+		for _, p := range t.Pods() {
+			if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Sealed(target, p) {
+				handles = append(handles, handle)
+			}
 		}
+	case h.Agents.Has(target):
+		// An agent's: its folders, each made after its record.
+		if handles, err = h.Agents.containers(ctx, target); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, nil
 	}
 	if h.Records != nil {
 		recorded, err := h.Records.List(ctx, target)
@@ -91,10 +103,16 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 // ErrNotOurs.
 func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error {
 	t, key, err := h.ready(target)
-	if err != nil || t == nil {
+	switch {
+	case err != nil:
 		return err
+	case t != nil:
+		err = destroyPods(ctx, t, key, handle)
+	case h.Agents.Has(target):
+		err = h.Agents.destroyContainer(ctx, target, handle)
+	default:
+		return nil
 	}
-	err = destroyPods(ctx, t, key, handle)
 	if h.Records != nil && (err == nil || errors.Is(err, ErrNotOurs)) {
 		if rerr := h.Records.Delete(ctx, target, handle); rerr != nil {
 			return rerr

@@ -76,8 +76,12 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 	if dir != "" {
 		dir = path.Clean(dir)
 	}
+	user := processUser(spec.User)
+	if ct.Agent {
+		user = "" // the agent's own: it runs processes as its user only
+	}
 	raw, err := json.Marshal(stepagent.Spec{Handle: id, Path: spec.Path, Args: spec.Args, Dir: dir,
-		Env: append(slices.Clone(ct.Spec.Env), spec.Env...), User: processUser(spec.User),
+		Env: append(slices.Clone(ct.Spec.Env), spec.Env...), User: user,
 		StdinStream: true, TTY: terminal(spec.TTY), KillGrace: stepagent.Duration(killGrace)})
 	if err != nil {
 		return nil, err
@@ -127,6 +131,17 @@ func (c *Containers) Stop(ctx context.Context, target, handle string, kill bool)
 
 func (c *Containers) process(ct *Container, id string, spec []byte) *Process {
 	target := ct.Target
+	if ct.Agent {
+		// The step agent runs in the container's folder on the agent.
+		return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Handle(), Run: id,
+			Target: func() (*targets.Target, error) {
+				if !c.Agents.Has(target) {
+					return nil, fmt.Errorf("container %s: agent %s is %w", ct.Handle(), target, errNotJoined)
+				}
+				return nil, nil
+			},
+			Exec: c.Agents.exec(target, ct.Handle())}}
+	}
 	return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Pod, Run: id,
 		Target: func() (*targets.Target, error) { t, _, err := c.target(target); return t, err }}}
 }
@@ -200,6 +215,9 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 // awaitPod waits until the container's step container runs, writing to
 // progress what it waits for as that changes.
 func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Writer) error {
+	if ct.Agent {
+		return nil // a folder, there at once
+	}
 	ctx, cancel := context.WithTimeout(ctx, podStartTimeout)
 	defer cancel()
 	t, _, err := c.target(ct.Target)

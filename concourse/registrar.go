@@ -398,8 +398,15 @@ func (r *Registrar) worker(st targets.Status) Worker {
 	if platform == "" {
 		platform = "linux"
 	}
+	types := r.opts.ResourceTypes
+	if targets.IsAgent(st) {
+		// An agent runs no image, so no base type's: as Concourse's
+		// darwin workers, it offers none, and the web node places its
+		// checks, gets and puts elsewhere.
+		types = nil
+	}
 	return Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
-		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: r.opts.ResourceTypes,
+		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: types,
 		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward}
 }
 

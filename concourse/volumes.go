@@ -46,6 +46,8 @@ type Holder struct {
 	// the pod key); read at each use, since the key is read after start.
 	Pod    func() steps.PodOptions
 	Server VolumeServer
+	// Agents keep the volumes of the agents' workers (nil: none).
+	Agents *Agents
 	// Ready bounds the wait for a new holder to run and answer.
 	Ready   time.Duration
 	Metrics *Metrics
@@ -91,17 +93,20 @@ func (h *Holder) Start(ctx context.Context) error {
 var errNoHolder = errors.New("no volume holder")
 
 // holder returns target's volume holder pod's name if there is one and it
-// is jetway's; errNoHolder if there is none, with the target to make it
-// on, or none (an agent's worker, which has no volumes; a pod of that name
-// jetway did not seal, which is never used).
+// is jetway's; for an agent's worker, no target and no pod: the agent
+// keeps its volumes (send). errNoHolder if there is none, with the target
+// to make it on, or none (a worker jetway does not know; a pod of that
+// name jetway did not seal, which is never used).
 func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	t, err := listed(h.Targets, target)
 	switch {
 	case err != nil:
 		return nil, "", err
+	case t == nil && h.Agents.Has(target):
+		return nil, "", nil
 	case t == nil:
-		// An agent: it has no volume, and none is made for it.
-		return nil, "", fmt.Errorf("worker %s is not a cluster target: jetway keeps no volumes for it: %w", target, errNoHolder)
+		return nil, "", fmt.Errorf("worker %s is neither a cluster target nor an agent joined to this gateway: "+
+			"jetway keeps no volumes for it: %w", target, errNoHolder)
 	}
 	opts := h.Pod()
 	if opts.Key.IsZero() {
@@ -126,6 +131,9 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 // sealed it.
 func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	t, name, err := h.holder(target)
+	if err == nil && t == nil {
+		return "", nil // an agent's
+	}
 	if errors.Is(err, errNoHolder) && t != nil {
 		pod := steps.VolumeHolderPod(t, h.Pod())
 		if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -174,7 +182,7 @@ func (h *Holder) call(ctx context.Context, target, pod, method, path string, q u
 		if body != nil {
 			r = bytes.NewReader(body)
 		}
-		resp, err := h.Server(ctx, target, pod, method, path, q, hdr, r)
+		resp, err := h.send(ctx, target, pod, method, path, q, hdr, r)
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return resp, err
 		}
@@ -184,6 +192,15 @@ func (h *Holder) call(ctx context.Context, target, pod, method, path string, q u
 		case <-time.After(holderPoll):
 		}
 	}
+}
+
+// send sends one request to target's volumes: its holder pod's volume
+// sidecar, or an agent's volume server (pod "").
+func (h *Holder) send(ctx context.Context, target, pod, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+	if pod == "" {
+		return h.Agents.volumes(ctx, target, method, path, q, hdr, body)
+	}
+	return h.Server(ctx, target, pod, method, path, q, hdr, body)
 }
 
 // create makes a volume in target's holder (making the holder first):
@@ -286,7 +303,7 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := h.Server(ctx, target, pod, http.MethodGet, "/volumes", nil, nil, nil)
+	resp, err := h.send(ctx, target, pod, http.MethodGet, "/volumes", nil, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
 	}
@@ -323,7 +340,7 @@ func (h *Holder) Destroy(ctx context.Context, target, handle string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := h.Server(ctx, target, pod, http.MethodDelete, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	resp, err := h.send(ctx, target, pod, http.MethodDelete, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", handle, err)
 	}
@@ -534,7 +551,7 @@ func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, 
 	if r.ContentLength != 0 {
 		body = r.Body
 	}
-	resp, err := h.Server(r.Context(), target, pod, r.Method, r.URL.Path, r.URL.Query(), hdr, body)
+	resp, err := h.send(r.Context(), target, pod, r.Method, r.URL.Path, r.URL.Query(), hdr, body)
 	if err != nil {
 		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
 		return nil, false
@@ -577,7 +594,7 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 	if err != nil {
 		return v, err
 	}
-	resp, err := h.Server(ctx, target, pod, http.MethodGet, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	resp, err := h.send(ctx, target, pod, http.MethodGet, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
 	if err != nil {
 		return v, fmt.Errorf("volume %s: %w", handle, err)
 	}
@@ -610,7 +627,7 @@ func (h *Holder) ReadFile(ctx context.Context, target, handle, path string, limi
 	if err != nil {
 		return nil, err
 	}
-	resp, err := h.Server(ctx, target, pod, http.MethodPut, "/volumes/"+url.PathEscape(handle)+"/stream-out",
+	resp, err := h.send(ctx, target, pod, http.MethodPut, "/volumes/"+url.PathEscape(handle)+"/stream-out",
 		url.Values{"path": {path}}, http.Header{"Accept-Encoding": {volumes.Raw}}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %s: %w", handle, path, err)

@@ -342,20 +342,25 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	// The volume holder serves the web node's volumes; tests without one
 	// call its API themselves (gateway.holder).
 	metrics := concourse.NewMetrics(reg)
+	var agentWorkers *concourse.Agents // the agents' workers, as gateway run reaches them
+	if node != nil {
+		agentWorkers = &concourse.Agents{Joined: api.MeshAgents(node), Client: node.BulkClient()}
+	}
 	holder := &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
-		Server: streamer.VolumeServer, Metrics: metrics}
+		Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics}
 	stateClient, err := kubernetes.NewForConfig(o.state.rest)
 	require.NoError(t, err)
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
 	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steps.PodOptions { return podOpts },
-		Holder: holder, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
+		Holder: holder, Agents: agentWorkers, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
 		Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
 			return streamer.Stream(ctx, req, nil)
 		}}
 	if o.concourse != nil {
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
-			Holdings:  concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder, Records: records},
+			Holdings: concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder, Records: records,
+				Agents: agentWorkers},
 			VolumeAPI: holder.API, SweepInterval: o.sweep,
 			Containers:    containers,
 			ResourceTypes: o.resourceTypes,

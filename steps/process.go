@@ -37,7 +37,9 @@ var ErrNoSuchRun = errors.New("no such process in the pod")
 // RunIn is one process in the run folder Run of Pod, reached through the
 // step container's exec.
 type RunIn struct {
-	// Target is the pod's target as it is now.
+	// Target is the pod's target as it is now: nil for an Exec that
+	// reaches the step agent otherwise (an agent's machine, whose "pod"
+	// is a folder); its error ends an attach, which is tried again.
 	Target func() (*targets.Target, error)
 	Pod    string
 	Run    string

@@ -430,6 +430,15 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.elector != nil {
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }
 	}
+	var agents func() []targets.Status
+	var landAgent func(context.Context, string) error
+	var agentWorkers *concourse.Agents
+	if meshNode != nil {
+		// The agents joined to this gateway: it registers them, and
+		// reaches their volumes and containers over the mesh.
+		agents, landAgent = api.MeshAgents(meshNode), api.LandAgent(meshNode)
+		agentWorkers = &concourse.Agents{Joined: agents, Client: meshNode.BulkClient()}
+	}
 	var holdings concourse.Holdings
 	var holder *concourse.Holder
 	var volumeAPI func(string) http.Handler
@@ -437,21 +446,16 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		podOptions := func() steps.PodOptions { return pod }
-		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Metrics: metrics}
+		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
-		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records}
+		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
+			Agents: agentWorkers}
 		volumeAPI = holder.API
-		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder,
+		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder, Agents: agentWorkers,
 			Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
 				return streamer.Stream(ctx, req, nil)
 			},
 			ResourceTypes: types, Metrics: metrics, Logger: logger}
-	}
-	var agents func() []targets.Status
-	var landAgent func(context.Context, string) error
-	if meshNode != nil {
-		// The agents joined to this gateway: it registers them.
-		agents, landAgent = api.MeshAgents(meshNode), api.LandAgent(meshNode)
 	}
 	return concourse.New(concourse.Options{
 		Agents:        agents,

@@ -1,0 +1,384 @@
+package concourse
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/mesh"
+	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/volumes"
+)
+
+// An agent's machine is a worker to the web node as Concourse's Houdini
+// is on a Mac: its containers are folders, not images. The agent serves
+// the gateway it joined (and no one else: mesh peers of kind gateway),
+// under LocalWorkerPath:
+//
+//   - volumes/...: the web node's volumes, kept by the volume server jetway
+//     runs everywhere (package volumes) over <dir>/volumes, on a loopback
+//     port with a token only this process holds;
+//   - containers: a container is <dir>/containers/<handle>, whose fs/
+//     stands in for its filesystem: each bind mount a link at its path
+//     to the volume it names (nested mounts inside), as the kwok test
+//     nodes stand in for a pod's mounts;
+//   - containers/<handle>/exec: one step agent command (run, tail, abort)
+//     in the container's folder, as pods/exec runs it in a pod: its stdin
+//     the request's body, its stdout the answer's, its exit code and
+//     stderr in the answer's trailers. A process is a run of the step agent
+//     there (JETWAY_STEP_FS=fs/), so it outlives a dropped call, a gateway
+//     restart and an agent restart, as in a pod.
+//
+// The image is not used: processes run on the agent's machine, as its
+// user, with what is installed there.
+
+// LocalWorkerPath prefixes what an agent serves a gateway for the web
+// node's worker it is.
+const LocalWorkerPath = "/concourse/v1/"
+
+// Trailers of an exec on an agent.
+const (
+	trailerExitCode = "Jetway-Exit-Code"
+	trailerStderr   = "Jetway-Exec-Stderr"
+)
+
+// execCommands are the step agent's commands a gateway runs on an agent.
+var execCommands = []string{"run", "tail", "abort"}
+
+// LocalWorker is, on an agent, the web node's worker the agent is.
+type LocalWorker struct {
+	// Dir holds the volumes and containers (the agent's
+	// <work-dir>/concourse).
+	Dir string
+	// StepAgent is the step agent's command line: this binary and its
+	// hidden step-agent command.
+	StepAgent []string
+	// Extract bounds what one archive streamed into a volume may write.
+	Extract tarsafe.Limits
+	Logger  *slog.Logger
+
+	mu    sync.Mutex
+	vols  *volumes.Server // nil until started
+	proxy *httputil.ReverseProxy
+}
+
+// Start serves the volumes until ctx ends.
+func (w *LocalWorker) Start(ctx context.Context) error {
+	for _, d := range []string{"volumes", "containers"} {
+		if err := os.MkdirAll(filepath.Join(w.Dir, d), 0o700); err != nil {
+			return fmt.Errorf("the web node's worker: %w", err)
+		}
+	}
+	token := rand.Text() + rand.Text()
+	vols, err := volumes.Start(w.Dir, ownership.TokenHash(token))
+	if err != nil {
+		return fmt.Errorf("the web node's worker: serve its volumes: %w", err)
+	}
+	vols.SetLimits(w.Extract)
+	to := &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(vols.Port())}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(to)
+			r.Out.URL.Path = strings.TrimPrefix(r.In.URL.Path, strings.TrimSuffix(LocalWorkerPath, "/"))
+			r.Out.URL.RawPath = ""
+			r.Out.Header.Set("Authorization", "Bearer "+token)
+		},
+		FlushInterval: -1, // a stream-out's bytes as they come
+		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
+			writeJSON(rw, http.StatusBadGateway, errorJSON(fmt.Errorf("the agent's volume server: %w", err)))
+		},
+	}
+	w.mu.Lock()
+	w.vols, w.proxy = vols, proxy
+	w.mu.Unlock()
+	<-ctx.Done()
+	w.mu.Lock()
+	w.vols, w.proxy = nil, nil
+	w.mu.Unlock()
+	return vols.Kill()
+}
+
+// Handler serves the gateways' calls; anyone else gets 404.
+func (w *LocalWorker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(LocalWorkerPath+"volumes", w.volumes)
+	mux.HandleFunc(LocalWorkerPath+"volumes/", w.volumes)
+	mux.HandleFunc("GET "+LocalWorkerPath+"containers", w.list)
+	mux.HandleFunc("PUT "+LocalWorkerPath+"containers/{handle}", w.create)
+	mux.HandleFunc("DELETE "+LocalWorkerPath+"containers/{handle}", w.destroy)
+	mux.HandleFunc("POST "+LocalWorkerPath+"containers/{handle}/exec", w.execute)
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if mesh.PeerKind(r.Context()) != mesh.KindGateway {
+			http.NotFound(rw, r)
+			return
+		}
+		mux.ServeHTTP(rw, r)
+	})
+}
+
+func (w *LocalWorker) volumes(rw http.ResponseWriter, r *http.Request) {
+	w.mu.Lock()
+	proxy := w.proxy
+	w.mu.Unlock()
+	if proxy == nil {
+		writeJSON(rw, http.StatusServiceUnavailable, map[string]string{"error": "the agent is not serving volumes (starting or stopping)"})
+		return
+	}
+	proxy.ServeHTTP(rw, r)
+}
+
+// localMount is a container's bind mount as the gateway sends it.
+type localMount struct {
+	Path string `json:"path"`
+	// Source is the web node's source path: a volume of this agent's, or
+	// anything else, which is left an empty folder.
+	Source string `json:"source"`
+}
+
+// localContainer is a container's create.
+type localContainer struct {
+	Mounts []localMount `json:"mounts"`
+}
+
+// containerDir is handle's folder, or an error for a handle that is none.
+func (w *LocalWorker) containerDir(handle string) (string, error) {
+	if !validHandle.MatchString(handle) {
+		return "", fmt.Errorf("container handle %q: not a handle jetway takes", handle)
+	}
+	return filepath.Join(w.Dir, "containers", handle), nil
+}
+
+// containerFS is the folder of a container's folder standing in for its
+// filesystem.
+const containerFS = "fs"
+
+func (w *LocalWorker) list(rw http.ResponseWriter, _ *http.Request) {
+	entries, err := os.ReadDir(filepath.Join(w.Dir, "containers"))
+	if err != nil {
+		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	handles := []string{}
+	for _, e := range entries {
+		if e.IsDir() && validHandle.MatchString(e.Name()) {
+			handles = append(handles, e.Name())
+		}
+	}
+	writeJSON(rw, http.StatusOK, handles)
+}
+
+// create makes a container's folder: each mount a link to its volume, or
+// an empty folder, shallowest first so that a nested mount lands in the
+// volume of the mount it is in. Made again, a container is made anew.
+func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
+	dir, err := w.containerDir(r.PathValue("handle"))
+	if err != nil {
+		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		return
+	}
+	var req localContainer
+	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxCreate))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeJSON(rw, http.StatusBadRequest, map[string]string{"error": `body must be {"mounts": [{"path", "source"}]}: ` + err.Error()})
+		return
+	}
+	for _, m := range req.Mounts {
+		if !path.IsAbs(m.Path) || path.Clean(m.Path) == "/" {
+			writeJSON(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("mount %q: not an absolute path below /", m.Path)})
+			return
+		}
+	}
+	slices.SortStableFunc(req.Mounts, func(a, b localMount) int {
+		return strings.Count(path.Clean(a.Path), "/") - strings.Count(path.Clean(b.Path), "/")
+	})
+	tmp := filepath.Join(filepath.Dir(dir), ".making-"+filepath.Base(dir))
+	_ = os.RemoveAll(tmp)
+	if err := w.makeContainer(tmp, req.Mounts); err != nil {
+		_ = os.RemoveAll(tmp)
+		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	if err := w.removeContainer(dir); err != nil {
+		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// makeContainer makes a container's folder at dir.
+func (w *LocalWorker) makeContainer(dir string, mounts []localMount) error {
+	fs := filepath.Join(dir, containerFS)
+	if err := os.MkdirAll(fs, 0o755); err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		at := filepath.Join(fs, filepath.FromSlash(path.Clean(m.Path)))
+		if err := os.MkdirAll(filepath.Dir(at), 0o755); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Path, err)
+		}
+		if vol := w.volume(m.Source); vol != "" {
+			if err := os.Symlink(vol, at); err != nil {
+				return fmt.Errorf("mount %s: %w", m.Path, err)
+			}
+			continue
+		}
+		if err := os.MkdirAll(at, 0o755); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Path, err)
+		}
+	}
+	return nil
+}
+
+// volume is the folder of the volume at src, the path the volume server
+// gives it; "" if src is no volume of this agent.
+func (w *LocalWorker) volume(src string) string {
+	handle := filepath.Base(src)
+	want := filepath.Join(w.Dir, "volumes", handle)
+	if filepath.Clean(src) != want || !volumeHandle(handle) {
+		return ""
+	}
+	if fi, err := os.Stat(want); err != nil || !fi.IsDir() {
+		return ""
+	}
+	return want
+}
+
+// volumeHandle reports whether h can name a volume's folder.
+func volumeHandle(h string) bool {
+	return h != "" && h != "." && h != ".." && !strings.ContainsAny(h, `/\`)
+}
+
+func (w *LocalWorker) destroy(rw http.ResponseWriter, r *http.Request) {
+	dir, err := w.containerDir(r.PathValue("handle"))
+	if err != nil {
+		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		return
+	}
+	if err := w.removeContainer(dir); err != nil {
+		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// removeContainer kills what still runs in a container's folder (the
+// process groups of its runs' processes, which end their supervisors)
+// and removes the folder; the volumes its mounts link to stay.
+func (w *LocalWorker) removeContainer(dir string) error {
+	runs, _ := os.ReadDir(filepath.Join(dir, stepagent.RunsDir))
+	for _, run := range runs {
+		root := filepath.Join(dir, stepagent.RunsDir, run.Name())
+		if _, ended, _ := stepagent.ReadStatus(root); ended {
+			continue
+		}
+		b, err := os.ReadFile(stepagent.Path(root, stepagent.StartedFile))
+		var st stepagent.Started
+		if err != nil || json.Unmarshal(b, &st) != nil || st.PID <= 1 {
+			continue
+		}
+		if err := syscall.Kill(-st.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			w.logger().Warn("kill a destroyed container's process", "dir", dir, "pid", st.PID, "error", err.Error())
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
+// execStderrLimit bounds the stderr an exec sends back.
+const execStderrLimit = 4 << 10
+
+// execute runs one step agent command in a container's folder.
+func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
+	dir, err := w.containerDir(r.PathValue("handle"))
+	if err != nil {
+		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		return
+	}
+	args := r.URL.Query()["arg"]
+	if len(args) == 0 || !slices.Contains(execCommands, args[0]) || !slices.Contains(args, "--run") {
+		writeJSON(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("exec %q: an agent runs the step agent's %v of a process (--run ID) only", args, execCommands)})
+		return
+	}
+	if fi, err := os.Stat(filepath.Join(dir, containerFS)); err != nil || !fi.IsDir() {
+		writeJSON(rw, http.StatusNotFound, map[string]string{"error": "container " + r.PathValue("handle") + " not found on this agent"})
+		return
+	}
+	// The answer streams while the body does: a process's stdin.
+	_ = http.NewResponseController(rw).EnableFullDuplex()
+	cmd := exec.CommandContext(r.Context(), w.StepAgent[0], append(slices.Clone(w.StepAgent[1:]), args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+dir, stepagent.FSEnv+"="+filepath.Join(dir, containerFS))
+	cmd.Stdin = r.Body
+	stderr := &capped{limit: execStderrLimit}
+	cmd.Stderr = stderr
+	rw.Header().Set("Trailer", trailerExitCode+", "+trailerStderr)
+	rw.Header().Set("Content-Type", "application/octet-stream")
+	rw.WriteHeader(http.StatusOK)
+	cmd.Stdout = flushWriter{rw}
+	cmd.WaitDelay = time.Second
+	err = cmd.Run()
+	code := 0
+	var exitErr *exec.ExitError
+	switch {
+	case errors.As(err, &exitErr):
+		code = exitErr.ExitCode()
+	case err != nil:
+		code = -1
+		stderr.WriteString(err.Error())
+	}
+	rw.Header().Set(trailerExitCode, strconv.Itoa(code))
+	rw.Header().Set(trailerStderr, strings.ToValidUTF8(strings.Join(strings.Fields(stderr.String()), " "), "?"))
+}
+
+// flushWriter sends each write at once.
+type flushWriter struct{ w http.ResponseWriter }
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if err == nil {
+		err = http.NewResponseController(f.w).Flush()
+	}
+	return n, err
+}
+
+// capped keeps the first limit bytes written to it.
+type capped struct {
+	strings.Builder
+	limit int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.limit - c.Len(); room > 0 {
+		c.Builder.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+func (w *LocalWorker) logger() *slog.Logger {
+	if w.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return w.Logger
+}

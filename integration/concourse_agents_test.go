@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	gclient "code.cloudfoundry.org/garden/client"
+	gconn "code.cloudfoundry.org/garden/client/connection"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/api"
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/meshtest"
+)
+
+// TestConcourseRunsOnAgents: an agent's worker runs the web node's steps
+// as processes on the agent's machine (fly execute, real web node, real
+// fly, a real `gateway agent` joined over the mesh). A tagged task with
+// params, an uploaded input and an output runs in a folder of the agent's
+// work dir, its image not needed; fly downloads its output; its stdout
+// and stderr are in the build's log, on a terminal as on any worker. fly
+// intercept runs a command in its container. The agent offers no base
+// resource type. A failing task fails the
+// build, a privileged one is refused naming why. The agent killed and
+// restarted mid-task, the task goes on and its build succeeds, its output
+// shown once. The web node's collector destroys the containers: their
+// folders are gone.
+func TestConcourseRunsOnAgents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second,
+		Args: []string{"--gc-one-off-grace-period", "15s", "--gc-hijack-grace-period", "15s"}})
+	ca := meshtest.NewCA(t, "cw-agentrun-ca")
+	member := meshMember(t, ca, ca, "cw-agentrun-gw", "127.0.0.1:0")
+	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "cw-agentrun-gw", mesh: member, state: newState(t),
+		sweep: 500 * time.Millisecond, tokens: []api.Token{adminToken, mainToken}, concourse: concourseTSA(t, web)})
+	const name = "cw-box"
+	ag := joinAgent(t, g, ca, name, "--platform", "linux", "--tag", "box")
+	w := flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	assert.Empty(t, w.ResourceTypes, "an agent runs no image, so no base resource type: checks, gets and puts go elsewhere")
+	containers := filepath.Join(ag.work, "concourse", "containers")
+
+	work := t.TempDir()
+	execute := func(args ...string) (string, error) {
+		fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer fcancel()
+		return web.FlyContext(fctx, append([]string{"execute", "--tag", "box"}, args...)...)
+	}
+
+	// A task with params, an uploaded input and an output, without an
+	// image: it runs in the agent's folder.
+	upload, download := filepath.Join(work, "in"), filepath.Join(work, "out")
+	payload := rand.Text() + "\n"
+	writeFile(t, filepath.Join(upload, "payload"), []byte(payload))
+	require.NoError(t, os.MkdirAll(download, 0o755))
+	copyTask := filepath.Join(work, "copy.yml")
+	writeFile(t, copyTask, []byte("platform: linux\nparams: {NAME: jetway}\ninputs: [{name: in}]\noutputs: [{name: out}]\n"+
+		"run: {path: sh, args: [-c, 'cat in/payload > out/copy && echo \"hello $NAME\" && echo to-stderr >&2']}\n"))
+	out, err := execute("-c", copyTask, "-i", "in="+upload, "-o", "out="+download)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "hello jetway\r\n", "a task runs on a terminal, as on any worker")
+	assert.Contains(t, out, "to-stderr")
+	assert.Contains(t, out, "succeeded")
+	got, err := os.ReadFile(filepath.Join(download, "copy"))
+	require.NoError(t, err, out)
+	assert.Equal(t, payload, string(got))
+	build := regexp.MustCompile(`executing build (\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, build, out)
+
+	// Its container is on the agent's worker, a folder of its work dir.
+	var handle string
+	for _, c := range flyContainers(t, web) {
+		if c.WorkerName == name && c.Type == "task" {
+			handle = c.ID
+		}
+	}
+	require.NotEmpty(t, handle, "fly containers lists the task's container on %s: %v", name, flyContainers(t, web))
+	assert.DirExists(t, filepath.Join(containers, handle))
+	assert.True(t, slices.ContainsFunc(flyVolumes(t, web), func(v flyRow) bool { return v.WorkerName == name }),
+		"fly volumes lists volumes on %s", name)
+
+	// fly intercept runs a command in the build's container, with the
+	// task's params.
+	ictx, icancel := context.WithTimeout(ctx, 60*time.Second)
+	iout, err := web.FlyContext(ictx, "intercept", "-b", build[1], "--", "sh", "-c", `echo "intercepted $NAME"`)
+	icancel()
+	require.NoError(t, err, iout)
+	assert.Contains(t, iout, "intercepted jetway")
+
+	// A failing task fails the build; a privileged one is refused.
+	failing := filepath.Join(work, "failing.yml")
+	writeFile(t, failing, []byte("platform: linux\nrun: {path: sh, args: [-c, 'echo failing-here >&2; exit 3']}\n"))
+	out, err = execute("-c", failing)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "failing-here")
+	assert.Contains(t, out, "failed")
+	// (The web node asks for a privileged container only with an image:
+	// Garden's own client asks here.)
+	srv := httptest.NewServer(g.containers.API(name))
+	t.Cleanup(srv.Close)
+	gc := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	_, err = gc.Create(garden.ContainerSpec{Handle: "cw-box-privileged", Privileged: true})
+	assert.ErrorContains(t, err, "worker cw-box is an agent: it runs processes as its own user, never privileged")
+	assert.NoDirExists(t, filepath.Join(containers, "cw-box-privileged"))
+
+	// The agent killed mid-task and started again: the task, which runs
+	// on without it, ends once it is back, and the build succeeds.
+	started, release := filepath.Join(work, "started"), filepath.Join(work, "release")
+	waiter := filepath.Join(work, "waiter.yml")
+	writeFile(t, waiter, []byte(fmt.Sprintf("platform: linux\nrun: {path: sh, args: [-c, "+
+		"'echo waiting; touch %s; until [ -e %s ]; do sleep 0.05; done; echo released']}\n", started, release)))
+	done := make(chan string, 1)
+	go func() {
+		out, err := execute("-c", waiter)
+		done <- fmt.Sprintf("%s\nfly: %v", out, err)
+	}()
+	eventually(t, 60*time.Second, func() error {
+		if _, err := os.Stat(started); err != nil {
+			return errorf("the task has not started: %v", err)
+		}
+		return nil
+	})
+	ag.kill(t)
+	ag.restart(t)
+	waitWorker(t, g, name, "running")
+	writeFile(t, release, nil)
+	select {
+	case out := <-done:
+		assert.Contains(t, out, "succeeded", out)
+		assert.Equal(t, 1, strings.Count(out, "waiting\r\n"), "the task's output is shown once: %s", out)
+		assert.Equal(t, 1, strings.Count(out, "released\r\n"), out)
+	case <-ctx.Done():
+		t.Fatal("fly execute did not end after the agent's restart")
+	}
+
+	// The web node collects the one-off builds' containers: their
+	// folders go.
+	eventually(t, 90*time.Second, func() error {
+		if slices.ContainsFunc(flyContainers(t, web), func(c flyRow) bool { return c.WorkerName == name }) {
+			return errorf("fly still lists containers on %s", name)
+		}
+		entries, err := os.ReadDir(containers)
+		if err != nil {
+			return err
+		}
+		if len(entries) > 0 {
+			return errorf("the agent still holds %d containers", len(entries))
+		}
+		return nil
+	})
+}
