@@ -87,6 +87,12 @@ func (w *LocalWorker) Start(ctx context.Context) error {
 			return fmt.Errorf("the web node's worker: %w", err)
 		}
 	}
+	// A container half made when the agent stopped is made again, if
+	// ever, from the start.
+	half, _ := filepath.Glob(filepath.Join(w.Dir, "containers", makingPrefix+"*"))
+	for _, dir := range half {
+		_ = os.RemoveAll(dir)
+	}
 	token := rand.Text() + rand.Text()
 	vols, err := volumes.Start(w.Dir, ownership.TokenHash(token))
 	if err != nil {
@@ -166,6 +172,10 @@ func (w *LocalWorker) containerDir(handle string) (string, error) {
 	return filepath.Join(w.Dir, "containers", handle), nil
 }
 
+// makingPrefix names a container's folder while it is made: no handle
+// starts with a dot.
+const makingPrefix = ".making-"
+
 // containerFS is the folder of a container's folder standing in for its
 // filesystem.
 const containerFS = "fs"
@@ -210,7 +220,7 @@ func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 	slices.SortStableFunc(req.Mounts, func(a, b localMount) int {
 		return strings.Count(path.Clean(a.Path), "/") - strings.Count(path.Clean(b.Path), "/")
 	})
-	tmp := filepath.Join(filepath.Dir(dir), ".making-"+filepath.Base(dir))
+	tmp := filepath.Join(filepath.Dir(dir), makingPrefix+filepath.Base(dir))
 	_ = os.RemoveAll(tmp)
 	if err := w.makeContainer(tmp, req.Mounts); err != nil {
 		_ = os.RemoveAll(tmp)

@@ -35,7 +35,8 @@ import (
 // build, a privileged one is refused naming why. The agent killed and
 // restarted mid-task, the task goes on and its build succeeds, its output
 // shown once. The web node's collector destroys the containers: their
-// folders are gone.
+// folders are gone. One pipeline build runs across a cluster target and
+// the agent, each task's output the next one's input.
 func TestConcourseRunsOnAgents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -43,7 +44,10 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 		Args: []string{"--gc-one-off-grace-period", "15s", "--gc-hijack-grace-period", "15s"}})
 	ca := meshtest.NewCA(t, "cw-agentrun-ca")
 	member := meshMember(t, ca, ca, "cw-agentrun-gw", "127.0.0.1:0")
-	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "cw-agentrun-gw", mesh: member, state: newState(t),
+	dir := t.TempDir()
+	const cluster = "cw-boxcl"
+	placeTarget(ctx, t, clusters[0], dir, cluster, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{identity: "cw-agentrun-gw", mesh: member, state: newState(t),
 		sweep: 500 * time.Millisecond, tokens: []api.Token{adminToken, mainToken}, concourse: concourseTSA(t, web)})
 	const name = "cw-box"
 	ag := joinAgent(t, g, ca, name, "--platform", "linux", "--tag", "box")
@@ -159,4 +163,48 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 		}
 		return nil
 	})
+
+	// One build across a cluster target and the agent: an output made in
+	// a pod is an input on the agent, whose output is an input in a pod
+	// again (the web node streams each between the two workers).
+	pipeline := filepath.Join(work, "pipeline.yml")
+	writeFile(t, pipeline, []byte(`jobs:
+- name: across
+  plan:
+  - task: make
+    config:
+      platform: linux
+      rootfs_uri: docker:///busybox
+      outputs: [{name: made}]
+      run: {path: sh, args: [-c, 'echo from-the-cluster > made/file']}
+  - task: use
+    tags: [box]
+    config:
+      platform: linux
+      inputs: [{name: made}]
+      outputs: [{name: used}]
+      run: {path: sh, args: [-c, 'echo "$(cat made/file), through the agent" > used/file; echo "on the agent: $(cat made/file)"']}
+  - task: back
+    config:
+      platform: linux
+      rootfs_uri: docker:///busybox
+      inputs: [{name: used}]
+      run: {path: sh, args: [-c, 'echo "back on the cluster: $(cat used/file)"']}
+`))
+	fly := func(args ...string) string {
+		t.Helper()
+		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		require.NoError(t, err, out)
+		return out
+	}
+	fly("set-pipeline", "-n", "-p", "across", "-c", pipeline)
+	fly("unpause-pipeline", "-p", "across")
+	out = fly("trigger-job", "-j", "across/across", "--watch")
+	assert.Contains(t, out, "selected worker:\x1b[0m "+cluster)
+	assert.Contains(t, out, "selected worker:\x1b[0m "+name)
+	assert.Contains(t, out, "on the agent: from-the-cluster\r\n")
+	assert.Contains(t, out, "back on the cluster: from-the-cluster, through the agent\r\n")
+	assert.Contains(t, out, "succeeded")
 }
