@@ -208,3 +208,75 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	assert.Contains(t, out, "back on the cluster: from-the-cluster, through the agent\r\n")
 	assert.Contains(t, out, "succeeded")
 }
+
+// TestConcourseAgentBuildsOutliveAGatewayKill: a task on an agent's
+// worker; the gateway the agent joined (one of two `gateway run`
+// replicas, registered over REST) is SIGKILLed mid-task and started
+// again. The agent joins it again, it registers the agent's worker again,
+// the web node attaches to the process again through it, and the build
+// succeeds, the task run once.
+func TestConcourseAgentBuildsOutliveAGatewayKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "agent-kill-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeFile(t, secret, []byte(client.Secret))
+	ca := meshtest.NewCA(t, "cw-agentkill-ca")
+	rs := replicasOf(t, ca, t.TempDir(), "--concourse-url", web.URL, "--concourse-client-id", client.ID,
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1")
+	const name = "cw-kbox"
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
+	work := t.TempDir()
+	t.Cleanup(func() { killStepProcesses(t, work) })
+	startAgent(t, "--join", rs[0].mesh, "--ca", caFile, "--cert", certFile, "--key", keyFile, "--work-dir", work,
+		"--platform", "linux", "--tag", "box", "--log-level", "debug")
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	files := t.TempDir()
+	runs, release := filepath.Join(files, "runs"), filepath.Join(files, "release")
+	task := filepath.Join(files, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrun: {path: sh, args: [-c, 'echo ran >> "+runs+
+		"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, "execute", "--tag", "box", "-c", task)
+		done <- result{out, err}
+	}()
+	eventually(t, 90*time.Second, func() error {
+		if _, err := os.Stat(runs); err != nil {
+			return errorf("the task does not run yet")
+		}
+		return nil
+	})
+	rs[0].kill(t)
+	rs[0].start(t)
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	writeFile(t, release, nil)
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		t.Fatal("fly execute did not end")
+	}
+	require.NoError(t, r.err, r.out)
+	assert.Contains(t, r.out, "finished\r\n")
+	assert.Contains(t, r.out, "succeeded")
+	b, err := os.ReadFile(runs)
+	require.NoError(t, err)
+	assert.Equal(t, "ran\n", string(b), "the task ran once")
+	// The restarted gateway served the web node's attach to the process.
+	attach := regexp.MustCompile(`"msg":"web node call"[^\n]*"method":"GET","path":"/containers/[^"]+/processes/[^"]+"`)
+	eventually(t, 10*time.Second, func() error {
+		if !attach.MatchString(rs[0].proc.logs.String()) {
+			return errorf("the restarted gateway logged no attach of the web node's")
+		}
+		return nil
+	})
+}

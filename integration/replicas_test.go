@@ -78,7 +78,13 @@ func (r *replica) restart(t *testing.T) {
 // replicas starts two replicas over the targets in dir, with flags.
 func replicas(t *testing.T, dir string, flags ...string) [2]*replica {
 	t.Helper()
-	ca := meshtest.NewCA(t, "replicas-ca")
+	return replicasOf(t, meshtest.NewCA(t, "replicas-ca"), dir, flags...)
+}
+
+// replicasOf is replicas whose mesh certificates ca issues (an agent
+// joins them with one of its own).
+func replicasOf(t *testing.T, ca *meshtest.CA, dir string, flags ...string) [2]*replica {
+	t.Helper()
 	state := newState(t)
 	var rs [2]*replica
 	for i := range rs {
