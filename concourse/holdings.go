@@ -48,9 +48,10 @@ type PodTargets interface {
 	Target(name string) (*targets.Target, error)
 }
 
-// Pods are the holdings of cluster targets: a container is one the web
-// node made (its record, Records) or a pod jetway sealed carrying
-// ContainerLabel; a volume is one its Holder keeps (nil: none).
+// Pods are the holdings of cluster targets and agents' workers: a
+// container is one the web node made (its record, Records), a pod jetway
+// sealed carrying ContainerLabel, or a folder of an agent's; a volume is
+// one its Holder keeps (nil: none), or the agent.
 type Pods struct {
 	Targets PodTargets
 	// Key is the installation's pod key, zero until it is read.
@@ -62,8 +63,9 @@ type Pods struct {
 }
 
 // Containers lists the target's containers: those recorded, and the
-// sealed pods with ContainerLabel in the target's pod cache (a pod whose
-// record is gone is reported, so that the web node names it to destroy).
+// sealed pods with ContainerLabel in the target's pod cache, or an
+// agent's folders (a pod or folder whose record is gone is reported, so
+// that the web node names it to destroy).
 func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	t, key, err := h.ready(target)
 	if err != nil {
@@ -98,9 +100,9 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	return slices.Compact(handles), nil
 }
 
-// DestroyContainer deletes the sealed pods of handle, then its record; a
-// pod of that handle jetway did not seal stays, and the answer is
-// ErrNotOurs.
+// DestroyContainer deletes the sealed pods of handle (on an agent, its
+// folder), then its record; a pod of that handle jetway did not seal
+// stays, and the answer is ErrNotOurs.
 func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error {
 	t, key, err := h.ready(target)
 	switch {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -30,13 +31,15 @@ import (
 // params, an uploaded input and an output runs in a folder of the agent's
 // work dir, its image not needed; fly downloads its output; its stdout
 // and stderr are in the build's log, on a terminal as on any worker. fly
-// intercept runs a command in its container. The agent offers no base
+// intercept runs a command in its container, also on a terminal, and
+// fly abort-build ends a running task's process. The agent offers no base
 // resource type. A failing task fails the
 // build, a privileged one is refused naming why. The agent killed and
 // restarted mid-task, the task goes on and its build succeeds, its output
 // shown once. The web node's collector destroys the containers: their
 // folders are gone. One pipeline build runs across a cluster target and
-// the agent, each task's output the next one's input.
+// the agent, each task's output the next one's input, and the agent's
+// task cache is reused by the next build.
 func TestConcourseRunsOnAgents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -101,6 +104,8 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	icancel()
 	require.NoError(t, err, iout)
 	assert.Contains(t, iout, "intercepted jetway")
+	// And on a terminal of the agent's machine, resized.
+	interceptOnATerminal(ctx, t, web, "-b", build[1])
 
 	// A failing task fails the build; a privileged one is refused.
 	failing := filepath.Join(work, "failing.yml")
@@ -117,6 +122,31 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	_, err = gc.Create(garden.ContainerSpec{Handle: "cw-box-privileged", Privileged: true})
 	assert.ErrorContains(t, err, "worker cw-box is an agent: it runs processes as its own user, never privileged")
 	assert.NoDirExists(t, filepath.Join(containers, "cw-box-privileged"))
+
+	// fly abort-build ends a running task: its process is killed.
+	sleeping := filepath.Join(work, "sleeping")
+	sleeper := filepath.Join(work, "sleeper.yml")
+	writeFile(t, sleeper, []byte("platform: linux\nrun: {path: sh, args: [-c, 'echo sleeping; touch "+sleeping+"; exec sleep 600']}\n"))
+	aborted := make(chan string, 1)
+	go func() {
+		out, err := execute("-c", sleeper)
+		aborted <- fmt.Sprintf("%s\nfly: %v", out, err)
+	}()
+	eventually(t, 60*time.Second, func() error {
+		if _, err := os.Stat(sleeping); err != nil {
+			return errorf("the sleeper has not started: %v", err)
+		}
+		return nil
+	})
+	_, err = web.Fly("abort-build", "-b", startedBuild(t, web))
+	require.NoError(t, err)
+	select {
+	case out := <-aborted:
+		assert.Contains(t, out, "interrupted")
+	case <-time.After(60 * time.Second):
+		t.Fatal("fly execute did not end after fly abort-build")
+	}
+	waitNoStepProcesses(t, ag.work)
 
 	// The agent killed mid-task and started again: the task, which runs
 	// on without it, ends once it is back, and the build succeeds.
@@ -183,7 +213,8 @@ func TestConcourseRunsOnAgents(t *testing.T) {
       platform: linux
       inputs: [{name: made}]
       outputs: [{name: used}]
-      run: {path: sh, args: [-c, 'echo "$(cat made/file), through the agent" > used/file; echo "on the agent: $(cat made/file)"']}
+      caches: [{path: cache}]
+      run: {path: sh, args: [-c, 'echo "$(cat made/file), through the agent" > used/file; echo "on the agent: $(cat made/file)"; echo "cached: $(cat cache/n 2>/dev/null)"; echo 1 > cache/n']}
   - task: back
     config:
       platform: linux
@@ -206,6 +237,11 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	assert.Contains(t, out, "selected worker:\x1b[0m "+name)
 	assert.Contains(t, out, "on the agent: from-the-cluster\r\n")
 	assert.Contains(t, out, "back on the cluster: from-the-cluster, through the agent\r\n")
+	assert.Contains(t, out, "cached: \r\n", "the first build's task cache is empty")
+	assert.Contains(t, out, "succeeded")
+	// The task cache on the agent is reused by the next build.
+	out = fly("trigger-job", "-j", "across/across", "--watch")
+	assert.Contains(t, out, "cached: 1\r\n", "the next build reuses the task cache")
 	assert.Contains(t, out, "succeeded")
 }
 
@@ -279,4 +315,24 @@ func TestConcourseAgentBuildsOutliveAGatewayKill(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// startedBuild is the ID of the web node's one started build.
+func startedBuild(t *testing.T, web *cwn.WebNode) string {
+	t.Helper()
+	out, err := web.Fly("builds", "--json")
+	require.NoError(t, err)
+	var builds []struct {
+		ID     int    `json:"id"`
+		Status string `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &builds), out)
+	var started []string
+	for _, b := range builds {
+		if b.Status == "started" {
+			started = append(started, fmt.Sprint(b.ID))
+		}
+	}
+	require.Len(t, started, 1, "started builds: %s", out)
+	return started[0]
 }

@@ -109,8 +109,10 @@ func agentCommand(stderr io.Writer) *cobra.Command {
 becomes one target, named after its certificate (an agent certificate:
 gateway mesh issue --agent). Steps placed on it run as processes of this
 machine's user, each in a fresh folder under --work-dir; their volumes
-are served to the gateways through the tunnel. There are no containers:
-see docs/agent.md for what isolation an operator gets.`,
+are served to the gateways through the tunnel. A gateway registered with
+a Concourse web node registers the agent as a worker too, whose tasks run
+here the same way (docs/concourse.md). There are no containers: see
+docs/agent.md for what isolation an operator gets.`,
 		Args: noArgs,
 	}
 	fl := cmd.Flags()
