@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -340,15 +341,28 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 	cmd := exec.CommandContext(r.Context(), w.StepAgent[0], append(slices.Clone(w.StepAgent[1:]), args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+dir, stepagent.FSEnv+"="+filepath.Join(dir, containerFS))
-	cmd.Stdin = r.Body
 	stderr := &capped{limit: execStderrLimit}
 	cmd.Stderr = stderr
+	cmd.Stdout = flushWriter{rw}
+	cmd.WaitDelay = time.Second
 	rw.Header().Set("Trailer", trailerExitCode+", "+trailerStderr)
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.WriteHeader(http.StatusOK)
-	cmd.Stdout = flushWriter{rw}
-	cmd.WaitDelay = time.Second
-	err = cmd.Run()
+	// The body is copied by a goroutine of this handler's, not the
+	// command's: a process's stdin (the web node's stream) may stay open
+	// after it ended, and the command's own copy would hold its Wait
+	// until then. This one ends when the call does.
+	stdin, err := cmd.StdinPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err == nil {
+		go func() {
+			_, _ = io.Copy(stdin, r.Body)
+			_ = stdin.Close()
+		}()
+		err = cmd.Wait()
+	}
 	code := 0
 	var exitErr *exec.ExitError
 	switch {

@@ -133,6 +133,16 @@ func TestLocalWorkerExec(t *testing.T) {
 	root := filepath.Join(dir, "containers", "c1")
 	assert.Equal(t, "stdin-bytes\nroot="+root+" fs="+filepath.Join(root, "fs")+" args=tail --run p1\n", out.String())
 
+	// A process's stdin may stay open after it ends (the web node's
+	// stream): the exec ends with the process, and says it succeeded.
+	quick := localWorker(t, t.TempDir(), mesh.KindGateway, "sh", "-c", "echo ended", "sh")
+	require.NoError(t, quick.makeContainer(ctx, "box", "c1", nil))
+	stdin, open := io.Pipe()
+	defer open.Close()
+	out.Reset()
+	require.NoError(t, quick.exec("box", "c1")(ctx, nil, "", []string{stepagent.BinPath, "run", "--run", "p1"}, stdin, &out))
+	assert.Equal(t, "ended\n", out.String())
+
 	for _, cmd := range [][]string{
 		{stepagent.BinPath, "install", "/x", "--run", "p1"},
 		{stepagent.BinPath, "tail"},
