@@ -319,7 +319,8 @@ func (c *Containers) target(target string) (*targets.Target, steps.PodOptions, e
 		return nil, steps.PodOptions{}, err
 	}
 	if t == nil {
-		return nil, steps.PodOptions{}, fmt.Errorf("worker %s is an agent: jetway runs a web node's containers on cluster targets only, not on agents yet", target)
+		return nil, steps.PodOptions{}, fmt.Errorf("worker %s is neither a cluster target nor an agent joined to this gateway: "+
+			"jetway runs no container for it here", target)
 	}
 	opts := c.Pod()
 	if opts.Key.IsZero() {
