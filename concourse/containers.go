@@ -155,30 +155,51 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if err != nil {
 		return nil, err
 	}
-	ct := &Container{Target: target, Pod: steps.PodName(t.Config.Meta.Team, "concourse-"+spec.Handle), Image: image,
-		Spec: spec, Created: time.Now().UTC(), properties: spec.Properties}
+	ct := newContainer(target, spec)
+	ct.Pod, ct.Image = steps.PodName(t.Config.Meta.Team, "concourse-"+spec.Handle), image
+	err = c.recordAndMake(ctx, ct, func() error {
+		pod := steps.ContainerPod(t, steps.ContainerPodSpec{
+			Name: ct.Pod, Team: t.Config.Meta.Team, Image: image,
+			Labels:    map[string]string{ContainerLabel: spec.Handle},
+			Resources: resources(spec.Limits), Privileged: spec.Privileged, Mounts: mounts,
+		}, opts)
+		if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("make the pod %s/%s of container %s: %w", t.Namespace(), ct.Pod, spec.Handle, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.logger().Info("container made", "target", target, "handle", spec.Handle, "pod", ct.Pod, "image", image, "privileged", spec.Privileged)
+	return ct, nil
+}
+
+// newContainer is target's container of spec, before it is recorded.
+func newContainer(target string, spec garden.ContainerSpec) *Container {
+	ct := &Container{Target: target, Spec: spec, Created: time.Now().UTC(), properties: spec.Properties}
 	ct.Spec.Properties = nil // kept once, as the properties
 	if ct.properties == nil {
 		ct.properties = garden.Properties{}
 	}
+	return ct
+}
+
+// recordAndMake records ct, then makes it (its pod, its folder on an
+// agent): a container never lacks its record. If making it fails, the
+// record is forgotten again.
+func (c *Containers) recordAndMake(ctx context.Context, ct *Container, build func() error) error {
 	if err := c.Records.Create(ctx, ct); err != nil {
-		return nil, err
+		return err
 	}
-	pod := steps.ContainerPod(t, steps.ContainerPodSpec{
-		Name: ct.Pod, Team: t.Config.Meta.Team, Image: image,
-		Labels:    map[string]string{ContainerLabel: spec.Handle},
-		Resources: resources(spec.Limits), Privileged: spec.Privileged, Mounts: mounts,
-	}, opts)
-	if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		err = fmt.Errorf("make the pod %s/%s of container %s: %w", t.Namespace(), ct.Pod, spec.Handle, err)
-		if ferr := c.Records.Delete(context.WithoutCancel(ctx), target, spec.Handle); ferr != nil {
+	if err := build(); err != nil {
+		if ferr := c.Records.Delete(context.WithoutCancel(ctx), ct.Target, ct.Handle()); ferr != nil {
 			err = fmt.Errorf("%w (and its record stays: %v)", err, ferr)
 		}
-		return nil, err
+		return err
 	}
 	c.Metrics.container("created")
-	c.logger().Info("container made", "target", target, "handle", spec.Handle, "pod", ct.Pod, "image", image, "privileged", spec.Privileged)
-	return ct, nil
+	return nil
 }
 
 // onAgent reports whether target is the worker of an agent joined to
@@ -204,22 +225,17 @@ func (c *Containers) createOnAgent(ctx context.Context, target string, spec gard
 	for _, bm := range spec.BindMounts {
 		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
 	}
-	ct := &Container{Target: target, Agent: true, Spec: spec, Created: time.Now().UTC(), properties: spec.Properties}
-	ct.Spec.Properties = nil
-	if ct.properties == nil {
-		ct.properties = garden.Properties{}
-	}
-	if err := c.Records.Create(ctx, ct); err != nil {
-		return nil, err
-	}
-	if err := c.Agents.makeContainer(ctx, target, spec.Handle, mounts); err != nil {
-		err = fmt.Errorf("make container %s: %w", spec.Handle, err)
-		if ferr := c.Records.Delete(context.WithoutCancel(ctx), target, spec.Handle); ferr != nil {
-			err = fmt.Errorf("%w (and its record stays: %v)", err, ferr)
+	ct := newContainer(target, spec)
+	ct.Agent = true
+	err := c.recordAndMake(ctx, ct, func() error {
+		if err := c.Agents.makeContainer(ctx, target, spec.Handle, mounts); err != nil {
+			return fmt.Errorf("make container %s: %w", spec.Handle, err)
 		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	c.Metrics.container("created")
 	c.logger().Info("container made on an agent", "target", target, "handle", spec.Handle)
 	return ct, nil
 }
@@ -279,20 +295,11 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 		return err
 	}
 	if ct.Agent {
-		if err := c.destroyOnAgent(ctx, target, handle); err != nil {
-			return err
-		}
-		if err := c.Records.Delete(ctx, target, handle); err != nil {
-			return err
-		}
-		c.Metrics.container("destroyed")
-		return nil
+		err = c.destroyOnAgent(ctx, target, handle)
+	} else {
+		err = c.destroyPods(ctx, target, handle)
 	}
-	t, opts, err := c.target(target)
-	if err != nil {
-		return err
-	}
-	if err := destroyPods(ctx, t, opts.Key, handle); err != nil && !errors.Is(err, ErrNotOurs) {
+	if err != nil && !errors.Is(err, ErrNotOurs) {
 		return err
 	}
 	if err := c.Records.Delete(ctx, target, handle); err != nil {
@@ -300,6 +307,15 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	}
 	c.Metrics.container("destroyed")
 	return nil
+}
+
+// destroyPods deletes the sealed pods of target's container handle.
+func (c *Containers) destroyPods(ctx context.Context, target, handle string) error {
+	t, opts, err := c.target(target)
+	if err != nil {
+		return err
+	}
+	return destroyPods(ctx, t, opts.Key, handle)
 }
 
 // destroyOnAgent removes target's container handle from its agent's

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/capped"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/mesh"
@@ -341,7 +342,7 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 	cmd := exec.CommandContext(r.Context(), w.StepAgent[0], append(slices.Clone(w.StepAgent[1:]), args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), stepagent.RootEnv+"="+dir, stepagent.FSEnv+"="+filepath.Join(dir, containerFS))
-	stderr := &capped{limit: execStderrLimit}
+	stderr := &capped.Buffer{Limit: execStderrLimit}
 	cmd.Stderr = stderr
 	cmd.Stdout = flushWriter{rw}
 	cmd.WaitDelay = time.Second
@@ -370,7 +371,7 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 		code = exitErr.ExitCode()
 	case err != nil:
 		code = -1
-		stderr.WriteString(err.Error())
+		_, _ = stderr.Write([]byte(err.Error()))
 	}
 	rw.Header().Set(trailerExitCode, strconv.Itoa(code))
 	rw.Header().Set(trailerStderr, strings.ToValidUTF8(strings.Join(strings.Fields(stderr.String()), " "), "?"))
@@ -385,19 +386,6 @@ func (f flushWriter) Write(p []byte) (int, error) {
 		err = http.NewResponseController(f.w).Flush()
 	}
 	return n, err
-}
-
-// capped keeps the first limit bytes written to it.
-type capped struct {
-	strings.Builder
-	limit int
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	if room := c.limit - c.Len(); room > 0 {
-		c.Builder.Write(p[:min(room, len(p))])
-	}
-	return len(p), nil
 }
 
 func (w *LocalWorker) logger() *slog.Logger {

@@ -127,22 +127,13 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	sleeping := filepath.Join(work, "sleeping")
 	sleeper := filepath.Join(work, "sleeper.yml")
 	writeFile(t, sleeper, []byte("platform: linux\nrun: {path: sh, args: [-c, 'echo sleeping; touch "+sleeping+"; exec sleep 600']}\n"))
-	aborted := make(chan string, 1)
-	go func() {
-		out, err := execute("-c", sleeper)
-		aborted <- fmt.Sprintf("%s\nfly: %v", out, err)
-	}()
-	eventually(t, 60*time.Second, func() error {
-		if _, err := os.Stat(sleeping); err != nil {
-			return errorf("the sleeper has not started: %v", err)
-		}
-		return nil
-	})
+	aborted := flyAsync(ctx, web, 90*time.Second, "execute", "--tag", "box", "-c", sleeper)
+	awaitFile(t, sleeping, 60*time.Second)
 	_, err = web.Fly("abort-build", "-b", startedBuild(t, web))
 	require.NoError(t, err)
 	select {
-	case out := <-aborted:
-		assert.Contains(t, out, "interrupted")
+	case r := <-aborted:
+		assert.Contains(t, fmt.Sprintf("%s\nfly: %v", r.out, r.err), "interrupted")
 	case <-time.After(60 * time.Second):
 		t.Fatal("fly execute did not end after fly abort-build")
 	}
@@ -154,23 +145,15 @@ func TestConcourseRunsOnAgents(t *testing.T) {
 	waiter := filepath.Join(work, "waiter.yml")
 	writeFile(t, waiter, []byte(fmt.Sprintf("platform: linux\nrun: {path: sh, args: [-c, "+
 		"'echo waiting; touch %s; until [ -e %s ]; do sleep 0.05; done; echo released']}\n", started, release)))
-	done := make(chan string, 1)
-	go func() {
-		out, err := execute("-c", waiter)
-		done <- fmt.Sprintf("%s\nfly: %v", out, err)
-	}()
-	eventually(t, 60*time.Second, func() error {
-		if _, err := os.Stat(started); err != nil {
-			return errorf("the task has not started: %v", err)
-		}
-		return nil
-	})
+	done := flyAsync(ctx, web, 90*time.Second, "execute", "--tag", "box", "-c", waiter)
+	awaitFile(t, started, 60*time.Second)
 	ag.kill(t)
 	ag.restart(t)
 	waitWorker(t, g, name, "running")
 	writeFile(t, release, nil)
 	select {
-	case out := <-done:
+	case r := <-done:
+		out := fmt.Sprintf("%s\nfly: %v", r.out, r.err)
 		assert.Contains(t, out, "succeeded", out)
 		assert.Equal(t, 1, strings.Count(out, "waiting\r\n"), "the task's output is shown once: %s", out)
 		assert.Equal(t, 1, strings.Count(out, "released\r\n"), out)
@@ -269,33 +252,14 @@ func TestConcourseAgentBuildsOutliveAGatewayKill(t *testing.T) {
 		"--platform", "linux", "--tag", "box", "--log-level", "debug")
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
-	files := t.TempDir()
-	runs, release := filepath.Join(files, "runs"), filepath.Join(files, "release")
-	task := filepath.Join(files, "task.yml")
-	writeFile(t, task, []byte("platform: linux\nrun: {path: sh, args: [-c, 'echo ran >> "+runs+
-		"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
-	type result struct {
-		out string
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, "execute", "--tag", "box", "-c", task)
-		done <- result{out, err}
-	}()
-	eventually(t, 90*time.Second, func() error {
-		if _, err := os.Stat(runs); err != nil {
-			return errorf("the task does not run yet")
-		}
-		return nil
-	})
+	task, runs, release := waitingTask(t, "platform: linux\n")
+	done := flyAsync(ctx, web, 3*time.Minute, "execute", "--tag", "box", "-c", task)
+	awaitFile(t, runs, 90*time.Second)
 	rs[0].kill(t)
 	rs[0].start(t)
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 	writeFile(t, release, nil)
-	var r result
+	var r flyResult
 	select {
 	case r = <-done:
 	case <-ctx.Done():

@@ -603,31 +603,12 @@ func TestConcourseBuildsOutliveARestart(t *testing.T) {
 	// counts its runs in a file and waits for another), calls stop once it
 	// runs, then releases it, and returns fly's output and the runs.
 	build := func(t *testing.T, stop func()) (string, string) {
-		work := t.TempDir()
-		runs, release := filepath.Join(work, "runs"), filepath.Join(work, "release")
-		task := filepath.Join(work, "task.yml")
-		writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox\nrun: {path: sh, args: [-c, 'echo ran >> "+runs+
-			"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
-		type result struct {
-			out string
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
-			defer fcancel()
-			out, err := web.FlyContext(fctx, "execute", "-c", task)
-			done <- result{out, err}
-		}()
-		eventually(t, 90*time.Second, func() error {
-			if _, err := os.Stat(runs); err != nil {
-				return errorf("the task does not run yet")
-			}
-			return nil
-		})
+		task, runs, release := waitingTask(t, "platform: linux\nrootfs_uri: docker:///busybox\n")
+		done := flyAsync(ctx, web, 3*time.Minute, "execute", "-c", task)
+		awaitFile(t, runs, 90*time.Second)
 		stop()
 		writeFile(t, release, nil)
-		var r result
+		var r flyResult
 		select {
 		case r = <-done:
 		case <-ctx.Done():
@@ -669,4 +650,46 @@ func TestConcourseBuildsOutliveARestart(t *testing.T) {
 	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
 	_, runs = build(t, func() { rs[i].kill(t) })
 	assert.Equal(t, "ran\n", runs, "the task ran once")
+}
+
+// flyResult is what fly printed, and how it ended.
+type flyResult struct {
+	out string
+	err error
+}
+
+// flyAsync runs fly with args, for at most within, while the test goes
+// on; its result comes on the channel.
+func flyAsync(ctx context.Context, web *cwn.WebNode, within time.Duration, args ...string) <-chan flyResult {
+	done := make(chan flyResult, 1)
+	go func() {
+		fctx, fcancel := context.WithTimeout(ctx, within)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		done <- flyResult{out, err}
+	}()
+	return done
+}
+
+// awaitFile waits until file is there (a task on this machine made it).
+func awaitFile(t *testing.T, file string, within time.Duration) {
+	t.Helper()
+	eventually(t, within, func() error {
+		if _, err := os.Stat(file); err != nil {
+			return errorf("the task has not made %s yet: %v", file, err)
+		}
+		return nil
+	})
+}
+
+// waitingTask writes a task file of config (its platform, its image)
+// whose process (on this machine: kwok's or an agent's) appends a line to
+// runs, says before, waits until release is there and says finished.
+func waitingTask(t *testing.T, config string) (task, runs, release string) {
+	t.Helper()
+	work := t.TempDir()
+	task, runs, release = filepath.Join(work, "task.yml"), filepath.Join(work, "runs"), filepath.Join(work, "release")
+	writeFile(t, task, []byte(config+"run: {path: sh, args: [-c, 'echo ran >> "+runs+
+		"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
+	return task, runs, release
 }

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/transport/websocket"
 	utilexec "k8s.io/client-go/util/exec"
 
+	"github.com/jetway-ci/jetway/internal/capped"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -66,7 +67,7 @@ func ExecContainer(ctx context.Context, t *targets.Target, pod, container string
 	req := t.Core.RESTClient().Post().Namespace(t.Namespace()).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
-	stderr := &capped{limit: stderrLimit}
+	stderr := &capped.Buffer{Limit: stderrLimit} // client-go may still write to it after the exec returned
 	err := execWebSocket(ctx, t.Config.REST, req.URL(), stdin, stdout, stderr)
 	if httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err) {
 		var spdy remotecommand.Executor
@@ -223,27 +224,4 @@ func execStatus(raw []byte) error {
 		}
 	}
 	return errors.New(cmp.Or(st.Message, "exec failed with status "+string(raw)))
-}
-
-// capped keeps the first limit bytes written to it. client-go may still
-// write to it after the exec returned, hence the lock.
-type capped struct {
-	mu    sync.Mutex
-	b     []byte
-	limit int
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if room := c.limit - len(c.b); room > 0 {
-		c.b = append(c.b, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (c *capped) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return string(c.b)
 }

@@ -1,0 +1,18 @@
+package capped
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestBufferKeepsTheStart(t *testing.T) {
+	b := &Buffer{Limit: 5}
+	n, err := b.Write([]byte("abc"))
+	assert.NoError(t, err)
+	assert.Equal(t, 3, n)
+	n, err = b.Write([]byte("defgh"))
+	assert.NoError(t, err)
+	assert.Equal(t, 5, n, "a write past the limit is taken whole, and dropped")
+	assert.Equal(t, "abcde", b.String())
+}
