@@ -158,7 +158,7 @@ func TestAgentSurvivesADroppedTunnel(t *testing.T) {
 	member := meshMember(t, ca, ca, "blip-gw", "127.0.0.1:0")
 	g := startGateway(t, t.TempDir(), gatewayOptions{identity: "blip-gw", mesh: member})
 	proxy := startCutProxy(t, g.meshAddr)
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-blip", time.Now().Add(time.Hour), meshtest.AgentURI)
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "mac-blip", time.Now().Add(time.Hour), meshtest.AgentURIs("")...)
 	work := t.TempDir()
 	ag := startAgent(t, "--join", proxy.ln.Addr().String(), "--ca", caFile, "--cert", certFile, "--key", keyFile,
 		"--work-dir", work, "--platform", "darwin")

@@ -56,7 +56,7 @@ type joinedAgent struct {
 // running. Whatever its steps leave running is killed when the test ends.
 func joinAgent(t *testing.T, g *gateway, ca *meshtest.CA, name string, args ...string) *joinedAgent {
 	t.Helper()
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), agentURIs(args)...)
 	work := t.TempDir()
 	args = append([]string{"--join", g.meshAddr, "--ca", caFile, "--cert", certFile, "--key", keyFile,
 		"--work-dir", work, "--log-level", "debug"}, args...)
@@ -64,6 +64,23 @@ func joinAgent(t *testing.T, g *gateway, ca *meshtest.CA, name string, args ...s
 	a := &joinedAgent{agentProcess: startAgent(t, args...), work: work, args: args}
 	waitWorker(t, g, name, "running")
 	return a
+}
+
+// agentURIs are the URI SANs of the certificate an operator issues for an
+// agent started with args: its role, and the team and tags its --team
+// and --tag name (global without --team).
+func agentURIs(args []string) []string {
+	var team string
+	var tags []string
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "--team":
+			team = args[i+1]
+		case "--tag":
+			tags = append(tags, args[i+1])
+		}
+	}
+	return meshtest.AgentURIs(team, tags...)
 }
 
 // restart starts the agent again, on the same work dir.
@@ -442,7 +459,7 @@ func TestAgentCertificates(t *testing.T) {
 		assert.False(t, g.listed(t, "ac-wrong"))
 	})
 	t.Run("a gateway with an agent's certificate", func(t *testing.T) {
-		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-wrong", time.Now().Add(time.Hour), meshtest.AgentURI)
+		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-wrong", time.Now().Add(time.Hour), meshtest.AgentURIs("")...)
 		code, out := runGatewayCommand(ctx, t, "run", "--listen", "127.0.0.1:0", "--targets-dir", t.TempDir(), "--no-auth",
 			"--mesh-listen", "127.0.0.1:0", "--mesh-peers", g.meshAddr, "--mesh-ca", caFile, "--mesh-cert", certFile, "--mesh-key", keyFile)
 		assert.Equal(t, 2, code, out)
@@ -527,13 +544,22 @@ func (announcing) Changed() <-chan struct{} { return nil }
 // announcing every target of names, until the test ends.
 func joinRogue(t *testing.T, g *gateway, ca *meshtest.CA, name string, names ...string) {
 	t.Helper()
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
-	id, err := mesh.LoadIdentity(caFile, certFile, keyFile)
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURIs("")...)
+	joinForged(t, g, name, []string{caFile, certFile, keyFile}, announcing(append([]string{name}, names...)))
+}
+
+// joinForged joins a member with the agent certificate files (CA,
+// certificate, key) to g's mesh, built with package mesh as `gateway
+// agent` builds its own, but announcing what local says: an attacker
+// holding an agent's key. It runs until the test ends.
+func joinForged(t *testing.T, g *gateway, name string, files []string, local mesh.Local) *mesh.Mesh {
+	t.Helper()
+	id, err := mesh.LoadIdentity(files[0], files[1], files[2])
 	require.NoError(t, err)
 	logs := &syncBuffer{}
 	node, err := mesh.New(mesh.Options{Identity: id, Kind: mesh.KindAgent, Peers: []string{g.meshAddr},
-		Local: announcing(append([]string{name}, names...)), Logger: slog.New(slog.NewJSONHandler(logs, nil)),
-		Metrics: mesh.NewMetrics(prometheus.NewRegistry())})
+		Local: local, Logger: slog.New(slog.NewJSONHandler(logs, nil)), MinBackoff: 100 * time.Millisecond,
+		MaxBackoff: time.Second, Metrics: mesh.NewMetrics(prometheus.NewRegistry())})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -545,4 +571,5 @@ func joinRogue(t *testing.T, g *gateway, ca *meshtest.CA, name string, names ...
 			t.Logf("%s logs:\n%s", name, logs.String())
 		}
 	})
+	return node
 }

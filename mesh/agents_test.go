@@ -183,7 +183,7 @@ func TestForgetALostAgent(t *testing.T) {
 	c := newCA(t, "mesh-ca")
 	hub := startMember(t, c, "hub", memberOpts{listen: true}, "h1")
 	spoke := startMember(t, c, "spoke", memberOpts{peers: []string{hub.Addr().String()}}, "s1")
-	macID := issuedAs(t, c, "mac", roleAgent)
+	macID := issuedAs(t, c, "mac", roleAgent, scopeGlobal)
 	mac := startMember(t, c, "mac", memberOpts{kind: KindAgent, identity: macID, peers: []string{hub.Addr().String()}}, "mac")
 	eventually(t, spoke, "the agent relayed", func() bool { return slices.Contains(remoteNames(spoke), "mac/mac=running") })
 

@@ -40,6 +40,13 @@ type IssueOptions struct {
 	// Agent issues an agent's certificate (URI SAN urn:jetway:mesh:agent)
 	// instead of a gateway's (urn:jetway:mesh:gateway).
 	Agent bool
+	// Team is the one team whose steps an agent runs; Global, instead,
+	// makes it an agent of every team. An agent's certificate says one or
+	// the other, and Tags, its tags (scope.go): what a gateway takes it
+	// for, whatever it announces.
+	Team   string
+	Global bool
+	Tags   []string
 	// ValidFor is how long the certificate is valid from now; never past
 	// the CA certificate's end.
 	ValidFor time.Duration
@@ -91,6 +98,19 @@ func (o IssueOptions) Validate() error {
 	}
 	if o.ValidFor <= 0 {
 		add("valid-for", "must be positive, got %s", o.ValidFor)
+	}
+	switch {
+	case !o.Agent && (o.Team != "" || o.Global || len(o.Tags) > 0):
+		add("agent", "--team, --global and --tag are an agent's: add --agent")
+	case o.Agent && o.Team == "" && !o.Global:
+		add("team", "an agent's certificate names the one team whose steps it runs (--team TEAM), or --global for an agent of every team")
+	case o.Agent && o.Team != "" && o.Global:
+		add("global", "an agent is of one team (--team) or of every team (--global), not both")
+	}
+	for _, t := range o.Tags {
+		if t == "" {
+			add("tag", "empty")
+		}
 	}
 	if len(probs) > 0 {
 		return fmt.Errorf("mesh: invalid certificate request: %s", strings.Join(probs, "; "))
@@ -243,11 +263,19 @@ func memberTemplate(o IssueOptions, ca *x509.Certificate, now time.Time) (tmpl *
 	if err != nil {
 		return nil, false, fmt.Errorf("mesh: role URI: %w", err)
 	}
+	uris := []*url.URL{role}
+	if o.Agent {
+		scope, err := AgentScope{Team: o.Team, Global: o.Global, Tags: o.Tags}.URIs()
+		if err != nil {
+			return nil, false, err
+		}
+		uris = append(uris, scope...)
+	}
 	return &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: o.Name},
 		DNSNames:     dns,
-		URIs:         []*url.URL{role},
+		URIs:         uris,
 		NotBefore:    notBefore.UTC(),
 		NotAfter:     notAfter.UTC(),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

@@ -205,17 +205,61 @@ func TestIssueWritesTheMembersFiles(t *testing.T) {
 	assertFiles(t, dir, map[string]os.FileMode{"ca.crt": 0o644, "tls.crt": 0o644, "tls.key": 0o600})
 }
 
+// An agent's certificate says what the agent is: the one team whose steps
+// it runs, or every team's, and its tags.
 func TestIssueMakesAnAgentsCertificate(t *testing.T) {
 	caCert, caKey := newCAFiles(t, "ec sec1", caSpec{})
-	out, err := Issue(IssueOptions{CACert: caCert, CAKey: caKey, Name: "mac-mini-1", Agent: true, ValidFor: time.Hour,
-		OutDir: t.TempDir()})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"urn:jetway:mesh:agent"}, uris(readLeaf(t, out.Cert)))
-	id, err := LoadIdentity(out.CACert, out.Cert, out.Key)
-	require.NoError(t, err)
-	assert.Equal(t, KindAgent, id.Kind())
-	_, err = New(Options{Identity: id, Kind: KindAgent})
-	assert.NoError(t, err, "gateway agent runs with it")
+	for name, tt := range map[string]struct {
+		team   string
+		global bool
+		tags   []string
+		uris   []string
+		scope  AgentScope
+	}{
+		"a team's": {team: "main", tags: []string{"mac", "ios", "mac"},
+			uris:  []string{"urn:jetway:mesh:agent", "urn:jetway:agent:team:main", "urn:jetway:agent:tag:mac", "urn:jetway:agent:tag:ios", "urn:jetway:agent:tag:mac"},
+			scope: AgentScope{Team: "main", Tags: []string{"ios", "mac"}}},
+		"every team's": {global: true, uris: []string{"urn:jetway:mesh:agent", "urn:jetway:agent:global"}, scope: AgentScope{Global: true}},
+		"names escaped": {team: "team a/b", tags: []string{"x y"},
+			uris:  []string{"urn:jetway:mesh:agent", "urn:jetway:agent:team:team%20a%2Fb", "urn:jetway:agent:tag:x%20y"},
+			scope: AgentScope{Team: "team a/b", Tags: []string{"x y"}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := Issue(IssueOptions{CACert: caCert, CAKey: caKey, Name: "mac-mini-1", Agent: true, Team: tt.team,
+				Global: tt.global, Tags: tt.tags, ValidFor: time.Hour, OutDir: t.TempDir()})
+			require.NoError(t, err)
+			assert.Equal(t, tt.uris, uris(readLeaf(t, out.Cert)))
+			id, err := LoadIdentity(out.CACert, out.Cert, out.Key)
+			require.NoError(t, err)
+			assert.Equal(t, KindAgent, id.Kind())
+			assert.Equal(t, tt.scope, id.Scope())
+			_, err = New(Options{Identity: id, Kind: KindAgent})
+			assert.NoError(t, err, "gateway agent runs with it")
+		})
+	}
+}
+
+// An agent's certificate names its team or global, one of the two; a
+// gateway's names neither.
+func TestIssueRefusesAnAgentWithoutItsScope(t *testing.T) {
+	caCert, caKey := newCAFiles(t, "ec sec1", caSpec{})
+	for name, tt := range map[string]struct {
+		o   IssueOptions
+		err string
+	}{
+		"an agent of no team":   {IssueOptions{Agent: true}, "team: an agent's certificate names the one team whose steps it runs (--team TEAM), or --global for an agent of every team"},
+		"an agent of both":      {IssueOptions{Agent: true, Team: "main", Global: true}, "global: an agent is of one team (--team) or of every team (--global), not both"},
+		"a gateway with a team": {IssueOptions{Team: "main"}, "agent: --team, --global and --tag are an agent's: add --agent"},
+		"a gateway with tags":   {IssueOptions{Tags: []string{"mac"}}, "agent: --team, --global and --tag are an agent's: add --agent"},
+		"an empty tag":          {IssueOptions{Agent: true, Global: true, Tags: []string{""}}, "tag: empty"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := tt.o
+			o.CACert, o.CAKey, o.Name, o.ValidFor, o.OutDir = caCert, caKey, "m", time.Hour, t.TempDir()
+			_, err := Issue(o)
+			assert.ErrorContains(t, err, tt.err)
+		})
+	}
 }
 
 func uris(c *x509.Certificate) []string {

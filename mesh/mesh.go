@@ -327,10 +327,14 @@ func (m *Mesh) dial(ctx context.Context, addr string) (*session, error) {
 		return nil, err
 	}
 	s, err := m.establish(ctx, conn, m.bulkDialer(addr))
-	if s != nil || errors.Is(err, errSelf) {
+	dup, isDup := errors.AsType[*DuplicateError](err)
+	if s != nil || isDup || errors.Is(err, errSelf) {
 		name := m.name
-		if s != nil {
+		switch {
+		case s != nil:
 			name = s.peer
+		case isDup:
+			name = dup.Peer // a peer reached at another address too: wait for that session
 		}
 		m.mu.Lock()
 		m.addrs[addr] = name
@@ -427,11 +431,14 @@ func (m *Mesh) setup(ctx context.Context, conn net.Conn, peer peerCert, dialed b
 	if dialed {
 		dialer = m.name
 	}
-	s := &session{m: m, peer: theirs.Name, kind: theirs.Kind, dialer: dialer, mux: mux, ctrl: ctrl,
+	s := &session{m: m, peer: theirs.Name, kind: theirs.Kind, scope: peer.scope, dialer: dialer, mux: mux, ctrl: ctrl,
 		since: m.opts.Now(), done: make(chan struct{}), ours: ours.Session, theirs: theirs.Session, redial: redial}
 	s.ctx, s.cancel = context.WithCancel(m.live)
-	if !m.register(s) {
-		return nil, fmt.Errorf("mesh: a session with %q exists already", s.peer)
+	if err := m.register(s); err != nil {
+		if _, dup := errors.AsType[*DuplicateError](err); dup {
+			m.opts.Metrics.handshakeFailed(RefusedDuplicate)
+		}
+		return nil, err
 	}
 	return s, nil
 }
@@ -443,27 +450,48 @@ func newMux(conn net.Conn, dialed bool) (*yamux.Session, error) {
 	return yamux.Server(conn, yamuxConfig(callWindow))
 }
 
-// register makes s the session with its peer, unless another live one
-// wins: of two sessions dialed by each side at once, both sides keep the
-// one dialed by the member whose name sorts first; a session dialed by the
-// same side as the one it finds replaces it (that side lost the old one).
-func (m *Mesh) register(s *session) bool {
+// DuplicateError is a session refused because one with its peer is live:
+// the old one answered a ping. Whoever holds a member's key, a step on
+// an agent's machine say, cannot take its place while it is there.
+type DuplicateError struct{ Peer string }
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("mesh: a live session with %q exists; a second one is refused until it ends", e.Peer)
+}
+
+// register makes s the session with its peer, unless another one is live:
+// of two sessions dialed by each side at once, both sides keep the one
+// dialed by the member whose name sorts first; a session dialed by the
+// same side as the one it finds replaces it only if the old one no
+// longer answers a ping (that side lost it), else it is refused.
+func (m *Mesh) register(s *session) error {
 	m.mu.Lock()
 	old := m.sessions[s.peer]
 	m.mu.Unlock()
-	if old != nil && old.dialer != s.dialer {
+	replaced := false
+	if old != nil {
 		if _, err := old.mux.Ping(); err != nil {
 			old.close()
 			<-old.done
+			replaced = true
 		}
 	}
 	m.mu.Lock()
 	old = m.sessions[s.peer]
-	if m.ctx.Err() != nil || old != nil && old.dialer != s.dialer && old.dialer < s.dialer {
+	var err error
+	switch {
+	case m.ctx.Err() != nil:
+		err = m.ctx.Err()
+	case old != nil && old.dialer == s.dialer:
+		err = &DuplicateError{Peer: s.peer}
+	case old != nil && old.dialer < s.dialer:
+		err = fmt.Errorf("mesh: a session with %q that %s dialed wins over the one %s dialed", s.peer, old.dialer, s.dialer)
+	}
+	if err != nil {
 		m.mu.Unlock()
 		s.mux.Close()
 		s.cancel()
-		return false
+		return err
 	}
 	m.sessions[s.peer] = s
 	delete(m.lost, s.peer)
@@ -472,10 +500,13 @@ func (m *Mesh) register(s *session) bool {
 	if old != nil {
 		old.close()
 	}
+	if replaced {
+		m.opts.Logger.Warn("mesh peer's session replaced: the old one no longer answered", "peer", s.peer, "kind", s.kind, "dialed_by", s.dialer)
+	}
 	m.opts.Logger.Info("mesh peer joined", "peer", s.peer, "kind", s.kind, "dialed_by", s.dialer)
 	m.opts.Metrics.sessionsChanged(m)
 	m.wg.Go(s.run)
-	return true
+	return nil
 }
 
 // ended drops s, if it is still the session with its peer: a peer that

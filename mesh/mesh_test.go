@@ -60,6 +60,25 @@ func (l *fakeLocal) set(state targets.State) {
 	l.changed = make(chan struct{})
 }
 
+// update changes every target's status as change says, and announces it.
+func (l *fakeLocal) update(change func(*targets.Status)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.ts {
+		change(&l.ts[i])
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// memberLogger logs to the test, and in JSON to also if set.
+func memberLogger(t *testing.T, also io.Writer) *slog.Logger {
+	if also == nil {
+		return slog.New(slog.NewTextHandler(tWriter{t}, nil))
+	}
+	return slog.New(slog.NewJSONHandler(io.MultiWriter(tWriter{t}, also), nil))
+}
+
 // tWriter logs to the test.
 type tWriter struct{ t *testing.T }
 
@@ -89,6 +108,7 @@ type memberOpts struct {
 	handler  http.Handler                                                      // instead of the echo
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error) // Options.Dial
 	leave    bool                                                              // Options.LeaveOnStop
+	log      io.Writer                                                         // also gets the member's log, in JSON
 }
 
 // startMember starts a member named name of the mesh of c, owning the
@@ -98,14 +118,14 @@ func startMember(t *testing.T, c *ca, name string, o memberOpts, owns ...string)
 	id := o.identity
 	switch {
 	case id == nil && o.kind == KindAgent:
-		id = issuedAs(t, c, name, roleAgent)
+		id = issuedAs(t, c, name, roleAgent, scopeGlobal)
 	case id == nil:
 		id = issued(t, c, name, time.Now().Add(time.Hour))
 	}
 	reg := prometheus.NewRegistry()
 	mb := &member{local: newLocal(owns...), metrics: NewMetrics(reg), reg: reg}
 	opts := Options{Identity: id, Kind: o.kind, Peers: o.peers, Local: mb.local, Now: o.now, Metrics: mb.metrics,
-		Logger:    slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("member", name),
+		Logger:    memberLogger(t, o.log).With("member", name),
 		BulkConns: o.bulk, MinBackoff: o.backoff, MaxBackoff: o.backoff, Dial: o.dial,
 		HTTP: o.handler, LeaveOnStop: o.leave}
 	if opts.HTTP == nil {
@@ -611,7 +631,7 @@ func TestAPeerSpeakingANewerVersionIsRefused(t *testing.T) {
 	p, q := net.Pipe()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := a.setup(context.Background(), p, peerCert{"b", KindGateway}, false, nil)
+		_, err := a.setup(context.Background(), p, peerCert{name: "b", kind: KindGateway}, false, nil)
 		errc <- err
 	}()
 	mux, err := newMux(q, true)

@@ -12,6 +12,7 @@ type Metrics struct {
 	handshakes      *prometheus.CounterVec
 	malformedFrames prometheus.Counter
 	refused         *prometheus.CounterVec
+	claims          *prometheus.CounterVec
 	streams         prometheus.Counter
 	bytesIn         prometheus.Counter
 	bytesOut        prometheus.Counter
@@ -36,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"state"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_mesh_handshake_failures_total",
-			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, key-usage: a certificate not for both TLS client and server auth, no-role: one without a role URI, bad-role: one with both role URIs or an unknown one, tls, version, hello, wrong-kind: a hello of another kind than its certificate, or an agent meeting an agent, yamux, bulk: a bulk connection naming no session of its dialer).",
+			Help: "Mesh sessions refused or failed at setup, by reason (no-certificate, unknown-authority, expired, no-name, key-usage: a certificate not for both TLS client and server auth, no-role: one without a role URI, bad-role: one with both role URIs or an unknown one, agent-scope: an agent's naming no team (or global), duplicate: a second session of a member whose session answers, tls, version, hello, wrong-kind: a hello of another kind than its certificate, or an agent meeting an agent, yamux, bulk: a bulk connection naming no session of its dialer).",
 		}, []string{"reason"}),
 		malformedFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_mesh_malformed_frames_total",
@@ -46,6 +47,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_mesh_routes_refused_total",
 			Help: "Announced routes refused, by reason (claims-this-member, agent-not-itself, invalid).",
 		}, []string{"reason"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_mesh_agent_claims_refused_total",
+			Help: "Announcements of agents that claimed a team, tags or privilege their certificate does not give them, by claim (team, tags, privileged); each agent is taken for what its certificate says.",
+		}, []string{"claim"}),
 		streams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_mesh_streams_opened_total",
 			Help: "Streams this member opened over the mesh (API calls and volume streams).",
@@ -67,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Changed mesh certificate, key or CA files that did not load; the last good material stays in use.",
 		}),
 	}
-	reg.MustRegister(m.peers, m.handshakes, m.malformedFrames, m.refused, m.streams, bytes, m.forwarded,
+	reg.MustRegister(m.peers, m.handshakes, m.malformedFrames, m.refused, m.claims, m.streams, bytes, m.forwarded,
 		m.bulk, m.certExpiry, m.certFailures)
 	return m
 }
@@ -98,6 +103,12 @@ func (m *Metrics) malformed() {
 func (m *Metrics) routesRefused(reason string, n int) {
 	if m != nil {
 		m.refused.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+func (m *Metrics) claimRefused(claim string) {
+	if m != nil {
+		m.claims.WithLabelValues(claim).Inc()
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jetway-ci/jetway/targets"
@@ -212,10 +213,12 @@ const (
 
 // learn takes the peer's announcement, refusing the routes it may not
 // make: a target this member owns, an agent announcing anything but
-// itself, a route without owner or name.
+// itself, a route without owner or name. An agent's own route says the
+// team and tags of its certificate, whatever it claims (claimed).
 func (m *Mesh) learn(s *session, routes []Route) {
 	kept := make([]Route, 0, len(routes))
 	refused := map[string]int{}
+	var claims []string
 	for _, r := range routes {
 		switch {
 		case r.Owner == "" || r.Target.Name == "":
@@ -224,10 +227,14 @@ func (m *Mesh) learn(s *session, routes []Route) {
 			refused[refusedOurs]++
 		case s.kind == KindAgent && (r.Owner != s.peer || r.Target.Name != s.peer):
 			refused[refusedAgent]++
+		case s.kind == KindAgent:
+			r.Target, claims = s.scope.bind(r.Target)
+			kept = append(kept, r)
 		default:
 			kept = append(kept, r)
 		}
 	}
+	m.claimed(s, claims)
 	for reason, n := range refused {
 		m.opts.Logger.Warn("mesh peer announced routes it may not; refused", "peer", s.peer, "reason", reason, "routes", n)
 		m.opts.Metrics.routesRefused(reason, n)
@@ -238,6 +245,25 @@ func (m *Mesh) learn(s *session, routes []Route) {
 		m.notify()
 	}
 	m.mu.Unlock()
+}
+
+// claimed logs and counts the claims an agent's announcement made beyond
+// its certificate, once per change of them: a forged or misconfigured
+// agent announces them again at each change of its counts.
+func (m *Mesh) claimed(s *session, claims []string) {
+	key := strings.Join(claims, ",")
+	if key == s.claimed {
+		return
+	}
+	s.claimed = key
+	if len(claims) == 0 {
+		return
+	}
+	m.opts.Logger.Warn("mesh agent announced more than its certificate gives; it is taken for what its certificate says",
+		"peer", s.peer, "claims", key, "certificate", s.scope.String())
+	for _, c := range claims {
+		m.opts.Metrics.claimRefused(c)
+	}
 }
 
 // offer is what this member announces to peer: the targets it owns, and,

@@ -19,7 +19,8 @@ type session struct {
 	m      *Mesh
 	peer   string // the peer's name, from its certificate
 	kind   string
-	dialer string // the name of the member that dialed
+	scope  AgentScope // an agent's, from its certificate
+	dialer string     // the name of the member that dialed
 	mux    *yamux.Session
 	ctrl   net.Conn
 	since  time.Time
@@ -34,6 +35,9 @@ type session struct {
 	wmu sync.Mutex // one message at a time on ctrl
 
 	sent string // routesKey of the last announcement sent; announceLoop's
+	// claimed are the claims beyond its certificate that an agent's last
+	// announcement made (learn's): each change is logged and counted once.
+	claimed string
 
 	ctx    context.Context // ends when the session does
 	cancel context.CancelFunc

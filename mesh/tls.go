@@ -29,6 +29,7 @@ type Identity struct {
 	pool  *x509.CertPool
 	name  string
 	kind  string
+	scope AgentScope // an agent's, from its certificate
 	// bad and badErr are the files as they were when they last failed to
 	// load, and why: not read again, nor reported again, until they change.
 	bad     [3]stamp
@@ -57,6 +58,14 @@ const (
 	// RefusedKeyUsage is a certificate not for both TLS client and server
 	// authentication: every member dials and accepts.
 	RefusedKeyUsage = "key-usage"
+	// RefusedAgentScope is an agent's certificate that does not say
+	// which team's steps the agent runs (one issued before scopes were
+	// bound to certificates), or says it ambiguously (scope.go).
+	RefusedAgentScope = "agent-scope"
+	// RefusedDuplicate is a second session of a member whose session is
+	// live: it answered a ping. A member holds one session per peer; a
+	// new one replaces the old only once the old stopped answering.
+	RefusedDuplicate = "duplicate"
 )
 
 // Role URIs: a certificate's URI SAN says which kind of member it is for
@@ -137,6 +146,14 @@ func (id *Identity) Kind() string {
 	return id.kind
 }
 
+// Scope is what an agent's certificate lets it be (its team and tags);
+// the zero AgentScope for a gateway's.
+func (id *Identity) Scope() AgentScope {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.scope
+}
+
 // memberKind is the kind a member asked to run as kind (KindGateway if
 // empty) runs as with this certificate: that kind, if the certificate is
 // for it; else the error says which certificate such a member needs.
@@ -178,7 +195,12 @@ func reportCertificate(log *slog.Logger, metrics *Metrics) func(*x509.Certificat
 			log.Error("mesh certificate files changed but do not load; the last good ones stay in use", "error", err.Error())
 		} else {
 			kind, _ := certKind(leaf) // load refused any other
-			log.Info("mesh certificate loaded", "name", certName(leaf), "kind", kind, "not_after", leaf.NotAfter)
+			attrs := []any{"name", certName(leaf), "kind", kind, "not_after", leaf.NotAfter}
+			if kind == KindAgent {
+				scope, _ := certScope(leaf) // load refused any other
+				attrs = append(attrs, "scope", scope.String())
+			}
+			log.Info("mesh certificate loaded", attrs...)
 		}
 		metrics.certificate(leaf, err)
 	}
@@ -234,6 +256,10 @@ func (id *Identity) load(now [3]stamp) error {
 	if err == nil {
 		err = bothAuthUsages(cert.Leaf)
 	}
+	var scope AgentScope
+	if err == nil && kind == KindAgent {
+		scope, err = certScope(cert.Leaf)
+	}
 	switch {
 	case name == "":
 		return fmt.Errorf("mesh: certificate %s names no one (no common name or DNS name)", id.certFile)
@@ -244,8 +270,11 @@ func (id *Identity) load(now [3]stamp) error {
 	case id.kind != "" && kind != id.kind:
 		return fmt.Errorf("mesh: certificate %s is %s's, but this member is %s; a new kind needs a restart",
 			id.certFile, aKind(kind), aKind(id.kind))
+	case id.cert != nil && !scope.equal(id.scope):
+		return fmt.Errorf("mesh: certificate %s makes this agent one of %s, but it runs as one of %s; a new scope needs a restart",
+			id.certFile, scope, id.scope)
 	}
-	id.stamp, id.cert, id.pool, id.name, id.kind = now, &cert, pool, name, kind
+	id.stamp, id.cert, id.pool, id.name, id.kind, id.scope = now, &cert, pool, name, kind, scope
 	return nil
 }
 
@@ -343,10 +372,16 @@ func verifyChain(chain []*x509.Certificate, pool *x509.CertPool, now time.Time) 
 	if err := bothAuthUsages(leaf); err != nil {
 		return &RefusedError{RefusedKeyUsage, err}
 	}
-	if _, err := certKind(leaf); errors.Is(err, errNoRole) {
+	kind, err := certKind(leaf)
+	switch {
+	case errors.Is(err, errNoRole):
 		return &RefusedError{RefusedNoRole, err}
-	} else if err != nil {
+	case err != nil:
 		return &RefusedError{RefusedBadRole, err}
+	case kind == KindAgent:
+		if _, err := certScope(leaf); err != nil {
+			return &RefusedError{RefusedAgentScope, err}
+		}
 	}
 	return nil
 }
@@ -383,14 +418,23 @@ func PeerName(cs tls.ConnectionState) string {
 }
 
 // peerCert is what a peer's verified certificate says: its name and the
-// kind of member it is for. Its hello must say the same.
-type peerCert struct{ name, kind string }
+// kind of member it is for (its hello must say the same), and an agent's
+// scope.
+type peerCert struct {
+	name, kind string
+	scope      AgentScope
+}
 
 // peerCertOf is the verified peer's certificate of a finished handshake.
 func peerCertOf(cs tls.ConnectionState) peerCert {
 	if len(cs.PeerCertificates) == 0 {
 		return peerCert{}
 	}
-	kind, _ := certKind(cs.PeerCertificates[0]) // verify refused any other
-	return peerCert{name: certName(cs.PeerCertificates[0]), kind: kind}
+	leaf := cs.PeerCertificates[0]
+	kind, _ := certKind(leaf) // verify refused any other
+	p := peerCert{name: certName(leaf), kind: kind}
+	if kind == KindAgent {
+		p.scope, _ = certScope(leaf) // verify refused any other
+	}
+	return p
 }

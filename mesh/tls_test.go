@@ -223,7 +223,7 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 	assert.Equal(t, "gw-a", a.Name())
 
 	// So is a certificate for another kind of member.
-	agentCert, agentKey := mesh.Issue(t, t.TempDir(), "gw-a", time.Now().Add(time.Hour), roleAgent)
+	agentCert, agentKey := mesh.Issue(t, t.TempDir(), "gw-a", time.Now().Add(time.Hour), roleAgent, scopeGlobal)
 	replace(agentCert, certFile, 4*time.Second)
 	replace(agentKey, keyFile, 4*time.Second)
 	assert.ErrorContains(t, a.Reload(), "is an agent's, but this member is a gateway; a new kind needs a restart")
@@ -267,8 +267,8 @@ func TestACertificatesRoleIsItsKind(t *testing.T) {
 		err  string
 	}{
 		"a gateway's":          {uris: []string{roleGateway}, kind: KindGateway},
-		"an agent's":           {uris: []string{roleAgent}, kind: KindAgent},
-		"another URI besides":  {uris: []string{"spiffe://ci/agent", roleAgent}, kind: KindAgent},
+		"an agent's":           {uris: []string{roleAgent, scopeGlobal}, kind: KindAgent},
+		"another URI besides":  {uris: []string{"spiffe://ci/agent", roleAgent, scopeTeam + "main"}, kind: KindAgent},
 		"both":                 {uris: []string{roleGateway, roleAgent}, err: `has role URIs urn:jetway:mesh:gateway, urn:jetway:mesh:agent; want one of`},
 		"one it does not know": {uris: []string{"urn:jetway:mesh:robot"}, err: `has role URIs urn:jetway:mesh:robot; want one of`},
 	} {
@@ -377,7 +377,7 @@ func TestACertificateWithBothRolesIsRefused(t *testing.T) {
 // certificate to issue.
 func TestAMemberMustBeOfItsCertificatesKind(t *testing.T) {
 	c := newCA(t, "mesh-ca")
-	agent, gateway := issuedAs(t, c, "mac-1", roleAgent), issued(t, c, "gw-a", time.Now().Add(time.Hour))
+	agent, gateway := issuedAs(t, c, "mac-1", roleAgent, scopeGlobal), issued(t, c, "gw-a", time.Now().Add(time.Hour))
 	for name, tt := range map[string]struct {
 		id   *Identity
 		kind string

@@ -38,7 +38,7 @@ func TestMalformedFramesAreNamed(t *testing.T) {
 }
 
 func TestGreetChecksVersionNameAndKind(t *testing.T) {
-	gwB, agentB := peerCert{"gw-b", KindGateway}, peerCert{"gw-b", KindAgent}
+	gwB, agentB := peerCert{name: "gw-b", kind: KindGateway}, peerCert{name: "gw-b", kind: KindAgent}
 	for name, tt := range map[string]struct {
 		theirs hello
 		cert   peerCert // the peer's certificate
@@ -63,7 +63,7 @@ func TestGreetChecksVersionNameAndKind(t *testing.T) {
 			ours := hello{Version: Version, Name: "gw-a", Kind: cmp.Or(tt.ours, KindGateway)}
 			done := make(chan error, 1)
 			go func() {
-				_, err := greet(b, tt.theirs, peerCert{"gw-a", ours.Kind})
+				_, err := greet(b, tt.theirs, peerCert{name: "gw-a", kind: ours.Kind})
 				done <- err
 			}()
 			got, err := greet(a, ours, tt.cert)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ type agentFlags struct {
 	ca, cert, key, workDir string
 	platform, team         string
 	tags                   []string
+	teamGiven, tagsGiven   bool // --team and --tag were given: the certificate must say the same
 	killGrace              time.Duration
 	logLevel               string
 	listen                 string
@@ -94,6 +96,32 @@ func (f agentFlags) validate() error {
 	return nil
 }
 
+// matches checks --team and --tag, if given, against what the agent's
+// certificate says it is: a gateway takes the agent for what its
+// certificate says, so flags saying otherwise are a mistake to name
+// before it runs.
+func (f agentFlags) matches(scope mesh.AgentScope) error {
+	var probs []config.Problem
+	switch {
+	case !f.teamGiven:
+	case f.team == "" && !scope.Global:
+		probs = append(probs, config.Problem{Key: "team", Message: fmt.Sprintf(`"" (every team) but the certificate %s makes this agent one of %s: drop --team, or issue the certificate again`, f.cert, scope)})
+	case f.team != "" && f.team != scope.Team:
+		probs = append(probs, config.Problem{Key: "team", Message: fmt.Sprintf("%q but the certificate %s makes this agent one of %s: drop --team, or issue the certificate again", f.team, f.cert, scope)})
+	}
+	if f.tagsGiven {
+		tags := slices.Clone(f.tags)
+		slices.Sort(tags)
+		if !slices.Equal(slices.Compact(tags), scope.Tags) {
+			probs = append(probs, config.Problem{Key: "tag", Message: fmt.Sprintf("%s but the certificate %s makes this agent one of %s: drop --tag, or issue the certificate again", strings.Join(f.tags, ","), f.cert, scope)})
+		}
+	}
+	if len(probs) > 0 {
+		return &config.Error{Problems: probs}
+	}
+	return nil
+}
+
 // extract is the validated extract limits.
 func (f agentFlags) extract() tarsafe.Limits {
 	q := resource.MustParse(f.extractSize)
@@ -107,7 +135,9 @@ func agentCommand(stderr io.Writer) *cobra.Command {
 		Short: "Join this machine to the mesh as a worker that runs steps as local processes",
 		Long: `agent dials a gateway's mesh listener (no inbound port: NAT is fine) and
 becomes one target, named after its certificate (an agent certificate:
-gateway mesh issue --agent). Steps placed on it run as processes of this
+gateway mesh issue --agent), of the team and with the tags its
+certificate names: gateways take it for what its certificate says,
+whatever it announces. Steps placed on it run as processes of this
 machine's user, each in a fresh folder under --work-dir; their volumes
 are served to the gateways through the tunnel. A gateway registered with
 a Concourse web node registers the agent as a worker too, whose tasks run
@@ -122,8 +152,8 @@ docs/agent.md for what isolation an operator gets.`,
 	fl.StringVar(&f.key, "key", "", "this agent's private key (PEM)")
 	fl.StringVar(&f.workDir, "work-dir", "", "folder for the agent's state and its steps' folders")
 	fl.StringVar(&f.platform, "platform", runtime.GOOS, "the platform steps ask for to be placed here")
-	fl.StringVar(&f.team, "team", "", "the only team whose steps run here (default: every team)")
-	fl.StringArrayVar(&f.tags, "tag", nil, "a tag of this worker (repeat); a tagged worker runs only steps with its tags")
+	fl.StringVar(&f.team, "team", "", "the team its certificate names (gateway mesh issue --agent --team), to check it: the certificate decides")
+	fl.StringArrayVar(&f.tags, "tag", nil, "a tag its certificate names (repeat), to check them: the certificate decides")
 	fl.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between TERM and KILL when a step is aborted or times out")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.extractSize, "extract-max-bytes", "32Gi", "bytes of file contents one archive streamed into a step's volumes may write (a size: 500Mi, 1073741824)")
@@ -133,6 +163,7 @@ docs/agent.md for what isolation an operator gets.`,
 		if err := f.validate(); err != nil {
 			return err
 		}
+		f.teamGiven, f.tagsGiven = fl.Changed("team"), fl.Changed("tag")
 		level, _ := config.ParseLogLevel(f.logLevel)
 		logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 		ctx, stop := signalContext(cmd.Context(), logger)
@@ -149,6 +180,10 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 	if err != nil {
 		return &config.Error{Problems: []config.Problem{{Key: "cert", Message: err.Error()}}}
 	}
+	scope := id.Scope()
+	if err := f.matches(scope); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var node *mesh.Mesh
@@ -156,8 +191,8 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Name:      id.Name(),
 		WorkDir:   f.workDir,
 		Platform:  f.platform,
-		Team:      f.team,
-		Tags:      f.tags,
+		Team:      scope.Team,
+		Tags:      scope.Tags,
 		KillGrace: f.killGrace,
 		Extract:   f.extract(),
 		Remote: func(ctx context.Context, c streams.Caller, from streams.Endpoint, enc string) (io.ReadCloser, error) {
@@ -216,7 +251,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 	mux.Handle("/", server.Handler())
 	node.SetHTTP(mux)
 	logger.Info("starting agent", "version", buildinfo.String(), "name", id.Name(), "join", f.join,
-		"platform", f.platform, "team", f.team, "tags", f.tags, "work_dir", f.workDir)
+		"platform", f.platform, "scope", scope.String(), "work_dir", f.workDir)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

@@ -40,8 +40,14 @@ func TestMeshIssue(t *testing.T) {
 			args:   issue("--name", "jetway-0", "--dns", "jetway-0", "--dns", "jetway-mesh.ci.svc"),
 			stdout: `issued gateway certificate "jetway-0" (serial `,
 			stderr: "gateway: mesh issue: the certificate is valid until "},
-		{name: "an agent's", code: 0, args: issue("--name", "mac-mini-1", "--agent", "--valid-for", "30m"),
-			stdout: `issued agent certificate "mac-mini-1" (serial `},
+		{name: "an agent's", code: 0, args: issue("--name", "mac-mini-1", "--agent", "--team", "ios", "--tag", "mac", "--valid-for", "30m"),
+			stdout: `issued agent (team ios, tags mac) certificate "mac-mini-1" (serial `},
+		{name: "a global agent's", code: 0, args: issue("--name", "mac-mini-2", "--agent", "--global", "--valid-for", "30m"),
+			stdout: `issued agent (every team (global), no tags) certificate "mac-mini-2" (serial `},
+		{name: "an agent's of no team", code: 2, args: issue("--name", "mac-mini-3", "--agent"),
+			stderr: "gateway: mesh: invalid certificate request: team: an agent's certificate names the one team whose steps it runs (--team TEAM), or --global for an agent of every team\n"},
+		{name: "a gateway's with a team", code: 2, args: issue("--name", "jetway-2", "--team", "main"),
+			stderr: "gateway: mesh: invalid certificate request: agent: --team, --global and --tag are an agent's: add --agent\n"},
 		{name: "issued for a shorter time", code: 0, args: issue("--name", "jetway-1", "--valid-for", "30m"),
 			stdout: `issued gateway certificate "jetway-1" (serial `},
 		{name: "nothing given", code: 2, args: []string{"mesh", "issue"},
@@ -79,4 +85,33 @@ func TestMeshIssue(t *testing.T) {
 	id.Observe(func(leaf *x509.Certificate, _ error) {
 		assert.WithinDuration(t, time.Now().Add(30*time.Minute), leaf.NotAfter, time.Minute)
 	})
+}
+
+// An agent's --team and --tag, if given, must say what its certificate
+// does: gateways take it for what the certificate says.
+func TestAgentFlagsMustMatchItsCertificate(t *testing.T) {
+	team := mesh.AgentScope{Team: "main", Tags: []string{"ios", "mac"}}
+	global := mesh.AgentScope{Global: true}
+	for name, tt := range map[string]struct {
+		f     agentFlags
+		scope mesh.AgentScope
+		err   string
+	}{
+		"no flags":                    {agentFlags{}, team, ""},
+		"the same, tags in any order": {agentFlags{team: "main", teamGiven: true, tags: []string{"mac", "ios"}, tagsGiven: true}, team, ""},
+		"every team, global":          {agentFlags{teamGiven: true}, global, ""},
+		"every team, a team's":        {agentFlags{teamGiven: true, cert: "a.crt"}, team, `team: "" (every team) but the certificate a.crt makes this agent one of team main, tags ios,mac: drop --team, or issue the certificate again`},
+		"another team":                {agentFlags{team: "other", teamGiven: true, cert: "a.crt"}, team, `team: "other" but the certificate a.crt makes this agent one of team main`},
+		"a team, global":              {agentFlags{team: "main", teamGiven: true, cert: "a.crt"}, global, `team: "main" but the certificate a.crt makes this agent one of every team (global)`},
+		"other tags":                  {agentFlags{tags: []string{"linux"}, tagsGiven: true, cert: "a.crt"}, team, "tag: linux but the certificate a.crt makes this agent one of team main, tags ios,mac"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := tt.f.matches(tt.scope)
+			if tt.err == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.err)
+		})
+	}
 }

@@ -213,7 +213,7 @@ func writeMeshCerts(b *testing.B) meshCerts {
 	until := time.Now().Add(time.Hour) // the CA's own end
 	var m meshCerts
 	m.ca, m.gatewayCert, m.gatewayKey = ca.Files(b, ca, dir, "bench-gateway", until)
-	m.agentCert, m.agentKey = ca.Issue(b, dir, agentName, until, meshtest.AgentURI)
+	m.agentCert, m.agentKey = ca.Issue(b, dir, agentName, until, meshtest.AgentURIs("", agentTag)...)
 	return m
 }
 

@@ -47,6 +47,20 @@ const (
 	AgentURI   = "urn:jetway:mesh:agent"
 )
 
+// AgentURIs are the URI SANs of an agent's certificate (mesh/scope.go):
+// its role, the one team whose steps it runs ("" for every team's) and
+// its tags.
+func AgentURIs(team string, tags ...string) []string {
+	uris := []string{AgentURI, "urn:jetway:agent:global"}
+	if team != "" {
+		uris[1] = "urn:jetway:agent:team:" + url.PathEscape(team)
+	}
+	for _, t := range tags {
+		uris = append(uris, "urn:jetway:agent:tag:"+url.PathEscape(t))
+	}
+	return uris
+}
+
 // Issue writes a certificate for name, valid until notAfter, with the URI
 // SANs uris (role URIs, such as AgentURI; GatewayURI when none), and its
 // key into dir, and returns the files.
