@@ -46,6 +46,9 @@ type RESTOptions struct {
 	// (concourse-client-id, concourse-client-secret-file).
 	ClientID     string
 	ClientSecret Secret
+	// Insecure allows an http:// URL (concourse-insecure): the secret and
+	// the tokens then travel unencrypted.
+	Insecure bool
 	// WorkerHost is the host name or IP address the web node reaches this
 	// gateway at (concourse-worker-address).
 	WorkerHost string
@@ -60,10 +63,11 @@ type RESTOptions struct {
 	// APIs; default 30 s.
 	Timeout time.Duration
 	// WebNodeNetworks are where the web node calls the workers from
-	// (concourse-web-node-networks): the worker's listeners take no
-	// authentication, as a stock worker's, so they accept connections
-	// only from these and from the gateway itself. Empty: from anyone who
-	// reaches them.
+	// (concourse-web-node-networks), at least one: the worker's listeners
+	// take no credential (an unmodified web node sends none: Garden's
+	// client dials plain TCP, and the baggageclaim URL, where a secret
+	// could go, is shown to every user who sees the worker), so they
+	// accept connections only from these and from the gateway itself.
 	WebNodeNetworks []netip.Prefix
 	// Now is the clock the token's lifetime is read on; default time.Now.
 	Now     func() time.Time
@@ -122,12 +126,16 @@ func NewREST(opts RESTOptions) (*REST, error) {
 		return nil, fmt.Errorf("%q is not the web node's URL (http:// or https://HOST[:PORT])", opts.URL)
 	}
 	switch {
+	case base.Scheme == "http" && !opts.Insecure:
+		return nil, fmt.Errorf("%q is http://: the client secret would travel unencrypted; give an https:// URL, or allow it (concourse-insecure)", opts.URL)
 	case opts.ClientID == "":
 		return nil, errors.New("no client ID")
 	case opts.ClientSecret == "":
 		return nil, errors.New("no client secret")
 	case opts.WorkerHost == "":
 		return nil, errors.New("no worker address: the host the web node reaches this gateway at")
+	case len(opts.WebNodeNetworks) == 0:
+		return nil, errors.New("no web node networks: the workers' listeners take no credential, so they accept only the web node's networks (concourse-web-node-networks)")
 	}
 	if opts.HeartbeatInterval <= 0 {
 		opts.HeartbeatInterval = 30 * time.Second
@@ -210,9 +218,7 @@ func (r *REST) serve(ctx context.Context, wg *sync.WaitGroup, what string, h htt
 		return "", nil, fmt.Errorf("listen for the web node's calls to the worker's %s on %s (concourse-worker-address): %w",
 			what, r.opts.WorkerHost, err)
 	}
-	if len(r.opts.WebNodeNetworks) > 0 {
-		ln = &fromWebNode{Listener: ln, nets: r.opts.WebNodeNetworks, what: what, logger: r.opts.Logger, metrics: r.opts.Metrics}
-	}
+	ln = &fromWebNode{Listener: ln, nets: r.opts.WebNodeNetworks, what: what, logger: r.opts.Logger, metrics: r.opts.Metrics}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
 	wg.Go(func() { _ = srv.Serve(ln) })
 	return ln.Addr().String(), func() { _ = srv.Close() }, nil

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -94,9 +95,12 @@ func (f *fakeWeb) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *fakeWeb) rest(t *testing.T, opts RESTOptions) *REST {
-	opts.URL, opts.ClientID, opts.WorkerHost = f.srv.URL, "jetway", "127.0.0.1"
+	opts.URL, opts.ClientID, opts.WorkerHost, opts.Insecure = f.srv.URL, "jetway", "127.0.0.1", true
 	if opts.ClientSecret == "" {
 		opts.ClientSecret = testSecret
+	}
+	if opts.WebNodeNetworks == nil {
+		opts.WebNodeNetworks = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	}
 	r, err := NewREST(opts)
 	require.NoError(t, err)
@@ -281,4 +285,31 @@ func TestRESTCommand(t *testing.T) {
 	assert.Less(t, len(err.Error()), maxErrorBody+200, "the body in an error is bounded")
 	_, err = r.Command(context.Background(), "forward-worker", w)
 	assert.ErrorContains(t, err, "forward-worker: not a command jetway sends the web node")
+}
+
+// A REST registration refuses to open listeners that anyone may reach,
+// and to send its client's secret over plain http unless told it may.
+func TestNewRESTRefusesOpenListenersAndPlainHTTP(t *testing.T) {
+	nets := []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}
+	for name, tt := range map[string]struct {
+		o   RESTOptions
+		err string
+	}{
+		"https":            {RESTOptions{URL: "https://ci.example.com", WebNodeNetworks: nets}, ""},
+		"http, allowed":    {RESTOptions{URL: "http://ci.example.com", Insecure: true, WebNodeNetworks: nets}, ""},
+		"http":             {RESTOptions{URL: "http://ci.example.com", WebNodeNetworks: nets}, `"http://ci.example.com" is http://: the client secret would travel unencrypted`},
+		"no web node nets": {RESTOptions{URL: "https://ci.example.com"}, "no web node networks: the workers' listeners take no credential"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := tt.o
+			o.ClientID, o.ClientSecret, o.WorkerHost = "jetway", testSecret, "127.0.0.1"
+			r, err := NewREST(o)
+			if tt.err == "" {
+				require.NoError(t, err)
+				r.Close()
+				return
+			}
+			assert.ErrorContains(t, err, tt.err)
+		})
+	}
 }

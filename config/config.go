@@ -117,7 +117,8 @@ type Config struct {
 	ConcourseClientID         string   `mapstructure:"concourse-client-id" help:"ID of the web node's client that registers workers (concourse web --add-client ID:SECRET --system-claim-value ID)"`
 	ConcourseClientSecretFile string   `mapstructure:"concourse-client-secret-file" help:"file holding that client's secret (read at start; never logged)"`
 	ConcourseWorkerAddress    string   `mapstructure:"concourse-worker-address" help:"host name or IP the web node reaches this gateway at (a pod's IP); the gateway listens there on two ports per registered target, picked by the kernel, for the worker's Garden and volume API"`
-	ConcourseWebNodeNetworks  []string `mapstructure:"concourse-web-node-networks" help:"CIDRs (or IPs) the web node calls the workers from: their listeners, which take no authentication as a stock worker's, accept connections only from these and from this gateway; empty: from anyone who reaches them (a warning at start)"`
+	ConcourseWebNodeNetworks  []string `mapstructure:"concourse-web-node-networks" help:"CIDRs (or IPs) the web node calls the workers from, required with concourse-url's REST registration: the workers' Garden and volume listeners, which take no credential (an unmodified web node sends none), accept connections only from these and from this gateway (0.0.0.0/0,::/0 accepts anyone who reaches them)"`
+	ConcourseInsecure         bool     `mapstructure:"concourse-insecure" help:"allow an http:// concourse-url for the REST registration: the client secret, and the tokens it buys, then travel unencrypted (a web node reached over a network you trust alone)"`
 
 	AuthTokensFile string `mapstructure:"auth-tokens-file" help:"YAML file of API bearer tokens: tokens: [{name, token, admin: true | team: NAME}]"`
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
@@ -417,6 +418,9 @@ func (c Config) concourseProblems() []Problem {
 	if len(c.ConcourseWebNodeNetworks) > 0 && c.ConcourseTSA != "" {
 		add("concourse-web-node-networks", "only with concourse-url (the REST API): through the TSA the web node's calls come over the registration's own SSH connection")
 	}
+	if c.ConcourseInsecure && !rest {
+		add("concourse-insecure", "only with concourse-url's REST registration (concourse-client-id, concourse-client-secret-file): nothing secret travels on concourse-url otherwise")
+	}
 	return probs
 }
 
@@ -456,8 +460,11 @@ func (c Config) concourseRESTProblems() []Problem {
 	add := func(key, format string, args ...any) {
 		probs = append(probs, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
 	}
-	if !webURL(c.ConcourseURL) {
+	switch {
+	case !webURL(c.ConcourseURL):
 		add("concourse-url", "%q is not the web node's external URL (http:// or https://HOST[:PORT]): with concourse-client-id, concourse-client-secret-file or concourse-worker-address, it is required", c.ConcourseURL)
+	case strings.HasPrefix(c.ConcourseURL, "http:") && !c.ConcourseInsecure:
+		add("concourse-url", "%q is http://: the client secret, and the tokens it buys, would travel on it unencrypted; give the web node's https:// URL, or set concourse-insecure to allow it (a network you trust alone)", c.ConcourseURL)
 	}
 	if c.ConcourseClientID == "" {
 		add("concourse-client-id", "required with concourse-url: the client of the web node's --add-client")
@@ -475,8 +482,11 @@ func (c Config) concourseRESTProblems() []Problem {
 	case net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified():
 		add("concourse-worker-address", "%s is no address the web node can reach: give this gateway's own (a pod's IP)", host)
 	}
-	if _, err := c.WebNodeNetworks(); err != nil {
+	if nets, err := c.WebNodeNetworks(); err != nil {
 		add("concourse-web-node-networks", "%v", err)
+	} else if len(nets) == 0 {
+		add("concourse-web-node-networks", "required with concourse-url: the workers' Garden and volume listeners take no credential "+
+			"(an unmodified web node sends none), so they accept only the web node's networks (its pods' or nodes' CIDRs; 0.0.0.0/0,::/0 for anyone who reaches them)")
 	}
 	return probs
 }

@@ -327,6 +327,7 @@ func TestValidateConcourse(t *testing.T) {
 	rest := func(c *Config) {
 		c.ConcourseURL, c.ConcourseClientID, c.ConcourseClientSecretFile, c.ConcourseWorkerAddress =
 			"https://ci.example.com", "jetway", file, "10.1.2.3"
+		c.ConcourseWebNodeNetworks = []string{"10.42.0.0/16"}
 	}
 	tests := []struct {
 		name   string
@@ -349,12 +350,13 @@ func TestValidateConcourse(t *testing.T) {
 			want: []string{"concourse-worker-key: only with concourse-tsa, not with concourse-url"}},
 		{name: "a REST setting alone", mutate: func(c *Config) { c.ConcourseWorkerAddress = "10.1.2.3" },
 			want: []string{`concourse-url: "" is not the web node's external URL`, "concourse-client-id: required with concourse-url",
-				"concourse-client-secret-file: required with concourse-url"}},
+				"concourse-client-secret-file: required with concourse-url", "concourse-web-node-networks: required with concourse-url"}},
 		{name: "the REST API, each wrong", mutate: func(c *Config) {
 			c.ConcourseURL, c.ConcourseClientSecretFile, c.ConcourseWorkerAddress = "ci.example.com:443", "/nonexistent/secret", "10.1.2.3:7777"
 		}, want: []string{`concourse-url: "ci.example.com:443" is not the web node's external URL`,
 			"concourse-client-id: required", "concourse-client-secret-file: stat /nonexistent/secret",
-			`concourse-worker-address: "10.1.2.3:7777" is neither an IP address nor a host name`}},
+			`concourse-worker-address: "10.1.2.3:7777" is neither an IP address nor a host name`,
+			"concourse-web-node-networks: required with concourse-url"}},
 		{name: "an unspecified worker address", mutate: func(c *Config) { rest(c); c.ConcourseWorkerAddress = "0.0.0.0" },
 			want: []string{"concourse-worker-address: 0.0.0.0 is no address the web node can reach"}},
 		{name: "the TSA, keys missing", mutate: func(c *Config) { c.ConcourseTSA = "ci:2222" },
@@ -364,6 +366,13 @@ func TestValidateConcourse(t *testing.T) {
 			rest(c)
 			c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8", " 192.168.1.7", "fd00::/8"}
 		}},
+		{name: "the REST API from everywhere", mutate: func(c *Config) { rest(c); c.ConcourseWebNodeNetworks = nil },
+			want: []string{"concourse-web-node-networks: required with concourse-url: the workers' Garden and volume listeners take no credential"}},
+		{name: "the REST API over http", mutate: func(c *Config) { rest(c); c.ConcourseURL = "http://ci.example.com" },
+			want: []string{`concourse-url: "http://ci.example.com" is http://: the client secret, and the tokens it buys, would travel on it unencrypted; give the web node's https:// URL, or set concourse-insecure`}},
+		{name: "the REST API over http, allowed", mutate: func(c *Config) { rest(c); c.ConcourseURL, c.ConcourseInsecure = "http://ci.example.com", true }},
+		{name: "insecure with the TSA", mutate: func(c *Config) { tsa(c); c.ConcourseInsecure = true },
+			want: []string{"concourse-insecure: only with concourse-url's REST registration"}},
 		{name: "web node networks that are none", mutate: func(c *Config) { rest(c); c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8", "ci.example.com"} },
 			want: []string{`concourse-web-node-networks: "ci.example.com" is neither a CIDR (10.0.0.0/8) nor an IP`}},
 		{name: "web node networks with the TSA", mutate: func(c *Config) { tsa(c); c.ConcourseWebNodeNetworks = []string{"10.0.0.0/8"} },

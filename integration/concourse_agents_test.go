@@ -243,9 +243,10 @@ func TestConcourseAgentBuildsOutliveAGatewayKill(t *testing.T) {
 	writeFile(t, secret, []byte(client.Secret))
 	ca := meshtest.NewCA(t, "cw-agentkill-ca")
 	rs := replicasOf(t, ca, t.TempDir(), "--concourse-url", web.URL, "--concourse-client-id", client.ID,
-		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1")
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
+		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1")
 	const name = "cw-kbox"
-	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURI)
+	caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), name, time.Now().Add(time.Hour), meshtest.AgentURIs("", "box")...)
 	work := t.TempDir()
 	t.Cleanup(func() { killStepProcesses(t, work) })
 	startAgent(t, "--join", rs[0].mesh, "--ca", caFile, "--cert", certFile, "--key", keyFile, "--work-dir", work,

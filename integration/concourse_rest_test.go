@@ -26,13 +26,17 @@ import (
 	"github.com/jetway-ci/jetway/targets"
 )
 
+// loopbackWebNode is the test web node's network: it calls the workers
+// from loopback.
+var loopbackWebNode = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+
 // concourseREST is a REST API client of web as gateway run's
 // concourse-url settings make it, the client c's, the workers' listeners
 // on loopback, heartbeating every heartbeat.
 func concourseREST(t *testing.T, web *cwn.WebNode, c cwn.Client, heartbeat time.Duration) *concourse.REST {
 	t.Helper()
 	r, err := concourse.NewREST(concourse.RESTOptions{URL: web.URL, ClientID: c.ID, ClientSecret: concourse.Secret(c.Secret),
-		WorkerHost: "127.0.0.1", HeartbeatInterval: heartbeat})
+		Insecure: true, WorkerHost: "127.0.0.1", WebNodeNetworks: loopbackWebNode, HeartbeatInterval: heartbeat})
 	require.NoError(t, err)
 	t.Cleanup(r.Close)
 	return r
@@ -173,8 +177,8 @@ func TestConcourseRESTFailuresAreNamed(t *testing.T) {
 		{"nobody at the URL", nobody, good, []string{"reach the web node at " + nobody}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rest, err := concourse.NewREST(concourse.RESTOptions{URL: tc.url, ClientID: tc.client.ID,
-				ClientSecret: concourse.Secret(tc.client.Secret), WorkerHost: "127.0.0.1"})
+			rest, err := concourse.NewREST(concourse.RESTOptions{URL: tc.url, ClientID: tc.client.ID, Insecure: true,
+				ClientSecret: concourse.Secret(tc.client.Secret), WorkerHost: "127.0.0.1", WebNodeNetworks: loopbackWebNode})
 			require.NoError(t, err)
 			defer rest.Close()
 			logs := &syncBuffer{}
@@ -285,7 +289,7 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 			nets = append(nets, netip.MustParsePrefix(n))
 		}
 		r, err := concourse.NewREST(concourse.RESTOptions{URL: web.URL, ClientID: client.ID, ClientSecret: concourse.Secret(client.Secret),
-			WorkerHost: "127.0.0.2", HeartbeatInterval: 2 * time.Second, WebNodeNetworks: nets, Metrics: concourse.NewMetrics(reg)})
+			Insecure: true, WorkerHost: "127.0.0.2", HeartbeatInterval: 2 * time.Second, WebNodeNetworks: nets, Metrics: concourse.NewMetrics(reg)})
 		require.NoError(t, err)
 		t.Cleanup(r.Close)
 		return r

@@ -595,7 +595,8 @@ func TestConcourseBuildsOutliveARestart(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret")
 	writeFile(t, secret, []byte(client.Secret))
 	rs := replicas(t, dir, "--concourse-url", web.URL, "--concourse-client-id", client.ID,
-		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1", "--shutdown-timeout", "60s")
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
+		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1", "--shutdown-timeout", "60s")
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 	bases := []string{rs[0].base(), rs[1].base()}
 

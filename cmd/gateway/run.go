@@ -502,13 +502,15 @@ func newWeb(cfg config.Config, metrics *concourse.Metrics, logger *slog.Logger) 
 	if err != nil {
 		return nil, configProblem("concourse-web-node-networks", err)
 	}
-	if len(nets) == 0 {
-		logger.Warn("the workers' listeners accept anyone who reaches " + cfg.ConcourseWorkerAddress +
-			": set concourse-web-node-networks to the web node's, or keep everyone else out with a NetworkPolicy (docs/concourse.md)")
+	for _, n := range nets {
+		if n.Bits() == 0 {
+			logger.Warn("the workers' Garden and volume listeners accept anyone who reaches " + cfg.ConcourseWorkerAddress +
+				" (concourse-web-node-networks includes " + n.String() + "): they take no credential; give the web node's networks alone (docs/concourse.md)")
+		}
 	}
 	web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
-		ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress, WebNodeNetworks: nets,
-		Logger: logger, Metrics: metrics})
+		ClientSecret: concourse.Secret(secret), Insecure: cfg.ConcourseInsecure, WorkerHost: cfg.ConcourseWorkerAddress,
+		WebNodeNetworks: nets, Logger: logger, Metrics: metrics})
 	if err != nil {
 		return nil, configProblem("concourse-url", err)
 	}

@@ -109,6 +109,7 @@ func runPipelineBench(b *testing.B) {
 	check(b, writeFile(types, []byte("jetway-test: "+cluster.BusyboxImage+"\nregistry-image: "+bed.c.NodeImage("registry-image-image.tar")+"\n")))
 	flags := []string{"--concourse-url", web.URL, "--concourse-client-id", client0.ID,
 		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
+		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1",
 		"--concourse-resource-types", types,
 		// The real node has two cores: at the default request of 100m,
 		// a build's pods, the build's before (the API path keeps them
