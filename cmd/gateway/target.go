@@ -91,7 +91,7 @@ type outputFlags struct {
 
 func (f *outputFlags) register(cmd *cobra.Command, verb string) {
 	cmd.Flags().StringVar(&f.dir, "out", "", "targets directory to "+verb+" the entry DIR/NAME/{kubeconfig,target.yaml} in")
-	cmd.Flags().BoolVar(&f.secret, "secret", false, "print the targets Secret manifest for `kubectl apply --server-side --field-manager jetway-target-NAME -f -`")
+	cmd.Flags().BoolVar(&f.secret, "secret", false, "print the targets Secret manifest, for: kubectl apply --server-side --field-manager jetway-target-NAME -f -")
 	cmd.Flags().StringVar(&f.secretName, "secret-name", defaultTargetsSecret, "name of the targets Secret (the Helm chart's targets.secretName)")
 	cmd.Flags().StringVar(&f.secretNamespace, "secret-namespace", defaultTargetsNamespace, "namespace jetway is installed in, where the targets Secret is")
 }
@@ -143,7 +143,7 @@ func targetAddCommand() *cobra.Command {
 	out.register(cmd, "write")
 	egress.register(cmd)
 	cmd.Flags().StringVar(&meta.Team, "team", "", "Concourse team the target belongs to (default: every team's)")
-	cmd.Flags().StringArrayVar(&meta.Tags, "tag", nil, "tag of the target, for steps' `tags:` (repeatable)")
+	cmd.Flags().StringArrayVar(&meta.Tags, "tag", nil, "`TAG`: a tag of the target, for steps' tags: (repeatable)")
 	cmd.Flags().BoolVar(&opts.CreateNamespace, "create-namespace", false, "create the namespace if it does not exist (remove deletes it again)")
 	cmd.Flags().DurationVar(&opts.TokenDuration, "token-duration", provision.DefaultTokenDuration,
 		"lifetime of the token (TokenRequest; the API server may cap it); run add again to rotate it")
@@ -430,7 +430,7 @@ func targetRBACCommand() *cobra.Command {
 		Args: noArgs,
 	}
 	cmd.Flags().StringVar(&a.Namespace, "namespace", "", "namespace the target runs steps in (required)")
-	cmd.Flags().StringVar(&a.Target, "name", "", "target name, as `target add NAME` names the objects: jetway-NAME (default: jetway)")
+	cmd.Flags().StringVar(&a.Target, "name", "", "target `NAME`, as target add NAME names the objects: jetway-NAME (default: jetway)")
 	egress.register(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := checkTargetFlags(a, outputFlags{}, false); err != nil {

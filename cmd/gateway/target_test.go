@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -132,4 +133,23 @@ func TestTargetRBACEgressDeny(t *testing.T) {
 	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes, "their traffic out is theirs")
 	assert.Empty(t, policy.Spec.Egress)
 	require.Len(t, policy.Spec.Ingress, 1)
+}
+
+// TestTargetHelpNamesTheFlags: --help of add and rbac shows --egress-deny
+// with its default list, and value names are words, not sentences that
+// pflag took from back-quoted usage text.
+func TestTargetHelpNamesTheFlags(t *testing.T) {
+	for _, sub := range []string{"add", "rbac"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, execute([]string{"target", sub, "--help"}, &stdout, &stderr), stderr.String())
+		help := stdout.String()
+		assert.Regexp(t, `--egress-deny CIDR +CIDR or IP address`, help, sub)
+		assert.Contains(t, help, "(default [169.254.169.254/32,fd00:ec2::254/128])", sub)
+		assert.Contains(t, help, "none: no egress rules", sub)
+		for _, line := range strings.Split(help, "\n") {
+			if flag, _, ok := strings.Cut(strings.TrimSpace(line), "  "); ok && strings.HasPrefix(flag, "--") {
+				assert.LessOrEqual(t, len(strings.Fields(flag)), 2, "%s: a value name of more than one word: %s", sub, line)
+			}
+		}
+	}
 }
