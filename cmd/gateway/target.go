@@ -157,10 +157,11 @@ func targetAddCommand() *cobra.Command {
 		if opts.LongLivedToken && cmd.Flags().Changed("token-duration") {
 			return usageError{errors.New("--token-duration and --long-lived-token exclude each other: a long-lived token has no duration")}
 		}
-		var err error
-		if opts.EgressDeny, err = egress.parse(); err != nil {
+		deny, err := egress.parse()
+		if err != nil {
 			return err
 		}
+		opts.EgressDeny = deny
 		meta.Namespace = a.Namespace
 		if err := validEntry(a, meta); err != nil {
 			return usageError{err}

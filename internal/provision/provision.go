@@ -2,8 +2,7 @@
 // admin credentials, and takes it away again: a service account, a Role
 // holding exactly targets.Required, its binding, a NetworkPolicy around
 // the step pods (networkpolicy.go) and a token, and the target kubeconfig
-// built from them. `gateway target add`, `remove` and
-// `rbac` run it.
+// built from them. `gateway target add`, `remove` and `rbac` run it.
 package provision
 
 import (
