@@ -3,17 +3,22 @@ package integration
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	apitypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
@@ -94,19 +99,23 @@ func TestTargetAddToDirectory(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, targets.RBACRules(targets.Required), role.Rules)
 	assert.Equal(t, "tadd", role.Labels[provision.AccessLabel])
-	// The NetworkPolicy, as the API server took it.
+	// The NetworkPolicy, as the API server took it: the default egress
+	// rules keep step pods from the cloud metadata addresses.
+	access := provision.Access{Target: "tadd", Namespace: "tadd-ns"}
 	policy, err := c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, provision.Access{Target: "tadd", Namespace: "tadd-ns"}.NetworkPolicy().Spec, policy.Spec)
+	assert.Equal(t, access.NetworkPolicy(provision.DefaultEgressDeny()).Spec, policy.Spec)
 	policy.Spec.Ingress = nil // someone opened it to every pod
 	_, err = c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Update(ctx, policy, metav1.UpdateOptions{})
 	require.NoError(t, err)
 
-	// Run again: a new token, and a Role someone trimmed is whole again.
+	// Run again, with addresses of both families to deny: a new token, a
+	// Role someone trimmed is whole again, the policy too, with the list.
 	role.Rules = role.Rules[:1]
 	_, err = c.Client.RbacV1().Roles("tadd-ns").Update(ctx, role, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	stdout, stderr, code = runCLI(t, ctx, add...)
+	deny := []string{"--egress-deny", "10.96.0.0/12", "--egress-deny", "10.244.7.9", "--egress-deny", "fd00:10:96::1/108"}
+	stdout, stderr, code = runCLI(t, ctx, append(slices.Clone(add), deny...)...)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Contains(t, stderr, "service account tadd-ns/jetway-tadd is up to date")
 	assert.Contains(t, stderr, "updated role tadd-ns/jetway-tadd")
@@ -117,6 +126,21 @@ func TestTargetAddToDirectory(t *testing.T) {
 	role, err = c.Client.RbacV1().Roles("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, targets.RBACRules(targets.Required), role.Rules)
+	policy, err = c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, access.NetworkPolicy(egressDeny(t, deny)).Spec, policy.Spec)
+	require.NotEmpty(t, policy.Spec.Egress)
+	assert.Equal(t, []string{"10.96.0.0/12", "10.244.7.9/32"}, policy.Spec.Egress[0].To[0].IPBlock.Except)
+	assert.Equal(t, []string{"fd00:10:96::/108"}, policy.Spec.Egress[0].To[1].IPBlock.Except)
+
+	// And with --egress-deny none: the ingress-only policy.
+	stdout, stderr, code = runCLI(t, ctx, append(slices.Clone(add), "--egress-deny", "none")...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stderr, "updated network policy tadd-ns/jetway-tadd")
+	policy, err = c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, access.NetworkPolicy(nil).Spec, policy.Spec)
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes)
 
 	// Something else in the namespace, and a service account add did not
 	// make under the name another target would use.
@@ -148,6 +172,58 @@ func TestTargetAddToDirectory(t *testing.T) {
 	} else {
 		assert.True(t, apierrors.IsNotFound(err), "%v", err)
 	}
+}
+
+// TestTargetRBACAppliesServerSide applies `target rbac` output as
+// `kubectl apply --server-side` does, with the default egress list, a
+// list of both families, every address denied, and none: the API server
+// takes each policy as printed, and applying the next moves the policy
+// between them (egress rules come and go).
+func TestTargetRBACAppliesServerSide(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "trbac-ns"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	access, apply := provision.Access{Target: "trbac", Namespace: "trbac-ns"}, newApplier(c)
+	for _, deny := range [][]string{
+		nil, // the default
+		{"--egress-deny", "10.1.2.3/16", "--egress-deny", "192.0.2.7", "--egress-deny", "fd00:ec2::254", "--egress-deny", "2001:db8::/32"},
+		{"--egress-deny", "0.0.0.0/0", "--egress-deny", "::/0"},
+		{"--egress-deny", "none"},
+		nil,
+	} {
+		stdout, stderr, code := runCLI(t, ctx, append([]string{"target", "rbac", "--namespace", "trbac-ns", "--name", "trbac"}, deny...)...)
+		require.Equal(t, 0, code, "%v: %s", deny, stderr)
+		docs := strings.Split(stdout, "\n---\n")
+		require.Len(t, docs, 4)
+		for _, doc := range docs {
+			var obj unstructured.Unstructured
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &obj.Object))
+			live, err := apply.apply(ctx, "", &obj)
+			require.NoError(t, err, "%v: %s", deny, obj.GetKind())
+			assert.Empty(t, diffApplied(obj.GetKind(), obj.Object, live.Object), "%v: the server changed what was applied", deny)
+		}
+		want := provision.DefaultEgressDeny()
+		if deny != nil {
+			want = egressDeny(t, deny)
+		}
+		policy, err := c.Client.NetworkingV1().NetworkPolicies("trbac-ns").Get(ctx, "jetway-trbac", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, access.NetworkPolicy(want).Spec, policy.Spec, "%v", deny)
+	}
+}
+
+// egressDeny parses the values of --egress-deny flags as the CLI does.
+func egressDeny(t *testing.T, flags []string) []netip.Prefix {
+	t.Helper()
+	var values []string
+	for i := 1; i < len(flags); i += 2 {
+		values = append(values, flags[i])
+	}
+	deny, err := provision.ParseEgressDeny(values)
+	require.NoError(t, err)
+	return deny
 }
 
 // TestTargetAddSecret adds two targets as keys of one targets Secret, each

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,15 +91,37 @@ type outputFlags struct {
 
 func (f *outputFlags) register(cmd *cobra.Command, verb string) {
 	cmd.Flags().StringVar(&f.dir, "out", "", "targets directory to "+verb+" the entry DIR/NAME/{kubeconfig,target.yaml} in")
-	cmd.Flags().BoolVar(&f.secret, "secret", false, "print the targets Secret manifest for `kubectl apply --server-side --field-manager jetway-target-NAME -f -`")
+	cmd.Flags().BoolVar(&f.secret, "secret", false, "print the targets Secret manifest, for: kubectl apply --server-side --field-manager jetway-target-NAME -f -")
 	cmd.Flags().StringVar(&f.secretName, "secret-name", defaultTargetsSecret, "name of the targets Secret (the Helm chart's targets.secretName)")
 	cmd.Flags().StringVar(&f.secretNamespace, "secret-namespace", defaultTargetsNamespace, "namespace jetway is installed in, where the targets Secret is")
+}
+
+// egressFlag is --egress-deny of `target add` and `target rbac`.
+type egressFlag []string
+
+func (f *egressFlag) register(cmd *cobra.Command) {
+	var defaults []string
+	for _, p := range provision.DefaultEgressDeny() {
+		defaults = append(defaults, p.String())
+	}
+	cmd.Flags().StringArrayVar((*[]string)(f), "egress-deny", defaults,
+		"`CIDR` or IP address the target's step pods may not reach (repeatable; the default: the cloud metadata addresses); "+
+			"none: no egress rules. Needs a network plugin that enforces NetworkPolicies (docs/operations.md)")
+}
+
+func (f egressFlag) parse() ([]netip.Prefix, error) {
+	deny, err := provision.ParseEgressDeny(f)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return deny, nil
 }
 
 func targetAddCommand() *cobra.Command {
 	var (
 		admin     adminFlags
 		out       outputFlags
+		egress    egressFlag
 		meta      targets.Metadata
 		opts      provision.AddOptions
 		checkWait time.Duration
@@ -109,14 +132,18 @@ func targetAddCommand() *cobra.Command {
 		Long: "add creates, with the admin credentials of --kubeconfig, a service account in --namespace, a Role holding\n" +
 			"exactly what jetway needs (see `gateway target rbac`), its binding and a token, then writes the target\n" +
 			"entry (a kubeconfig with the CA inline, and target.yaml) into --out DIR, or prints a Secret manifest with\n" +
-			"--secret, and checks the target as `gateway check` does. Running it again brings the Role up to date and\n" +
-			"issues a new token: that is how a token is rotated.",
+			"--secret, and checks the target as `gateway check` does. Running it again brings the Role and the\n" +
+			"NetworkPolicy up to date and issues a new token: that is how a token is rotated.\n\n" +
+			"The NetworkPolicy lets into the target's step pods only their volume sidecars' port, from the target's\n" +
+			"own step pods, and lets them reach anything but the --egress-deny addresses (and, always, DNS and the\n" +
+			"target's own step pods' sidecars). It is enforced only by a network plugin that enforces policies.",
 		Args: exactlyOneName("add"),
 	}
 	admin.register(cmd)
 	out.register(cmd, "write")
+	egress.register(cmd)
 	cmd.Flags().StringVar(&meta.Team, "team", "", "Concourse team the target belongs to (default: every team's)")
-	cmd.Flags().StringArrayVar(&meta.Tags, "tag", nil, "tag of the target, for steps' `tags:` (repeatable)")
+	cmd.Flags().StringArrayVar(&meta.Tags, "tag", nil, "`TAG`: a tag of the target, for steps' tags: (repeatable)")
 	cmd.Flags().BoolVar(&opts.CreateNamespace, "create-namespace", false, "create the namespace if it does not exist (remove deletes it again)")
 	cmd.Flags().DurationVar(&opts.TokenDuration, "token-duration", provision.DefaultTokenDuration,
 		"lifetime of the token (TokenRequest; the API server may cap it); run add again to rotate it")
@@ -130,6 +157,11 @@ func targetAddCommand() *cobra.Command {
 		if opts.LongLivedToken && cmd.Flags().Changed("token-duration") {
 			return usageError{errors.New("--token-duration and --long-lived-token exclude each other: a long-lived token has no duration")}
 		}
+		deny, err := egress.parse()
+		if err != nil {
+			return err
+		}
+		opts.EgressDeny = deny
 		meta.Namespace = a.Namespace
 		if err := validEntry(a, meta); err != nil {
 			return usageError{err}
@@ -383,24 +415,34 @@ func removeEntry(progress io.Writer, dir, name string) error {
 }
 
 func targetRBACCommand() *cobra.Command {
-	var a provision.Access
+	var (
+		a      provision.Access
+		egress egressFlag
+	)
 	cmd := &cobra.Command{
 		Use:   "rbac",
 		Short: "Print the service account, Role, RoleBinding and NetworkPolicy jetway needs in a namespace (for GitOps)",
 		Long: "rbac prints what `target add` creates, as YAML to apply through your own tooling: a service account,\n" +
 			"a Role holding exactly the permissions jetway checks (the one list `gateway check` reviews), its binding,\n" +
 			"and a NetworkPolicy admitting to the target's step pods only their volume sidecars' port, from the\n" +
-			"target's own step pods (enforced only by a network plugin that enforces policies; docs/operations.md).",
+			"target's own step pods, and letting them reach anything but the --egress-deny addresses (and, always,\n" +
+			"DNS and the target's own step pods' sidecars); enforced only by a network plugin that enforces\n" +
+			"policies (docs/operations.md).",
 		Args: noArgs,
 	}
 	cmd.Flags().StringVar(&a.Namespace, "namespace", "", "namespace the target runs steps in (required)")
-	cmd.Flags().StringVar(&a.Target, "name", "", "target name, as `target add NAME` names the objects: jetway-NAME (default: jetway)")
+	cmd.Flags().StringVar(&a.Target, "name", "", "target `NAME`, as target add NAME names the objects: jetway-NAME (default: jetway)")
+	egress.register(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := checkTargetFlags(a, outputFlags{}, false); err != nil {
 			return err
 		}
+		deny, err := egress.parse()
+		if err != nil {
+			return err
+		}
 		sa, role, binding := a.Objects()
-		for i, obj := range []any{sa, role, binding, a.NetworkPolicy()} {
+		for i, obj := range []any{sa, role, binding, a.NetworkPolicy(deny)} {
 			y, err := yaml.Marshal(obj)
 			if err != nil {
 				return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/jetway-ci/jetway/internal/provision"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -38,6 +40,11 @@ func TestTargetBadArgumentsTouchNothing(t *testing.T) {
 		{"empty tag", []string{"add", "x", "--namespace", "ci", "--out", "d", "--tag", " "}, "tags[0] is empty"},
 		{"remove without namespace", []string{"remove", "x"}, "--namespace is required"},
 		{"rbac without namespace", []string{"rbac"}, "--namespace is required"},
+		{"bad egress deny", []string{"add", "x", "--namespace", "ci", "--out", "d", "--egress-deny", "10.0.0.0/8", "--egress-deny", "metadata"},
+			`--egress-deny "metadata": neither a CIDR nor an IP address`},
+		{"egress deny none and more", []string{"add", "x", "--namespace", "ci", "--out", "d", "--egress-deny", "none", "--egress-deny", "10.0.0.0/8"},
+			"--egress-deny none drops every egress rule; it cannot be combined"},
+		{"rbac bad egress deny", []string{"rbac", "--namespace", "ci", "--egress-deny", "10.0.0.0/40"}, `--egress-deny "10.0.0.0/40"`},
 		{"unknown subcommand", []string{"ad", "x"}, `unknown command "ad"; see gateway target --help`},
 	}
 	for _, tt := range tests {
@@ -88,9 +95,61 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	steps := metav1.LabelSelector{MatchLabels: map[string]string{"org.concourse-ci.worker": "prod"}}
 	assert.Equal(t, "jetway-prod", policy.Name)
 	assert.Equal(t, steps, policy.Spec.PodSelector, "the target's step pods")
-	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes, "their traffic out is theirs")
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, policy.Spec.PolicyTypes)
 	require.Len(t, policy.Spec.Ingress, 1)
 	assert.Equal(t, []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, policy.Spec.Ingress[0].From, "from the target's own step pods")
 	require.Len(t, policy.Spec.Ingress[0].Ports, 1)
 	assert.Equal(t, "7788", policy.Spec.Ingress[0].Ports[0].Port.String(), "to their volume sidecars alone")
+	// Out: anywhere but the cloud metadata addresses, by default.
+	assert.Equal(t, provision.Access{Target: "prod", Namespace: "ci"}.NetworkPolicy(provision.DefaultEgressDeny()).Spec, policy.Spec)
+	require.NotEmpty(t, policy.Spec.Egress)
+	assert.Equal(t, []networkingv1.NetworkPolicyPeer{
+		{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"169.254.169.254/32"}}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00:ec2::254/128"}}},
+	}, policy.Spec.Egress[0].To)
+}
+
+// TestTargetRBACEgressDeny: --egress-deny replaces the default list and
+// --egress-deny none prints the ingress-only policy.
+func TestTargetRBACEgressDeny(t *testing.T) {
+	policyOf := func(args ...string) networkingv1.NetworkPolicy {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, execute(append([]string{"target", "rbac", "--namespace", "ci", "--name", "prod"}, args...), &stdout, &stderr), stderr.String())
+		docs := bytes.Split(stdout.Bytes(), []byte("\n---\n"))
+		require.Len(t, docs, 4)
+		var policy networkingv1.NetworkPolicy
+		require.NoError(t, yaml.UnmarshalStrict(docs[3], &policy))
+		return policy
+	}
+	policy := policyOf("--egress-deny", "10.1.2.3/16", "--egress-deny", "fd00:10::1")
+	require.NotEmpty(t, policy.Spec.Egress)
+	assert.Equal(t, []networkingv1.NetworkPolicyPeer{
+		{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.1.0.0/16"}}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00:10::1/128"}}},
+	}, policy.Spec.Egress[0].To, "the given list alone, masked")
+
+	policy = policyOf("--egress-deny", "none")
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes, "their traffic out is theirs")
+	assert.Empty(t, policy.Spec.Egress)
+	require.Len(t, policy.Spec.Ingress, 1)
+}
+
+// TestTargetHelpNamesTheFlags: --help of add and rbac shows --egress-deny
+// with its default list, and value names are words, not sentences that
+// pflag took from back-quoted usage text.
+func TestTargetHelpNamesTheFlags(t *testing.T) {
+	for _, sub := range []string{"add", "rbac"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, execute([]string{"target", sub, "--help"}, &stdout, &stderr), stderr.String())
+		help := stdout.String()
+		assert.Regexp(t, `--egress-deny CIDR +CIDR or IP address`, help, sub)
+		assert.Contains(t, help, "(default [169.254.169.254/32,fd00:ec2::254/128])", sub)
+		assert.Contains(t, help, "none: no egress rules", sub)
+		for _, line := range strings.Split(help, "\n") {
+			if flag, _, ok := strings.Cut(strings.TrimSpace(line), "  "); ok && strings.HasPrefix(flag, "--") {
+				assert.LessOrEqual(t, len(strings.Fields(flag)), 2, "%s: a value name of more than one word: %s", sub, line)
+			}
+		}
+	}
 }

@@ -1,14 +1,15 @@
 // Package provision gives jetway access to a namespace with an operator's
 // admin credentials, and takes it away again: a service account, a Role
-// holding exactly targets.Required, its binding and a token, and the
-// target kubeconfig built from them. `gateway target add`, `remove` and
-// `rbac` run it.
+// holding exactly targets.Required, its binding, a NetworkPolicy around
+// the step pods (networkpolicy.go) and a token, and the target kubeconfig
+// built from them. `gateway target add`, `remove` and `rbac` run it.
 package provision
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -19,14 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -107,32 +105,6 @@ func (a Access) Objects() (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBin
 	return sa, role, binding
 }
 
-// NetworkPolicy admits to the target's step pods only what jetway needs
-// over the pod network: their volume sidecars' port, from the target's own
-// step pods (a volume streamed straight from one pod to another within
-// the target). The gateway reaches them through the API server's
-// port-forward, which policies do not see; a step's own traffic out is
-// left alone. It takes effect only where the cluster's network plugin
-// enforces NetworkPolicies.
-func (a Access) NetworkPolicy() *networkingv1.NetworkPolicy {
-	steps := metav1.LabelSelector{MatchLabels: map[string]string{ownership.WorkerLabel: a.Target}}
-	if a.Target == "" {
-		steps = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: ownership.WorkerLabel, Operator: metav1.LabelSelectorOpExists}}}
-	}
-	tcp, port := corev1.ProtocolTCP, intstr.FromInt32(stepagent.VolumePort)
-	return &networkingv1.NetworkPolicy{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "NetworkPolicy"},
-		ObjectMeta: a.meta(),
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: steps,
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}},
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
-			}},
-		},
-	}
-}
-
 // AddOptions say how to add access.
 type AddOptions struct {
 	// CreateNamespace creates the namespace when it does not exist.
@@ -143,6 +115,9 @@ type AddOptions struct {
 	// LongLivedToken makes a service-account-token Secret instead: a token
 	// that lives until the Secret is deleted.
 	LongLivedToken bool
+	// EgressDeny are the addresses the NetworkPolicy keeps step pods
+	// from reaching (Access.NetworkPolicy); none: no egress rules.
+	EgressDeny []netip.Prefix
 	// Progress hears one line per object made or changed.
 	Progress func(string)
 }
@@ -197,7 +172,7 @@ func Add(ctx context.Context, admin *rest.Config, a Access, opts AddOptions) (Cr
 		nil, say); err != nil {
 		return Credentials{}, err
 	}
-	policy, policies := a.NetworkPolicy(), cs.NetworkingV1().NetworkPolicies(a.Namespace)
+	policy, policies := a.NetworkPolicy(opts.EgressDeny), cs.NetworkingV1().NetworkPolicies(a.Namespace)
 	if err := ensure(ctx, a, "network policy", policy, policies.Get, policies.Create,
 		func(old *networkingv1.NetworkPolicy) (bool, func(context.Context) error) {
 			if equality.Semantic.DeepEqual(old.Spec, policy.Spec) {
