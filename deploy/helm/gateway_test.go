@@ -37,7 +37,7 @@ var chartKeys = []string{
 	"state-kubeconfig", "state-namespace",
 	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
 	"concourse-url", "concourse-client-id", "concourse-client-secret-file", "concourse-worker-address",
-	"concourse-web-node-networks",
+	"concourse-web-node-networks", "concourse-insecure",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
@@ -109,8 +109,11 @@ func assertConcourseLoads(t *testing.T, cfg config.Config) {
 		secret := strings.TrimSpace(string(b))
 		require.NotEmpty(t, secret)
 		assert.Equal(t, podIP, cfg.ConcourseWorkerAddress)
+		nets, err := cfg.WebNodeNetworks()
+		require.NoError(t, err)
 		web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
-			ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress})
+			ClientSecret: concourse.Secret(secret), Insecure: cfg.ConcourseInsecure, WorkerHost: cfg.ConcourseWorkerAddress,
+			WebNodeNetworks: nets})
 		require.NoError(t, err)
 		web.Close()
 	default:
