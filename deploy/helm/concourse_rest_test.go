@@ -6,13 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/jetway-ci/jetway/concourse"
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/deploy/helm"
 )
 
@@ -113,11 +111,7 @@ func TestConcourseURLs(t *testing.T) {
 				d, c := deployment(t, o, fullname)
 				args, _ := layOut(t, o, d.Spec.Template.Spec, c, t.TempDir())
 				setEnv(t, *c)
-				fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-				config.RegisterFlags(fs)
-				require.NoError(t, fs.Parse(args))
-				cfg, err := config.Load(fs)
-				require.NoError(t, err)
+				cfg := loadConfig(t, args)
 				assert.Equal(t, url, cfg.ConcourseURL)
 				assertConcourseLoads(t, cfg)
 			})

@@ -66,12 +66,7 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			root := t.TempDir()
 			args, targetFiles := layOut(t, o, d.Spec.Template.Spec, c, root)
 			setEnv(t, *c)
-
-			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-			config.RegisterFlags(fs)
-			require.NoError(t, fs.Parse(args))
-			cfg, err := config.Load(fs)
-			require.NoError(t, err)
+			cfg := loadConfig(t, args)
 			grace := time.Duration(*d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
 			assert.Greater(t, grace, cfg.ShutdownTimeout+5*time.Second)
 			assertStateGranted(t, o, cfg)
@@ -90,6 +85,18 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			assertConcourseLoads(t, cfg)
 		})
 	}
+}
+
+// loadConfig loads the gateway's config from args (after "run") and the
+// environment as `gateway run` does; it must load.
+func loadConfig(t *testing.T, args []string) config.Config {
+	t.Helper()
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	config.RegisterFlags(fs)
+	require.NoError(t, fs.Parse(args))
+	cfg, err := config.Load(fs)
+	require.NoError(t, err)
+	return cfg
 }
 
 // assertConcourseLoads reads the Concourse keys, or the REST API client's

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -15,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
-
-	"github.com/jetway-ci/jetway/config"
 )
 
 // TestNetworkPolicy: over the REST API the chart's NetworkPolicy selects
@@ -107,12 +104,7 @@ func assertBlocksAreTheGateways(t *testing.T, o objects, pod corev1.PodSpec, c *
 	t.Helper()
 	args, _ := layOut(t, o, pod, c, t.TempDir())
 	setEnv(t, *c)
-	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-	config.RegisterFlags(fs)
-	require.NoError(t, fs.Parse(args))
-	cfg, err := config.Load(fs)
-	require.NoError(t, err)
-	nets, err := cfg.WebNodeNetworks()
+	nets, err := loadConfig(t, args).WebNodeNetworks()
 	require.NoError(t, err)
 	var blocks []netip.Prefix
 	for _, p := range from {
