@@ -37,7 +37,7 @@ var chartKeys = []string{
 	"state-kubeconfig", "state-namespace",
 	"concourse-tsa", "concourse-tsa-public-key", "concourse-worker-key", "concourse-resource-types",
 	"concourse-url", "concourse-client-id", "concourse-client-secret-file", "concourse-worker-address",
-	"concourse-web-node-networks",
+	"concourse-web-node-networks", "concourse-insecure",
 }
 
 // TestGatewayLoadsRenderedConfig starts what `gateway run` reads before it
@@ -66,12 +66,7 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 			root := t.TempDir()
 			args, targetFiles := layOut(t, o, d.Spec.Template.Spec, c, root)
 			setEnv(t, *c)
-
-			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-			config.RegisterFlags(fs)
-			require.NoError(t, fs.Parse(args))
-			cfg, err := config.Load(fs)
-			require.NoError(t, err)
+			cfg := loadConfig(t, args)
 			grace := time.Duration(*d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
 			assert.Greater(t, grace, cfg.ShutdownTimeout+5*time.Second)
 			assertStateGranted(t, o, cfg)
@@ -92,6 +87,18 @@ func TestGatewayLoadsRenderedConfig(t *testing.T) {
 	}
 }
 
+// loadConfig loads the gateway's config from args (after "run") and the
+// environment as `gateway run` does; it must load.
+func loadConfig(t *testing.T, args []string) config.Config {
+	t.Helper()
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	config.RegisterFlags(fs)
+	require.NoError(t, fs.Parse(args))
+	cfg, err := config.Load(fs)
+	require.NoError(t, err)
+	return cfg
+}
+
 // assertConcourseLoads reads the Concourse keys, or the REST API client's
 // secret, and the resource types as the gateway does before it registers
 // (cmd/gateway's newRegistrar and newWeb), if it joins a Concourse.
@@ -109,8 +116,11 @@ func assertConcourseLoads(t *testing.T, cfg config.Config) {
 		secret := strings.TrimSpace(string(b))
 		require.NotEmpty(t, secret)
 		assert.Equal(t, podIP, cfg.ConcourseWorkerAddress)
+		nets, err := cfg.WebNodeNetworks()
+		require.NoError(t, err)
 		web, err := concourse.NewREST(concourse.RESTOptions{URL: cfg.ConcourseURL, ClientID: cfg.ConcourseClientID,
-			ClientSecret: concourse.Secret(secret), WorkerHost: cfg.ConcourseWorkerAddress})
+			ClientSecret: concourse.Secret(secret), Insecure: cfg.ConcourseInsecure, WorkerHost: cfg.ConcourseWorkerAddress,
+			WebNodeNetworks: nets})
 		require.NoError(t, err)
 		web.Close()
 	default:

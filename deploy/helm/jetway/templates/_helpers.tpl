@@ -189,9 +189,12 @@ these never come from config (the schema refuses them there).
 - --concourse-url
 - {{ . | quote }}
 {{- end }}
-{{- if and (eq $concourse "rest") .Values.concourse.webNodeNetworks }}
+{{- if eq $concourse "rest" }}
 - --concourse-web-node-networks
 - {{ join "," .Values.concourse.webNodeNetworks | quote }}
+{{- if .Values.concourse.insecure }}
+- --concourse-insecure
+{{- end }}
 {{- end }}
 {{- if and $concourse .Values.concourse.resourceTypes }}
 - --concourse-resource-types
@@ -272,8 +275,15 @@ place. No message quotes a key: a fail is printed, and may be logged.
 {{- else if $cc.resourceTypes }}
 {{- fail "concourse: concourse.resourceTypes set, but the targets join no Concourse: set concourse.tsa (its TSA) or concourse.url, concourse.clientId and concourse.clientSecret.existingSecret (its REST API), or leave concourse.resourceTypes empty" }}
 {{- end }}
-{{- if and $cc.webNodeNetworks (ne (include "jetway.concourseMode" .) "rest") }}
-{{- fail "concourse.webNodeNetworks: only with the REST API (concourse.url, concourse.clientId and concourse.clientSecret.existingSecret, without concourse.tsa): through the TSA the web node's calls come over the registration's own SSH connection" }}
+{{- if ne (include "jetway.concourseMode" .) "rest" }}
+{{- $rest := "only with the REST API (concourse.url, concourse.clientId and concourse.clientSecret.existingSecret, without concourse.tsa)" }}
+{{- if $cc.webNodeNetworks }}
+{{- fail (printf "concourse.webNodeNetworks: %s: through the TSA the web node's calls come over the registration's own SSH connection" $rest) }}
+{{- else if $cc.webNodePeers }}
+{{- fail (printf "concourse.webNodePeers: %s: they are admitted to the workers' Garden and volume listeners, which only the REST API's registration opens" $rest) }}
+{{- else if $cc.insecure }}
+{{- fail (printf "concourse.insecure: %s: nothing secret travels on concourse.url otherwise" $rest) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -298,23 +308,32 @@ place. No message quotes a key: a fail is printed, and may be logged.
 {{- end }}
 
 {{/*
-The REST API: the web node's URL, its client, and the client's secret in
-an existing Secret, all of them (every missing one named at once). The
-worker address is the pod's IP, which the chart gives itself.
+The REST API: the web node's URL (https:// unless insecure: the client's
+secret travels on it), its client, the client's secret in an existing
+Secret and the web node's networks (the workers' listeners take no
+credential), all of them (every problem named at once), as the gateway
+checks them. The worker address is the pod's IP, which the chart gives
+itself.
 */}}
 {{- define "jetway.validateConcourseREST" -}}
 {{- $cc := .Values.concourse }}
-{{- $missing := list }}
+{{- $problems := list }}
 {{- if not $cc.url }}
-{{- $missing = append $missing "concourse.url: required with concourse.clientId and concourse.clientSecret.existingSecret (the REST API): the web node's external URL, https://HOST[:PORT] (its --external-url)" }}
+{{- $problems = append $problems "concourse.url: required with concourse.clientId and concourse.clientSecret.existingSecret (the REST API): the web node's external URL, https://HOST[:PORT] (its --external-url)" }}
+{{- end }}
+{{- if and (hasPrefix "http:" $cc.url) (not $cc.insecure) }}
+{{- $problems = append $problems "concourse.url: http:// with the REST API: the client secret, and the tokens it buys, would travel on it unencrypted; give the web node's https:// URL, or set concourse.insecure=true to allow it (a network you trust alone)" }}
 {{- end }}
 {{- if not $cc.clientId }}
-{{- $missing = append $missing "concourse.clientId: required with concourse.url and without concourse.tsa (the REST API): the ID of the web node's client for jetway (concourse web --add-client ID:SECRET --system-claim-value ID)" }}
+{{- $problems = append $problems "concourse.clientId: required with concourse.url and without concourse.tsa (the REST API): the ID of the web node's client for jetway (concourse web --add-client ID:SECRET --system-claim-value ID)" }}
 {{- end }}
 {{- if not $cc.clientSecret.existingSecret }}
-{{- $missing = append $missing (printf "concourse.clientSecret.existingSecret: required with concourse.url and without concourse.tsa (the REST API): a Secret holding the client's secret under the key %s (concourse.clientSecret.key)" $cc.clientSecret.key) }}
+{{- $problems = append $problems (printf "concourse.clientSecret.existingSecret: required with concourse.url and without concourse.tsa (the REST API): a Secret holding the client's secret under the key %s (concourse.clientSecret.key)" $cc.clientSecret.key) }}
 {{- end }}
-{{- if $missing }}
-{{- fail (join "; " $missing) }}
+{{- if not $cc.webNodeNetworks }}
+{{- $problems = append $problems "concourse.webNodeNetworks: required with the REST API: the CIDRs or IPs the web node calls the workers from, e.g. its pods' CIDR (its nodes', when it runs outside the cluster); the workers' Garden and volume listeners take no credential, so the gateway and the chart's NetworkPolicy admit only these to them (0.0.0.0/0 admits anyone who reaches the pods, to run processes in any team's containers)" }}
+{{- end }}
+{{- if $problems }}
+{{- fail (join "; " $problems) }}
 {{- end }}
 {{- end }}
