@@ -163,8 +163,14 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 			Labels:    map[string]string{ContainerLabel: spec.Handle},
 			Resources: resources(spec.Limits), Privileged: spec.Privileged, Mounts: mounts,
 		}, opts)
-		if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		pods := t.Core.Pods(t.Namespace())
+		created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
 			return fmt.Errorf("make the pod %s/%s of container %s: %w", t.Namespace(), ct.Pod, spec.Handle, err)
+		}
+		if _, err := ownership.Bind(ctx, pods, opts.Key, t.Name(), created); err != nil {
+			_ = deletePod(context.WithoutCancel(ctx), t, created) // never used: unbound, it would get nothing
+			return fmt.Errorf("container %s: %w", spec.Handle, err)
 		}
 		return nil
 	})

@@ -75,7 +75,7 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	switch {
 	case t != nil:
 		for _, p := range t.Pods() {
-			if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Sealed(target, p) {
+			if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Bound(target, p) {
 				handles = append(handles, handle)
 			}
 		}

@@ -16,6 +16,7 @@ type Metrics struct {
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
 	refusals      prometheus.Counter
+	podRefusals   *prometheus.CounterVec
 	containers    *prometheus.CounterVec
 	garden        *prometheus.CounterVec
 	moves         *prometheus.CounterVec
@@ -62,6 +63,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Connections to the REST-registered workers' listeners closed because they came from outside concourse-web-node-networks.",
 		}),
 	}
+	m.podRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_pods_refused_total",
+		Help: "Pods under the name of a volume holder or a container's pod that jetway refused to use, by reason: unsealed (no seal of jetway's), unbound (sealed, but not bound to the UID jetway's create returned: planted with a copied seal, or made before pods were bound).",
+	}, []string{"reason"})
 	m.containers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_containers_total",
 		Help: "Containers the web node made (event created) and destroyed (destroyed) on jetway's workers: their pods.",
@@ -79,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Bytes those moves carried (tar, unencoded).",
 	}, []string{"direction"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.containers, m.garden, m.moves, m.movedBytes)
+		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes)
 	return m
 }
 
@@ -151,6 +156,13 @@ func (m *Metrics) refused() {
 		return
 	}
 	m.refusals.Inc()
+}
+
+// podRefused counts a pod jetway refused to use (ownership.Key.Verdict).
+func (m *Metrics) podRefused(why string) {
+	if m != nil {
+		m.podRefusals.WithLabelValues(why).Inc()
+	}
 }
 
 func (m *Metrics) container(event string) {

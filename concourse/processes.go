@@ -143,7 +143,38 @@ func (c *Containers) process(ct *Container, id string, spec []byte) *Process {
 			Exec: c.Agents.exec(target, ct.Handle())}}
 	}
 	return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Pod, Run: id,
-		Target: func() (*targets.Target, error) { t, _, err := c.target(target); return t, err }}}
+		Target: func() (*targets.Target, error) { return c.trustedPod(ct) }}}
+}
+
+// trustedPod is the target of ct's pod, if the pod its watch shows under
+// ct's name is the one jetway made (ownership.Key.Bound): each exec in a
+// container goes by the pod's name, so it goes only while that name is
+// jetway's pod's.
+func (c *Containers) trustedPod(ct *Container) (*targets.Target, error) {
+	t, opts, err := c.target(ct.Target)
+	if err != nil {
+		return nil, err
+	}
+	p := t.CachedPod(ct.Pod)
+	if p == nil {
+		return nil, fmt.Errorf("container %s: its pod %s is not listed", ct.Handle(), ct.Pod)
+	}
+	if err := c.refuse(t, opts, ct, p); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// refuse is nil when p, ct's pod as listed, is the one jetway made; else
+// why it gets nothing, counted.
+func (c *Containers) refuse(t *targets.Target, opts steps.PodOptions, ct *Container, p *corev1.Pod) error {
+	why := opts.Key.Verdict(t.Name(), p)
+	if why == "" {
+		return nil
+	}
+	c.Metrics.podRefused(why)
+	return fmt.Errorf("container %s: its pod %s is not the one jetway made (%s: planted under its name, or made before pods were bound): "+
+		"it gets nothing; destroy the container", ct.Handle(), ct.Pod, why)
 }
 
 // defaultWindow is a terminal's size when Garden's TTY names none, as
@@ -220,9 +251,17 @@ func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Wr
 	}
 	ctx, cancel := context.WithTimeout(ctx, podStartTimeout)
 	defer cancel()
-	t, _, err := c.target(ct.Target)
+	t, opts, err := c.target(ct.Target)
 	if err != nil {
 		return err
+	}
+	podState := func(p *corev1.Pod, ct *Container) (string, bool, error) {
+		if p != nil {
+			if err := c.refuse(t, opts, ct, p); err != nil {
+				return "", false, err
+			}
+		}
+		return podState(p, ct)
 	}
 	said := ""
 	for {

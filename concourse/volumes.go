@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"path"
@@ -21,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
@@ -49,8 +51,12 @@ type Holder struct {
 	// Agents keep the volumes of the agents' workers (nil: none).
 	Agents *Agents
 	// Ready bounds the wait for a new holder to run and answer.
-	Ready   time.Duration
-	Metrics *Metrics
+	Ready time.Duration
+	// BindGrace is how long a holder pod sealed but not bound is given to
+	// be bound by the gateway that made it (default holderBindGrace).
+	BindGrace time.Duration
+	Metrics   *Metrics
+	Logger    *slog.Logger
 
 	mu      sync.Mutex
 	ctx     context.Context // Start's, for the async creates; nil before
@@ -114,42 +120,56 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	}
 	name := steps.VolumeHolderName(opts.Installation)
 	p := t.CachedPod(name)
-	switch {
-	case p == nil || p.DeletionTimestamp != nil:
+	if p == nil || p.DeletionTimestamp != nil {
 		return t, name, errNoHolder
-	case !opts.Key.Sealed(target, p):
+	}
+	switch why := opts.Key.Verdict(target, p); why {
+	case ownership.Unsealed:
 		// Planted: it gets no request. The worker holds no volume, and
 		// makes none.
+		h.Metrics.podRefused(why)
 		return nil, "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: "+
 			"left alone, and no volume is kept on this worker until it is gone: %w", t.Namespace(), name, errNoHolder)
+	case ownership.Unbound:
+		return t, name, &unboundHolder{p}
 	}
 	return t, name, nil
 }
 
-// ensure returns target's volume holder, making it if there is none, once
-// it runs. Whoever made the pod of that name, it is used only if jetway
-// sealed it.
+// unboundHolder: a pod of the volume holder's name is sealed but not
+// bound to jetway's create: planted with a copied seal, made before pods
+// were bound, or made a moment ago by a gateway still binding it.
+type unboundHolder struct{ pod *corev1.Pod }
+
+func (e *unboundHolder) Error() string {
+	return fmt.Sprintf("the volume holder pod %s is not bound to jetway's create: it gets no request", e.pod.Name)
+}
+
+// ensure returns target's volume holder, making it (and binding it) if
+// there is none, once it runs. Whoever made the pod of that name, it is
+// used only if it is the very pod jetway made (ownership.Key.Bound).
 func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	t, name, err := h.holder(target)
 	if err == nil && t == nil {
 		return "", nil // an agent's
 	}
-	if errors.Is(err, errNoHolder) && t != nil {
-		pod := steps.VolumeHolderPod(t, h.Pod())
-		if _, err := t.Core.Pods(t.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), name, err)
-		}
-		err = nil
+	var unbound *unboundHolder
+	switch {
+	case errors.As(err, &unbound):
+		err = h.replaceUnbound(ctx, t, unbound.pod)
+	case errors.Is(err, errNoHolder) && t != nil:
+		err = h.makeHolder(ctx, t)
 	}
 	if err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmpDuration(h.Ready, holderReady))
 	defer cancel()
+	key := h.Pod().Key
 	err = t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
 		// Called with the cache held: read the pods given, not the cache.
 		i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == name })
-		return i >= 0 && steps.SidecarListens(pods[i])
+		return i >= 0 && steps.SidecarListens(pods[i]) && key.Bound(target, pods[i])
 	})
 	if err != nil {
 		p := t.CachedPod(name)
@@ -163,6 +183,69 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 		return "", err
 	}
 	return name, nil
+}
+
+// makeHolder makes target's volume holder and binds it; one another replica
+// made first is left to it.
+func (h *Holder) makeHolder(ctx context.Context, t *targets.Target) error {
+	opts := h.Pod()
+	pod := steps.VolumeHolderPod(t, opts)
+	pods := t.Core.Pods(t.Namespace())
+	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), pod.Name, err)
+	}
+	if _, err := ownership.Bind(ctx, pods, opts.Key, t.Name(), created); err != nil {
+		return fmt.Errorf("the volume holder: %w", err)
+	}
+	return nil
+}
+
+// holderBindGrace is how long a holder pod that is sealed but not bound
+// is given to be bound by the gateway that made it, a moment after its
+// create, before it is taken for one jetway did not make.
+const holderBindGrace = 30 * time.Second
+
+// replaceUnbound waits for p, a holder pod sealed but not bound, to be
+// bound; one that is not within holderBindGrace is deleted (sealed, it is
+// jetway's to delete; unbound, it never got a request, so nothing in it
+// is a volume of the web node's) and a new holder made.
+func (h *Holder) replaceUnbound(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	key := h.Pod().Key
+	wctx, cancel := context.WithTimeout(ctx, cmpDuration(h.BindGrace, holderBindGrace))
+	err := t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
+		i := slices.IndexFunc(pods, func(q *corev1.Pod) bool { return q.Name == p.Name })
+		return i < 0 || pods[i].UID != p.UID || key.Bound(t.Name(), pods[i])
+	})
+	cancel()
+	if err == nil {
+		return nil // bound by its maker, or gone: looked at again by the caller
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	h.Metrics.podRefused(ownership.Unbound)
+	h.logger().Warn("volume holder pod deleted: it has the holder's name and seal but is not bound to jetway's create "+
+		"(planted with a copied seal, or made before pods were bound); a new one is made, without the files it held",
+		"target", t.Name(), "pod", p.Name, "uid", string(p.UID))
+	now, uid := int64(0), p.UID
+	dctx, dcancel := context.WithTimeout(ctx, holderCall)
+	defer dcancel()
+	err = t.Core.Pods(t.Namespace()).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete the unbound volume holder pod %s/%s: %w", t.Namespace(), p.Name, err)
+	}
+	return h.makeHolder(ctx, t)
+}
+
+func (h *Holder) logger() *slog.Logger {
+	if h.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Logger
 }
 
 func cmpDuration(d, def time.Duration) time.Duration {

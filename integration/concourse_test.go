@@ -308,10 +308,12 @@ func TestConcourseSweepDestroysOnlyWhatJetwayMade(t *testing.T) {
 	container := func(pod, handle string, sealed bool) {
 		labels := teamLabels(name, "jetway", "")
 		labels[concourse.ContainerLabel] = handle
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Labels: labels},
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: name, Labels: labels},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}}}
 		if sealed {
-			p.Annotations = map[string]string{ownership.SealAnnotation: podKey.Seal(name, pod, "")}
+			p.Annotations = jetwayAnnotations(name, pod, "")
+			createJetwayPod(ctx, t, clusters[0], name, p)
+			return
 		}
 		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
 		require.NoError(t, err)

@@ -104,7 +104,7 @@ func TestPlantedPodsGetNothing(t *testing.T) {
 		assert.Equal(t, "replica-gone", p.Labels[ownership.OwnerLabel], "and does not take it over")
 	}
 	assert.Equal(t, 2.0, metricValue(t, g, `jetway_steps_rejected_total{reason="unsealed"}`))
-	assert.Contains(t, g.logs.String(), "pod refused as a check sandbox: it has a sandbox's labels but not jetway's seal")
+	assert.Contains(t, g.logs.String(), "pod refused as a check sandbox: it has a sandbox's labels but jetway did not make it")
 	assert.Contains(t, g.logs.String(), "pod refused: it has the step's name and labels but not jetway's seal")
 	assert.NotContains(t, g.logs.String(), "secret-token", "a check's source reaches no log")
 }

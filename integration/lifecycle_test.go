@@ -50,13 +50,11 @@ func typedStepPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, tar
 		labels[targets.StepTypeLabel] = typ
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels,
-			Annotations: map[string]string{ownership.SealAnnotation: podKey.Seal(target, name, "")}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: jetwayAnnotations(target, name, "")},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}},
 			Volumes: []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
 	}
-	_, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	require.NoError(t, err)
+	createJetwayPod(ctx, t, c, target, pod)
 	waitRunning(ctx, t, c.Client, ns, name)
 }
 

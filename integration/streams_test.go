@@ -41,7 +41,7 @@ func startVolumes(t *testing.T, target, pod string) *volumes.Server {
 	t.Helper()
 	vs, err := volumes.Start(t.TempDir(), sidecarHash(target, pod))
 	require.NoError(t, err)
-	volumeTokens.Store(vs, podKey.Token(target, pod))
+	volumeTokens.Store(vs, sidecarToken(target, pod))
 	t.Cleanup(func() { vs.Kill() })
 	return vs
 }
@@ -364,13 +364,12 @@ func labelledVolumePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns
 	t.Helper()
 	vs := startVolumes(t, labels[ownership.WorkerLabel], name)
 	fill(t, vs, "art", 64<<10)
+	target := labels[ownership.WorkerLabel]
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels,
-			Annotations: map[string]string{ownership.SealAnnotation: podKey.Seal(labels[ownership.WorkerLabel], name, labels[ownership.TeamLabel])}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: jetwayAnnotations(target, name, labels[ownership.TeamLabel])},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}},
 	}
-	_, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	require.NoError(t, err)
+	createJetwayPod(ctx, t, c, target, pod)
 	waitRunning(ctx, t, c.Client, ns, name)
 	require.NoError(t, c.ForwardPodPort(ctx, ns, name, streams.VolumePort, "127.0.0.1", vs.Port()))
 	return vs

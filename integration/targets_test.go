@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -122,6 +123,8 @@ type gatewayOptions struct {
 	// sweep is how often each registration sweeps with the web node;
 	// default concourse.DefaultSweepInterval.
 	sweep time.Duration
+	// holderBindGrace is the volume holder's BindGrace; default its own.
+	holderBindGrace time.Duration
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -202,8 +205,35 @@ var (
 	podKey, _   = ownership.NewKey(podKeyBytes)
 )
 
-// sidecarHash is the token hash the sidecar of pod on target serves.
-func sidecarHash(target, pod string) string { return ownership.TokenHash(podKey.Token(target, pod)) }
+// testNonce is the nonce of a pod that the tests make as jetway makes its
+// own: fixed per target and name, so that its sidecar can be started
+// before the pod is made.
+func testNonce(target, pod string) string {
+	sum := sha256.Sum256([]byte(target + "/" + pod))
+	return hex.EncodeToString(sum[:16])
+}
+
+// sidecarToken is the token of the sidecar of pod on target, and
+// sidecarHash its hash, which the sidecar serves.
+func sidecarToken(target, pod string) string { return podKey.Token(target, pod, testNonce(target, pod)) }
+func sidecarHash(target, pod string) string  { return ownership.TokenHash(sidecarToken(target, pod)) }
+
+// jetwayAnnotations are the annotations of a pod of name on target for
+// team that the tests make as jetway makes its own: its seal and nonce.
+func jetwayAnnotations(target, name, team string) map[string]string {
+	return map[string]string{ownership.SealAnnotation: podKey.Seal(target, name, team), ownership.NonceAnnotation: testNonce(target, name)}
+}
+
+// createJetwayPod creates pod as jetway creates its own: then binds it to
+// its UID (ownership.Bind) with the tests' pod key.
+func createJetwayPod(ctx context.Context, t *testing.T, c *cluster.Cluster, target string, pod *corev1.Pod) {
+	t.Helper()
+	pods := c.Client.CoreV1().Pods(pod.Namespace)
+	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = ownership.Bind(ctx, pods, podKey, target, created)
+	require.NoError(t, err)
+}
 
 // loadKey is the pod key of installation in the state namespace, as a
 // gateway reads it.
@@ -347,7 +377,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		agentWorkers = &concourse.Agents{Joined: api.MeshAgents(node), Client: node.BulkClient()}
 	}
 	holder := &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
-		Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics}
+		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Metrics: metrics,
+		Logger: logger.With("component", "concourse")}
 	stateClient, err := kubernetes.NewForConfig(o.state.rest)
 	require.NoError(t, err)
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}

@@ -261,6 +261,38 @@ func (g *gateway) deletePod(ctx context.Context, t *targets.Target, name string)
 	return fmt.Errorf("delete pod %s: it keeps changing", name)
 }
 
+// deleteUnbound deletes p, a pod sealed but not bound that is in a step's
+// way (never used: jetway uses only bound pods), at once (no grace: it
+// runs nothing of jetway's), as it was read: made this gateway's first
+// (its owner label, as for every pod a gateway deletes), then deleted at
+// that version. A Conflict says it changed since it was read (its maker
+// bound it, say): read it again. Gone already is done.
+func (g *gateway) deleteUnbound(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	pods := t.Core.Pods(t.Namespace())
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": p.UID, "resourceVersion": p.ResourceVersion,
+		"labels": map[string]string{ownership.OwnerLabel: g.me}}})
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	mine, err := pods.Patch(pctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
+	}
+	uid, rv, now := mine.UID, mine.ResourceVersion, int64(0)
+	err = pods.Delete(pctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now,
+		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
+	}
+	g.opts.Metrics.podDeleted()
+	return nil
+}
+
 // relabel makes a step pod name this gateway as its owner, at the version
 // read.
 func (g *gateway) relabel(ctx context.Context, t *targets.Target, p *corev1.Pod) error {

@@ -80,6 +80,10 @@ var podDeleted = failure{Reason: "PodDeleted", Message: "the step's pod was dele
 
 // podReplaced: the pod of the step's name is not the one the step had (its
 // UID differs): the step's was deleted, and another made in its place.
+// podNotBound: the pod of the step's name is not bound to jetway's create
+// (ownership.Key.Bound): made by someone else, its seal copied.
+var podNotBound = failure{Reason: "PodNotBound", Message: "the pod of the step's name is not the one jetway made (not bound to jetway's create: planted, its seal copied); jetway gave it nothing"}
+
 var podReplaced = failure{Reason: "PodReplaced", Message: "the step's pod was deleted and another pod made under its name; jetway gave it nothing"}
 
 // deleting: the pod is being deleted. A kubelet stops its containers

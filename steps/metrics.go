@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
 )
 
 // Metrics are the steps' Prometheus metrics. A nil *Metrics records
@@ -58,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_steps_rejected_total",
-			Help: "Pods with jetway's labels that a gateway refused to take as a step's or a check sandbox's, by reason: unsealed (jetway did not make it so: planted, or relabelled), replaced (not the pod the step's record names).",
+			Help: "Pods with jetway's labels that a gateway refused to take as a step's or a check sandbox's, by reason: unsealed (jetway did not make it so: planted, or relabelled), unbound (sealed, but not bound to the UID jetway's create returned: planted with a copied seal, or its maker stopped before it bound it), replaced (not the pod the step's record names).",
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.submissions, m.endings, m.reattaches, m.sandboxes, m.sandboxGone, m.takeovers, m.placements, m.podDeletes, m.rejected)
@@ -115,7 +117,8 @@ func (m *Metrics) podDeleted() {
 
 // Reasons a pod is refused (jetway_steps_rejected_total).
 const (
-	rejectUnsealed = "unsealed"
+	rejectUnsealed = ownership.Unsealed
+	rejectUnbound  = ownership.Unbound
 	rejectReplaced = "replaced"
 )
 

@@ -165,8 +165,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 	defaults := opts.Steps.For(meta.Steps)
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
-	seal := map[string]string{ownership.SealAnnotation: opts.Key.Seal(t.Name(), placed.Pod, sum.Team)}
-	tokenHash := ownership.TokenHash(opts.Key.Token(t.Name(), placed.Pod))
+	seal, tokenHash := opts.seal(t.Name(), placed.Pod, sum.Team)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: placed.Pod, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
 		Spec: corev1.PodSpec{
@@ -199,6 +198,15 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 	return pod
 }
 
+// seal is the annotations of a new pod of name on target for team (its
+// seal and a new nonce: ownership.Key) and the hash of its sidecar's
+// token. Its binding is written once it is made (ownership.Bind).
+func (o PodOptions) seal(target, name, team string) (map[string]string, string) {
+	nonce := ownership.NewNonce()
+	return map[string]string{ownership.SealAnnotation: o.Key.Seal(target, name, team), ownership.NonceAnnotation: nonce},
+		ownership.TokenHash(o.Key.Token(target, name, nonce))
+}
+
 // agentSecurity is the agent containers' context: the restricted profile.
 func agentSecurity() *corev1.SecurityContext {
 	no, yes, uid := false, true, int64(65532)
@@ -228,9 +236,9 @@ func VolumeHolderPod(t *targets.Target, opts PodOptions) *corev1.Pod {
 	labels[targets.VolumeHolderLabel] = "concourse"
 	meta := t.Config.Meta
 	no := false
+	seal, tokenHash := opts.seal(t.Name(), name, "")
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.Namespace(), Labels: labels,
-			Annotations: map[string]string{ownership.SealAnnotation: opts.Key.Seal(t.Name(), name, "")}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyAlways,
 			AutomountServiceAccountToken: &no,
@@ -238,7 +246,7 @@ func VolumeHolderPod(t *targets.Target, opts PodOptions) *corev1.Pod {
 			NodeSelector:                 meta.NodeSelector,
 			Tolerations:                  meta.Tolerations,
 			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(opts.Steps.For(meta.Steps))}},
-			Containers:                   []corev1.Container{opts.sidecar(ownership.TokenHash(opts.Key.Token(t.Name(), name)))},
+			Containers:                   []corev1.Container{opts.sidecar(tokenHash)},
 		},
 	}
 	for _, s := range meta.ImagePullSecrets {

@@ -43,12 +43,17 @@ func TestBuildPod(t *testing.T) {
 	assert.Equal(t, map[string]string{
 		"org.concourse-ci.worker": "east", "jetway-ci.dev/installation": "prod", "jetway-ci.dev/step-type": "task",
 		"jetway-ci.dev/team": "main", "jetway-ci.dev/step": "build-1", "jetway-ci.dev/owner": "gw-a"}, p.Labels)
-	assert.Equal(t, map[string]string{ownership.SealAnnotation: key.Seal("east", p.Name, "main")}, p.Annotations,
-		"what a restarted gateway needs is in the step's record; the pod has only jetway's seal")
+	nonce := p.Annotations[ownership.NonceAnnotation]
+	assert.Len(t, nonce, 32)
+	assert.Equal(t, map[string]string{ownership.SealAnnotation: key.Seal("east", p.Name, "main"), ownership.NonceAnnotation: nonce}, p.Annotations,
+		"what a restarted gateway needs is in the step's record; the pod has only jetway's seal and its nonce (its binding comes once it is made)")
 	assert.True(t, key.Sealed("east", p))
-	token := key.Token("east", p.Name)
+	assert.False(t, key.Bound("east", p), "bound once made, to the UID the create returns")
+	token := key.PodToken("east", p)
 	spec, _ := json.Marshal(p)
 	assert.NotContains(t, string(spec), token, "the sidecar's token is nowhere in the pod")
+	again := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("main", "build-1")}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod", Key: key})
+	assert.NotEqual(t, token, key.PodToken("east", again), "a pod made again under the name has another token")
 	assert.Equal(t, map[string]string{"pool": "ci"}, p.Spec.NodeSelector)
 	assert.Equal(t, cfg.Meta.Tolerations, p.Spec.Tolerations)
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "registry"}}, p.Spec.ImagePullSecrets)

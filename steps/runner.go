@@ -50,6 +50,7 @@ type runner struct {
 	mu        sync.Mutex
 	startedAt time.Time // the process's start, once the log or the record says so
 	seen      bool      // the pod was seen by this runner
+	known     types.UID // the UID of the step's pod this runner made or took (ensurePod)
 
 	// closing, once the status came, lets the last exec end; run calls it
 	// after the step's end is recorded.
@@ -148,9 +149,13 @@ func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.S
 	return r.follow(ctx, rec)
 }
 
-// ensurePod makes the step's pod, or takes it as this gateway's: a pod of
-// the step already there (made by this step's earlier owner, or by a
-// retry after a lost answer) gets this gateway as its owner.
+// ensurePod makes the step's pod and binds it (ownership.Bind), or takes
+// it as this gateway's: a pod of the step already there, made and bound
+// by this step's earlier owner or by a retry after a lost answer, gets
+// this gateway as its owner. A pod of its name that is sealed but not
+// bound was made by an owner that stopped before it bound it, or planted
+// with a copied seal: never used either way, it is deleted and the step's
+// made again, a few times at most.
 func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 	t, err := r.target()
 	if err != nil {
@@ -159,24 +164,62 @@ func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 	if err := awaitKey(ctx, r.k.opts.Pod.Key); err != nil {
 		return err
 	}
-	if rec.Status.Scheduled == nil {
-		// Placement kept the step off targets that refuse it; this is for a
-		// target.yaml changed since.
-		if err := privilegeRefused(&r.sum, t); err != nil {
-			return &createFailed{err}
-		}
-		pod := buildPod(&r.sum, r.k.me, t, r.placed, r.k.opts.Pod)
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
-		cancel()
-		if err == nil {
-			return nil
-		}
+	if rec.Status.Scheduled != nil {
+		return r.own(ctx, t)
+	}
+	// Placement kept the step off targets that refuse it; this is for a
+	// target.yaml changed since.
+	if err := privilegeRefused(&r.sum, t); err != nil {
+		return &createFailed{err}
+	}
+	for attempt := 1; ; attempt++ {
+		err := r.createPod(ctx, t)
 		if !apierrors.IsAlreadyExists(err) {
-			return &createFailed{fmt.Errorf("create pod %s: %w", pod.Name, err)}
+			return err
+		}
+		var unbound *unboundPod
+		if err = r.own(ctx, t); !errors.As(err, &unbound) {
+			return err
+		}
+		r.log.Warn("pod deleted: it has the step's name and seal but is not bound to jetway's create (its maker stopped first, or it was planted); making the step's again",
+			"pod", unbound.pod.Name, "uid", string(unbound.pod.UID))
+		if attempt == maxUnbound {
+			return &createFailed{fmt.Errorf("pod %s is in the step's way: pods of its name keep appearing that jetway did not make (sealed but not bound to their UID); the step gave them nothing", unbound.pod.Name)}
 		}
 	}
-	return r.own(ctx, t)
+}
+
+// maxUnbound bounds how many unbound pods in its way a step deletes
+// before it fails: one is a gateway that stopped between its create and
+// its bind; more, someone making them.
+const maxUnbound = 3
+
+// createPod makes the step's pod and binds it to its UID; an error of
+// its own is a createFailed, an AlreadyExists the API server's.
+func (r *runner) createPod(ctx context.Context, t *targets.Target) error {
+	pod := buildPod(&r.sum, r.k.me, t, r.placed, r.k.opts.Pod)
+	pods := t.Core.Pods(t.Namespace())
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	created, err := pods.Create(cctx, pod, metav1.CreateOptions{})
+	cancel()
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return err
+	case err != nil:
+		return &createFailed{fmt.Errorf("create pod %s: %w", pod.Name, err)}
+	}
+	r.setPodUID(created.UID)
+	if _, err := ownership.Bind(ctx, pods, r.k.opts.Pod.Key, t.Name(), created); err != nil {
+		return &createFailed{err}
+	}
+	return nil
+}
+
+// unboundPod: own deleted the pod in the step's way, sealed but not bound.
+type unboundPod struct{ pod *corev1.Pod }
+
+func (e *unboundPod) Error() string {
+	return "pod " + e.pod.Name + " is sealed but not bound to jetway's create"
 }
 
 // recordScheduled records where the scheduler bound the step's pod, as
@@ -232,7 +275,30 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 		case r.podUID() != "" && p.UID != r.podUID():
 			r.k.opts.Metrics.rejectedPod(rejectReplaced)
 			return &podFailed{podReplaced}
+		case !r.k.opts.Pod.Key.Bound(r.placed.Target, p) && r.podUID() == "":
+			// Never scheduled for the step, so never used: made by an owner
+			// that stopped before it bound it, or planted with a copied seal.
+			// Deleted as it was read: one its maker binds meanwhile is read
+			// again, and taken.
+			err := r.k.deleteUnbound(ctx, t, p)
+			if apierrors.IsConflict(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			r.k.opts.Metrics.rejectedPod(rejectUnbound)
+			return &unboundPod{p}
+		case !r.k.opts.Pod.Key.Bound(r.placed.Target, p):
+			// The pod the step's record names, by its UID, made before pods
+			// were bound: bound now, as its record vouches for it.
+			if _, err := ownership.Bind(ctx, t.Core.Pods(t.Namespace()), r.k.opts.Pod.Key, r.placed.Target, p); err != nil {
+				return fmt.Errorf("bind pod %s, which the step's record names: %w", p.Name, err)
+			}
+			r.log.Info("step pod bound to its recorded UID: made before pods were bound", "pod", p.Name)
+			continue
 		case p.Labels[ownership.OwnerLabel] == r.k.me:
+			r.setPodUID(p.UID)
 			return nil
 		}
 		err = r.k.relabel(ctx, t, p)
@@ -243,6 +309,22 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 			return fmt.Errorf("own pod %s: %w", p.Name, err)
 		}
 	}
+}
+
+// setPodUID notes the UID of the step's pod: the one this runner made,
+// or the bound one it took.
+func (r *runner) setPodUID(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.known = uid
+}
+
+// knownUID is the UID of the step's pod as this runner made or took it,
+// or "".
+func (r *runner) knownUID() types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.known
 }
 
 // podUID is the step's pod's UID as its record has it, or "" before it

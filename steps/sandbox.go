@@ -94,14 +94,15 @@ type sandboxes struct {
 	// gone are the sandbox pods this placer deleted, until the watch no
 	// longer shows them: find takes none up again.
 	gone map[string]bool
-	// refused are the pods that look like sandboxes but are not sealed,
-	// counted once each while the watch shows them.
-	refused map[string]bool
+	// refused are the pods that look like sandboxes but are not jetway's
+	// to use, counted once each while the watch shows them, and when they
+	// were first refused.
+	refused map[string]time.Time
 	mu      sync.Mutex
 }
 
 func newSandboxes(p *placer) *sandboxes {
-	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}, gone: map[string]bool{}, refused: map[string]bool{}}
+	return &sandboxes{p: p, byKey: map[sandboxKey][]*sandbox{}, gone: map[string]bool{}, refused: map[string]time.Time{}}
 }
 
 // tend brings the sandboxes up to what the targets and records show:
@@ -194,15 +195,13 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 			if k.hash() != p.Labels[SandboxLabel] {
 				continue // not one of jetway's: its labels do not match its key
 			}
-			if !s.p.opts.Pod.Key.Sealed(st.Name, p) {
+			if why := s.p.opts.Pod.Key.Verdict(st.Name, p); why != "" {
 				// It claims to be a team's sandbox, but jetway did not make
-				// it so: it gets no check (and no check's source).
-				if !s.refused[st.Name+"/"+p.Name] {
-					s.refused[st.Name+"/"+p.Name] = true
-					s.p.opts.Metrics.rejectedPod(rejectUnsealed)
-					s.p.opts.Logger.Warn("pod refused as a check sandbox: it has a sandbox's labels but not jetway's seal",
-						"target", st.Name, "pod", p.Name, "team", k.team)
-				}
+				// it so (no seal), or not this very pod (a seal copied onto
+				// a pod of a gone sandbox's name, or its maker stopped
+				// before it bound it): it gets no check (and no check's
+				// source).
+				s.refuse(ctx, t, p, k.team, why)
 				continue
 			}
 			sb := &sandbox{key: k, target: st.Name, pod: p.Name, seen: true, lastUsed: s.p.opts.Now()}
@@ -222,6 +221,31 @@ func (s *sandboxes) find(ctx context.Context, snap []targets.Status) {
 		if !seen[k] {
 			delete(s.refused, k)
 		}
+	}
+}
+
+// refuse counts and logs, once, a pod with a sandbox's labels that is not
+// jetway's to use (why: ownership.Unsealed or Unbound). One that is
+// sealed but still not bound appearTimeout after it was first refused
+// (its maker had that long to bind it) is deleted: sealed, it is jetway's
+// to delete, and no check ever ran in it.
+func (s *sandboxes) refuse(ctx context.Context, t *targets.Target, p *corev1.Pod, team, why string) {
+	key := t.Name() + "/" + p.Name
+	since, ok := s.refused[key]
+	if !ok {
+		since = s.p.opts.Now()
+		s.refused[key] = since
+		s.p.opts.Metrics.rejectedPod(why)
+		s.p.opts.Logger.Warn("pod refused as a check sandbox: it has a sandbox's labels but jetway did not make it",
+			"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "team", team, "why", why)
+	}
+	if why == ownership.Unbound && s.p.opts.Now().Sub(since) >= appearTimeout && !s.gone[key] {
+		s.gone[key] = true
+		s.p.wg.Go(func() {
+			if err := s.p.deleteUnbound(ctx, t, p); err != nil && ctx.Err() == nil {
+				s.p.opts.Logger.Warn("unbound check sandbox not deleted", "target", t.Name(), "pod", p.Name, "error", err.Error())
+			}
+		})
 	}
 }
 
@@ -325,9 +349,9 @@ func (s *sandboxes) make(sum Summary, target string) *sandbox {
 	return sb
 }
 
-// create makes a sandbox's pod: a step pod of the check's image, one
-// container, no volume sidecar (checks have no volumes), owned by this
-// placer.
+// create makes a sandbox's pod, and binds it (ownership.Bind): a step pod
+// of the check's image, one container, no volume sidecar (checks have no
+// volumes), owned by this placer.
 func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error {
 	t, err := s.p.opts.Registry.Target(sb.target)
 	if err != nil {
@@ -341,9 +365,14 @@ func (s *sandboxes) create(ctx context.Context, sum Summary, sb *sandbox) error 
 	pod.Labels[SandboxLabel] = sb.key.hash()
 	pod.Annotations[sandboxKeyAnnotation] = sb.key.reuse
 	pod.Spec.Containers = pod.Spec.Containers[:1]
+	pods := t.Core.Pods(t.Namespace())
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	_, err = t.Core.Pods(t.Namespace()).Create(cctx, pod, metav1.CreateOptions{})
+	created, err := pods.Create(cctx, pod, metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return err
+	}
+	_, err = ownership.Bind(ctx, pods, s.p.opts.Pod.Key, sb.target, created)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -93,8 +94,11 @@ type podWatch struct {
 	r         *runner
 	stop      context.CancelCauseFunc
 	running   chan struct{}
-	seen      bool      // the watch has shown the pod
-	uid       types.UID // the step's pod's UID: recorded, or first seen
+	seen      bool      // the watch has shown the step's pod
+	uid       types.UID // the step's pod's UID: recorded, made or taken by the runner, or a sandbox's first seen bound
+	// unboundSince is when a pod of the step's name was first seen that
+	// is not known to be the step's (not bound yet).
+	unboundSince time.Time
 	isRunning bool      // running is closed
 	pullSince time.Time // first sight of a pull failing for a passing reason
 	wake      *time.Timer
@@ -127,12 +131,17 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 		}
 		return false
 	}
-	w.seen = true
 	if w.uid == "" {
-		w.uid = r.podUID()
-		if w.uid == "" {
-			w.uid = p.UID
+		w.uid = cmp.Or(r.podUID(), r.knownUID())
+		if w.uid == "" && r.placed.Run != "" && r.k.opts.Pod.Key.Bound(r.placed.Target, p) {
+			w.uid = p.UID // a check sandbox, made and bound by the placer
 		}
+	}
+	switch {
+	case w.uid == "" && r.placed.Run == "":
+		return false // ensurePod makes the step's pod or takes one, and says which
+	case w.uid == "":
+		return w.unbound(p) // not seen: not the sandbox the placer made
 	}
 	if p.UID != w.uid {
 		r.k.opts.Metrics.rejectedPod(rejectReplaced)
@@ -140,6 +149,7 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 		w.stop(&podFailed{podReplaced})
 		return true
 	}
+	w.seen = true
 	if f, ok := podFailure(p); ok {
 		if !f.Transient {
 			w.stop(&podFailed{f})
@@ -163,6 +173,26 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 		close(w.running)
 	}
 	return w.overrun(ctx)
+}
+
+// unbound waits, for at most appearTimeout, for the pod of the step's
+// name to be bound by the gateway that made it, a moment after its
+// create; a pod still not bound then is not jetway's (planted, or its
+// maker stopped first): the step fails, and the pod got nothing.
+func (w *podWatch) unbound(p *corev1.Pod) bool {
+	now := w.r.k.opts.Now()
+	if w.unboundSince.IsZero() {
+		w.unboundSince = now
+	}
+	if left := appearTimeout - now.Sub(w.unboundSince); left > 0 {
+		w.wakeIn(left)
+		return false
+	}
+	w.r.k.opts.Metrics.rejectedPod(rejectUnbound)
+	w.r.log.Warn("step's pod refused: jetway did not make it (not bound to jetway's create)", "pod", p.Name, "uid", string(p.UID),
+		"why", w.r.k.opts.Pod.Key.Verdict(w.r.placed.Target, p))
+	w.stop(&podFailed{podNotBound})
+	return true
 }
 
 // overrun is the backstop of the step's timeout, which the agent enforces:

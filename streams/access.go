@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -43,15 +44,29 @@ func (s *Streamer) check(ctx context.Context, c Caller, side string, e Endpoint)
 	if !s.mayTouch(c, e.Target, pod) {
 		return nil, &Error{Side: side, Err: notFound(e)}
 	}
-	if !s.opts.Key.Sealed(e.Target, pod) {
-		// Labelled as jetway's, but jetway did not make it so: planted, or
-		// relabelled. It gets no byte, and the caller learns nothing.
-		s.opts.Metrics.reject(reasonUnsealed)
-		s.opts.Logger.Warn("stream refused: the pod carries jetway's labels but not its seal", "target", e.Target, "pod", e.Pod, "side", side)
-		return nil, &Error{Side: side, Err: notFound(e)}
+	if err := s.trusted(e.Target, pod); err != nil {
+		return nil, &Error{Side: side, Err: notFound(e)} // the caller learns nothing
 	}
 	return pod, nil
 }
+
+// trusted is nil when pod, of target, is the very pod jetway made under
+// its name (ownership.Key.Bound); else the refusal, logged and counted.
+// A pod with jetway's labels but not its seal (planted, or relabelled),
+// or with a seal copied onto another pod of the name, gets no byte.
+func (s *Streamer) trusted(target string, pod *corev1.Pod) error {
+	why := s.opts.Key.Verdict(target, pod)
+	if why == "" {
+		return nil
+	}
+	s.opts.Metrics.reject(why)
+	s.opts.Logger.Warn("pod refused: it carries jetway's labels but jetway did not make it", "target", target, "pod", pod.Name,
+		"uid", string(pod.UID), "why", why)
+	return fmt.Errorf("pod %s on target %s %w: jetway did not make it (%s), so it gets no request", pod.Name, target, errNotJetways, why)
+}
+
+// errNotJetways: a pod jetway does not trust (trusted).
+var errNotJetways = errors.New("is not jetway's")
 
 // pod reads a pod of an endpoint; a missing one is ErrNotFound.
 func (s *Streamer) pod(ctx context.Context, e Endpoint) (*corev1.Pod, error) {

@@ -136,8 +136,10 @@ func count(t *testing.T, c prometheus.Counter) float64 {
 }
 
 // A pod with jetway's labels but not its seal (planted by someone who may
-// create pods there, or relabelled to another team) answers as a missing
-// one: no volume server hears of the stream, and it is counted.
+// create pods there, or relabelled to another team), or with the seal,
+// nonce and binding of a pod of its name copied onto another pod (another
+// UID), answers as a missing one: no volume server hears of the stream,
+// and it is counted.
 func TestUnsealedPodsAnswerAsMissing(t *testing.T) {
 	var calls atomic.Int32
 	opts := testOptions(volumeServers{
@@ -150,12 +152,14 @@ func TestUnsealedPodsAnswerAsMissing(t *testing.T) {
 	relabelled.Labels[ownership.TeamLabel] = "main"
 	copied := stepPod("a", "copied", "main")
 	copied.Annotations[ownership.SealAnnotation] = stepPod("a", "src", "main").Annotations[ownership.SealAnnotation]
-	opts.Target = pods{"a/planted": planted, "a/relabelled": relabelled, "a/copied": copied,
+	replanted := stepPod("a", "replanted", "main") // everything copied from the pod jetway made...
+	replanted.UID = "uid-of-a-pod-made-after-it"   // ... onto a pod made later under its name
+	opts.Target = pods{"a/planted": planted, "a/relabelled": relabelled, "a/copied": copied, "a/replanted": replanted,
 		"b/dst": stepPod("b", "dst", "main")}.target
 	s := New(opts)
 	defer s.Close()
 	for _, caller := range []Caller{{Team: "main"}, {Admin: true}} {
-		for _, pod := range []string{"planted", "relabelled", "copied"} {
+		for _, pod := range []string{"planted", "relabelled", "copied", "replanted"} {
 			req := crossTarget
 			req.Caller, req.From.Pod = caller, pod
 			_, err := s.Stream(context.Background(), req, nil)
@@ -165,6 +169,7 @@ func TestUnsealedPodsAnswerAsMissing(t *testing.T) {
 	}
 	assert.Zero(t, calls.Load(), "no volume server was asked")
 	assert.Equal(t, 6.0, count(t, opts.Metrics.rejected.WithLabelValues(reasonUnsealed)))
+	assert.Equal(t, 2.0, count(t, opts.Metrics.rejected.WithLabelValues(reasonUnbound)))
 }
 
 // Each side of a stream is reached with its own pod's token.
@@ -183,7 +188,7 @@ func TestEachPodGetsItsOwnToken(t *testing.T) {
 	defer s.Close()
 	_, err := s.Stream(context.Background(), crossTarget, nil)
 	require.NoError(t, err)
-	assert.Equal(t, [2]string{"Bearer " + testKey.Token("a", "src"), "Bearer " + testKey.Token("b", "dst")}, got)
+	assert.Equal(t, [2]string{"Bearer " + testKey.PodToken("a", stepPod("a", "src", "")), "Bearer " + testKey.PodToken("b", stepPod("b", "dst", ""))}, got)
 	assert.NotEqual(t, got[0], got[1])
 
 	_, err = New(Options{Installation: "jetway", Transport: volumeServers{}, Target: testOptions(nil).Target}).

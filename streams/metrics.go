@@ -26,7 +26,9 @@ const (
 	reasonInvalid  = "invalid"
 	reasonBusy     = "busy"
 	reasonNotFound = "not_found"
+	// ownership.Unsealed and ownership.Unbound: pods jetway may not trust.
 	reasonUnsealed = "unsealed"
+	reasonUnbound  = "unbound"
 )
 
 // NewMetrics registers the streams' metrics on reg.
@@ -38,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"mode", "result"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_streams_rejected_total",
-			Help: "Streams refused before they ran, by reason (invalid, busy: past max-streams, not_found: a pod missing or not the caller's; unsealed: a pod with jetway's labels but not its seal, answered as not_found).",
+			Help: "Streams refused before they ran, by reason (invalid, busy: past max-streams, not_found: a pod missing or not the caller's; unsealed: a pod with jetway's labels but not its seal; unbound: a pod with its seal but not bound to the UID jetway's create returned (planted under the name of one of jetway's pods); both answered as not_found, and a request the gateway was about to send such a pod is not sent).",
 		}, []string{"reason"}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_stream_bytes_total",

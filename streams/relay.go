@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/volumes"
@@ -39,7 +41,9 @@ func (s *Streamer) volumeRequest(ctx context.Context, e Endpoint, op string, q u
 }
 
 // podRequest is a request to path of a pod's volume server, reached by
-// port-forward, with the pod's token.
+// port-forward, with the pod's token: only to the pod jetway made under
+// that name (trusted), as the target's watch (or, before the watch shows
+// it, the API server) has it now.
 func (s *Streamer) podRequest(ctx context.Context, target, pod, method, path string, q url.Values, body io.Reader) (*http.Request, error) {
 	if s.opts.Key.IsZero() {
 		return nil, errNoKey
@@ -48,12 +52,27 @@ func (s *Streamer) podRequest(ctx context.Context, target, pod, method, path str
 	if err != nil {
 		return nil, err
 	}
+	p := t.CachedPod(pod)
+	if p == nil {
+		gctx, cancel := context.WithTimeout(ctx, podLookupTimeout)
+		p, err = t.Pod(gctx, pod)
+		cancel()
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("pod %q %w on target %q", pod, ErrNotFound, target)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read pod %s on target %s: %w", pod, target, err)
+		}
+	}
+	if err := s.trusted(target, p); err != nil {
+		return nil, err
+	}
 	u := url.URL{Scheme: "http", Host: portforward.Host(target, t.Namespace(), pod, VolumePort), Path: path, RawQuery: q.Encode()}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+s.opts.Key.Token(target, pod))
+	req.Header.Set("Authorization", "Bearer "+s.opts.Key.PodToken(target, p))
 	return req, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -55,15 +56,21 @@ func (b slowBody) Close() error             { return nil }
 var crossTarget = Request{From: Endpoint{Target: "a", Pod: "src", Handle: "h", Path: "out"},
 	To: Endpoint{Target: "b", Pod: "dst", Handle: "missing", Path: "in"}, Caller: Caller{Admin: true}}
 
-// stepPod is a pod as jetway makes it for target and team ("" for none).
+// stepPod is a pod as jetway makes it for target and team ("" for none):
+// sealed, with a nonce, and bound to its UID by ownership.Bind.
 func stepPod(target, name, team string) *corev1.Pod {
 	labels := ownership.Labels(target, "jetway")
 	if team != "" {
 		labels[ownership.TeamLabel] = team
 	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels,
-		Annotations: map[string]string{ownership.SealAnnotation: testKey.Seal(target, name, team)}},
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + target + "-" + name), Labels: labels,
+		Annotations: map[string]string{ownership.SealAnnotation: testKey.Seal(target, name, team), ownership.NonceAnnotation: target + "-" + name}},
 		Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+	bound, err := ownership.Bind(context.Background(), fake.NewClientset(p).CoreV1().Pods("ns"), testKey, target, p)
+	if err != nil {
+		panic(err)
+	}
+	return bound
 }
 
 // testKey is the installation's pod key in tests.

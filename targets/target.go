@@ -47,7 +47,12 @@ type Target struct {
 
 // CachedPod returns a step pod as the watch last saw it, or nil. It is
 // shared: do not modify it.
-func (t *Target) CachedPod(name string) *corev1.Pod { return t.pods.View().(podSummary).byName[name] }
+func (t *Target) CachedPod(name string) *corev1.Pod {
+	if t.pods == nil {
+		return nil // a Target made without its watch (tests): nothing cached
+	}
+	return t.pods.View().(podSummary).byName[name]
+}
 
 // PodsChanged returns a channel closed at the next change of the cached
 // step pods.

@@ -446,7 +446,8 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		podOptions := func() steps.PodOptions { return pod }
-		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics}
+		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics,
+			Logger: logger.With("component", "concourse")}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
 			Agents: agentWorkers}

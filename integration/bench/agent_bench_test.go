@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -233,7 +235,11 @@ func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ab.srcToken = key.Token(ab.src.Target, ab.src.Pod)
+	pod, err := ab.bed.c.Client.CoreV1().Pods("bench-steps").Get(ctx, ab.src.Pod, metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ab.srcToken = key.PodToken(ab.src.Target, pod)
 }
 
 // run runs req to its success, calling onEvent with its events, and

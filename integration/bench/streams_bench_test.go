@@ -72,7 +72,7 @@ func runStreamsBench(b *testing.B) {
 			b.Fatal(err)
 		}
 		pod := map[string]string{"a": "src", "b": "dst"}[name]
-		vs, err := volumes.Start(b.TempDir(), ownership.TokenHash(key.Token(name, pod)))
+		vs, err := volumes.Start(b.TempDir(), ownership.TokenHash(sidecarToken(key, name, pod)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func runStreamsBench(b *testing.B) {
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, pfpipe, "--src-kubeconfig", kubeconfigs["a"], "--src-pod", "src",
 		"--src-path", "/volumes/art/stream-out?path=out", "--dst-kubeconfig", kubeconfigs["b"], "--dst-pod", "dst",
-		"--dst-path", "/volumes/in-floor/stream-in?path=in", "--src-token", key.Token("a", "src"), "--dst-token", key.Token("b", "dst"))
+		"--dst-path", "/volumes/in-floor/stream-in?path=in", "--src-token", sidecarToken(key, "a", "src"), "--dst-token", sidecarToken(key, "b", "dst"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("pfpipe: %v\n%s", err, out)
 	}
@@ -250,7 +250,7 @@ func kubectlPipe(ctx context.Context, b *testing.B, kubeconfigs map[string]strin
 	pipe := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", fmt.Sprintf(
 		`curl -fsS -X PUT -H 'Accept-Encoding: raw' -H 'Authorization: Bearer %s' 'http://127.0.0.1:%s/volumes/art/stream-out?path=out' | `+
 			`curl -fsS -X PUT -H 'Content-Encoding: raw' -H 'Authorization: Bearer %s' -T - 'http://127.0.0.1:%s/volumes/in-kubectl/stream-in?path=in'`,
-		key.Token("a", "src"), ports["a"], key.Token("b", "dst"), ports["b"]))
+		sidecarToken(key, "a", "src"), ports["a"], sidecarToken(key, "b", "dst"), ports["b"]))
 	if out, err := pipe.CombinedOutput(); err != nil {
 		b.Fatalf("curl pipe: %v\n%s", err, out)
 	}
@@ -293,13 +293,23 @@ func writeArtifact(b *testing.B, path string, size int64) {
 	}
 }
 
-// runBenchPod runs a step pod of target (jetway's ownership labels and
-// seal, so streams may touch it) and waits for it to run.
+// sidecarToken is the sidecar token of the bench's pod name on target: its
+// nonce is the pod's name (runBenchPod).
+func sidecarToken(key ownership.Key, target, name string) string {
+	return key.Token(target, name, name)
+}
+
+// runBenchPod runs a step pod of target (jetway's ownership labels, seal,
+// nonce and binding, so streams may touch it) and waits for it to run.
 func runBenchPod(ctx context.Context, b *testing.B, c *cluster.Cluster, key ownership.Key, ns, target, name string) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: ownership.Labels(target, "jetway"),
-		Annotations: map[string]string{ownership.SealAnnotation: key.Seal(target, name, "")}},
+		Annotations: map[string]string{ownership.SealAnnotation: key.Seal(target, name, ""), ownership.NonceAnnotation: name}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.invalid/step"}}}}
-	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	created, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := ownership.Bind(ctx, c.Client.CoreV1().Pods(ns), key, target, created); err != nil {
 		b.Fatal(err)
 	}
 	waitFor(b, time.Minute, func() error {

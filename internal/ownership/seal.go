@@ -24,20 +24,28 @@ import (
 // the gateways read):
 //
 //   - a seal (SealAnnotation): an HMAC of the target, the pod's name and its
-//     team label. A gateway takes a pod for jetway's only with a seal that
-//     matches: a planted pod, or one whose team label was changed, has
-//     none. The seal is no secret; it cannot be made for another name or
-//     team without the key.
-//   - the SHA-256 of the pod's token (TokenHash, in the volume sidecar's
-//     environment): the token, an HMAC of the target and the pod's name,
-//     is the sidecar's credential; the gateways derive it, the pod holds
-//     only its hash.
-//
-// A pod's name is unique while it exists: a pod made with the name and
-// seal of one of jetway's (copied from its spec) needs that pod deleted
-// first, which the step's record then notices (docs/steps.md).
+//     team label. A pod without a seal that matches (planted, or its team
+//     label changed) is not jetway's. The seal is no secret; it cannot be
+//     made for another name or team without the key, but it can be copied
+//     onto a later pod of the same name: so it alone says only that jetway
+//     may delete the pod.
+//   - a nonce (NonceAnnotation), random for each pod jetway makes, and the
+//     SHA-256 of the pod's token (TokenHash, in the volume sidecar's
+//     environment): the token, an HMAC of the target, the pod's name and
+//     its nonce, is the sidecar's credential. The gateways derive it, the
+//     pod holds only its hash, and a token seen by one pod opens no other,
+//     not even a later one of the same name.
+//   - a binding (BoundAnnotation), written by the gateway that made the pod
+//     once its create returned (Bind): an HMAC of the seal's parts, the
+//     nonce and the UID the API server gave that pod. UIDs are never
+//     reused, so no other pod can carry it. A gateway trusts a pod (sends
+//     it a token, a spec, an input; takes its output, its status) only
+//     when it is Bound: a pod made in the name of one of jetway's, before
+//     or after it, with everything copied from its spec, gets nothing.
 const (
-	SealAnnotation = "jetway-ci.dev/seal"
+	SealAnnotation  = "jetway-ci.dev/seal"
+	NonceAnnotation = "jetway-ci.dev/nonce"
+	BoundAnnotation = "jetway-ci.dev/bound"
 	// keyData is the key's data key in its Secret.
 	keyData = "pod-key"
 	keySize = 32
@@ -100,20 +108,77 @@ func (k Key) mac(parts ...string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// Token is the volume sidecar's credential of pod on target.
-func (k Key) Token(target, pod string) string { return k.mac("token", target, pod) }
+// Token is the volume sidecar's credential of pod on target, made with
+// nonce (its NonceAnnotation). A pod made before nonces has none, and the
+// token it was made with: bound, as its step's record vouches for it.
+func (k Key) Token(target, pod, nonce string) string {
+	if nonce == "" {
+		return k.mac("token", target, pod)
+	}
+	return k.mac("token", target, pod, nonce)
+}
+
+// PodToken is the volume sidecar's credential of p, a pod of target.
+func (k Key) PodToken(target string, p *corev1.Pod) string {
+	return k.Token(target, p.Name, p.Annotations[NonceAnnotation])
+}
+
+// NewNonce is a pod's nonce: 128 random bits.
+func NewNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // Seal is the seal of pod on target for team ("" for admins alone).
 func (k Key) Seal(target, pod, team string) string { return k.mac("seal", target, pod, team) }
 
 // Sealed reports whether p, a pod of target, carries the seal of its name
-// and team label: whether jetway made it so.
+// and team label: whether jetway may delete it. Whether it may trust it
+// is Bound.
 func (k Key) Sealed(target string, p *corev1.Pod) bool {
 	if k.IsZero() {
 		return false
 	}
-	want := k.Seal(target, p.Name, p.Labels[TeamLabel])
-	return subtle.ConstantTimeCompare([]byte(p.Annotations[SealAnnotation]), []byte(want)) == 1
+	return equal(p.Annotations[SealAnnotation], k.Seal(target, p.Name, p.Labels[TeamLabel]))
+}
+
+// binding is the BoundAnnotation of p on target: its seal's parts, its
+// nonce and its UID.
+func (k Key) binding(target string, p *corev1.Pod) string {
+	return k.mac("bound", target, p.Name, p.Labels[TeamLabel], p.Annotations[NonceAnnotation], string(p.UID))
+}
+
+// Bound reports whether p, a pod of target, is sealed and bound to the
+// UID it has: jetway made this very pod, not only one of its name.
+func (k Key) Bound(target string, p *corev1.Pod) bool {
+	return k.Sealed(target, p) && p.UID != "" && equal(p.Annotations[BoundAnnotation], k.binding(target, p))
+}
+
+func equal(got, want string) bool {
+	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// Why a pod is not trusted (Verdict), as the metrics of refused pods say.
+const (
+	// Unsealed: no seal of its name and team; jetway did not make it.
+	Unsealed = "unsealed"
+	// Unbound: sealed, but not bound to its UID: planted with a seal
+	// copied from a pod of the same name, or made by a gateway that
+	// stopped before it bound it.
+	Unbound = "unbound"
+)
+
+// Verdict is "" when jetway may trust p, a pod of target (Bound), else
+// why not: Unsealed or Unbound.
+func (k Key) Verdict(target string, p *corev1.Pod) string {
+	switch {
+	case !k.Sealed(target, p):
+		return Unsealed
+	case !k.Bound(target, p):
+		return Unbound
+	}
+	return ""
 }
 
 // TokenHash is the SHA-256, in hex, of a token: what a sidecar holds.
