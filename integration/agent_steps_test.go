@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -436,10 +437,13 @@ func TestAgentLostStep(t *testing.T) {
 // TestAgentCertificates: the mesh's roles end to end, through processes
 // and real listeners. `gateway agent` with a gateway's certificate, and
 // `gateway run` with an agent's, each exit at once with status 2 (a
-// configuration error) saying which certificate to issue. A member with
-// an agent's certificate that announces targets besides itself has its
-// own route kept and the others refused; the gateway serves a
-// well-behaved agent afterwards.
+// configuration error) saying which certificate to issue; so does an
+// agent with a certificate that names no team (issued before agents'
+// scopes were bound to certificates), which the gateway also refuses at
+// the handshake, and an agent whose --team claims more than its
+// certificate. A member with an agent's certificate that announces
+// targets besides itself has its own route kept and the others refused;
+// the gateway serves a well-behaved agent afterwards.
 func TestAgentCertificates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -457,6 +461,41 @@ func TestAgentCertificates(t *testing.T) {
 		assert.Contains(t, out, "gateway: invalid configuration: cert: mesh: certificate "+certFile+
 			" is a gateway's; gateway agent needs an agent certificate: gateway mesh issue --agent\n")
 		assert.False(t, g.listed(t, "ac-wrong"))
+	})
+	t.Run("an agent with a certificate from before scopes", func(t *testing.T) {
+		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-old-agent", time.Now().Add(time.Hour), meshtest.AgentURI)
+		code, out := runGatewayCommand(ctx, t, "agent", "--join", g.meshAddr, "--ca", caFile, "--cert", certFile,
+			"--key", keyFile, "--work-dir", t.TempDir())
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, out, `gateway: invalid configuration: cert: mesh: `+certFile+`: agent certificate of "ac-old-agent" has no team: `+
+			"issue it again with gateway mesh issue --agent --team TEAM (or --global for an agent of every team)")
+		// Its key in a member of its own, as a forger would: refused at the
+		// handshake.
+		before := metricValue(t, g, `jetway_mesh_handshake_failures_total{reason="agent-scope"}`)
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		require.NoError(t, err)
+		conn, err := tls.Dial("tcp", g.meshAddr, &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
+			Certificates: []tls.Certificate{pair}, NextProtos: []string{"jetway-mesh/1"}})
+		if err == nil {
+			_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the refusal comes as an alert
+			conn.Close()
+		}
+		require.Error(t, err)
+		eventually(t, 10*time.Second, func() error {
+			if metricValue(t, g, `jetway_mesh_handshake_failures_total{reason="agent-scope"}`) <= before {
+				return errorf("the handshake refusal not counted yet")
+			}
+			return nil
+		})
+		assert.False(t, g.listed(t, "ac-old-agent"))
+	})
+	t.Run("an agent whose flags claim more than its certificate", func(t *testing.T) {
+		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-team", time.Now().Add(time.Hour), meshtest.AgentURIs("main", "mac")...)
+		code, out := runGatewayCommand(ctx, t, "agent", "--join", g.meshAddr, "--ca", caFile, "--cert", certFile,
+			"--key", keyFile, "--work-dir", t.TempDir(), "--team", "")
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, out, `team: "" (every team) but the certificate `+certFile+` makes this agent one of team main, tags mac`)
+		assert.False(t, g.listed(t, "ac-team"))
 	})
 	t.Run("a gateway with an agent's certificate", func(t *testing.T) {
 		caFile, certFile, keyFile := ca.Files(t, ca, t.TempDir(), "ac-wrong", time.Now().Add(time.Hour), meshtest.AgentURIs("")...)
