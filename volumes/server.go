@@ -115,7 +115,7 @@ func Listen(addr, root, tokenHash string) (*Server, error) {
 	mux.HandleFunc("GET /volumes/{handle}/privileged", s.getPrivileged)
 	mux.HandleFunc("PUT /volumes/{handle}/privileged", s.setPrivileged)
 	mux.HandleFunc("POST /tickets", s.ticket)
-	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
+	mux.HandleFunc(streamInRoute, s.streamIn)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
 	s.srv = &http.Server{Handler: s.track(s.holder(mux))}
@@ -142,17 +142,24 @@ func (s *Server) holds(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare(h[:], s.tokenHash[:]) == 1
 }
 
-// holder serves next to the token's holder alone; anyone else gets a 401
-// before a byte of the request is read, whatever the path. A stream-in
-// may come with a ticket instead: it checks that itself.
-func (s *Server) holder(next http.Handler) http.Handler {
+// streamInRoute is the one route a request may take without the token:
+// a push from another pod brings a ticket instead (useTicket), which the
+// route checks itself.
+const streamInRoute = "PUT /volumes/{handle}/stream-in"
+
+// holder serves mux to the token's holder alone; anyone else gets a 401
+// before a byte of the request is read, whatever the method and path
+// (also one mux would answer itself: a 404, a 405, a redirect), unless
+// mux routes the request to streamInRoute. The route is mux's own match,
+// not the path's look: PUT /volumes/H/properties/stream-in is a
+// property's.
+func (s *Server) holder(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		streamIn := r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/volumes/") && strings.HasSuffix(r.URL.Path, "/stream-in")
-		if !streamIn && !s.holds(r) {
+		if _, route := mux.Handler(r); route != streamInRoute && !s.holds(r) {
 			unauthorized(w)
 			return
 		}
-		next.ServeHTTP(w, r)
+		mux.ServeHTTP(w, r)
 	})
 }
 
