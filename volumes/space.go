@@ -114,25 +114,10 @@ func newSpace(root string, c Capacity) (*space, error) {
 	return sp, nil
 }
 
-// measure charges what root holds, as the kubelet counts it (a file with
-// several links once), each volume's folder and metadata to the volume.
+// measure charges what root holds, as the kubelet counts it, each
+// volume's folder and metadata to the volume.
 func (sp *space) measure(root string) error {
-	seen := map[uint64]bool{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil // gone since it was listed; a root not made yet
-		}
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		n := diskBytes(info, seen)
+	return walkDisk(root, func(p string, n int64) {
 		sp.used += n
 		rel, _ := filepath.Rel(root, p)
 		parts := strings.SplitN(filepath.ToSlash(rel), "/", 3)
@@ -144,9 +129,44 @@ func (sp *space) measure(root string) error {
 				sp.of(h).meta += n
 			}
 		}
+	})
+}
+
+// DiskUsage is what the folder root takes on its disk, as the kubelet
+// counts an emptyDir before it evicts a pod past the emptyDir's
+// sizeLimit (k8s.io/kubernetes pkg/volume/util/fs.DiskUsage): the blocks
+// of every file, folder and link under it, a file with several links
+// once.
+func DiskUsage(root string) (int64, error) {
+	if _, err := os.Lstat(root); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := walkDisk(root, func(_ string, b int64) { n += b })
+	return n, err
+}
+
+// walkDisk tells visit what each file, folder and link under root takes
+// on its disk (DiskUsage).
+func walkDisk(root string, visit func(path string, n int64)) error {
+	seen := map[uint64]bool{}
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // gone since it was listed
+		}
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		visit(p, diskBytes(info, seen))
 		return nil
 	})
-	return err
 }
 
 // of is handle's charge, made if it has none; with sp.mu held, or before

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,30 +34,11 @@ func startWith(t *testing.T, root string, capacity int64) (*Server, string) {
 }
 
 // onDisk is what root takes on its disk as the kubelet counts an
-// emptyDir: the blocks of every file, folder and link, a file with
-// several links once (k8s.io/kubernetes pkg/volume/util/fs.DiskUsage).
+// emptyDir.
 func onDisk(t *testing.T, root string) int64 {
 	t.Helper()
-	var n int64
-	seen := map[uint64]bool{}
-	require.NoError(t, filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st := info.Sys().(*syscall.Stat_t)
-		if st.Nlink > 1 {
-			if seen[st.Ino] {
-				return nil
-			}
-			seen[st.Ino] = true
-		}
-		n += st.Blocks * 512
-		return nil
-	}))
+	n, err := DiskUsage(root)
+	require.NoError(t, err)
 	return n
 }
 
