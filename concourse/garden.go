@@ -1,6 +1,8 @@
 package concourse
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -292,25 +294,15 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 	}
 	wg.Go(func() {
 		defer cancel()
-		dec := json.NewDecoder(br)
-		for {
-			var msg transport.ProcessPayload
-			if err := dec.Decode(&msg); err != nil {
-				stdinW.CloseWithError(errors.New("the web node's connection closed"))
-				return
-			}
+		err := readMessages(br.Reader, maxProcessMessage, func(msg transport.ProcessPayload) error {
 			switch {
 			case msg.Source != nil && msg.Data != nil:
-				if err := writeStdin(stdinW, stepagent.KindStdin, []byte(*msg.Data)); err != nil {
-					return
-				}
+				return writeStdin(stdinW, stepagent.KindStdin, []byte(*msg.Data))
 			case msg.Source != nil:
 				_ = writeStdin(stdinW, stepagent.KindStdinEnd, nil)
 			case msg.TTY != nil && msg.TTY.WindowSize != nil:
 				size, _ := json.Marshal(terminal(msg.TTY))
-				if err := stepagent.WriteFrame(stdinW, stepagent.KindWindow, size); err != nil {
-					return
-				}
+				return stepagent.WriteFrame(stdinW, stepagent.KindWindow, size)
 			case msg.Signal != nil:
 				// Abort outlives the connection that asked for it.
 				wg.Go(func() {
@@ -319,7 +311,14 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 					_ = p.run.Abort(actx)
 				})
 			}
+			return nil
+		})
+		if errors.Is(err, errMessageTooLarge) {
+			g.m.oversizedMessage()
+			g.cs.logger().Warn("garden process message past its cap: the client's connection is closed, the process goes on",
+				"target", g.target, "process", p.ID, "cap", maxProcessMessage)
 		}
+		stdinW.CloseWithError(errors.New("the web node's connection closed"))
 	})
 	var outs [2]io.Writer
 	for i := range outs {
@@ -347,6 +346,55 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 		return
 	}
 	_ = send(transport.ProcessPayload{ProcessID: p.ID, ExitStatus: &status})
+}
+
+// maxProcessMessage bounds one message a client sends on a process's
+// connection (stdin, a window size, a signal). Garden's client writes
+// each as one JSON line, and a web node sends a resource script's whole
+// stdin, its request (source, params, version), in one: Concourse
+// v8.2.5's atc/resource passes the request as a bytes.Buffer, which
+// io.Copy writes at once. 8 MiB is far past any sane request; a message
+// past it ends the client's connection, as if the client went.
+const maxProcessMessage = 8 << 20
+
+var errMessageTooLarge = fmt.Errorf("a message on a process's connection is past %d bytes", maxProcessMessage)
+
+// readMessages reads a process connection's messages, each one line of
+// JSON of at most limit bytes, and hands each to handle, until r or handle
+// fails: errMessageTooLarge once a line goes past limit, having read at
+// most limit bytes of it.
+func readMessages(r *bufio.Reader, limit int, handle func(transport.ProcessPayload) error) error {
+	var line []byte
+	for {
+		line = line[:0]
+		var err error
+		for {
+			var frag []byte
+			frag, err = r.ReadSlice('\n')
+			if len(line)+len(frag) > limit {
+				return errMessageTooLarge
+			}
+			line = append(line, frag...)
+			if !errors.Is(err, bufio.ErrBufferFull) {
+				break
+			}
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			var msg transport.ProcessPayload
+			if jerr := json.Unmarshal(line, &msg); jerr != nil {
+				return fmt.Errorf("a message on a process's connection: %w", jerr)
+			}
+			if herr := handle(msg); herr != nil {
+				return herr
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if cap(line) > 64<<10 {
+			line = nil // a large message's buffer goes with it
+		}
+	}
 }
 
 // writeStdin writes stdin for the agent (steps.RunIn.Follow): chunks of

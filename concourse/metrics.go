@@ -21,6 +21,7 @@ type Metrics struct {
 	garden        *prometheus.CounterVec
 	moves         *prometheus.CounterVec
 	movedBytes    *prometheus.CounterVec
+	oversized     prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg.
@@ -83,8 +84,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_moved_bytes_total",
 		Help: "Bytes those moves carried (tar, unencoded).",
 	}, []string{"direction"})
+	m.oversized = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetway_concourse_garden_oversized_messages_total",
+		Help: "Messages on a Garden process's connection (stdin, window size, signal) past their cap of 8 MiB: each closed its client's connection.",
+	})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes)
+		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized)
 	return m
 }
 
@@ -192,4 +197,12 @@ func (m *Metrics) moved(in bool, n int64) {
 	}
 	m.moves.WithLabelValues(dir).Inc()
 	m.movedBytes.WithLabelValues(dir).Add(float64(n))
+}
+
+// oversizedMessage counts a process connection closed for a message past
+// its cap.
+func (m *Metrics) oversizedMessage() {
+	if m != nil {
+		m.oversized.Inc()
+	}
 }

@@ -83,7 +83,7 @@ type Config struct {
 	ExtractMaxEntries int   `mapstructure:"extract-max-entries" help:"files, folders and links one archive streamed into a step's volume may write"`
 	// What every step pod gets unless its target's target.yaml (steps:)
 	// says otherwise (docs/steps.md, "Limits"); 0 is none.
-	StepVolumeSizeLimit         Bytes  `mapstructure:"step-volume-size-limit" help:"size limit of a step pod's emptyDir (its build dir, inputs and outputs): past it the kubelet evicts the pod (0: none)"`
+	StepVolumeSizeLimit         Bytes  `mapstructure:"step-volume-size-limit" help:"size limit of a step pod's emptyDir (its build dir, inputs and outputs): past it the kubelet evicts the pod (0: none); a Concourse volume holder's too, whose sidecar refuses a write past it"`
 	StepEphemeralStorageRequest Bytes  `mapstructure:"step-ephemeral-storage-request" help:"ephemeral-storage request of a step's container (its writable layer and logs) (0: none)"`
 	StepDefaultCPURequest       string `mapstructure:"step-default-cpu-request" help:"cpu request of a step that asks for no cpu (a quantity: 100m, 1) (0: none)"`
 	StepDefaultMemoryRequest    Bytes  `mapstructure:"step-default-memory-request" help:"memory request of a step that asks for no memory (0: none)"`

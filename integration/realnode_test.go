@@ -441,7 +441,8 @@ func TestRealNodeSidecarStopsAnArchivePastItsLimit(t *testing.T) {
 // TestRealNodeSidecarServesOnlyTheGateway: from another team's step in
 // the same namespace, and from a step in another namespace, every call to
 // a step pod's volume sidecar without its token (stream-out, stream-in,
-// stream-p2p-out, making or listing volumes, registering a ticket), or
+// a property named stream-in, stream-p2p-out, making or listing volumes,
+// registering a ticket), or
 // with a guessed one or an unissued ticket, gets 401 and moves no byte;
 // the gateway's own streams, download and direct (p2p) alike, keep
 // working.
@@ -475,6 +476,7 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	requests := []string{
 		"PUT /volumes/output-out/stream-out HTTP/1.1",
 		"PUT /volumes/output-out/stream-in HTTP/1.1",
+		"PUT /volumes/output-out/properties/stream-in HTTP/1.1",
 		"PUT /volumes/output-out/stream-p2p-out?streamInURL=http%3A%2F%2F" + ip + "%3A7788%2Fvolumes%2Fx%2Fstream-in HTTP/1.1",
 		"POST /volumes HTTP/1.1",
 		"GET /volumes HTTP/1.1",

@@ -252,6 +252,14 @@ func VolumeHolderPod(t *targets.Target, opts PodOptions) *corev1.Pod {
 	for _, s := range meta.ImagePullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}
+	// Its sidecar alone writes its emptyDir: it refuses a write past the
+	// size limit rather than let the kubelet evict the holder, and every
+	// team's volumes with it. A step pod's sidecar gets no capacity: its
+	// step writes there too, unaccounted, and fills its own pod alone.
+	if limit := opts.Steps.For(meta.Steps).VolumeSizeLimit; !limit.IsZero() {
+		sidecar := &pod.Spec.Containers[0]
+		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(limit.Value(), 10))
+	}
 	return pod
 }
 

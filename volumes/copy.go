@@ -14,8 +14,10 @@ import (
 // through an os.Root of from, so it reads nothing outside from even if a
 // folder of it turns into a link meanwhile. Other files (devices, pipes,
 // sockets) are left out, as a stream-in leaves them out. It returns the
-// bytes of the files it copied, and stops when ctx ends.
-func copyTree(ctx context.Context, from, to string) (int64, error) {
+// bytes of the files it copied, and stops when ctx ends. Each entry is
+// claimed of c before it is written; a file is copied as large as it was
+// when claimed.
+func copyTree(ctx context.Context, from, to string, c *claim) (int64, error) {
 	src, err := os.OpenRoot(from)
 	if err != nil {
 		return 0, err
@@ -49,15 +51,24 @@ func copyTree(ctx context.Context, from, to string) (int64, error) {
 			if name == "." {
 				return nil
 			}
+			if err := c.entry(name, info.Mode(), 0, ""); err != nil {
+				return err
+			}
 			return dst.Mkdir(name, 0o700)
 		case d.Type()&fs.ModeSymlink != 0:
 			target, err := src.Readlink(name)
+			if err == nil {
+				err = c.entry(name, info.Mode(), 0, target)
+			}
 			if err != nil {
 				return err
 			}
 			return dst.Symlink(target, name)
 		case d.Type().IsRegular():
-			n, err := copyFile(src, dst, name, info.Mode())
+			if err := c.entry(name, info.Mode(), info.Size(), ""); err != nil {
+				return err
+			}
+			n, err := copyFile(src, dst, name, info.Mode(), info.Size())
 			copied += n
 			return err
 		}
@@ -71,10 +82,11 @@ func copyTree(ctx context.Context, from, to string) (int64, error) {
 	return copied, err
 }
 
-// copyFile copies one regular file with its mode; on Linux, io.Copy
-// between two files asks the kernel to copy (copy_file_range), which
-// some filesystems do by sharing blocks.
-func copyFile(src, dst *os.Root, name string, mode fs.FileMode) (int64, error) {
+// copyFile copies one regular file with its mode, at most size bytes of
+// it; on Linux, io.Copy between two files asks the kernel to copy
+// (copy_file_range, also through a LimitedReader), which some
+// filesystems do by sharing blocks.
+func copyFile(src, dst *os.Root, name string, mode fs.FileMode, size int64) (int64, error) {
 	in, err := src.Open(name)
 	if err != nil {
 		return 0, err
@@ -84,7 +96,7 @@ func copyFile(src, dst *os.Root, name string, mode fs.FileMode) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := io.Copy(out, in)
+	n, err := io.Copy(out, io.LimitReader(in, size))
 	if err == nil {
 		err = out.Chmod(modeBits(mode)) // not narrowed by the umask
 	}

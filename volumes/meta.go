@@ -71,6 +71,9 @@ func (s *Server) writeMeta(handle string, m meta) error {
 	dir := filepath.Join(s.root, "meta")
 	b, err := json.Marshal(m)
 	if err == nil {
+		err = s.space.setMeta(handle, int64(len(b)))
+	}
+	if err == nil {
 		err = os.MkdirAll(dir, 0o755)
 	}
 	if err == nil {

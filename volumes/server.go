@@ -6,7 +6,8 @@
 // their properties and privilege on disk, streams a tar of a volume out
 // and into it (raw, gzip, zstd or s2), and pushes a stream straight to
 // another server (stream-p2p-out). It serves only the holder of its
-// token.
+// token. With a Capacity it refuses a write that would take its volumes
+// past it, before it writes a byte of it.
 //
 // The step agent serves it on port 7788 of every step pod, over the
 // pod's volumes; the local test clusters run it in-process behind each
@@ -48,6 +49,7 @@ type Server struct {
 	killed   bool
 	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
 	handlers sync.WaitGroup
+	space    *space // what the volumes take of the capacity; nil: no capacity
 
 	// vols serializes changes of volumes (made, removed, metadata
 	// written); making holds the handles being made, not yet in place.
@@ -88,22 +90,29 @@ func (s *Server) SetLimits(l tarsafe.Limits) {
 
 // Start serves on a new loopback port, storing volumes under root, to
 // whoever holds the token whose SHA-256 tokenHash is (hex).
-func Start(root, tokenHash string) (*Server, error) { return Listen("127.0.0.1:0", root, tokenHash) }
+func Start(root, tokenHash string) (*Server, error) {
+	return Listen("127.0.0.1:0", root, tokenHash, Capacity{})
+}
 
 // Listen serves on addr, storing volumes under root: root/volumes/<handle>
 // is a volume, a folder or a symlink to one. It serves whoever holds the
 // token whose SHA-256 tokenHash is (hex); there is no server without one.
-func Listen(addr, root, tokenHash string) (*Server, error) {
+// With a capacity it first measures what root holds.
+func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	h, err := hex.DecodeString(tokenHash)
 	if err != nil || len(h) != sha256.Size {
 		return nil, fmt.Errorf("the volume server's token hash must be a SHA-256 in hex (64 characters), not %d characters", len(tokenHash))
+	}
+	sweep(root)
+	sp, err := newSpace(root, capacity)
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	sweep(root)
-	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}),
+	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), space: sp,
 		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
@@ -115,7 +124,7 @@ func Listen(addr, root, tokenHash string) (*Server, error) {
 	mux.HandleFunc("GET /volumes/{handle}/privileged", s.getPrivileged)
 	mux.HandleFunc("PUT /volumes/{handle}/privileged", s.setPrivileged)
 	mux.HandleFunc("POST /tickets", s.ticket)
-	mux.HandleFunc("PUT /volumes/{handle}/stream-in", s.streamIn)
+	mux.HandleFunc(streamInRoute, s.streamIn)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
 	s.srv = &http.Server{Handler: s.track(s.holder(mux))}
@@ -142,17 +151,24 @@ func (s *Server) holds(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare(h[:], s.tokenHash[:]) == 1
 }
 
-// holder serves next to the token's holder alone; anyone else gets a 401
-// before a byte of the request is read, whatever the path. A stream-in
-// may come with a ticket instead: it checks that itself.
-func (s *Server) holder(next http.Handler) http.Handler {
+// streamInRoute is the one route a request may take without the token:
+// a push from another pod brings a ticket instead (useTicket), which the
+// route checks itself.
+const streamInRoute = "PUT /volumes/{handle}/stream-in"
+
+// holder serves mux to the token's holder alone; anyone else gets a 401
+// before a byte of the request is read, whatever the method and path
+// (also one mux would answer itself: a 404, a 405, a redirect), unless
+// mux routes the request to streamInRoute. The route is mux's own match,
+// not the path's look: PUT /volumes/H/properties/stream-in is a
+// property's.
+func (s *Server) holder(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		streamIn := r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/volumes/") && strings.HasSuffix(r.URL.Path, "/stream-in")
-		if !streamIn && !s.holds(r) {
+		if _, route := mux.Handler(r); route != streamInRoute && !s.holds(r) {
 			unauthorized(w)
 			return
 		}
-		next.ServeHTTP(w, r)
+		mux.ServeHTTP(w, r)
 	})
 }
 

@@ -2,6 +2,7 @@ package volumes
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"cmp"
 	"crypto/sha256"
@@ -358,6 +359,7 @@ func TestServesOnlyTheTokensHolder(t *testing.T) {
 			{http.MethodGet, "/volumes/v", nil},
 			{http.MethodDelete, "/volumes/v", nil},
 			{http.MethodPut, "/volumes/v/properties/team", []byte(`{"value":"b"}`)},
+			{http.MethodPut, "/volumes/v/properties/stream-in", []byte(`{"value":"b"}`)},
 			{http.MethodGet, "/volumes/v/privileged", nil},
 			{http.MethodPut, "/volumes/v/privileged", []byte(`{"value":true}`)},
 			{http.MethodGet, "/no/such/path", nil},
@@ -378,6 +380,40 @@ func TestServesOnlyTheTokensHolder(t *testing.T) {
 	// The one ticket registered with the token is not one the others made.
 	resp, _ := do(t, http.MethodPut, base+"/volumes/v/stream-in", map[string]string{"Authorization": "Bearer mine"}, bytes.NewReader(tarball))
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
+// TestOnlyTheStreamInRouteGoesWithoutTheToken: a request without the
+// token whose path only ends as a stream-in's does (a property named
+// stream-in, another method, another depth), or the stream-in route
+// itself without a ticket, gets a 401 before the server reads a byte of
+// its body: each request promises a body of 1 MiB and sends none.
+func TestOnlyTheStreamInRouteGoesWithoutTheToken(t *testing.T) {
+	_, base := start(t)
+	volume(t, base, "v")
+	for _, line := range []string{
+		"PUT /volumes/v/properties/stream-in",
+		"PUT /volumes/v/properties/x/stream-in",
+		"POST /volumes/v/stream-in",
+		"DELETE /volumes/v/stream-in",
+		"PUT /volumes/v/x/stream-in",
+		"PUT /volumes/stream-in",
+		"PUT /stream-in",
+		"PUT /volumes/v/stream-in",
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		require.NoError(t, err)
+		fmt.Fprintf(conn, "%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", line, 1<<20)
+		// The failure's bound, not a wait for something not to happen:
+		// a server reading the body waits for it until then.
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, "%s: no answer without its body", line)
+		b, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s: %s", line, b)
+		assert.Contains(t, string(b), "no valid credential", line)
+	}
+	assert.Equal(t, map[string]string{}, lookUp(t, base, "v").Properties, "no property set")
 }
 
 // TestTicketsServeOnePush: a push (stream-p2p-out) lands only with a

@@ -65,7 +65,9 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (base, sub strin
 // streamIn extracts a tar into the volume path. It extracts into a
 // temporary folder and moves it in place only once the whole stream
 // arrived, so a truncated stream never lands; nor does one past the
-// request's limit (baggageclaim's limit query), refused with a 403.
+// request's limit (baggageclaim's limit query), refused with a 403, nor
+// one past the volumes' capacity, refused with a 507 at the first entry
+// that does not fit.
 func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	if !s.holds(r) && !s.useTicket(r) {
 		unauthorized(w)
@@ -82,7 +84,9 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := &limitedReader{r: r.Body, left: limit}
-	if code, err := s.land(base, sub, r.Header.Get("Content-Encoding"), in); err != nil {
+	c := s.space.claim(r.PathValue("handle"))
+	defer c.drop()
+	if code, err := s.land(base, sub, r.Header.Get("Content-Encoding"), in, c); err != nil {
 		if in.past {
 			// Decoders may replace the reader's error: ask it.
 			code, err = http.StatusForbidden, fmt.Errorf("the stream goes past its limit of %s MB (%d bytes)", q, limit)
@@ -101,12 +105,18 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 // the volume (an os.Root): a step can make links in its volumes, and a
 // path through one that leaves the volume is refused. If the stream
 // fails, it says why and the status to answer; the volume is as it was.
-func (s *Server) land(base, sub, enc string, in io.Reader) (int, error) {
+// What it writes is claimed of c before it is written, and kept for the
+// volume, less what it replaced, once it landed.
+func (s *Server) land(base, sub, enc string, in io.Reader, c *claim) (int, error) {
 	vol, err := os.OpenRoot(base)
 	if err != nil {
 		return http.StatusInternalServerError, err
 	}
 	defer vol.Close()
+	// The folders up to sub, and the one the stream lands in.
+	if err := c.folders(missingFolders(vol, filepath.Dir(sub)) + 1); err != nil {
+		return http.StatusInsufficientStorage, err
+	}
 	if err := vol.MkdirAll(filepath.Dir(sub), 0o755); err != nil {
 		return http.StatusBadRequest, fmt.Errorf("path %q cannot be reached inside the volume (a link out of it?): %w", sub, err)
 	}
@@ -132,7 +142,13 @@ func (s *Server) land(base, sub, enc string, in io.Reader) (int, error) {
 	// its own root: an image's rootfs is full of absolute ones. The
 	// sidecar itself reads volumes only through an os.Root (writeTar).
 	limits.ForeignLinks = true
+	if c != nil {
+		limits.Reserve = c.reserve
+	}
 	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
+		if _, full := errors.AsType[*CapacityError](err); full {
+			return http.StatusInsufficientStorage, err
+		}
 		return http.StatusBadRequest, err
 	}
 	// The tar ended; the encoded stream and the request body must end
@@ -145,14 +161,16 @@ func (s *Server) land(base, sub, enc string, in io.Reader) (int, error) {
 	}
 	landed := filepath.Base(tmp)
 	fi, err := vol.Lstat(sub)
+	var freed int64 // what it replaced
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		err = vol.Rename(landed, sub)
 	case err != nil:
 		return http.StatusBadRequest, fmt.Errorf("path %q cannot be reached inside the volume (a link out of it?): %w", sub, err)
 	case fi.IsDir():
-		err = mergeInto(vol, landed, sub)
+		freed, err = mergeInto(vol, landed, sub, c)
 	default: // a file or a link: replaced
+		freed = c.removed(vol, sub)
 		if err = vol.Remove(sub); err == nil {
 			err = vol.Rename(landed, sub)
 		}
@@ -160,44 +178,51 @@ func (s *Server) land(base, sub, enc string, in io.Reader) (int, error) {
 	if err != nil {
 		return http.StatusInternalServerError, err
 	}
+	c.keep(freed)
 	return 0, nil
 }
 
 // mergeInto moves each entry of the volume's folder src into its folder
 // dst: a folder into a folder of the same name entry by entry, anything
 // else in place of what dst has of that name (a link is replaced, never
-// followed). The root's mode is taken as the tar set it.
-func mergeInto(vol *os.Root, src, dst string) error {
+// followed). The root's mode is taken as the tar set it. It returns the
+// bytes c was charged for what it replaced: the entries of dst, and
+// src's folders, emptied, which go with the temporary folder.
+func mergeInto(vol *os.Root, src, dst string, c *claim) (int64, error) {
 	if fi, err := vol.Lstat(src); err == nil {
 		_ = vol.Chmod(dst, fi.Mode().Perm())
 	}
 	d, err := vol.Open(src)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	entries, err := d.ReadDir(-1)
 	d.Close()
 	if err != nil {
-		return err
+		return 0, err
 	}
+	freed := c.folderBytes()
 	for _, e := range entries {
 		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
 		if e.IsDir() {
 			if fi, err := vol.Lstat(to); err == nil && fi.IsDir() {
-				if err := mergeInto(vol, from, to); err != nil {
-					return err
+				n, err := mergeInto(vol, from, to, c)
+				freed += n
+				if err != nil {
+					return freed, err
 				}
 				continue
 			}
 		}
+		freed += c.removed(vol, to)
 		if err := vol.RemoveAll(to); err != nil {
-			return err
+			return freed, err
 		}
 		if err := vol.Rename(from, to); err != nil {
-			return err
+			return freed, err
 		}
 	}
-	return nil
+	return freed, nil
 }
 
 // noLimit is a stream-in without a limit.

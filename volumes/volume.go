@@ -104,20 +104,39 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 func (s *Server) ensure(w http.ResponseWriter, req CreateRequest) {
 	s.vols.Lock()
 	defer s.vols.Unlock()
+	c := s.space.claim(req.Handle)
+	defer c.drop()
+	if !s.exists(req.Handle) {
+		if err := c.folders(1); err != nil {
+			fail(w, writeStatus(err), "create volume: %v", err)
+			return
+		}
+	}
 	if err := os.MkdirAll(s.Path(req.Handle), 0o755); err != nil {
 		fail(w, http.StatusInternalServerError, "create volume: %v", err)
 		return
 	}
+	c.keep(0)
 	m, err := s.readMeta(req.Handle)
 	if err == nil && (req.Properties != nil || req.Privileged) {
 		m.Properties, m.Privileged = orEmpty(req.Properties), req.Privileged
 		err = s.writeMeta(req.Handle, m)
 	}
 	if err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
+		fail(w, writeStatus(err), "%v", err)
 		return
 	}
 	answer(w, http.StatusCreated, s.describe(req.Handle, m))
+}
+
+// writeStatus is the status of a failed write: 507 if the volumes'
+// capacity refused it (a status the gateway passes on to the web node
+// with the message), else 500.
+func writeStatus(err error) int {
+	if _, full := errors.AsType[*CapacityError](err); full {
+		return http.StatusInsufficientStorage
+	}
+	return http.StatusInternalServerError
 }
 
 // makeVolume makes a new volume as its strategy says. It fills a temporary
@@ -133,6 +152,14 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	defer s.release(h)
 	if err := os.MkdirAll(filepath.Join(s.root, "volumes"), 0o755); err != nil {
 		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+		return
+	}
+	// What the new volume takes is claimed as it is written, and kept
+	// once it is in place.
+	c := s.space.claim(h)
+	defer c.drop()
+	if err := c.folders(1); err != nil {
+		fail(w, writeStatus(err), "create volume: %v", err)
 		return
 	}
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, "volumes"), creating)
@@ -160,8 +187,8 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 			fail(w, http.StatusNotFound, "parent volume %q not found", parentHandle)
 			return
 		}
-		if copied, err = copyTree(r.Context(), parent, tmp); err != nil {
-			fail(w, http.StatusInternalServerError, "copy volume %q: %v", parentHandle, err)
+		if copied, err = copyTree(r.Context(), parent, tmp, c); err != nil {
+			fail(w, writeStatus(err), "copy volume %q: %v", parentHandle, err)
 			return
 		}
 	} else if err := os.Chmod(tmp, 0o777); err != nil { // steps run as any user
@@ -180,8 +207,8 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 			m.ImportPath = pm.ImportPath
 		}
 	}
-	if err := s.commit(h, tmp, m); err != nil {
-		fail(w, http.StatusInternalServerError, "create volume: %v", err)
+	if err := s.commit(h, tmp, m, c); err != nil {
+		fail(w, writeStatus(err), "create volume: %v", err)
 		return
 	}
 	committed = true
@@ -219,14 +246,18 @@ func (s *Server) release(handle string) {
 }
 
 // commit makes the folder tmp the volume handle, with its metadata
-// written first: a volume never shows without it.
-func (s *Server) commit(handle, tmp string, m meta) error {
+// written first: a volume never shows without it. What c claimed is the
+// volume's, given back if it does not come to be.
+func (s *Server) commit(handle, tmp string, m meta, c *claim) error {
 	s.vols.Lock()
 	defer s.vols.Unlock()
+	c.keep(0)
 	if err := s.writeMeta(handle, m); err != nil {
+		s.space.free(s.space.forget(handle, true)) // tmp goes at once
 		return err
 	}
 	if err := os.Rename(tmp, s.Path(handle)); err != nil {
+		s.space.free(s.space.forget(handle, true))
 		return errors.Join(err, s.removeMeta(handle))
 	}
 	return nil
@@ -329,13 +360,17 @@ func (s *Server) getPrivileged(w http.ResponseWriter, r *http.Request) {
 // lock is not held while a big volume's files go.
 func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	h := r.PathValue("handle")
-	gone, err := s.unlink(h)
+	gone, charged, err := s.unlink(h)
 	if errors.Is(err, errNoVolume) {
 		fail(w, http.StatusNotFound, "volume %q not found", h)
 		return
 	}
 	if gone != "" {
-		err = errors.Join(err, os.RemoveAll(gone))
+		rerr := os.RemoveAll(gone)
+		if rerr == nil {
+			s.space.free(charged) // what stays is charged until a restart's sweep
+		}
+		err = errors.Join(err, rerr)
 	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "destroy volume %q: %v", h, err)
@@ -348,20 +383,22 @@ var errNoVolume = errors.New("no such volume")
 
 // unlink takes the volume handle away, with its metadata: a link is
 // removed, a folder moved into a temporary folder, returned for the
-// caller to remove even with an error.
-func (s *Server) unlink(handle string) (string, error) {
+// caller to remove even with an error, with the bytes its files are
+// charged, to free once they are gone.
+func (s *Server) unlink(handle string) (string, int64, error) {
 	s.vols.Lock()
 	defer s.vols.Unlock()
 	if !s.exists(handle) {
-		return "", errNoVolume
+		return "", 0, errNoVolume
 	}
 	path := s.Path(handle)
 	fi, err := os.Lstat(path)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	gone := ""
-	if fi.Mode()&fs.ModeSymlink != 0 {
+	link := fi.Mode()&fs.ModeSymlink != 0
+	if link {
 		err = os.Remove(path)
 	} else if gone, err = os.MkdirTemp(filepath.Dir(path), deleting); err == nil {
 		if err = os.Rename(path, filepath.Join(gone, "volume")); err != nil {
@@ -370,9 +407,11 @@ func (s *Server) unlink(handle string) (string, error) {
 		}
 	}
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return gone, s.removeMeta(handle)
+	// A link's folder stays, and what it takes with it.
+	charged := s.space.forget(handle, !link)
+	return gone, charged, s.removeMeta(handle)
 }
 
 // change applies edit to the request's volume's metadata and keeps it,
@@ -389,7 +428,7 @@ func (s *Server) change(w http.ResponseWriter, r *http.Request, edit func(*meta)
 		return
 	}
 	if err := s.writeMeta(h, m); err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
+		fail(w, writeStatus(err), "%v", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

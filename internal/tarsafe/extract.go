@@ -24,6 +24,11 @@ type Limits struct {
 	// refuses), and whoever reads the folder on the host must read it
 	// through an os.Root too. Off, such a link is an error.
 	ForeignLinks bool
+	// Reserve, if set, is asked before each entry is written, with its
+	// header: an error stops the archive there, as a limit does, wrapped
+	// with the entry's name. The volume server reserves the room the
+	// entry takes on its disk (volumes.Capacity).
+	Reserve func(*tar.Header) error
 }
 
 // The default limits: far beyond any build's artifact, near enough to
@@ -97,6 +102,11 @@ func Extract(r io.Reader, dir string, lim Limits) (Extracted, error) {
 		}
 		if hdr.Typeflag == tar.TypeReg && hdr.Size > lim.Bytes-done.Bytes {
 			return done, &LimitError{Limit: "bytes", Max: lim.Bytes, Entry: hdr.Name}
+		}
+		if lim.Reserve != nil {
+			if err := lim.Reserve(hdr); err != nil {
+				return done, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+			}
 		}
 		if err := extractEntry(root, tr, hdr, lim.ForeignLinks); err != nil {
 			return done, fmt.Errorf("tar entry %q: %w", hdr.Name, err)

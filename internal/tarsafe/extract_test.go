@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -97,4 +98,31 @@ func TestExtractStopsAtItsLimits(t *testing.T) {
 		require.ErrorAs(t, err, &limit)
 		assert.Equal(t, tarsafe.LimitError{Limit: "entries", Max: 100, Entry: hdrs[100].Name}, *limit)
 	})
+}
+
+// TestExtractAsksReserveBeforeEachEntry: Reserve sees each header before
+// its entry is written; its error stops the archive there, wrapped with
+// the entry's name, and the entry is not written.
+func TestExtractAsksReserveBeforeEachEntry(t *testing.T) {
+	full := errors.New("no room")
+	archive := tarsafetest.Tar(t,
+		&tar.Header{Name: "a/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "a/small", Typeflag: tar.TypeReg, Mode: 0o644},
+		&tar.Header{Name: "a/big", Typeflag: tar.TypeReg, Mode: 0o644},
+		&tar.Header{Name: "a/after", Typeflag: tar.TypeReg, Mode: 0o644})
+	dir := t.TempDir()
+	var asked []string
+	done, err := tarsafe.Extract(bytes.NewReader(archive), dir, tarsafe.Limits{Reserve: func(h *tar.Header) error {
+		asked = append(asked, h.Name)
+		if h.Name == "a/big" {
+			return full
+		}
+		return nil
+	}})
+	require.ErrorIs(t, err, full)
+	assert.EqualError(t, err, `tar entry "a/big": no room`)
+	assert.Equal(t, []string{"a/", "a/small", "a/big"}, asked)
+	assert.Equal(t, 1, done.Files)
+	assert.FileExists(t, filepath.Join(dir, "a", "small"))
+	assert.NoFileExists(t, filepath.Join(dir, "a", "big"), "refused before it was written")
 }

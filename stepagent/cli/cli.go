@@ -25,8 +25,13 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N]
+  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
+
+// capacityOrigin is where a volume sidecar's --capacity comes from: only
+// a Concourse volume holder's sidecar gets one (steps.VolumeHolderPod).
+const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeSizeLimit " +
+	"in its target.yaml, else the gateway's step-volume-size-limit"
 
 // Main runs the command args name (args[0]) and returns its exit code,
 // having said on stderr what failed.
@@ -72,6 +77,8 @@ func dispatch(cmd string, args []string) error {
 	var limits tarsafe.Limits
 	fs.Int64Var(&limits.Bytes, "max-extract-bytes", 0, "volumes: bytes of file contents one stream-in may write (0: the default, 32 GiB)")
 	fs.IntVar(&limits.Entries, "max-extract-entries", 0, "volumes: files, folders and links one stream-in may write (0: the default, 1048576)")
+	capacity := fs.Int64("capacity", 0, "volumes: bytes the volumes may take on disk, counted as the kubelet counts an emptyDir; "+
+		"a write past it, less a margin, is refused (0: no bound). Only for a sidecar that alone writes its folder")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -131,7 +138,7 @@ func dispatch(cmd string, args []string) error {
 	case "supervise":
 		return stepagent.Supervise(root)
 	case "volumes":
-		return serveVolumes(*listen, root, limits)
+		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: capacityOrigin})
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
@@ -173,14 +180,14 @@ func prepare(root string, n int) error {
 }
 
 // serveVolumes runs the volume sidecar until TERM or INT.
-func serveVolumes(addr, root string, limits tarsafe.Limits) error {
+func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hash := os.Getenv(stepagent.TokenHashEnv)
 	if hash == "" {
 		return fmt.Errorf("%w: volumes serves only the holder of a token: $%s must hold its SHA-256", errUsage, stepagent.TokenHashEnv)
 	}
-	s, err := volumes.Listen(addr, root, hash)
+	s, err := volumes.Listen(addr, root, hash, capacity)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,81 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"code.cloudfoundry.org/garden"
+	gclient "code.cloudfoundry.org/garden/client"
+	gconn "code.cloudfoundry.org/garden/client/connection"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestConcourseProcessMessagesAreCapped: a client sending a message past
+// the cap (8 MiB) on a process's connection, here 64 MiB without a
+// newline, sees its connection closed long before it finishes, and the
+// refusal is counted; a stdin of a few MiB in one message, as a web node
+// sends a resource script's request, arrives whole; the worker serves on.
+func TestConcourseProcessMessagesAreCapped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const name = "cwcap"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{state: newState(t)})
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	srv := httptest.NewServer(g.containers.API(name))
+	defer srv.Close()
+	gc := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	c, err := gc.Create(garden.ContainerSpec{Handle: "cwcap-1", RootFSPath: "docker:///busybox"})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, gc.Destroy("cwcap-1")) }()
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	spec := `{"id":"flood","path":"cat"}`
+	fmt.Fprintf(conn, "POST /containers/cwcap-1/processes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(spec), spec)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	first, err := br.ReadString('\n')
+	require.NoError(t, err)
+	assert.Contains(t, first, `"process_id":"flood"`)
+	// The bound of the failure, not a wait for something not to happen:
+	// a server that reads on takes all 64 MiB well within it.
+	require.NoError(t, conn.SetWriteDeadline(time.Now().Add(time.Minute)))
+	var written int64
+	chunk := bytes.Repeat([]byte("x"), 1<<20)
+	_, err = io.WriteString(conn, `{"process_id":"flood","source":0,"data":"`)
+	for err == nil && written < 64<<20 {
+		var n int
+		n, err = conn.Write(chunk)
+		written += int64(n)
+	}
+	require.Error(t, err, "the connection is closed before 64 MiB")
+	assert.Less(t, written, int64(32<<20), "closed after about 8 MiB, and what the sockets buffer: %d bytes", written)
+	assert.Equal(t, 1.0, metricValue(t, g, "jetway_concourse_garden_oversized_messages_total"))
+
+	stdin := strings.Repeat("0123456789abcdef", 4<<20/16)
+	var stdout bytes.Buffer
+	p, err := c.Run(garden.ProcessSpec{ID: "request", Path: "wc", Args: []string{"-c"}},
+		garden.ProcessIO{Stdin: strings.NewReader(stdin), Stdout: &stdout, Stderr: io.Discard})
+	require.NoError(t, err)
+	status, err := p.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, 0, status)
+	assert.Equal(t, "4194304", strings.TrimSpace(stdout.String()), "4 MiB of stdin in one message, whole")
+	assert.Equal(t, 1.0, metricValue(t, g, "jetway_concourse_garden_oversized_messages_total"))
+}

@@ -1,0 +1,173 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/jetway-ci/jetway/steps"
+)
+
+// TestRealNodeVolumeHolderStaysWithinItsLimit: a volume holder on a
+// target whose volume size limit is 16Mi, asked through the gateway's
+// worker volume API as a web node asks it to take more than that (a
+// stream-in of 24 MiB; a cow copy of 10 MiB next to 10 MiB), answers an
+// error naming the limit and where it is set, and takes nothing of it:
+// right after each refusal its emptyDir takes less than the sizeLimit on
+// the node's disk, as the kubelet counts it, so the kubelet has nothing
+// to evict; the pod runs on, never restarted, and later volume calls
+// (create, stream-in, stream-out) work.
+func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	const name, limit = "rn-full", 16 << 20
+	rn := startRealNode(t)
+	g := targetGateway(ctx, t, rn, name, "steps: {volumeSizeLimit: 16Mi}\n",
+		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar")})
+	api := httptest.NewServer(g.holder.API(name))
+	defer api.Close()
+	// call sends a request as the web node's volume client does, and
+	// returns the status and the error message its client reads from the
+	// body ({"error": ...}), or the body.
+	call := func(method, path string, body io.Reader, hdr ...string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, method, api.URL+path, body)
+		require.NoError(t, err)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return resp.StatusCode, e.Error
+		}
+		return resp.StatusCode, string(b)
+	}
+	create := func(body string) (int, string) {
+		return call(http.MethodPost, "/volumes", strings.NewReader(body), "Content-Type", "application/json")
+	}
+	// The web node's client asks each stream-in with its limit (none: 0)
+	// in MB, "%f".
+	streamIn := func(handle string, files ...any) (int, string) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for i := 0; i+1 < len(files); i += 2 {
+			content := files[i+1].([]byte)
+			require.NoError(t, tw.WriteHeader(&tar.Header{Name: files[i].(string), Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(content))}))
+			_, err := tw.Write(content)
+			require.NoError(t, err)
+		}
+		require.NoError(t, tw.Close())
+		return call(http.MethodPut, "/volumes/"+handle+"/stream-in?limit=0.000000&path=.", &buf, "Content-Encoding", "raw")
+	}
+	holderName := steps.VolumeHolderName("jetway")
+	holder := func() *corev1.Pod {
+		t.Helper()
+		p, err := rn.Client.CoreV1().Pods(name).Get(ctx, holderName, metav1.GetOptions{})
+		require.NoError(t, err)
+		return p
+	}
+	// withinItsLimit: the holder runs, never restarted, and its emptyDir
+	// takes less than the sizeLimit on the node's disk right now.
+	withinItsLimit := func(after string) {
+		t.Helper()
+		p := holder()
+		usage, err := rn.EmptyDirUsage(p.UID, p.Spec.Volumes[0].Name)
+		require.NoError(t, err)
+		t.Logf("after %s, the holder's emptyDir takes %d bytes on the node's disk", after, usage)
+		assert.Less(t, usage, int64(limit), "after %s, the emptyDir takes %d bytes on the node's disk", after, usage)
+		assert.Equal(t, corev1.PodRunning, p.Status.Phase, "after %s: %s %s", after, p.Status.Reason, p.Status.Message)
+		require.Len(t, p.Status.ContainerStatuses, 1)
+		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount, after)
+		assert.NotNil(t, p.Status.ContainerStatuses[0].State.Running, after)
+	}
+
+	code, msg := create(`{"handle":"up","strategy":{"type":"empty"},"properties":{"kind":"upload"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	assert.Contains(t, strings.Join(holder().Spec.Containers[0].Command, " "), "--capacity 16777216")
+
+	code, msg = streamIn("up", "big", randomBytes(t, 24<<20))
+	if code == http.StatusNoContent {
+		// What a holder without its limit does: it takes the stream, and
+		// the kubelet evicts it with every volume it holds.
+		evicted(t, rn.Client.CoreV1().Events(name), holderName)
+	}
+	assert.Equal(t, http.StatusInsufficientStorage, code, msg)
+	assert.Contains(t, msg, `tar entry "big": no room for 24.0 MiB more`)
+	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
+	assert.Contains(t, msg, "the target's steps.volumeSizeLimit in its target.yaml, else the gateway's step-volume-size-limit")
+	withinItsLimit("the refused stream-in")
+
+	code, msg = streamIn("up", "ten", randomBytes(t, 10<<20))
+	require.Equal(t, http.StatusNoContent, code, msg)
+	code, msg = create(`{"handle":"copy","strategy":{"type":"cow","volume":"up"}}`)
+	assert.Equal(t, http.StatusInternalServerError, code, msg)
+	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": no room for 10.0 MiB more`)
+	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
+	withinItsLimit("the refused copy")
+
+	// The holder serves on: a new volume, a file in and out.
+	code, msg = create(`{"handle":"small","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	code, msg = streamIn("small", "note", []byte("still here\n"))
+	require.Equal(t, http.StatusNoContent, code, msg)
+	code, body := call(http.MethodPut, "/volumes/small/stream-out?path=note", nil, "Accept-Encoding", "raw")
+	require.Equal(t, http.StatusOK, code, body)
+	tr := tar.NewReader(strings.NewReader(body))
+	_, err := tr.Next()
+	require.NoError(t, err)
+	got, err := io.ReadAll(tr)
+	require.NoError(t, err)
+	assert.Equal(t, "still here\n", string(got))
+	withinItsLimit("the later calls")
+}
+
+// randomBytes is n bytes no encoding shrinks.
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return b
+}
+
+// evicted fails the test once the kubelet evicted the pod name (it
+// measures an emptyDir about every minute), with the kubelet's words:
+// its Evicted event (the pod itself ends Succeeded: its sidecar ends 0 on
+// TERM).
+func evicted(t *testing.T, events typedcorev1.EventInterface, name string) {
+	t.Helper()
+	var why string
+	eventually(t, 4*time.Minute, func() error {
+		list, err := events.List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=Evicted"})
+		if err != nil {
+			return err
+		}
+		if len(list.Items) == 0 {
+			return errorf("the holder took a stream past its limit, and is not evicted yet")
+		}
+		why = list.Items[0].Message
+		return nil
+	})
+	t.Fatalf("the holder took a stream past its limit, and the kubelet evicted it: %s", why)
+}
