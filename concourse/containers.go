@@ -489,7 +489,8 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 	return nil
 }
 
-// streamRetrying streams req, again for a while after a failure: a pod
+// streamRetrying streams req, again for a while after a failure that may
+// pass (not a final answer of a volume server): a pod
 // just running may not answer on its sidecar's port yet (the sidecar
 // starts after the step container, and its first process waits only for
 // it to start; kwok forwards a moment later). The first retries come
@@ -499,8 +500,9 @@ func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (s
 	wait := firstMoveRetry
 	for {
 		res, err := c.Stream(ctx, req)
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return res, err
+		remote, answered := errors.AsType[*streams.RemoteError](err)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || answered && remote.Final() {
+			return res, err // an answer such as a holder's full (507) is the same the next time
 		}
 		select {
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 )
 
 func TestDockerImages(t *testing.T) {
@@ -135,5 +137,37 @@ func TestDrainWaitsForFollowedProcesses(t *testing.T) {
 		assert.Empty(t, left, "one is still followed")
 		doneB()
 		assert.Equal(t, 0, <-left)
+	})
+}
+
+// A move the volume server refused for good (a holder past its capacity:
+// 507) fails at once, naming why; one that found no server yet (a pod's
+// sidecar a moment before it listens) is tried again.
+func TestMovesStopAtAFinalAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		full := &streams.Error{Side: streams.SideDestination, Err: fmt.Errorf("stream-in holder/v: %w",
+			&streams.RemoteError{Code: http.StatusInsufficientStorage, Status: "507 Insufficient Storage", Message: "the volumes are past their capacity"})}
+		for name, tt := range map[string]struct {
+			errs  []error
+			calls int
+			err   string
+		}{
+			"full":               {[]error{full, nil}, 1, "507 Insufficient Storage: the volumes are past their capacity"},
+			"not listening yet":  {[]error{errors.New("connection refused"), errors.New("connection refused"), nil}, 3, ""},
+			"no such volume yet": {[]error{&streams.RemoteError{Code: http.StatusNotFound, Status: "404 Not Found"}, nil}, 2, ""},
+		} {
+			calls := 0
+			c := &Containers{Stream: func(context.Context, streams.Request) (streams.Result, error) {
+				calls++
+				return streams.Result{}, tt.errs[calls-1]
+			}}
+			_, err := c.streamRetrying(context.Background(), streams.Request{})
+			assert.Equal(t, tt.calls, calls, name)
+			if tt.err == "" {
+				assert.NoError(t, err, name)
+			} else {
+				assert.ErrorContains(t, err, tt.err, name)
+			}
+		}
 	})
 }

@@ -65,7 +65,8 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	srcPod := replaceWithSpy(ctx, t, rn, ns, g.stepPodName(t, "cs-src", "main"), rec, "output")
 	consume := nodeStep("cs-consume", `cat in/secret`)
 	consume.Team = "main"
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "cs-src", Output: "out"}}}
+	// (By the pod and volume: the step's record knows its pod went.)
+	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Target: ns, Pod: srcPod.Name, Handle: steps.OutputVolume("out")}}}
 	g.run(t, consume)
 	v := g.waitEnded(t, "cs-consume", "main")
 	assert.Equal(t, steps.Errored, v.Phase)

@@ -301,16 +301,39 @@ func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
 	return nil
 }
 
+// RemoteError is a volume server's answer to a request it refused: its
+// status and what it said.
+type RemoteError struct {
+	Code    int
+	Status  string
+	Message string
+}
+
+func (e *RemoteError) Error() string { return e.Status + ": " + e.Message }
+
+// Final reports whether the answer will be the same if the request is
+// made again: a request the server refused for what it is (bad, not
+// allowed, too large, past the volumes' capacity), not for the moment it
+// came (a volume or a ticket not there yet, too many at once).
+func (e *RemoteError) Final() bool {
+	switch e.Code {
+	case http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+		return false
+	}
+	return e.Code == http.StatusInsufficientStorage || e.Code >= 400 && e.Code < 500
+}
+
 // remoteError renders a volume server's JSON error answer.
 func remoteError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	var body struct {
 		Error string `json:"error"`
 	}
+	msg := strings.TrimSpace(string(b))
 	if json.Unmarshal(b, &body) == nil && body.Error != "" {
-		return fmt.Errorf("%s: %s", resp.Status, body.Error)
+		msg = body.Error
 	}
-	return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	return &RemoteError{Code: resp.StatusCode, Status: resp.Status, Message: msg}
 }
 
 // Phases of a relay, for the watchdog to blame the side it waited on.
