@@ -28,6 +28,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/internal/capped"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -43,6 +44,51 @@ const stderrLimit = 4 << 10
 
 // ExecStream is Exec with a stdin that streams: a sandbox's session.
 type ExecStream func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error
+
+// errNotTrusted: a command was not run in a pod because it is not the
+// one jetway made under its name.
+var errNotTrusted = errors.New("is not the pod jetway made under its name: it gets no command")
+
+// trustedPod is nil when pod, of t, is the very pod jetway made under its
+// name (ownership.Key.Bound), as the target's watch shows it or, where it
+// shows it otherwise (not yet listed, or listed before its binding), as
+// the API server has it now. An exec goes by the pod's name: this is
+// what it is sent to.
+func trustedPod(ctx context.Context, key ownership.Key, t *targets.Target, pod string) error {
+	if p := t.CachedPod(pod); p != nil && key.Bound(t.Name(), p) {
+		return nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	p, err := t.Pod(gctx, pod)
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", pod, err)
+	}
+	if why := key.Verdict(t.Name(), p); why != "" {
+		return fmt.Errorf("pod %s %w (%s)", pod, errNotTrusted, why)
+	}
+	return nil
+}
+
+// trustedExec and trustedExecStream run exec only in a pod trustedPod
+// trusts.
+func trustedExec(key ownership.Key, exec Exec) Exec {
+	return func(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {
+		if err := trustedPod(ctx, key, t, pod); err != nil {
+			return err
+		}
+		return exec(ctx, t, pod, container, cmd, stdin, stdout)
+	}
+}
+
+func trustedExecStream(key ownership.Key, exec ExecStream) ExecStream {
+	return func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
+		if err := trustedPod(ctx, key, t, pod); err != nil {
+			return err
+		}
+		return exec(ctx, t, pod, cmd, stdin, stdout)
+	}
+}
 
 // execPod is ExecContainer with all of stdin at once (nil: none).
 func execPod(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {

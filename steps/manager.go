@@ -186,6 +186,8 @@ func New(opts Options) *Manager {
 	if opts.ExecStream == nil {
 		opts.ExecStream = ExecPod
 	}
+	// Every exec of the engine's goes only to a pod jetway made (trustedPod).
+	opts.Exec, opts.ExecStream = trustedExec(opts.Pod.Key, opts.Exec), trustedExecStream(opts.Pod.Key, opts.ExecStream)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
