@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,7 +150,9 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	require.NoError(t, err, "the output's spy is left alone: jetway used it for nothing")
 	probeSpy(ctx, t, rn, srcPod)
 	eventually(t, 30*time.Second, func() error {
-		if got := rec.received(); !assert.ObjectsAreEqual([]string{"output exec probe\nprobe-exec-stdin", "output 7788\nprobe-7788"}, got) {
+		got := rec.received()
+		slices.Sort(got)
+		if !assert.ObjectsAreEqual([]string{"output 7788\nprobe-7788", "output exec probe\nprobe-exec-stdin"}, got) {
 			return errorf("the recorder has %q", got)
 		}
 		return nil
@@ -246,11 +249,11 @@ func probeSpy(ctx context.Context, t *testing.T, c *cluster.Cluster, spy *corev1
 			Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewWebSocketExecutor(c.AdminConfig(), "GET", req.URL().String())
 	require.NoError(t, err)
-	var out bytes.Buffer
+	var stdout, stderr bytes.Buffer // written at once by two of client-go's goroutines
 	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, ex.StreamWithContext(ectx, remotecommand.StreamOptions{Stdin: strings.NewReader("probe-exec-stdin"),
-		Stdout: &out, Stderr: &out}), out.String())
+		Stdout: &stdout, Stderr: &stderr}), stdout.String()+stderr.String())
 	conn, err := net.DialTimeout("tcp", net.JoinHostPort(spy.Status.PodIP, "7788"), 10*time.Second)
 	require.NoError(t, err)
 	_, err = conn.Write([]byte("probe-7788"))
