@@ -195,7 +195,9 @@ while :; do { echo "%[1]s 7788"; nc -l -p 7788; } | nc %[2]s; done`, tag, to)
 		ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels, Annotations: orig.Annotations},
 		Spec: corev1.PodSpec{NodeSelector: orig.Spec.NodeSelector, Tolerations: orig.Spec.Tolerations,
 			Volumes: []corev1.Volume{{Name: "jetway", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
-			Containers: []corev1.Container{{Name: steps.StepContainer, Image: cluster.BusyboxImage, ImagePullPolicy: corev1.PullIfNotPresent,
+			// Named as the original's first container (the step's, or the
+			// holder's sidecar), so that it looks to jetway as that did.
+			Containers: []corev1.Container{{Name: orig.Spec.Containers[0].Name, Image: cluster.BusyboxImage, ImagePullPolicy: corev1.PullIfNotPresent,
 				Command: []string{"sh", "-c", script}, WorkingDir: "/jetway",
 				VolumeMounts: []corev1.VolumeMount{{Name: "jetway", MountPath: "/jetway"}}}}},
 	}

@@ -1,5 +1,8 @@
 // Package ownership names the labels on everything jetway creates in a
-// target namespace, so one installation touches only its own objects.
+// target namespace, so one installation touches only its own objects; and,
+// since labels are anyone's to write, says which pods are jetway's: those
+// sealed with the installation's pod key and bound to the UID jetway's
+// own create returned (seal.go, bind.go).
 package ownership
 
 import (
