@@ -66,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.podRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_pods_refused_total",
-		Help: "Pods under the name of a volume holder or a container's pod that jetway refused to use, by reason: unsealed (no seal of jetway's), unbound (sealed, but not bound to the UID jetway's create returned: planted with a copied seal, or made before pods were bound).",
+		Help: "Times jetway refused to use a pod under the name of a volume holder or of a container's pod, by reason: unsealed (no seal of jetway's), unbound (sealed, but not bound to the UID jetway's create returned: planted with a copied seal, or made before pods were bound).",
 	}, []string{"reason"})
 	m.containers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_containers_total",
