@@ -194,7 +194,8 @@ func (r *runner) ensurePod(ctx context.Context, rec *Record) error {
 // its bind; more, someone making them.
 const maxUnbound = 3
 
-// createPod makes the step's pod and binds it to its UID; an error of
+// createPod makes the step's pod and binds it to its UID (the binding
+// seen through even if ctx ends meanwhile: ownership.Bind); an error of
 // its own is a createFailed, an AlreadyExists the API server's.
 func (r *runner) createPod(ctx context.Context, t *targets.Target) error {
 	pod := buildPod(&r.sum, r.k.me, t, r.placed, r.k.opts.Pod)

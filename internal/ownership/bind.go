@@ -27,13 +27,15 @@ var ErrNotBound = errors.New("pod not bound to jetway's create")
 // returned, onto it: its BoundAnnotation, for its UID alone (the patch
 // tests the UID, so it never lands on another pod of the name). Failed
 // tries are made again for a while; a pod gone or replaced is
-// ErrNotBound.
+// ErrNotBound. It finishes what the create began even once ctx ends (a
+// gateway asked to stop): a pod made and left unbound is one the next
+// owner cannot tell from a planted one, and makes again.
 func Bind(ctx context.Context, pods corev1client.PodInterface, key Key, target string, created *corev1.Pod) (*corev1.Pod, error) {
 	if created.UID == "" {
 		return nil, fmt.Errorf("bind pod %s: %w: the create returned no UID", created.Name, ErrNotBound)
 	}
 	patch := bindPatch(key.binding(target, created), created.UID)
-	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindTimeout)
 	defer cancel()
 	wait := 50 * time.Millisecond
 	for {
