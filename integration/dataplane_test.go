@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/jetway-ci/jetway/client"
+	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
@@ -135,4 +138,57 @@ func TestGatewaysStartingTogetherShareOnePodKey(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "fresh", secret.Labels[ownership.InstallationLabel])
 	assert.Empty(t, secret.Annotations, "the key is in the data alone")
+}
+
+// TestATakenOverStepsRunningPodIsFollowed: a step whose owner made and
+// bound its pod, then stopped before the pod ran, is taken over by a
+// gateway started once the pod runs: no change of the pod comes after the
+// new owner took it (its owner label), yet the new owner follows it: the
+// step is scheduled, its head final. (The new owner's watch waited for a
+// change of the pod to learn which pod is the step's, and none came.)
+func TestATakenOverStepsRunningPodIsFollowed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "takeover-running"
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, ns, "nodeSelector: "+cluster.KubeletManualSelector+"\n", "")
+	state := newState(t)
+	a := startGateway(t, dir, gatewayOptions{state: state})
+	a.waitTarget(t, ns, 10*time.Second, running)
+	a.run(t, shStep("to-1", "true"))
+	v := a.waitPhase(t, "to-1", steps.Starting)
+	eventually(t, 20*time.Second, func() error {
+		p, err := clusters[0].Client.CoreV1().Pods(ns).Get(ctx, v.Pod, metav1.GetOptions{})
+		if err != nil || p.Spec.NodeName == "" || p.Annotations[ownership.BoundAnnotation] == "" {
+			return errorf("pod %s not scheduled and bound yet (%v)", v.Pod, err)
+		}
+		return nil
+	})
+	a.stop() // its lease goes with it: the next gateway takes the step over at once
+
+	// As a kubelet would: the pod runs, while no gateway does.
+	setPodStatus(ctx, t, clusters[0], ns, v.Pod, func(p *corev1.Pod) {
+		p.Status.Phase = corev1.PodRunning
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{
+			{Name: steps.StepContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: steps.SidecarContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	})
+	b := startGateway(t, dir, gatewayOptions{state: state})
+	b.waitTarget(t, ns, 10*time.Second, running)
+	eventually(t, 20*time.Second, func() error {
+		var v steps.View
+		resp, err := http.Get(b.base + "/api/v1/steps/to-1")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK {
+			return errorf("to-1: %s (%v)", resp.Status, err)
+		}
+		if v.Events < 2 {
+			return errorf("to-1 has %d events, want placed and scheduled", v.Events)
+		}
+		return nil
+	})
+	assert.Contains(t, b.logs.String(), `"msg":"step pod taken over"`)
 }

@@ -48,9 +48,10 @@ type runner struct {
 	result    []byte // the answer, once it checked out
 
 	mu        sync.Mutex
-	startedAt time.Time // the process's start, once the log or the record says so
-	seen      bool      // the pod was seen by this runner
-	known     types.UID // the UID of the step's pod this runner made or took (ensurePod)
+	startedAt time.Time     // the process's start, once the log or the record says so
+	seen      bool          // the pod was seen by this runner
+	known     types.UID     // the UID of the step's pod this runner made or took (ensurePod)
+	knownSet  chan struct{} // closed when known is set (knownChanged)
 
 	// closing, once the status came, lets the last exec end; run calls it
 	// after the step's end is recorded.
@@ -304,6 +305,7 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 		}
 		err = r.k.relabel(ctx, t, p)
 		if err == nil {
+			r.setPodUID(p.UID)
 			return nil
 		}
 		if !apierrors.IsConflict(err) || attempt > 10 {
@@ -313,11 +315,26 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 }
 
 // setPodUID notes the UID of the step's pod: the one this runner made,
-// or the bound one it took.
+// or the bound one it took; the watch, which may have seen the pod
+// already and waits for no change of it, is woken.
 func (r *runner) setPodUID(uid types.UID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.known = uid
+	if r.knownSet != nil {
+		close(r.knownSet)
+		r.knownSet = nil
+	}
+}
+
+// knownChanged is closed at the next setPodUID.
+func (r *runner) knownChanged() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.knownSet == nil {
+		r.knownSet = make(chan struct{})
+	}
+	return r.knownSet
 }
 
 // knownUID is the UID of the step's pod as this runner made or took it,

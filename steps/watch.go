@@ -37,7 +37,7 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 	aborting := false
 	var missing time.Time // since when the target is not in the registry
 	for {
-		registry, records := r.k.opts.Registry.Changed(), r.k.opts.Records.Changed()
+		registry, records, known := r.k.opts.Registry.Changed(), r.k.opts.Records.Changed(), r.knownChanged()
 		var pods <-chan struct{}
 		t, err := r.target()
 		switch {
@@ -77,6 +77,7 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 		case <-pods:
 		case <-registry:
 		case <-records:
+		case <-known: // ensurePod says which pod is the step's
 		case <-w.timer():
 		case <-appear.C:
 			if !w.seen && t != nil {
@@ -91,17 +92,17 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 
 // podWatch is the watcher's memory of the pod.
 type podWatch struct {
-	r         *runner
-	stop      context.CancelCauseFunc
-	running   chan struct{}
-	seen      bool      // the watch has shown the step's pod
-	uid       types.UID // the step's pod's UID: recorded, made or taken by the runner, or a sandbox's first seen bound
+	r       *runner
+	stop    context.CancelCauseFunc
+	running chan struct{}
+	seen    bool      // the watch has shown the step's pod
+	uid     types.UID // the step's pod's UID: recorded, made or taken by the runner, or a sandbox's first seen bound
 	// unboundSince is when a pod of the step's name was first seen that
 	// is not known to be the step's (not bound yet).
 	unboundSince time.Time
-	isRunning bool      // running is closed
-	pullSince time.Time // first sight of a pull failing for a passing reason
-	wake      *time.Timer
+	isRunning    bool      // running is closed
+	pullSince    time.Time // first sight of a pull failing for a passing reason
+	wake         *time.Timer
 }
 
 // timer fires when the watcher must look again without a change: the
