@@ -6,13 +6,15 @@
 #    never matches);
 #  - a mount under $JETWAY_CLUSTER_DIR (the real node's overlays, netns,
 #    shm, projected volumes, kubelet's root);
-#  - unless another real node holds the machine's lock: the real node's
-#    bridge, a veth on it, or its cgroups (integration/cluster/node.go).
+#  - unless a real node holds the machine's lock (an abstract unix socket,
+#    the network namespace's, so a run in a container with a /run of its
+#    own sees it too): the real node's bridge, a veth on it, or its
+#    cgroups (integration/cluster/node.go).
 set -u
 dir=${JETWAY_CLUSTER_DIR:?JETWAY_CLUSTER_DIR must name the clusters folder}
 bridge=jetway0
 cgroup=jetway-node
-lock=/run/jetway-node.lock
+lock=@jetway-node
 status=0
 for f in /proc/[0-9]*/cmdline; do
 	pid=${f#/proc/}
@@ -31,7 +33,7 @@ for m in $mounts; do
 	umount -l "$m" 2>/dev/null
 	status=1
 done
-if [ ! -e "$lock" ] || flock -n "$lock" true; then
+if ! awk -v l="$lock" '$NF == l { found = 1 } END { exit !found }' /proc/net/unix; then
 	if ip link show "$bridge" >/dev/null 2>&1; then
 		for veth in $(ip -o link show master "$bridge" | awk -F': ' '{ split($2, n, "@"); print n[1] }'); do
 			echo "leftover veth $veth" >&2

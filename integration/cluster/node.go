@@ -47,14 +47,22 @@ import (
 //
 // There is one node per machine at a time (port 10250, the sysctls kubelet
 // changes, the bridge and the cgroup root are the machine's): a start
-// waits for NodeLock. Teardown puts back everything the node changed:
-// see node.stop.
+// waits for NodeLock and records its folder in NodeHolder. Teardown puts
+// back everything the node changed: see node.stop.
 const (
 	NodeIP         = "10.244.77.1"
 	NodeSubnet     = "10.244.77.0/24"
 	NodeBridge     = "jetway0"
 	NodeCgroupRoot = "/jetway-node"
-	NodeLock       = "/run/jetway-node.lock"
+	// NodeLock is the machine's node lock: an abstract unix socket. It
+	// belongs to the network namespace, as the bridge and NodeIP do, so a
+	// run in a container with a /run of its own still sees it, and the
+	// kernel frees it when its holder dies.
+	NodeLock = "@jetway-node"
+	// NodeHolder names the folder of the node that holds NodeLock, for the
+	// next start to tear down after a holder that died without its
+	// teardown.
+	NodeHolder = "/run/jetway-node.holder"
 
 	// BusyboxImage is the base image for tasks on the real node: Debian's
 	// busybox-static with a link for each command, run as root.
@@ -110,7 +118,7 @@ type nodeState struct {
 type node struct {
 	name, dir string
 	images    map[string]string // tarball -> image reference
-	lock      *os.File
+	lock      net.Listener      // NodeLock
 	state     nodeState
 	registry  *http.Server // NodeRegistry, nil until the bridge is up
 	mirror    string       // NodeRegistry's URL on the bridge
@@ -141,41 +149,33 @@ func checkNodePackages() error {
 
 // lockNode takes the machine's node lock, waiting while another node
 // runs, and cleans up after a holder that died without its teardown.
-func lockNode(ctx context.Context) (*os.File, error) {
-	f, err := os.OpenFile(NodeLock, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
+func lockNode(ctx context.Context) (net.Listener, error) {
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		l, err := net.Listen("unix", NodeLock)
 		if err == nil {
-			break
+			if prev, _ := os.ReadFile(NodeHolder); len(bytes.TrimSpace(prev)) > 0 {
+				var st nodeState
+				if b, err := os.ReadFile(filepath.Join(string(bytes.TrimSpace(prev)), "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
+					(&node{dir: st.Dir, state: st}).teardown()
+				}
+			}
+			return l, nil
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("lock %s: %w", NodeLock, err)
 		}
 		select {
 		case <-ctx.Done():
-			holder, _ := os.ReadFile(NodeLock)
-			f.Close()
+			holder, _ := os.ReadFile(NodeHolder)
 			return nil, fmt.Errorf("another real node runs on this machine (its folder: %s): %w", strings.TrimSpace(string(holder)), ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	if prev, _ := os.ReadFile(NodeLock); len(bytes.TrimSpace(prev)) > 0 {
-		var st nodeState
-		if b, err := os.ReadFile(filepath.Join(string(bytes.TrimSpace(prev)), "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
-			(&node{dir: st.Dir, state: st}).teardown()
-		}
-	}
-	return f, nil
 }
 
-// writeLockHolder records the node's folder in the lock file, or clears it.
-func writeLockHolder(f *os.File, dir string) {
-	_ = f.Truncate(0)
-	_, _ = f.WriteAt([]byte(dir), 0)
+// writeLockHolder records the node's folder in NodeHolder, or clears it.
+func writeLockHolder(dir string) {
+	_ = os.WriteFile(NodeHolder, []byte(dir), 0o600)
 }
 
 // configureNode issues the node's certificates and writes its
@@ -329,7 +329,7 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		return err
 	}
 	n.lock = lock
-	writeLockHolder(lock, n.dir)
+	writeLockHolder(n.dir)
 	n.state = nodeState{Dir: n.dir, Sysctls: map[string]string{}}
 	for _, s := range nodeSysctls {
 		b, err := os.ReadFile("/proc/sys/" + s)
@@ -565,7 +565,7 @@ func (c *Cluster) stopNode() {
 		n.teardown()
 	}
 	if n.lock != nil {
-		writeLockHolder(n.lock, "")
+		writeLockHolder("")
 		n.lock.Close()
 	}
 }
