@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -384,7 +385,7 @@ func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State, 
 				r.opts.Logger.Warn("could not tell the web node", "target", w.Name, "command", command, "error", err.Error())
 				return
 			}
-			if !sleep(ctx, wait) {
+			if backoff.Sleep(ctx, wait) != nil {
 				return
 			}
 			wait = min(2*wait, r.opts.RetryMax)
@@ -439,7 +440,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 				return
 			}
 			r.failed(log, w.Name, err, wait)
-			if !sleep(ctx, wait) {
+			if backoff.Sleep(ctx, wait) != nil {
 				return
 			}
 			wait = min(2*wait, r.opts.RetryMax)
@@ -497,7 +498,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		if time.Since(start) > 5*time.Minute {
 			wait = r.opts.RetryMin // it held a while: not a persistent failure
 		}
-		if !sleep(ctx, wait) {
+		if backoff.Sleep(ctx, wait) != nil {
 			return
 		}
 		wait = min(2*wait, r.opts.RetryMax)
@@ -529,16 +530,4 @@ func (r *Registrar) Registrations() map[string]Registration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return maps.Clone(r.regs)
-}
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

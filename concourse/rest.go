@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
 )
 
 // REST reaches a web node through its REST API (concourse-url) instead of
@@ -256,7 +258,7 @@ func (r *REST) heartbeat(ctx context.Context, w Worker, own ownAPIs, on func(Eve
 	last := r.opts.Now()
 	wait := r.opts.HeartbeatInterval
 	for {
-		if !sleep(ctx, wait) {
+		if backoff.Sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
 		state, err := r.heartbeatOnce(ctx, w, own)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
 )
 
 // Garbage collection is the worker's, as with Concourse's own workers
@@ -58,7 +60,7 @@ func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan Even
 				r.opts.Logger.Warn("sweep with the web node failed", "target", w.Name, "kind", k.name, "error", err.Error())
 			}
 		}
-		if !sleep(ctx, r.opts.SweepInterval) {
+		if backoff.Sleep(ctx, r.opts.SweepInterval) != nil {
 			return
 		}
 	}

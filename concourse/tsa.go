@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/jetway-ci/jetway/internal/capped"
 )
 
 // Worker is a Concourse worker as the TSA reads it from stdin (the fields
@@ -147,7 +149,7 @@ func run(ctx context.Context, c *ssh.Client, command string, w Worker, out io.Wr
 	payload, _ := json.Marshal(w)
 	sess.Stdin = bytes.NewReader(payload)
 	sess.Stdout = out
-	stderr := &limitedBuffer{max: maxStderr}
+	stderr := &capped.Buffer{Limit: maxStderr}
 	sess.Stderr = stderr
 	if err := sess.Start(command); err != nil {
 		return fmt.Errorf("%s: %w", verb(command), err)
@@ -187,9 +189,8 @@ func (t TSA) Command(ctx context.Context, command string, w Worker) ([]byte, err
 		return nil, err
 	}
 	defer c.Close()
-	var out limitedBuffer
-	out.max = 1 << 20
-	if err := run(ctx, c, command, w, &out); err != nil {
+	out := &capped.Buffer{Limit: 1 << 20}
+	if err := run(ctx, c, command, w, out); err != nil {
 		return nil, err
 	}
 	return out.Bytes(), nil
@@ -249,7 +250,7 @@ func (t TSA) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Ha
 				// The sweeps' commands ride this connection (the TSA takes
 				// any number of sessions on one): no handshake each.
 				e.command = func(ctx context.Context, command string) ([]byte, error) {
-					out := &limitedBuffer{max: 1 << 20}
+					out := &capped.Buffer{Limit: 1 << 20}
 					err := run(ctx, c, command, w, out)
 					return out.Bytes(), err
 				}
@@ -302,25 +303,3 @@ func keepalive(ctx context.Context, c *ssh.Client) {
 	}
 }
 
-// limitedBuffer keeps the first max bytes written.
-type limitedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-	max int
-}
-
-func (b *limitedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (b *limitedBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.buf.String() }
-func (b *limitedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
 )
 
 // Bulk sessions (docs/mesh.md, "Bulk sessions"). Volume streams carry
@@ -57,14 +59,14 @@ func (m *Mesh) bulkDialer(addr string) redialFunc {
 // keepBulk keeps one bulk session of s up until s ends, dialing again
 // with backoff when one ends or a dial fails.
 func (s *session) keepBulk() {
-	backoff := s.m.opts.MinBackoff
+	retryDelay := s.m.opts.MinBackoff
 	for s.ctx.Err() == nil {
 		mux, err := s.dialBulk(s.ctx)
 		switch {
 		case err != nil && s.ctx.Err() == nil:
-			s.m.opts.Logger.Warn("mesh bulk session not set up", "peer", s.peer, "error", err.Error(), "retry_in", backoff.String())
+			s.m.opts.Logger.Warn("mesh bulk session not set up", "peer", s.peer, "error", err.Error(), "retry_in", retryDelay.String())
 		case err == nil:
-			backoff = s.m.opts.MinBackoff
+			retryDelay = s.m.opts.MinBackoff
 			select {
 			case <-mux.CloseChan():
 			case <-s.ctx.Done():
@@ -72,10 +74,10 @@ func (s *session) keepBulk() {
 				return
 			}
 		}
-		if !sleep(s.ctx, jitter(backoff)) {
+		if backoff.Sleep(s.ctx, backoff.Jitter(retryDelay*3/4, 1.0/3)) != nil {
 			return
 		}
-		backoff = min(2*backoff, s.m.opts.MaxBackoff)
+		retryDelay = min(2*retryDelay, s.m.opts.MaxBackoff)
 	}
 }
 

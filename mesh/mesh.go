@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
 )
 
 // Options configure a Mesh.
@@ -288,7 +289,7 @@ func (m *Mesh) accept(ctx context.Context, ln net.Listener) {
 // dialLoop keeps a session with the peer at addr: it dials while there is
 // none with whoever answers there, with jittered exponential backoff.
 func (m *Mesh) dialLoop(ctx context.Context, addr string) {
-	backoff := m.opts.MinBackoff
+	retryDelay := m.opts.MinBackoff
 	for {
 		if name := m.peerAt(addr); name == m.name {
 			m.opts.Logger.Debug("mesh peer address is this member; not dialing it", "address", addr)
@@ -302,7 +303,7 @@ func (m *Mesh) dialLoop(ctx context.Context, addr string) {
 		start := m.opts.Now()
 		s, err := m.dial(ctx, addr)
 		if err != nil && ctx.Err() == nil {
-			m.opts.Logger.Warn("mesh dial failed", "address", addr, "error", err.Error(), "retry_in", backoff.String())
+			m.opts.Logger.Warn("mesh dial failed", "address", addr, "error", err.Error(), "retry_in", retryDelay.String())
 		}
 		if s != nil {
 			select {
@@ -311,12 +312,12 @@ func (m *Mesh) dialLoop(ctx context.Context, addr string) {
 			}
 		}
 		if m.opts.Now().Sub(start) > stableSession {
-			backoff = m.opts.MinBackoff
+			retryDelay = m.opts.MinBackoff
 		}
-		if !sleep(ctx, jitter(backoff)) {
+		if backoff.Sleep(ctx, backoff.Jitter(retryDelay*3/4, 1.0/3)) != nil {
 			return
 		}
-		backoff = min(2*backoff, m.opts.MaxBackoff)
+		retryDelay = min(2*retryDelay, m.opts.MaxBackoff)
 	}
 }
 
@@ -641,20 +642,4 @@ func splitPeer(p string) (host, port string, dns bool, err error) {
 		return "", "", false, fmt.Errorf("mesh peer %q: want host:port or dns:NAME:PORT", p)
 	}
 	return host, port, dns, nil
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + mathrand.N(d/2+1)
-}
-
-// sleep waits d unless ctx ends first (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -328,7 +329,7 @@ func (m *Mesh) announceLoop(ctx context.Context) {
 		case <-changed:
 		case <-tick.C:
 		}
-		if !sleep(ctx, announceEvery/5) { // let a burst of changes settle
+		if backoff.Sleep(ctx, announceEvery/5) != nil { // let a burst of changes settle
 			return
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
@@ -62,7 +63,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 	cctx, cancel := context.WithTimeout(ctx, concludeWait)
 	defer cancel()
 	var rec *Record
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+	for retryDelay := 100 * time.Millisecond; ; retryDelay = min(2*retryDelay, 5*time.Second) {
 		var err error
 		rec, err = r.k.opts.Records.Update(cctx, r.name, func(rec *Record) error {
 			switch {
@@ -88,7 +89,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 			return
 		}
 		r.log.Warn("step end not recorded; retrying", "error", err.Error())
-		if sleep(cctx, jitter(backoff)) != nil {
+		if backoff.Sleep(cctx, backoff.Jitter(retryDelay, 0.2)) != nil {
 			return
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -257,7 +258,7 @@ func (e *SendError) Unwrap() error { return e.Err }
 // step has ended and all were sent, ctx ends or send fails. Events of the
 // log of a step whose log is gone are ErrGone.
 func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) error) error {
-	backoff := firstRetry
+	retryDelay := firstRetry
 	for {
 		head, logged, end, changed, ok := j.State()
 		if !ok {
@@ -283,7 +284,7 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 			case err == nil && end != nil:
 				continue // the end follows
 			case err == nil:
-				backoff = firstRetry // the log is all read: wait for the end to be recorded
+				retryDelay = firstRetry // the log is all read: wait for the end to be recorded
 			case ctx.Err() != nil:
 				return ctx.Err()
 			case errors.As(err, &se):
@@ -291,10 +292,10 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 			case errors.Is(err, ErrLogGone) && end != nil:
 				return fmt.Errorf("%w: events %d to %d went with the step's log", ErrGone, n, end.N-1)
 			default:
-				if err := sleep(ctx, jitter(backoff)); err != nil {
+				if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 					return err
 				}
-				backoff = min(2*backoff, eventsPoll)
+				retryDelay = min(2*retryDelay, eventsPoll)
 				continue
 			}
 		}

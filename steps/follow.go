@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/stepagent"
 )
 
@@ -64,7 +65,7 @@ func (r *runner) follow(ctx context.Context, rec *Record) (stepagent.Status, err
 			return stepagent.Status{}, err
 		}
 	}
-	backoff := firstRetry
+	retryDelay := firstRetry
 	var failingSince time.Time
 	for {
 		before := r.offset
@@ -101,10 +102,10 @@ func (r *runner) follow(ctx context.Context, rec *Record) (stepagent.Status, err
 		default: // not started yet: the same start again (it never runs twice)
 			r.log.Debug("step start failed; retrying", "error", err.Error())
 		}
-		if err := sleep(ctx, jitter(backoff)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 			return stepagent.Status{}, err
 		}
-		backoff = nextRetry(backoff, now.Sub(failingSince))
+		retryDelay = nextRetry(retryDelay, now.Sub(failingSince))
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
@@ -94,7 +95,7 @@ func (p *placer) lead(ctx context.Context) {
 			break
 		} else if ctx.Err() == nil {
 			p.opts.Logger.Warn("placer: step records not read", "error", err.Error())
-			_ = sleep(ctx, time.Second)
+			_ = backoff.Sleep(ctx, time.Second)
 		}
 	}
 	sweep := time.NewTicker(placerSweep)

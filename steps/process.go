@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -58,7 +59,7 @@ type RunIn struct {
 func (p RunIn) Follow(ctx context.Context, spec []byte, stdin io.Reader, out func(stepagent.Frame) error) (stepagent.Status, error) {
 	var offset int64
 	var events int
-	backoff := firstRetry
+	retryDelay := firstRetry
 	var failingSince time.Time
 	for {
 		cmd := agent("tail", "--run", p.Run, "--offset", strconv.FormatInt(offset, 10), "--events", strconv.Itoa(events))
@@ -99,10 +100,10 @@ func (p RunIn) Follow(ctx context.Context, spec []byte, stdin io.Reader, out fun
 		if now.Sub(failingSince) > lostAfter {
 			return st, fmt.Errorf("lost contact with process %s in pod %s for %s: %w", p.Run, p.Pod, lostAfter, err)
 		}
-		if err := sleep(ctx, jitter(backoff)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 			return st, err
 		}
-		backoff = nextRetry(backoff, now.Sub(failingSince))
+		retryDelay = nextRetry(retryDelay, now.Sub(failingSince))
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
 )
 
 // The keeper does this gateway's part for the steps it owns: it takes
@@ -140,7 +142,7 @@ func (k *keeper) failed(name string, err error) {
 	}
 	pause := min(2*k.retry[name].pause, maxRetryPause)
 	pause = max(pause, time.Second)
-	k.retry[name] = retry{at: k.opts.Now().Add(jitter(pause)), pause: pause}
+	k.retry[name] = retry{at: k.opts.Now().Add(backoff.Jitter(pause, 0.2)), pause: pause}
 }
 
 // task runs f for record name unless one runs for it already. Called

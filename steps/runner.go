@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/streams"
@@ -493,7 +493,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 // prepare writes the spec into the pod, retrying broken execs. A spec
 // there already (its earlier owner's) stands.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
-	backoff, since := firstRetry, r.k.opts.Now()
+	retryDelay, since := firstRetry, r.k.opts.Now()
 	for {
 		err := r.exec(ctx, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, nopWriter{})
 		if err == nil {
@@ -510,10 +510,10 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 		case r.k.opts.Now().Sub(since) > lostAfter:
 			return fmt.Errorf("prepare the step in its pod: no answer for %s: %w", lostAfter, err)
 		}
-		if err := sleep(ctx, jitter(backoff)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 			return err
 		}
-		backoff = nextRetry(backoff, r.k.opts.Now().Sub(since))
+		retryDelay = nextRetry(retryDelay, r.k.opts.Now().Sub(since))
 	}
 }
 
@@ -567,23 +567,6 @@ func (r *runner) stream(ctx context.Context, in Input) (stepagent.Input, error) 
 		return stepagent.Input{}, fmt.Errorf("input %s: %w", in.Name, err)
 	}
 	return stepagent.Input{Name: in.Name, Bytes: res.Bytes, SHA256: res.SHA256}, nil
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// jitter spreads d by ±20%, so retries of many steps do not align.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
 type nopWriter struct{}

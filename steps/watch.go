@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -232,7 +233,7 @@ func (r *runner) abort(ctx context.Context, reachable bool, cause error, stop co
 	}
 	deadline := time.NewTimer(time.Duration(r.placed.KillGrace) + 15*time.Second)
 	defer deadline.Stop()
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+	for retryDelay := 100 * time.Millisecond; ; retryDelay = min(2*retryDelay, 2*time.Second) {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := r.exec(actx, r.agent("abort"), nil, nopWriter{})
 		cancel()
@@ -253,7 +254,7 @@ func (r *runner) abort(ctx context.Context, reachable bool, cause error, stop co
 		case <-deadline.C:
 			stop(cause)
 			return
-		case <-time.After(jitter(backoff)):
+		case <-time.After(backoff.Jitter(retryDelay, 0.2)):
 		}
 	}
 	select {

@@ -11,12 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/internal/watchcache"
 )
 
@@ -326,13 +326,8 @@ func (r *Registry) healthLoop(ctx context.Context, t *Target) {
 			}
 			r.reconciled(name, cfg, err)
 		}
-		timer.Reset(jitter(r.opts.Interval))
+		timer.Reset(backoff.Jitter(r.opts.Interval, 0.1))
 	}
-}
-
-// jitter spreads checks by ±10% so targets added together drift apart.
-func jitter(d time.Duration) time.Duration {
-	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
 }
 
 // check runs one bounded check, keeping the known server version unless it

@@ -28,3 +28,10 @@ func (c *Buffer) String() string {
 	defer c.mu.Unlock()
 	return string(c.b)
 }
+
+// Bytes is a copy of what was kept.
+func (c *Buffer) Bytes() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]byte(nil), c.b...)
+}

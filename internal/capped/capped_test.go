@@ -16,3 +16,12 @@ func TestBufferKeepsTheStart(t *testing.T) {
 	assert.Equal(t, 5, n, "a write past the limit is taken whole, and dropped")
 	assert.Equal(t, "abcde", b.String())
 }
+
+func TestBytesIsACopyOfWhatWasKept(t *testing.T) {
+	b := &Buffer{Limit: 3}
+	_, _ = b.Write([]byte("abcdef"))
+	got := b.Bytes()
+	assert.Equal(t, []byte("abc"), got)
+	got[0] = 'x'
+	assert.Equal(t, "abc", b.String(), "changing the copy changes nothing kept")
+}

@@ -61,7 +61,7 @@ func TestBindingsBindTheUID(t *testing.T) {
 	k, err := NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	made := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "build-1", Namespace: "ci", UID: "uid-1",
-		Labels: map[string]string{TeamLabel: "main"},
+		Labels:      map[string]string{TeamLabel: "main"},
 		Annotations: map[string]string{SealAnnotation: k.Seal("t1", "build-1", "main"), NonceAnnotation: NewNonce()}}}
 	client := fake.NewClientset(made)
 	assert.False(t, k.Bound("t1", made), "not bound before Bind")
