@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -258,7 +259,7 @@ func (e *SendError) Unwrap() error { return e.Err }
 // step has ended and all were sent, ctx ends or send fails. Events of the
 // log of a step whose log is gone are ErrGone.
 func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) error) error {
-	retryDelay := firstRetry
+	retryDelay := steppod.FirstRetry
 	for {
 		head, logged, end, changed, ok := j.State()
 		if !ok {
@@ -284,7 +285,7 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 			case err == nil && end != nil:
 				continue // the end follows
 			case err == nil:
-				retryDelay = firstRetry // the log is all read: wait for the end to be recorded
+				retryDelay = steppod.FirstRetry // the log is all read: wait for the end to be recorded
 			case ctx.Err() != nil:
 				return ctx.Err()
 			case errors.As(err, &se):

@@ -3,6 +3,8 @@ package steps
 import (
 	"context"
 	"log/slog"
+
+	"github.com/jetway-ci/jetway/steppod"
 )
 
 // What the package's external tests (package steps_test, which use
@@ -10,7 +12,7 @@ import (
 
 var SummaryOf = summaryOf
 
-const LostAfter = lostAfter
+const LostAfter = steppod.LostAfter
 
 // Driving reports whether this gateway runs a runner for the record name.
 func (m *Manager) Driving(name string) bool {

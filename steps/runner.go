@@ -18,6 +18,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -493,7 +494,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 // prepare writes the spec into the pod, retrying broken execs. A spec
 // there already (its earlier owner's) stands.
 func (r *runner) prepare(ctx context.Context, spec []byte) error {
-	retryDelay, since := firstRetry, r.k.opts.Now()
+	retryDelay, since := steppod.FirstRetry, r.k.opts.Now()
 	for {
 		err := r.exec(ctx, r.agent("prepare", "--spec-bytes", strconv.Itoa(len(spec))), spec, nopWriter{})
 		if err == nil {
@@ -507,13 +508,13 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 			return fmt.Errorf("prepare the step in its pod: %w", err)
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case r.k.opts.Now().Sub(since) > lostAfter:
-			return fmt.Errorf("prepare the step in its pod: no answer for %s: %w", lostAfter, err)
+		case r.k.opts.Now().Sub(since) > steppod.LostAfter:
+			return fmt.Errorf("prepare the step in its pod: no answer for %s: %w", steppod.LostAfter, err)
 		}
 		if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 			return err
 		}
-		retryDelay = nextRetry(retryDelay, r.k.opts.Now().Sub(since))
+		retryDelay = steppod.NextRetry(retryDelay, r.k.opts.Now().Sub(since))
 	}
 }
 

@@ -235,11 +235,13 @@ func (r *runner) viaSession(ctx context.Context) (stepagent.Status, bool) {
 	}
 	stop := context.AfterFunc(ctx, func() { log.CloseWithError(ctx.Err()) })
 	defer stop()
-	st, done, err := r.consume(ctx, log)
+	st, done, err := r.follower(ctx).Read(log)
 	log.Close()
 	s.forget(r.placed.Run)
 	if !done {
 		r.log.Debug("check's session broke; going on by exec", "offset", r.offset, "error", fmt.Sprint(err))
+		return st, false
 	}
-	return st, done
+	r.tail.end(false)
+	return st, true
 }
