@@ -1,18 +1,20 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 )
@@ -197,17 +199,14 @@ func (s *step) awaitUpload(ctx context.Context, name string) (stepagent.Input, e
 // memory); an abort on the way asks the supervisor to kill the process,
 // whose status then ends the log.
 func (a *Agent) follow(ctx context.Context, s *step, adopted bool) (stepagent.Status, error) {
-	from := stepagent.TailOptions{}
+	skip := ""
 	if adopted {
-		from.Skip = -1
+		skip = "all"
 	}
-	pr, pw := io.Pipe()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer pr.Close()
-	wg.Go(func() { pw.CloseWithError(stepagent.TailFrom(ctx, s.root, from, pw)) })
+	defer cancel() // before the Wait: the abort's watch ends with ctx
 	wg.Go(func() {
 		select {
 		case <-s.abort:
@@ -217,42 +216,56 @@ func (a *Agent) follow(ctx context.Context, s *step, adopted bool) (stepagent.St
 		case <-ctx.Done():
 		}
 	})
-	// The log's own status frame comes a moment before status.json, the
-	// supervisor's last write; the tail ends with status.json's, after it.
-	// The step ends with that one: nothing touches its folder after.
-	br := bufio.NewReaderSize(pr, 64<<10)
-	var st *stepagent.Status
-	next := 0
-	for {
-		f, err := stepagent.ReadFrame(br)
-		switch {
-		case errors.Is(err, io.EOF) && st != nil:
-			return *st, nil
-		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			return stepagent.Status{}, errors.New("the step's log ended before its status")
-		case err != nil:
-			return stepagent.Status{}, err
-		case f.Kind == stepagent.KindStatus:
-			st = new(stepagent.Status)
-			if err := json.Unmarshal(f.Payload, st); err != nil {
-				return *st, fmt.Errorf("the step's status: %w", err)
+	f := &steppod.Follower{
+		Exec:  tailInProcess(s.root),
+		ToEnd: true,
+		Next: func(_ context.Context, at steppod.Cursor, after error) (steppod.Command, error) {
+			if after != nil { // a folder's log does not break: what failed is the step's
+				return steppod.Command{}, after
 			}
-		case f.Kind == stepagent.KindPosition:
-			var p stepagent.Position
-			if err := json.Unmarshal(f.Payload, &p); err != nil {
-				return stepagent.Status{}, fmt.Errorf("the step's log position: %w", err)
+			return steppod.Tail("", at, skip), nil
+		},
+		Position: func(at steppod.Cursor) { s.logged(at.Events, nil) },
+		Frame: func(f stepagent.Frame, at steppod.Cursor) error {
+			if !stepagent.IsEvent(f.Kind) {
+				return nil
 			}
-			next = p.Events
-			s.logged(next, nil)
-		case stepagent.IsEvent(f.Kind):
-			next++
-			e, ok := steps.FrameEvent(f)
-			if !ok {
-				s.logged(next, nil)
-				continue
+			if e, ok := steps.FrameEvent(f); ok {
+				s.logged(at.Events+1, &e)
+			} else {
+				s.logged(at.Events+1, nil)
 			}
-			s.logged(next, &e)
+			return nil
+		},
+	}
+	// The tail ends with the supervisor's status file, its last write:
+	// Follow returns once it has, so nothing touches the step's folder
+	// after.
+	return f.Follow(ctx)
+}
+
+// tailInProcess is the step agent's tail (steppod.Tail's command), run in
+// this process on the step's folder: an agent's step has no pod to exec
+// into.
+func tailInProcess(root string) steppod.Exec {
+	return func(ctx context.Context, args []string, _ io.Reader, out io.Writer) error {
+		fs := flag.NewFlagSet("tail", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var o stepagent.TailOptions
+		fs.Int64Var(&o.Offset, "offset", 0, "")
+		fs.IntVar(&o.Events, "events", 0, "")
+		skip := fs.String("skip", "0", "")
+		if len(args) == 0 || args[0] != "tail" || fs.Parse(args[1:]) != nil || fs.NArg() > 0 {
+			return fmt.Errorf("the agent runs only a tail of its own step in process, not %q", args)
 		}
+		if *skip == "all" {
+			o.Skip = -1
+		} else if n, err := strconv.Atoi(*skip); err == nil {
+			o.Skip = n
+		} else {
+			return fmt.Errorf("tail --skip %q: %w", *skip, err)
+		}
+		return stepagent.TailFrom(ctx, root, o, out)
 	}
 }
 
