@@ -14,7 +14,6 @@ import (
 
 	"code.cloudfoundry.org/garden"
 	"golang.org/x/sync/errgroup"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
@@ -136,48 +135,19 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if !validHandle.MatchString(spec.Handle) {
 		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
 	}
-	if c.onAgent(target) {
-		return c.createOnAgent(ctx, target, spec)
-	}
-	t, opts, err := c.target(target)
+	w, err := c.worker(target)
 	if err != nil {
 		return nil, err
 	}
-	if spec.Privileged && !t.Config.Meta.Steps.AllowPrivileged {
-		return nil, fmt.Errorf("worker %s does not run privileged containers: its target's policy does not allow them (%s in its target.yaml)",
-			target, targets.PrivilegedKey)
-	}
-	image, err := c.image(ctx, target, spec)
+	ct, err := w.newContainer(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	mounts, err := c.mounts(spec.BindMounts)
-	if err != nil {
+	if err := c.recordAndMake(ctx, ct, func() error { return w.makeContainer(ctx, ct) }); err != nil {
 		return nil, err
 	}
-	ct := newContainer(target, spec)
-	ct.Pod, ct.Image = steps.PodName(t.Config.Meta.Team, "concourse-"+spec.Handle), image
-	err = c.recordAndMake(ctx, ct, func() error {
-		pod := steps.ContainerPod(t, steps.ContainerPodSpec{
-			Name: ct.Pod, Team: t.Config.Meta.Team, Image: image,
-			Labels:    map[string]string{ContainerLabel: spec.Handle},
-			Resources: resources(spec.Limits), Privileged: spec.Privileged, Mounts: mounts,
-		}, opts)
-		pods := t.Core.Pods(t.Namespace())
-		created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("make the pod %s/%s of container %s: %w", t.Namespace(), ct.Pod, spec.Handle, err)
-		}
-		if _, err := ownership.Bind(ctx, pods, opts.Key, t.Name(), created); err != nil {
-			_ = deletePod(context.WithoutCancel(ctx), t, created) // never used: unbound, it would get nothing
-			return fmt.Errorf("container %s: %w", spec.Handle, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	c.logger().Info("container made", "target", target, "handle", spec.Handle, "pod", ct.Pod, "image", image, "privileged", spec.Privileged)
+	c.logger().Info("container made", "target", target, "handle", spec.Handle, "agent", ct.Agent, "pod", ct.Pod, "image", ct.Image,
+		"privileged", spec.Privileged)
 	return ct, nil
 }
 
@@ -206,44 +176,6 @@ func (c *Containers) recordAndMake(ctx context.Context, ct *Container, build fun
 	}
 	c.Metrics.container("created")
 	return nil
-}
-
-// onAgent reports whether target is the worker of an agent joined to
-// this gateway, not a cluster target.
-func (c *Containers) onAgent(target string) bool {
-	t, err := listed(c.Targets, target)
-	return err == nil && t == nil && c.Agents.Has(target)
-}
-
-// createOnAgent makes target's container on an agent's machine: its
-// record, then a folder whose mounts link to the agent's volumes
-// (LocalWorker). The image is not used: the agent runs processes on its
-// machine, as its user, as Concourse's Houdini does on a Mac.
-func (c *Containers) createOnAgent(ctx context.Context, target string, spec garden.ContainerSpec) (*Container, error) {
-	if spec.Privileged {
-		return nil, fmt.Errorf("worker %s is an agent: it runs processes as its own user, never privileged: "+
-			"run privileged steps on a cluster target that allows them", target)
-	}
-	if _, err := c.mounts(spec.BindMounts); err != nil {
-		return nil, err
-	}
-	mounts := make([]localMount, 0, len(spec.BindMounts))
-	for _, bm := range spec.BindMounts {
-		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
-	}
-	ct := newContainer(target, spec)
-	ct.Agent = true
-	err := c.recordAndMake(ctx, ct, func() error {
-		if err := c.Agents.makeContainer(ctx, target, spec.Handle, mounts); err != nil {
-			return fmt.Errorf("make container %s: %w", spec.Handle, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	c.logger().Info("container made on an agent", "target", target, "handle", spec.Handle)
-	return ct, nil
 }
 
 // Lookup is target's container handle: garden.ContainerNotFoundError if
@@ -300,10 +232,9 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	if err != nil {
 		return err
 	}
-	if ct.Agent {
-		err = c.destroyOnAgent(ctx, target, handle)
-	} else {
-		err = c.destroyPods(ctx, target, handle)
+	w, err := c.workerOf(ct)
+	if err == nil {
+		err = w.destroyContainer(ctx, handle)
 	}
 	if err != nil && !errors.Is(err, ErrNotOurs) {
 		return err
@@ -315,24 +246,6 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	return nil
 }
 
-// destroyPods deletes the sealed pods of target's container handle.
-func (c *Containers) destroyPods(ctx context.Context, target, handle string) error {
-	t, opts, err := c.target(target)
-	if err != nil {
-		return err
-	}
-	return destroyPods(ctx, t, opts.Key, handle)
-}
-
-// destroyOnAgent removes target's container handle from its agent's
-// machine, ending what runs in it.
-func (c *Containers) destroyOnAgent(ctx context.Context, target, handle string) error {
-	if !c.Agents.Has(target) {
-		return fmt.Errorf("container %s: agent %s is %w", handle, target, errNotJoined)
-	}
-	return c.Agents.destroyContainer(ctx, target, handle)
-}
-
 // target is a cluster target whose pods are listed, and the pod options
 // with the pod key read.
 func (c *Containers) target(target string) (*targets.Target, steps.PodOptions, error) {
@@ -341,8 +254,7 @@ func (c *Containers) target(target string) (*targets.Target, steps.PodOptions, e
 		return nil, steps.PodOptions{}, err
 	}
 	if t == nil {
-		return nil, steps.PodOptions{}, fmt.Errorf("worker %s is neither a cluster target nor an agent joined to this gateway: "+
-			"jetway runs no container for it here", target)
+		return nil, steps.PodOptions{}, errUnknownWorker(target)
 	}
 	opts := c.Pod()
 	if opts.Key.IsZero() {
@@ -433,9 +345,9 @@ func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (st
 // mountVolume is the pod's volume of the container's bind mount i.
 func mountVolume(i int) string { return "m" + strconv.Itoa(i) }
 
-// mounts are spec's bind mounts as volumes of the pod's emptyDir: each
-// its own folder, named by its order.
-func (c *Containers) mounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
+// podMounts are a container's bind mounts as volumes of its pod's
+// emptyDir: each its own folder, named by its order.
+func podMounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
 	out := make([]steps.ContainerMount, 0, len(bms))
 	for i, bm := range bms {
 		if !path.IsAbs(bm.DstPath) || path.Clean(bm.DstPath) == "/" {
@@ -559,8 +471,11 @@ func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return 
 // read again). A mount whose source is no volume of the holder (a path
 // of the web node's worker host) is left empty.
 func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
-	if c.Stream == nil || c.Holder == nil || ct.Agent { // an agent's mounts are its volumes
+	if c.Stream == nil || c.Holder == nil {
 		return nil
+	}
+	if w, err := c.workerOf(ct); err != nil || w.mountsAreVolumes() {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()

@@ -45,8 +45,7 @@ func TestContainerLimitsAreResources(t *testing.T) {
 }
 
 func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
-	var c Containers
-	got, err := c.mounts([]garden.BindMount{
+	got, err := podMounts([]garden.BindMount{
 		{SrcPath: "/v/a", DstPath: "/tmp/build/x", Mode: garden.BindMountModeRW},
 		{SrcPath: "/v/b", DstPath: "/tmp/build/x/in/", Mode: garden.BindMountModeRO},
 	})
@@ -54,7 +53,7 @@ func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
 	assert.Equal(t, []steps.ContainerMount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}}, got,
 		"in order, so a nested mount follows its parent")
 	for _, dst := range []string{"", "relative", "/", "/.."} {
-		_, err := c.mounts([]garden.BindMount{{SrcPath: "/v/a", DstPath: dst}})
+		_, err := podMounts([]garden.BindMount{{SrcPath: "/v/a", DstPath: dst}})
 		assert.ErrorContains(t, err, "is not an absolute path below /", dst)
 	}
 }

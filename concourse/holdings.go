@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -67,25 +67,13 @@ type Pods struct {
 // agent's folders (a pod or folder whose record is gone is reported, so
 // that the web node names it to destroy).
 func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
-	t, key, err := h.ready(target)
-	if err != nil {
+	w, err := h.worker(target)
+	if err != nil || w == nil {
 		return nil, err
 	}
-	var handles []string
-	switch {
-	case t != nil:
-		for _, p := range t.Pods() {
-			if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && key.Bound(target, p) {
-				handles = append(handles, handle)
-			}
-		}
-	case h.Agents.Has(target):
-		// An agent's: its folders, each made after its record.
-		if handles, err = h.Agents.containers(ctx, target); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, nil
+	handles, err := w.containers(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if h.Records != nil {
 		recorded, err := h.Records.List(ctx, target)
@@ -96,25 +84,18 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 			handles = append(handles, c.Handle())
 		}
 	}
-	slices.Sort(handles)
-	return slices.Compact(handles), nil
+	return sortedHandles(handles), nil
 }
 
 // DestroyContainer deletes the sealed pods of handle (on an agent, its
 // folder), then its record; a pod of that handle jetway did not seal
 // stays, and the answer is ErrNotOurs.
 func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error {
-	t, key, err := h.ready(target)
-	switch {
-	case err != nil:
+	w, err := h.worker(target)
+	if err != nil || w == nil {
 		return err
-	case t != nil:
-		err = destroyPods(ctx, t, key, handle)
-	case h.Agents.Has(target):
-		err = h.Agents.destroyContainer(ctx, target, handle)
-	default:
-		return nil
 	}
+	err = w.destroyContainer(ctx, handle)
 	if h.Records != nil && (err == nil || errors.Is(err, ErrNotOurs)) {
 		if rerr := h.Records.Delete(ctx, target, handle); rerr != nil {
 			return rerr
@@ -140,18 +121,14 @@ func (h Pods) DestroyVolume(ctx context.Context, target, handle string) error {
 	return h.Holder.Destroy(ctx, target, handle)
 }
 
-// ready is the target and the pod key, once both can be trusted. An
-// agent's target (not in the registry) has no pods: nil, nil.
-func (h Pods) ready(target string) (*targets.Target, ownership.Key, error) {
-	t, err := listed(h.Targets, target)
-	if err != nil || t == nil {
-		return nil, ownership.Key{}, err
+// worker is target's worker, nil (and no error) for a worker jetway does
+// not know: it holds nothing there.
+func (h Pods) worker(target string) (worker, error) {
+	w, err := findWorker(h.Targets, h.Agents, func() steps.PodOptions { return steps.PodOptions{Key: h.Key()} }, nil, target)
+	if errors.Is(err, errNoWorker) {
+		return nil, nil
 	}
-	key := h.Key()
-	if key.IsZero() {
-		return nil, ownership.Key{}, errors.New("the installation's pod key is not read yet: jetway cannot tell its pods")
-	}
-	return t, key, nil
+	return w, err
 }
 
 // listed is target once its pods are listed, so that what jetway holds

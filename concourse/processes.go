@@ -48,6 +48,7 @@ type Process struct {
 	// spec is the agent's spec: nil for an attach.
 	spec []byte
 	ct   *Container
+	w    worker // ct's
 	c    *Containers
 }
 
@@ -76,10 +77,11 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 	if dir != "" {
 		dir = path.Clean(dir)
 	}
-	user := processUser(spec.User)
-	if ct.Agent {
-		user = "" // the agent's own: it runs processes as its user only
+	w, err := c.workerOf(ct)
+	if err != nil {
+		return nil, err
 	}
+	user := w.user(spec.User)
 	raw, err := json.Marshal(stepagent.Spec{Handle: id, Path: spec.Path, Args: spec.Args, Dir: dir,
 		Env: append(slices.Clone(ct.Spec.Env), spec.Env...), User: user,
 		StdinStream: true, TTY: terminal(spec.TTY), KillGrace: stepagent.Duration(killGrace)})
@@ -97,7 +99,7 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 			return nil, err
 		}
 	}
-	return c.process(ct, id, raw), nil
+	return c.process(ct, id, raw)
 }
 
 // Attach is target's container handle's process id, to be followed from
@@ -110,7 +112,7 @@ func (c *Containers) Attach(ctx context.Context, target, handle, id string) (*Pr
 	if !ct.HasProcess(id) {
 		return nil, garden.ProcessNotFoundError{ProcessID: id}
 	}
-	return c.process(ct, id, nil), nil
+	return c.process(ct, id, nil)
 }
 
 // Stop ends every process of target's container handle: TERM, then KILL
@@ -121,29 +123,24 @@ func (c *Containers) Stop(ctx context.Context, target, handle string, kill bool)
 		return err
 	}
 	var errs []error
+	w, err := c.workerOf(ct)
+	if err != nil {
+		return err
+	}
 	for _, id := range ct.processes {
-		if err := c.process(ct, id, nil).run.Abort(ctx); err != nil {
+		if err := w.process(ct, id).Abort(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("process %s: %w", id, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (c *Containers) process(ct *Container, id string, spec []byte) *Process {
-	target := ct.Target
-	if ct.Agent {
-		// The step agent runs in the container's folder on the agent.
-		return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Handle(), Run: id,
-			Target: func() (*targets.Target, error) {
-				if !c.Agents.Has(target) {
-					return nil, fmt.Errorf("container %s: agent %s is %w", ct.Handle(), target, errNotJoined)
-				}
-				return nil, nil
-			},
-			Exec: c.Agents.exec(target, ct.Handle())}}
+func (c *Containers) process(ct *Container, id string, spec []byte) (*Process, error) {
+	w, err := c.workerOf(ct)
+	if err != nil {
+		return nil, err
 	}
-	return &Process{ID: id, spec: spec, ct: ct, c: c, run: steps.RunIn{Pod: ct.Pod, Run: id,
-		Target: func() (*targets.Target, error) { return c.trustedPod(ct) }}}
+	return &Process{ID: id, spec: spec, ct: ct, w: w, c: c, run: w.process(ct, id)}, nil
 }
 
 // trustedPod is the target of ct's pod, if the pod its watch shows under
@@ -192,15 +189,6 @@ func terminal(tty *garden.TTYSpec) *pty.Size {
 	return &pty.Size{Columns: tty.WindowSize.Columns, Rows: tty.WindowSize.Rows}
 }
 
-// processUser is the agent's user for Garden's: root by number, since an
-// image need not have an /etc/passwd.
-func processUser(u string) string {
-	if u == "root" {
-		return "0:0"
-	}
-	return u
-}
-
 // Follow starts the process (a Run's; once) and writes its output to
 // stdout and stderr until it ends, returning its exit status. stdin is
 // the process's stdin. Before the process starts it waits for the pod to
@@ -208,7 +196,7 @@ func processUser(u string) string {
 // pod that cannot run (its image cannot be pulled, it ended) is an error
 // naming why.
 func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	if err := p.c.awaitPod(ctx, p.ct, stderr); err != nil {
+	if err := p.w.await(ctx, p.ct, stderr); err != nil {
 		return 0, err
 	}
 	if p.spec != nil {
@@ -245,16 +233,9 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 
 // awaitPod waits until the container's step container runs, writing to
 // progress what it waits for as that changes.
-func (c *Containers) awaitPod(ctx context.Context, ct *Container, progress io.Writer) error {
-	if ct.Agent {
-		return nil // a folder, there at once
-	}
+func (c *Containers) awaitPod(ctx context.Context, t *targets.Target, opts steps.PodOptions, ct *Container, progress io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, podStartTimeout)
 	defer cancel()
-	t, opts, err := c.target(ct.Target)
-	if err != nil {
-		return err
-	}
 	podState := func(p *corev1.Pod, ct *Container) (string, bool, error) {
 		if p != nil {
 			if err := c.refuse(t, opts, ct, p); err != nil {

@@ -302,4 +302,3 @@ func keepalive(ctx context.Context, c *ssh.Client) {
 		}
 	}
 }
-

@@ -1,0 +1,240 @@
+package concourse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+
+	"code.cloudfoundry.org/garden"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/targets"
+)
+
+// A worker is where one of the web node's workers keeps its containers:
+// a cluster target, whose containers are sealed pods (clusterWorker), or
+// an agent joined to this gateway, whose containers are folders on its
+// machine served by its LocalWorker (agentWorker). What differs between
+// the two is a method here; Containers and Pods find a target's worker
+// once and ask it.
+type worker interface {
+	// newContainer checks that the worker takes spec and returns its
+	// container, to be recorded and then made.
+	newContainer(ctx context.Context, spec garden.ContainerSpec) (*Container, error)
+	// makeContainer makes the recorded ct: its pod, its folder.
+	makeContainer(ctx context.Context, ct *Container) error
+	// destroyContainer removes the pods or the folder of container
+	// handle; ErrNotOurs for a pod of that handle jetway did not seal.
+	destroyContainer(ctx context.Context, handle string) error
+	// containers lists the handles of the containers it holds, recorded
+	// or not.
+	containers(ctx context.Context) ([]string, error)
+	// process is ct's process id, reached where it runs.
+	process(ct *Container, id string) steps.RunIn
+	// await waits until ct can run a process, saying on progress what it
+	// waits for.
+	await(ctx context.Context, ct *Container, progress io.Writer) error
+	// user is the user a process of Garden's user runs as.
+	user(gardenUser string) string
+	// mountsAreVolumes says whether a container's bind mounts are the
+	// volumes themselves (an agent's folders link to its volumes), not
+	// copies to move in and out.
+	mountsAreVolumes() bool
+}
+
+// errNoWorker: a worker that is neither a cluster target nor an agent
+// joined to this gateway.
+var errNoWorker = errors.New("neither a cluster target nor an agent joined to this gateway")
+
+// errUnknownWorker names such a worker.
+func errUnknownWorker(target string) error {
+	return fmt.Errorf("worker %s is %w: jetway runs no container for it here", target, errNoWorker)
+}
+
+// findWorker is target's worker: a cluster target once its pods are
+// listed (with the pod options, whose key must be read), or an agent
+// joined to this gateway now. c is set where the worker makes and runs
+// containers (Containers), nil where it only lists and removes them
+// (Pods).
+func findWorker(ts PodTargets, agents *Agents, opts func() steps.PodOptions, c *Containers, target string) (worker, error) {
+	t, err := listed(ts, target)
+	switch {
+	case err != nil:
+		return nil, err
+	case t == nil && agents.Has(target):
+		return agentWorker{agents: agents, name: target}, nil
+	case t == nil:
+		return nil, errUnknownWorker(target)
+	}
+	o := opts()
+	if o.Key.IsZero() {
+		return nil, fmt.Errorf("worker %s: the installation's pod key is not read yet: jetway makes and tells no pod before", target)
+	}
+	return clusterWorker{c: c, t: t, opts: o}, nil
+}
+
+// clusterWorker is a cluster target's: a container is a step pod
+// (steps.ContainerPod) labelled ContainerLabel, sealed and bound.
+type clusterWorker struct {
+	c    *Containers
+	t    *targets.Target
+	opts steps.PodOptions
+}
+
+func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSpec) (*Container, error) {
+	if spec.Privileged && !w.t.Config.Meta.Steps.AllowPrivileged {
+		return nil, fmt.Errorf("worker %s does not run privileged containers: its target's policy does not allow them (%s in its target.yaml)",
+			w.t.Name(), targets.PrivilegedKey)
+	}
+	image, err := w.c.image(ctx, w.t.Name(), spec)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := podMounts(spec.BindMounts); err != nil {
+		return nil, err
+	}
+	ct := newContainer(w.t.Name(), spec)
+	ct.Pod, ct.Image = steps.PodName(w.t.Config.Meta.Team, "concourse-"+spec.Handle), image
+	return ct, nil
+}
+
+func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
+	mounts, _ := podMounts(ct.Spec.BindMounts) // checked by newContainer
+	pod := steps.ContainerPod(w.t, steps.ContainerPodSpec{
+		Name: ct.Pod, Team: w.t.Config.Meta.Team, Image: ct.Image,
+		Labels:    map[string]string{ContainerLabel: ct.Handle()},
+		Resources: resources(ct.Spec.Limits), Privileged: ct.Spec.Privileged, Mounts: mounts,
+	}, w.opts)
+	pods := w.t.Core.Pods(w.t.Namespace())
+	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("make the pod %s/%s of container %s: %w", w.t.Namespace(), ct.Pod, ct.Handle(), err)
+	}
+	if _, err := ownership.Bind(ctx, pods, w.opts.Key, w.t.Name(), created); err != nil {
+		_ = deletePod(context.WithoutCancel(ctx), w.t, created) // never used: unbound, it would get nothing
+		return fmt.Errorf("container %s: %w", ct.Handle(), err)
+	}
+	return nil
+}
+
+func (w clusterWorker) destroyContainer(ctx context.Context, handle string) error {
+	return destroyPods(ctx, w.t, w.opts.Key, handle)
+}
+
+func (w clusterWorker) containers(context.Context) ([]string, error) {
+	var handles []string
+	for _, p := range w.t.Pods() {
+		if handle := p.Labels[ContainerLabel]; handle != "" && p.DeletionTimestamp == nil && w.opts.Key.Bound(w.t.Name(), p) {
+			handles = append(handles, handle)
+		}
+	}
+	return handles, nil
+}
+
+func (w clusterWorker) process(ct *Container, id string) steps.RunIn {
+	return steps.RunIn{Pod: ct.Pod, Run: id, Target: func() (*targets.Target, error) { return w.c.trustedPod(ct) }}
+}
+
+func (w clusterWorker) await(ctx context.Context, ct *Container, progress io.Writer) error {
+	return w.c.awaitPod(ctx, w.t, w.opts, ct, progress)
+}
+
+func (clusterWorker) user(u string) string {
+	if u == "root" {
+		return "0:0" // by number: an image need not have an /etc/passwd
+	}
+	return u
+}
+
+func (clusterWorker) mountsAreVolumes() bool { return false }
+
+// agentWorker is an agent's: a container is a folder on the agent's
+// machine whose mounts link to the agent's volumes. The image is not
+// used: the agent runs processes on its machine, as its user, as
+// Concourse's Houdini does on a Mac. Each call checks that the agent is
+// still joined: one that rejoins a moment later is found again.
+type agentWorker struct {
+	agents *Agents
+	name   string
+}
+
+func (w agentWorker) joined(handle string) error {
+	if !w.agents.Has(w.name) {
+		return fmt.Errorf("container %s: agent %s is %w", handle, w.name, errNotJoined)
+	}
+	return nil
+}
+
+func (w agentWorker) newContainer(_ context.Context, spec garden.ContainerSpec) (*Container, error) {
+	if spec.Privileged {
+		return nil, fmt.Errorf("worker %s is an agent: it runs processes as its own user, never privileged: "+
+			"run privileged steps on a cluster target that allows them", w.name)
+	}
+	if _, err := podMounts(spec.BindMounts); err != nil {
+		return nil, err
+	}
+	ct := newContainer(w.name, spec)
+	ct.Agent = true
+	return ct, nil
+}
+
+func (w agentWorker) makeContainer(ctx context.Context, ct *Container) error {
+	mounts := make([]localMount, 0, len(ct.Spec.BindMounts))
+	for _, bm := range ct.Spec.BindMounts {
+		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
+	}
+	if err := w.agents.makeContainer(ctx, w.name, ct.Handle(), mounts); err != nil {
+		return fmt.Errorf("make container %s: %w", ct.Handle(), err)
+	}
+	return nil
+}
+
+func (w agentWorker) destroyContainer(ctx context.Context, handle string) error {
+	if err := w.joined(handle); err != nil {
+		return err
+	}
+	return w.agents.destroyContainer(ctx, w.name, handle)
+}
+
+// containers are the agent's folders, each made after its record.
+func (w agentWorker) containers(ctx context.Context) ([]string, error) {
+	return w.agents.containers(ctx, w.name)
+}
+
+func (w agentWorker) process(ct *Container, id string) steps.RunIn {
+	return steps.RunIn{Pod: ct.Handle(), Run: id,
+		Target: func() (*targets.Target, error) { return nil, w.joined(ct.Handle()) },
+		Exec:   w.agents.exec(w.name, ct.Handle())}
+}
+
+func (agentWorker) await(context.Context, *Container, io.Writer) error { return nil } // a folder, there at once
+
+func (agentWorker) user(string) string { return "" } // the agent's own: it runs processes as its user only
+
+func (agentWorker) mountsAreVolumes() bool { return true }
+
+// workerOf is the worker of the recorded container ct: an agent's is
+// found by its record, so that a process on an agent that rejoins a
+// moment later is followed on.
+func (c *Containers) workerOf(ct *Container) (worker, error) {
+	if ct.Agent {
+		return agentWorker{agents: c.Agents, name: ct.Target}, nil
+	}
+	return c.worker(ct.Target)
+}
+
+// worker is target's worker, to make and run containers on.
+func (c *Containers) worker(target string) (worker, error) {
+	return findWorker(c.Targets, c.Agents, c.Pod, c, target)
+}
+
+// sortedHandles is handles sorted, without repeats.
+func sortedHandles(handles []string) []string {
+	slices.Sort(handles)
+	return slices.Compact(handles)
+}
