@@ -62,7 +62,11 @@ func (r *runner) follow(ctx context.Context, rec *Record) (stepagent.Status, err
 		default: // not started yet: the same start again (it never runs twice)
 			r.log.Debug("step start failed; retrying", "error", after.Error())
 		}
-		return steppod.Command{Args: first.Args, Stdin: bytes.NewReader(stdin)}, nil
+		cmd := steppod.Command{Args: first.Args}
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		return cmd, nil
 	}
 	f.Linger = func(wait func()) { r.closing = wait }
 	st, err := f.Follow(ctx)
@@ -79,9 +83,12 @@ func (r *runner) follower(ctx context.Context) *steppod.Follower {
 		At:  steppod.Cursor{Offset: r.offset, Events: r.logEvents},
 		Now: r.k.opts.Now,
 		Exec: func(ctx context.Context, args []string, stdin io.Reader, out io.Writer) error {
-			in, err := io.ReadAll(stdin) // the spec and the inputs' list, bounded by the request's limits
-			if err != nil {
-				return err
+			var in []byte
+			if stdin != nil {
+				var err error
+				if in, err = io.ReadAll(stdin); err != nil { // the spec and the inputs' list: bounded by the request's limits
+					return err
+				}
 			}
 			return r.exec(ctx, agent(args...), in, out)
 		},
