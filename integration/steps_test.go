@@ -643,8 +643,11 @@ func TestStepsKeepTheActiveTaskLimit(t *testing.T) {
 	codes := make(chan string, 50)
 	for i := range 50 {
 		go func() {
-			req := shStep(fmt.Sprintf("task-%d", i), "sleep 0.2")
-			req.Timeout = "1s" // longer than a task runs, shorter than the later ones wait
+			req := shStep(fmt.Sprintf("task-%d", i), "sleep 0.5")
+			// Longer than a task runs, even on a busy machine; shorter than
+			// the later ones wait (50 tasks, 6 at a time: 8 rounds of at
+			// least 0.5 s).
+			req.Timeout = "3s"
 			code, _, body := g.submitStep(t, "", req)
 			codes <- strconv.Itoa(code) + " " + body
 		}()

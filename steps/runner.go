@@ -422,11 +422,15 @@ func agent(args ...string) []string { return append([]string{agentCommand}, args
 
 // agent builds an agent command line for the step: in a sandbox, in the
 // step's own folder.
-func (r *runner) agent(args ...string) []string {
+func (r *runner) agent(args ...string) []string { return agent(r.args(args...)...) }
+
+// args are an agent command's arguments for the step (after the agent's
+// path, as steppod.Command's): in a sandbox, in the step's own folder.
+func (r *runner) args(args ...string) []string {
 	if r.placed.Run != "" {
 		args = append(args, "--run", r.placed.Run)
 	}
-	return agent(args...)
+	return args
 }
 
 // exec runs an agent command in the step's pod, on its target as it is
@@ -457,7 +461,8 @@ func (r *runner) spec(ctx context.Context) ([]byte, error) {
 }
 
 // start prepares the step in its pod, brings its inputs in and returns
-// the command that starts it. Without inputs one exec does it all.
+// the command that starts it (its arguments, after the agent's path).
+// Without inputs one exec does it all.
 func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, error) {
 	spec, err := r.spec(ctx)
 	if err != nil {
@@ -465,7 +470,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 	}
 	if len(r.sum.Inputs) == 0 {
 		stdin := append(spec, "[]"...)
-		return r.agent("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2",
+		return r.args("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2",
 			"--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), stdin, nil
 	}
 	if rec.Status.Prepared.IsZero() {
@@ -487,7 +492,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 		return nil, nil, err
 	}
 	raw, _ := json.Marshal(inputs)
-	return r.agent("run", "--inputs-bytes", strconv.Itoa(len(raw)),
+	return r.args("run", "--inputs-bytes", strconv.Itoa(len(raw)),
 		"--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), raw, nil
 }
 
