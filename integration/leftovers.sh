@@ -20,7 +20,7 @@ for f in /proc/[0-9]*/cmdline; do
 	pid=${f#/proc/}
 	pid=${pid%/cmdline}
 	[ "$pid" = "$$" ] && continue
-	cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+	cmd=$(tr '\0' ' ' 2>/dev/null <"$f") || continue
 	if [[ $cmd == *"$dir"* ]]; then
 		echo "leftover process $pid: $cmd" >&2
 		kill -9 "$pid" 2>/dev/null
