@@ -28,7 +28,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -236,8 +235,8 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 }
 
 // Workers lists the workers the token sees, as fly does.
-func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
-	var out []api.Worker
+func (c *Client) Workers(ctx context.Context) ([]wire.Worker, error) {
+	var out []wire.Worker
 	return out, c.call(ctx, http.MethodGet, "/api/v1/workers", nil, nil, &out)
 }
 

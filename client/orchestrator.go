@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -17,7 +16,7 @@ type Orchestrator interface {
 	CheckResource(ctx context.Context, r ResourceStep) ([]Version, error)
 	GetResource(ctx context.Context, r ResourceStep) (Fetched, error)
 	PutResource(ctx context.Context, r ResourceStep) (Fetched, error)
-	Workers(ctx context.Context) ([]api.Worker, error)
+	Workers(ctx context.Context) ([]wire.Worker, error)
 	Land(ctx context.Context, worker string) error
 	Retire(ctx context.Context, worker string) error
 	Prune(ctx context.Context, worker string) error

@@ -48,7 +48,7 @@ type Containers struct {
 	Stream func(ctx context.Context, req streams.Request) (wire.StreamResult, error)
 	// ResourceTypes are the base resource types the workers offer: an
 	// import of one of their images runs as that image.
-	ResourceTypes []ResourceType
+	ResourceTypes []wire.ResourceType
 	Metrics       *Metrics
 	Logger        *slog.Logger
 

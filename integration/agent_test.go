@@ -69,14 +69,14 @@ func TestAgent(t *testing.T) {
 	member.stallAfter = 2 * time.Second
 	g := startGateway(t, dir, gatewayOptions{identity: "agent-gw", tokens: []api.Token{adminToken, mainToken}, mesh: member})
 	ag := joinAgent(t, g, ca, "mac-mini", "--platform", "darwin", "--tag", "mac", "--team", "main")
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	for _, w := range workers {
 		if w.Name == "mac-mini" {
 			assert.Equal(t, "darwin", w.Platform)
 			assert.Equal(t, []string{"mac"}, w.Tags)
 			assert.Equal(t, "main", w.Team)
-			assert.Equal(t, "agent://mac-mini", w.Addr)
+			assert.Equal(t, "agent://mac-mini", w.GardenAddr)
 		}
 	}
 	asMain := *g
@@ -130,7 +130,7 @@ func TestAgent(t *testing.T) {
 func waitWorker(t *testing.T, g *gateway, name, state string) {
 	t.Helper()
 	eventually(t, 30*time.Second, func() error {
-		var workers []api.Worker
+		var workers []wire.Worker
 		g.get(t, "/api/v1/workers", &workers)
 		for _, w := range workers {
 			if w.Name == name && w.State == state {

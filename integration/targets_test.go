@@ -120,7 +120,7 @@ type gatewayOptions struct {
 	// through its TSA (*concourse.TSA) or its REST API (*concourse.REST).
 	concourse concourse.Web
 	// resourceTypes are the base resource types the workers offer.
-	resourceTypes []concourse.ResourceType
+	resourceTypes []wire.ResourceType
 	// sweep is how often each registration sweeps with the web node;
 	// default concourse.DefaultSweepInterval.
 	sweep time.Duration
@@ -568,7 +568,7 @@ func TestTargetsOnRealClusters(t *testing.T) {
 	}
 
 	byName := g.targetsByName(t)
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	assert.Len(t, workers, len(byName), "every entry is in both lists")
 	assert.Len(t, byName, 7)

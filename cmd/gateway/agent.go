@@ -232,7 +232,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		StepAgent: []string{self, stepAgentCommandName}, Extract: f.extract(),
 		Logger: logger.With("component", "concourse")}
 	server := api.New(api.Options{
-		WorkerVersion: config.WorkerVersion,
+		WorkerVersion: wire.WorkerVersion,
 		Gatherer:      reg,
 		Targets:       ag.Targets(),
 		Lifecycle:     ag,

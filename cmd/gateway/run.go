@@ -179,7 +179,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
-		WorkerVersion:    config.WorkerVersion,
+		WorkerVersion:    wire.WorkerVersion,
 		Gatherer:         reg,
 		Targets:          registry,
 		Lifecycle:        controller,
