@@ -12,6 +12,11 @@
 // The Orchestrator interface is the contract a CI core codes against:
 // RunTask, CheckResource, GetResource and PutResource, plus the workers'
 // lifecycle and volume streams.
+//
+// The API's shapes (wire.Request, wire.View, wire.Event, wire.Worker,
+// ...) come from package wire, which imports only the standard library:
+// a program that embeds this client gets no Kubernetes, Garden, yamux or
+// Prometheus package (deps_test.go checks it).
 package client
 
 import (
