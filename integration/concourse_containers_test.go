@@ -131,7 +131,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	// gardenOf is the Garden client of worker, once fly lists it running
 	// at an address other than old.
 	gardenOf := func(worker, old string) (gclient.Client, string) {
-		w := flyWorker(t, web, worker, 30*time.Second, func(w cwn.Worker, found bool) bool {
+		w := flyWorker(t, web, worker, 30*time.Second, func(w wire.Worker, found bool) bool {
 			return found && w.State == "running" && w.GardenAddr != old
 		})
 		return gclient.New(gconn.New("tcp", w.GardenAddr)), w.GardenAddr

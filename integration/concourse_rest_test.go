@@ -256,7 +256,7 @@ func assertWebNodeListsGarden(ctx context.Context, t *testing.T, web *cwn.WebNod
 	assert.Greater(t, lists.Load(), ownLists, "the web node listed the probe's containers")
 	_, err = probe.Command(ctx, "delete-worker", wire.Worker{Name: "cwrest-probe"})
 	require.NoError(t, err)
-	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 }
 
 // TestRESTWorkersAdmitOnlyTheWebNode: with concourse-web-node-networks,
