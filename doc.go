@@ -41,7 +41,13 @@
 //     running tasks as local processes under the step agent's supervisor.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API
 //     (targets, placements, steps, streams), /metrics and the probes.
-//   - client: a Go client of the API and the Orchestrator a CI core calls.
+//   - wire: the shapes on the HTTP API (a step's request, view and events,
+//     errors, a stream's request and result, the one Concourse worker
+//     JSON), importing only the standard library; api, steps, agent,
+//     concourse, streams, stepagent and the client share them.
+//   - client: a Go client of the API and the Orchestrator a CI core calls;
+//     of jetway it imports only wire (and internal/tarsafe), so no
+//     Kubernetes, Garden, yamux or Prometheus package.
 //   - internal/...: small, narrowly named helpers (buildinfo, ownership,
 //     tarsafe, watchcache, atomicfile, provision, meshtest), and delayproxy,
 //     a loopback TCP proxy that adds a fixed delay each way for tests and

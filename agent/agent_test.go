@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestMain is also the step agent the agent starts as each step's
@@ -48,18 +49,18 @@ func starting(t *testing.T, dir string) *Agent {
 	return a
 }
 
-func task(handle, script string) steps.Request {
-	return steps.Request{Handle: handle, Type: "task", Image: "ignored", Platform: "darwin", Tags: []string{"mac"},
-		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}}
+func task(handle, script string) wire.Request {
+	return wire.Request{Handle: handle, Type: "task", Image: "ignored", Platform: "darwin", Tags: []string{"mac"},
+		Run: wire.Run{Path: "sh", Args: []string{"-c", script}}}
 }
 
 // events follows a step to its end.
-func events(t *testing.T, a *Agent, handle string) []steps.Event {
+func events(t *testing.T, a *Agent, handle string) []wire.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var out []steps.Event
-	require.NoError(t, a.Events(ctx, mainCaller, "", handle, 0, func(evs []steps.Event) error {
+	var out []wire.Event
+	require.NoError(t, a.Events(ctx, mainCaller, "", handle, 0, func(evs []wire.Event) error {
 		out = append(out, evs...)
 		return nil
 	}))
@@ -82,7 +83,7 @@ func TestATaskRunsAsALocalProcess(t *testing.T) {
 	assert.Equal(t, "exited", typs[4])
 	v, err = a.Get(mainCaller, "", "hello")
 	require.NoError(t, err)
-	assert.Equal(t, steps.Failed, v.Phase, "%s: %s", v.Reason, v.Message)
+	assert.Equal(t, wire.Failed, v.Phase, "%s: %s", v.Reason, v.Message)
 	require.NotNil(t, v.ExitStatus)
 	assert.Equal(t, 3, *v.ExitStatus)
 }

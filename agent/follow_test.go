@@ -13,7 +13,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // The supervisor logs a step's status a moment before it writes
@@ -41,7 +41,7 @@ func TestAStepEndsOnlyOnceItsSupervisorIsDone(t *testing.T) {
 
 	a, err := New(Options{Name: "mac", WorkDir: t.TempDir(), Platform: "darwin"})
 	require.NoError(t, err)
-	s := newStep(key{team: "main", handle: "h"}, "p", root, steps.Request{}, record{Handle: "h"}, tarsafe.Limits{})
+	s := newStep(key{team: "main", handle: "h"}, "p", root, wire.Request{}, record{Handle: "h"}, tarsafe.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	type result struct {

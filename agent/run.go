@@ -17,11 +17,12 @@ import (
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Remote opens the bytes of a volume another mesh member owns, asked as
 // caller: for an input whose pod is on a cluster.
-type Remote func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error)
+type Remote func(ctx context.Context, caller streams.Caller, from wire.Endpoint, encoding string) (io.ReadCloser, error)
 
 // uploadTimeout is how long a step waits for its uploaded inputs once its
 // folder takes them, as on a cluster.
@@ -68,22 +69,22 @@ func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 	}
 }
 
-func failed(reason, msg string) steps.Event {
-	return steps.Event{Type: steps.EventFailed, Phase: steps.Errored, Reason: reason, Message: msg}
+func failed(reason, msg string) wire.Event {
+	return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: reason, Message: msg}
 }
 
-func startFailure(err error) steps.Event {
+func startFailure(err error) wire.Event {
 	if errors.Is(err, errAborted) {
-		return steps.Event{Type: steps.EventFailed, Phase: steps.Aborted, Reason: stepagent.ReasonAborted,
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Aborted, Reason: stepagent.ReasonAborted,
 			Message: "aborted before its process started"}
 	}
 	return failed("StepFailed", err.Error())
 }
 
 // conclude ends the step with e: its outputs are kept in its folder.
-func (a *Agent) conclude(s *step, e steps.Event) {
-	var outs []steps.Volume
-	if e.Phase == steps.Succeeded || e.Phase == steps.Failed || s.snapshot().Phase == steps.Running {
+func (a *Agent) conclude(s *step, e wire.Event) {
+	var outs []wire.Volume
+	if e.Phase == wire.Succeeded || e.Phase == wire.Failed || s.snapshot().Phase == wire.Running {
 		outs = steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod)
 	}
 	s.finish(e, a.opts.Now().UTC(), outs)
@@ -103,7 +104,7 @@ func (a *Agent) settle() {
 // start prepares the step's folder, brings its inputs in and starts its
 // supervisor: a process of its own, which outlives this agent.
 func (a *Agent) start(ctx context.Context, s *step) error {
-	sp := s.req.Spec()
+	sp := steps.Spec(&s.req)
 	sp.KillGrace = stepagent.Duration(a.opts.KillGrace)
 	raw, err := json.Marshal(sp)
 	if err != nil {
@@ -140,8 +141,8 @@ func (a *Agent) start(ctx context.Context, s *step) error {
 }
 
 // inputs brings every input into its volume, in order.
-func (a *Agent) inputs(ctx context.Context, s *step) ([]stepagent.Input, error) {
-	var out []stepagent.Input
+func (a *Agent) inputs(ctx context.Context, s *step) ([]wire.InputDigest, error) {
+	var out []wire.InputDigest
 	for _, in := range s.rec.Inputs {
 		got, err := a.input(ctx, s, in)
 		if err != nil {
@@ -153,11 +154,11 @@ func (a *Agent) inputs(ctx context.Context, s *step) ([]stepagent.Input, error) 
 	return out, nil
 }
 
-func (a *Agent) input(ctx context.Context, s *step, in steps.Input) (stepagent.Input, error) {
+func (a *Agent) input(ctx context.Context, s *step, in wire.Input) (wire.InputDigest, error) {
 	if in.From.Upload {
 		return s.awaitUpload(ctx, in.Name)
 	}
-	from := streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path}
+	from := wire.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path}
 	var src io.ReadCloser
 	var err error
 	switch {
@@ -172,14 +173,14 @@ func (a *Agent) input(ctx context.Context, s *step, in steps.Input) (stepagent.I
 		src, err = a.opts.Remote(ctx, s.rec.Caller, from, "")
 	}
 	if err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	defer src.Close()
 	return s.putVolume(ctx, steps.InputVolume(in.Name), "", src)
 }
 
 // awaitUpload waits for the caller's upload of an input.
-func (s *step) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
+func (s *step) awaitUpload(ctx context.Context, name string) (wire.InputDigest, error) {
 	u := s.uploads[name]
 	t := time.NewTimer(uploadTimeout)
 	defer t.Stop()
@@ -187,9 +188,9 @@ func (s *step) awaitUpload(ctx context.Context, name string) (stepagent.Input, e
 	case <-u.done:
 		return u.result, nil
 	case <-t.C:
-		return stepagent.Input{}, fmt.Errorf("not uploaded within %s of the step's folder being ready", uploadTimeout)
+		return wire.InputDigest{}, fmt.Errorf("not uploaded within %s of the step's folder being ready", uploadTimeout)
 	case <-ctx.Done():
-		return stepagent.Input{}, context.Cause(ctx)
+		return wire.InputDigest{}, context.Cause(ctx)
 	}
 }
 
@@ -288,7 +289,7 @@ func (a *Agent) adopt(ctx context.Context) {
 			a.opts.Logger.Warn("agent: step folder without a record; left alone", "folder", root, "error", err.Error())
 			continue
 		}
-		req := steps.Request{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Inputs: rec.Inputs, Outputs: rec.Outputs}
+		req := wire.Request{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Inputs: rec.Inputs, Outputs: rec.Outputs}
 		s := newStep(key{rec.Team, rec.Handle}, e.Name(), root, req, rec, a.opts.Extract)
 		a.mu.Lock()
 		a.steps[s.key] = s

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A restarted agent reads its steps back before it takes new ones: a
@@ -29,7 +29,7 @@ func TestNoStepIsTakenWhileStepsAreReadBack(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = record.Close() }) // lets the read-back end, should the test stop early
 	_, _, err = a.Submit(mainCaller, task("hello", "exit 0"))
-	require.ErrorIs(t, err, steps.ErrUnavailable)
+	require.ErrorIs(t, err, wire.ErrUnavailable)
 	assert.ErrorContains(t, err, "steps are not accepted now: agent mac is starting or stopping")
 
 	_, err = record.WriteString("not a record")
@@ -41,5 +41,5 @@ func TestNoStepIsTakenWhileStepsAreReadBack(t *testing.T) {
 	}, 10*time.Second, time.Millisecond)
 	evs := events(t, a, "hello")
 	require.NotEmpty(t, evs)
-	assert.Equal(t, steps.EventExited, evs[len(evs)-1].Type)
+	assert.Equal(t, wire.EventExited, evs[len(evs)-1].Type)
 }

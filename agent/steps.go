@@ -17,6 +17,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // record is what the agent keeps of a step beside its folder (record.json),
@@ -27,11 +28,11 @@ type record struct {
 	Team      string          `json:"team,omitempty"`
 	Handle    string          `json:"handle"`
 	Type      string          `json:"type"`
-	Inputs    []steps.Input   `json:"inputs,omitempty"`
-	Outputs   []steps.Output  `json:"outputs,omitempty"`
+	Inputs    []wire.Input    `json:"inputs,omitempty"`
+	Outputs   []wire.Output   `json:"outputs,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
 	PlacedAt  time.Time       `json:"placed_at"`
-	End       *steps.Event    `json:"end,omitempty"` // set once the step ended
+	End       *wire.Event     `json:"end,omitempty"` // set once the step ended
 	StartedAt time.Time       `json:"started_at,omitzero"`
 	Result    json.RawMessage `json:"result,omitempty"`
 }
@@ -44,11 +45,11 @@ type step struct {
 	key  key
 	pod  string // its folder's name, standing for a pod in views and volumes
 	root string // its folder: the step agent's root
-	req  steps.Request
+	req  wire.Request
 
 	mu   sync.Mutex
 	rec  record
-	view steps.View
+	view wire.View
 	// logEvents counts the events of the step's log its reader has read:
 	// the number of the end event is one (placed) more.
 	logEvents int
@@ -67,14 +68,14 @@ type step struct {
 // upload is an input the caller sends.
 type upload struct {
 	done   chan struct{}
-	result stepagent.Input
+	result wire.InputDigest
 	taken  bool
 }
 
-func newStep(k key, pod, root string, req steps.Request, rec record, extract tarsafe.Limits) *step {
+func newStep(k key, pod, root string, req wire.Request, rec record, extract tarsafe.Limits) *step {
 	s := &step{key: k, pod: pod, root: root, req: req, rec: rec, extract: extract, changed: make(chan struct{}),
 		abort: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
-	s.view = steps.View{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Phase: steps.Starting,
+	s.view = wire.View{Handle: rec.Handle, Team: rec.Team, Type: rec.Type, Phase: wire.Starting,
 		CreatedAt: rec.CreatedAt, PlacedAt: rec.PlacedAt, Events: 1}
 	for _, in := range rec.Inputs {
 		if in.From.Upload {
@@ -92,26 +93,26 @@ func (s *step) notify() {
 	s.changed = make(chan struct{})
 }
 
-func (s *step) snapshot() steps.View {
+func (s *step) snapshot() wire.View {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.view
-	v.Outputs = append([]steps.Volume(nil), v.Outputs...)
+	v.Outputs = append([]wire.Volume(nil), v.Outputs...)
 	return v
 }
 
 // logged counts the log events the step's reader read up to the log's
 // position next (the number of events before it), and one more when e is
 // one: the process's start shows in the view.
-func (s *step) logged(next int, e *steps.Event) {
+func (s *step) logged(next int, e *wire.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.view.Phase.Final() {
 		return
 	}
 	s.logEvents = next
-	if e != nil && e.Type == steps.EventStarted {
-		s.view.Phase, s.view.StartedAt, s.rec.StartedAt = steps.Running, e.Time, e.Time
+	if e != nil && e.Type == wire.EventStarted {
+		s.view.Phase, s.view.StartedAt, s.rec.StartedAt = wire.Running, e.Time, e.Time
 	}
 	s.view.Events = 1 + s.logEvents
 	s.notify()
@@ -120,7 +121,7 @@ func (s *step) logged(next int, e *steps.Event) {
 // finish ends the step with e, its last event (numbered after its log's
 // events), and records the end in the step's folder. It reports false if
 // the step had ended.
-func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool {
+func (s *step) finish(e wire.Event, at time.Time, outputs []wire.Volume) bool {
 	s.mu.Lock()
 	if s.view.Phase.Final() {
 		s.mu.Unlock()
@@ -143,7 +144,7 @@ func (s *step) finish(e steps.Event, at time.Time, outputs []steps.Volume) bool 
 
 // restore shows a step that ended before the agent restarted as it ended:
 // its record holds its end, numbered after its log's events.
-func (s *step) restore(end steps.Event, outputs []steps.Volume) {
+func (s *step) restore(end wire.Event, outputs []wire.Volume) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := &s.view
@@ -157,13 +158,13 @@ func (s *step) restore(end steps.Event, outputs []steps.Volume) {
 // in its folder, its end.
 type journal struct{ s *step }
 
-func (j journal) State() ([]steps.Event, bool, *steps.Event, <-chan struct{}, bool) {
+func (j journal) State() ([]wire.Event, bool, *wire.Event, <-chan struct{}, bool) {
 	s := j.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	head := []steps.Event{{N: 0, Type: steps.EventPlaced, Time: s.rec.PlacedAt, Target: s.view.Target, Pod: s.pod}}
+	head := []wire.Event{{N: 0, Type: wire.EventPlaced, Time: s.rec.PlacedAt, Target: s.view.Target, Pod: s.pod}}
 	logged := !s.rec.StartedAt.IsZero() || s.rec.End != nil
-	var end *steps.Event
+	var end *wire.Event
 	if s.rec.End != nil {
 		e := *s.rec.End
 		end = &e
@@ -171,7 +172,7 @@ func (j journal) State() ([]steps.Event, bool, *steps.Event, <-chan struct{}, bo
 	return head, logged, end, s.changed, true
 }
 
-func (j journal) ReadLog(ctx context.Context, base, n int, send func([]steps.Event) error) (int, error) {
+func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Event) error) (int, error) {
 	s := j.s
 	s.mu.Lock()
 	released := s.view.Released
@@ -220,7 +221,7 @@ func writeRecord(root string, rec record) error {
 func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error) {
 	if !caller.Admin {
 		if team != "" && team != caller.Team {
-			return nil, steps.ErrNotFound
+			return nil, wire.ErrNotFound
 		}
 		team = caller.Team
 	}
@@ -228,7 +229,7 @@ func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error)
 	defer a.mu.Unlock()
 	s, ok := a.steps[key{team, handle}]
 	if !ok {
-		return nil, steps.ErrNotFound
+		return nil, wire.ErrNotFound
 	}
 	return s, nil
 }
@@ -237,18 +238,18 @@ func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error)
 // existing step when the team has that handle already. The gateway's
 // placement chose this agent; it is checked again here, as the agent may
 // have landed since.
-func (a *Agent) Submit(caller steps.Caller, req steps.Request) (steps.View, bool, error) {
+func (a *Agent) Submit(caller steps.Caller, req wire.Request) (wire.View, bool, error) {
 	if ferr := req.Validate(); ferr != nil {
-		return steps.View{}, false, ferr
+		return wire.View{}, false, ferr
 	}
 	if !caller.Admin {
 		if req.Team != "" && req.Team != caller.Team {
-			return steps.View{}, false, steps.ErrForbidden
+			return wire.View{}, false, wire.ErrForbidden
 		}
 		req.Team = caller.Team
 	}
 	if err := a.fits(req); err != nil {
-		return steps.View{}, false, err
+		return wire.View{}, false, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -257,14 +258,14 @@ func (a *Agent) Submit(caller steps.Caller, req steps.Request) (steps.View, bool
 		return s.snapshot(), false, nil
 	}
 	if a.ctx == nil {
-		return steps.View{}, false, fmt.Errorf("%w: agent %s is starting or stopping", steps.ErrUnavailable, a.opts.Name)
+		return wire.View{}, false, fmt.Errorf("%w: agent %s is starting or stopping", wire.ErrUnavailable, a.opts.Name)
 	}
 	if a.life.State != targets.StateRunning {
-		return steps.View{}, false, fmt.Errorf("%w: agent %s is %s and takes no new step", steps.ErrUnavailable, a.opts.Name, a.life.State)
+		return wire.View{}, false, fmt.Errorf("%w: agent %s is %s and takes no new step", wire.ErrUnavailable, a.opts.Name, a.life.State)
 	}
 	s, err := a.create(k, caller, req)
 	if err != nil {
-		return steps.View{}, false, err
+		return wire.View{}, false, err
 	}
 	a.steps[k] = s
 	a.notifyLocked()
@@ -275,9 +276,9 @@ func (a *Agent) Submit(caller steps.Caller, req steps.Request) (steps.View, bool
 // fits refuses a step this agent cannot run: a resource step (an agent
 // has no resource types, as a Concourse darwin worker has none), or one
 // the placement rules keep off it (platform, team, tags).
-func (a *Agent) fits(req steps.Request) error {
+func (a *Agent) fits(req wire.Request) error {
 	if req.Type != selection.StepTask {
-		return &steps.FieldError{Field: "type", Msg: fmt.Sprintf("agent %s runs tasks only: it has no resource types", a.opts.Name)}
+		return &wire.FieldError{Field: "type", Msg: fmt.Sprintf("agent %s runs tasks only: it has no resource types", a.opts.Name)}
 	}
 	me := selection.Candidate{Name: a.opts.Name, State: selection.StateRunning, Team: a.opts.Team,
 		Tags: a.opts.Tags, Platform: a.opts.Platform}
@@ -287,13 +288,13 @@ func (a *Agent) fits(req steps.Request) error {
 	d := selection.Place(selection.Step{Type: req.Type, Team: req.Team, Tags: req.Tags, Platform: req.Platform, Privileged: req.Privileged},
 		[]selection.Candidate{me}, selection.Options{})
 	if !d.Compatible {
-		return fmt.Errorf("%w: agent %s cannot run this step: %s", steps.ErrUnavailable, a.opts.Name, d.Rejected[a.opts.Name])
+		return fmt.Errorf("%w: agent %s cannot run this step: %s", wire.ErrUnavailable, a.opts.Name, d.Rejected[a.opts.Name])
 	}
 	return nil
 }
 
 // create makes the step's folder and record. Called with a.mu held.
-func (a *Agent) create(k key, caller steps.Caller, req steps.Request) (*step, error) {
+func (a *Agent) create(k key, caller steps.Caller, req wire.Request) (*step, error) {
 	pod := steps.PodName(k.team, k.handle)
 	root := filepath.Join(a.opts.WorkDir, stepsDir, pod)
 	if err := os.Mkdir(root, 0o700); err != nil {
@@ -310,17 +311,17 @@ func (a *Agent) create(k key, caller steps.Caller, req steps.Request) (*step, er
 }
 
 // Get is the step's view.
-func (a *Agent) Get(caller steps.Caller, team, handle string) (steps.View, error) {
+func (a *Agent) Get(caller steps.Caller, team, handle string) (wire.View, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
-		return steps.View{}, err
+		return wire.View{}, err
 	}
 	return s.snapshot(), nil
 }
 
 // Events sends the step's events from since on, following until the step
 // has ended or ctx ends.
-func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error {
+func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]wire.Event) error) error {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return err
@@ -339,7 +340,7 @@ func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) er
 	defer s.mu.Unlock()
 	if e := s.rec.End; e != nil && s.view.Released && since < e.N && e.N > 1 {
 		return fmt.Errorf("%w: step %s was released: the events of its log (1 to %d) went with its folder; its end is event %d",
-			steps.ErrGone, handle, e.N-1, e.N)
+			wire.ErrGone, handle, e.N-1, e.N)
 	}
 	return nil
 }
@@ -347,10 +348,10 @@ func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) er
 // Abort stops a running step (its process gets TERM, then KILL after the
 // kill grace) and deletes its folder; on an ended step it deletes the
 // folder. It waits up to 45 s for the step's end.
-func (a *Agent) Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error) {
+func (a *Agent) Abort(ctx context.Context, caller steps.Caller, team, handle string) (wire.View, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
-		return steps.View{}, err
+		return wire.View{}, err
 	}
 	s.mu.Lock()
 	if !s.aborted {
@@ -365,10 +366,10 @@ func (a *Agent) Abort(ctx context.Context, caller steps.Caller, team, handle str
 	case <-wait.C:
 		return s.snapshot(), nil
 	case <-ctx.Done():
-		return steps.View{}, ctx.Err()
+		return wire.View{}, ctx.Err()
 	}
 	if err := a.release(s); err != nil {
-		return steps.View{}, err
+		return wire.View{}, err
 	}
 	return s.snapshot(), nil
 }
@@ -406,29 +407,29 @@ func (a *Agent) sweep() {
 
 // Upload streams an input the caller sends into the step's folder, once
 // the folder is prepared: at most once per input.
-func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error) {
+func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	s.mu.Lock()
 	u, ok := s.uploads[input]
 	switch {
 	case !ok:
 		s.mu.Unlock()
-		return stepagent.Input{}, fmt.Errorf("%w: step %q uploads no input %q", steps.ErrNotFound, handle, input)
+		return wire.InputDigest{}, fmt.Errorf("%w: step %q uploads no input %q", wire.ErrNotFound, handle, input)
 	case u.taken:
 		s.mu.Unlock()
-		return stepagent.Input{}, fmt.Errorf("%w: input %q was uploaded already", steps.ErrConflict, input)
+		return wire.InputDigest{}, fmt.Errorf("%w: input %q was uploaded already", wire.ErrConflict, input)
 	}
 	u.taken = true
 	s.mu.Unlock()
 	select {
 	case <-s.ready:
 	case <-s.done:
-		return stepagent.Input{}, fmt.Errorf("%w: the step ended before its inputs came", steps.ErrConflict)
+		return wire.InputDigest{}, fmt.Errorf("%w: the step ended before its inputs came", wire.ErrConflict)
 	case <-ctx.Done():
-		return stepagent.Input{}, ctx.Err()
+		return wire.InputDigest{}, ctx.Err()
 	}
 	in, err := s.putVolume(ctx, steps.InputVolume(input), encoding, body)
 	in.Name = input
@@ -452,16 +453,16 @@ func (a *Agent) Download(ctx context.Context, caller steps.Caller, team, handle,
 	v := s.snapshot()
 	switch {
 	case !v.Phase.Final():
-		return nil, fmt.Errorf("%w: step %q is %s", steps.ErrConflict, handle, v.Phase)
+		return nil, fmt.Errorf("%w: step %q is %s", wire.ErrConflict, handle, v.Phase)
 	case v.Released:
-		return nil, fmt.Errorf("%w: step %q was released", steps.ErrConflict, handle)
+		return nil, fmt.Errorf("%w: step %q was released", wire.ErrConflict, handle)
 	}
 	for _, o := range v.Outputs {
 		if o.Name == output {
 			return s.openVolume(ctx, o.Handle, "", encoding)
 		}
 	}
-	return nil, fmt.Errorf("%w: step %q has no output %q", steps.ErrNotFound, handle, output)
+	return nil, fmt.Errorf("%w: step %q has no output %q", wire.ErrNotFound, handle, output)
 }
 
 var errNoVolumes = errors.New("the step's volumes are not served")

@@ -12,10 +12,10 @@ import (
 	"strconv"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Each step's volumes are served by the volume sidecar's own server
@@ -62,20 +62,20 @@ func (s *step) volumeRequest(ctx context.Context, handle, op string, q url.Value
 
 // putVolume streams a tar (encoded as encoding says) into the volume,
 // counting and hashing it as received.
-func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.Reader) (stepagent.Input, error) {
+func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.Reader) (wire.InputDigest, error) {
 	digest := steps.NewDigest(body)
 	req, err := s.volumeRequest(ctx, handle, "stream-in", nil, digest)
 	if err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	req.Header.Set("Content-Encoding", encodingOrRaw(encoding))
 	resp, err := volumeClient.Do(req)
 	if err != nil {
-		return stepagent.Input{}, fmt.Errorf("stream into volume %s: %w", handle, err)
+		return wire.InputDigest{}, fmt.Errorf("stream into volume %s: %w", handle, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
-		return stepagent.Input{}, fmt.Errorf("stream into volume %s: %w", handle, volumeError(resp))
+		return wire.InputDigest{}, fmt.Errorf("stream into volume %s: %w", handle, volumeError(resp))
 	}
 	return digest.Input(""), nil
 }
@@ -144,7 +144,7 @@ func (a *Agent) byPod(caller steps.Caller, target, pod string) (*step, error) {
 
 // Send serves the source side of a stream out of one of the agent's
 // volumes to a gateway: the caller must be allowed the step's team.
-func (a *Agent) Send(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string, begin func() io.Writer) (int64, error) {
+func (a *Agent) Send(ctx context.Context, caller streams.Caller, from wire.Endpoint, encoding string, begin func() io.Writer) (int64, error) {
 	s, err := a.byPod(caller, from.Target, from.Pod)
 	if err != nil {
 		return 0, err
@@ -163,6 +163,6 @@ func (a *Agent) Send(ctx context.Context, caller streams.Caller, from streams.En
 
 // Stream is not served by an agent: a gateway makes streams, asking the
 // agent for its volumes' bytes (Send).
-func (a *Agent) Stream(context.Context, streams.Request, *streams.Progress) (streams.Result, error) {
-	return streams.Result{}, fmt.Errorf("%w: an agent makes no streams; ask a gateway", streams.ErrInvalid)
+func (a *Agent) Stream(context.Context, streams.Request, *streams.Progress) (wire.StreamResult, error) {
+	return wire.StreamResult{}, fmt.Errorf("%w: an agent makes no streams; ask a gateway", streams.ErrInvalid)
 }

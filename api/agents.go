@@ -10,6 +10,7 @@ import (
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Calls from agents. An agent (a member of kind agent: a machine without
@@ -88,7 +89,7 @@ func (s *Server) agentTeam(agent string) (team string, found bool) {
 // one gateway gets its inputs from every member. Only for agents: a
 // gateway asks the source's owner itself, and a stream-out carried on
 // between gateways whose routes disagree could go round.
-func (s *Server) sendForAgent(ctx context.Context, id identity, from streams.Endpoint, encoding string, begin func() io.Writer) (int64, error) {
+func (s *Server) sendForAgent(ctx context.Context, id identity, from wire.Endpoint, encoding string, begin func() io.Writer) (int64, error) {
 	if _, err := s.opts.Targets.Find(from.Target); err == nil {
 		return s.opts.Streams.Send(ctx, streams.Caller{Admin: id.admin, Team: id.team}, from, encoding, begin)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Agents a knows besides gateway b: mac (team main), mac-global (no
@@ -143,7 +144,7 @@ func TestAnAgentAsksItsGatewayForItsInputs(t *testing.T) {
 	mac := &fakeMesh{name: "mac", kind: mesh.KindAgent, members: map[string]http.Handler{"a": a}}
 	open := MeshVolumes(mac, func() []string { return []string{"a"} })
 	asMain := streams.Caller{Team: "main"}
-	src, err := open(t.Context(), asMain, streams.Endpoint{Target: "b-main", Pod: "a", Handle: "h"}, "raw")
+	src, err := open(t.Context(), asMain, wire.Endpoint{Target: "b-main", Pod: "a", Handle: "h"}, "raw")
 	require.NoError(t, err)
 	body, err := io.ReadAll(src)
 	src.Close()
@@ -151,9 +152,9 @@ func TestAnAgentAsksItsGatewayForItsInputs(t *testing.T) {
 	assert.Equal(t, "the volume", string(body))
 	assert.Equal(t, []streams.Caller{{Team: "main"}}, sb.sent, "b checks the caller's team")
 
-	_, err = open(t.Context(), asMain, streams.Endpoint{Target: "b-other", Pod: "a", Handle: "h"}, "raw")
+	_, err = open(t.Context(), asMain, wire.Endpoint{Target: "b-other", Pod: "a", Handle: "h"}, "raw")
 	assert.ErrorIs(t, err, streams.ErrNotFound, "another team's volume is unknown")
-	_, err = MeshVolumes(mac, func() []string { return nil })(t.Context(), asMain, streams.Endpoint{Target: "b-main"}, "raw")
+	_, err = MeshVolumes(mac, func() []string { return nil })(t.Context(), asMain, wire.Endpoint{Target: "b-main"}, "raw")
 	assert.ErrorContains(t, err, "no gateway to ask for target b-main's volume")
 }
 

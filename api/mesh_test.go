@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // fakeMesh carries calls in-process to the API of the member they are
@@ -100,7 +101,7 @@ var fleetB = fakeTargets{
 
 func TestAnyGatewayListsTheWholeMesh(t *testing.T) {
 	a, _ := twoGateways(t, fleetB)
-	var workers []Worker
+	var workers []wire.Worker
 	rec := request(t, a, "/api/v1/workers", "main-token-0123456789")
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &workers))

@@ -15,8 +15,8 @@ import (
 
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/selection"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Steps in a mesh: a step is submitted where its target is. The gateway
@@ -29,7 +29,7 @@ import (
 // of the best target of the mesh for it now; when every compatible target
 // is at a limit, this gateway if one of its own is compatible (the step
 // waits here), else the owner of a compatible one. "" means this gateway.
-func (s *Server) stepOwner(r *http.Request, req steps.Request) string {
+func (s *Server) stepOwner(r *http.Request, req wire.Request) string {
 	id := requestIdentity(r)
 	team := req.Team
 	if !id.admin {
@@ -94,7 +94,7 @@ func (s *Server) submitAnywhere(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	var req steps.Request
+	var req wire.Request
 	if json.Unmarshal(body, &req) != nil || req.Validate() != nil {
 		s.submitStep(w, r) // answers what is wrong
 		return
@@ -121,7 +121,7 @@ func (s *Server) submitAnywhere(w http.ResponseWriter, r *http.Request) {
 // ({target, pod, handle}), asking that gateway as the caller; forwarding
 // (req goes to another gateway, which knows none of this one's steps),
 // also those of this gateway's steps. It says whether it changed any.
-func (s *Server) elsewhereInputs(r *http.Request, req *steps.Request, forwarding bool) (bool, error) {
+func (s *Server) elsewhereInputs(r *http.Request, req *wire.Request, forwarding bool) (bool, error) {
 	changed := false
 	for i := range req.Inputs {
 		from := &req.Inputs[i].From
@@ -133,10 +133,10 @@ func (s *Server) elsewhereInputs(r *http.Request, req *steps.Request, forwarding
 		switch {
 		case err == nil && !forwarding:
 			continue // the steps manager resolves it, as it submits
-		case errors.Is(err, steps.ErrNotFound):
+		case errors.Is(err, wire.ErrNotFound):
 			var owner string
 			if owner, view = s.findStep(r, req.Team, from.Step); owner == "" {
-				return changed, fmt.Errorf("%w: %s: step %q not found", steps.ErrInput, field, from.Step)
+				return changed, fmt.Errorf("%w: %s: step %q not found", wire.ErrInput, field, from.Step)
 			}
 		case err != nil:
 			return changed, err
@@ -162,7 +162,7 @@ func (s *Server) stepForwardable(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		team, handle := r.URL.Query().Get("team"), r.PathValue("handle")
-		if _, err := s.opts.Steps.Get(caller(r), team, handle); !errors.Is(err, steps.ErrNotFound) {
+		if _, err := s.opts.Steps.Get(caller(r), team, handle); !errors.Is(err, wire.ErrNotFound) {
 			next(w, r)
 			return
 		}
@@ -187,7 +187,7 @@ func (s *Server) stepForwardable(next http.HandlerFunc) http.HandlerFunc {
 // findStep asks every reachable gateway of the mesh, as the caller,
 // whether it runs the step; it returns the one that does ("" when none
 // does) and the step's view there.
-func (s *Server) findStep(r *http.Request, team, handle string) (string, steps.View) {
+func (s *Server) findStep(r *http.Request, team, handle string) (string, wire.View) {
 	ctx, cancel := context.WithTimeout(r.Context(), stepLookupTimeout)
 	defer cancel()
 	var gateways []string
@@ -203,7 +203,7 @@ func (s *Server) findStep(r *http.Request, team, handle string) (string, steps.V
 	}
 	type found struct {
 		owner string
-		view  steps.View
+		view  wire.View
 	}
 	answers := make(chan found, len(gateways))
 	var wg sync.WaitGroup
@@ -220,7 +220,7 @@ func (s *Server) findStep(r *http.Request, team, handle string) (string, steps.V
 				return
 			}
 			defer resp.Body.Close()
-			var view steps.View
+			var view wire.View
 			if resp.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&view) == nil {
 				answers <- found{g, view}
 			}

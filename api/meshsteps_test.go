@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // runningManager starts a steps manager without targets (its steps
@@ -40,11 +41,11 @@ func TestStepsGoWhereTheirTargetIs(t *testing.T) {
 	_, err := stepsB.Get(steps.Caller{Team: "main"}, "", "build-1")
 	require.NoError(t, err, "b runs it")
 	_, err = stepsA.Get(steps.Caller{Admin: true}, "main", "build-1")
-	require.ErrorIs(t, err, steps.ErrNotFound, "a does not")
+	require.ErrorIs(t, err, wire.ErrNotFound, "a does not")
 
 	rec = stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "")
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	var v steps.View
+	var v wire.View
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &v))
 	assert.Equal(t, "build-1", v.Handle)
 
@@ -64,7 +65,7 @@ func TestStepsGoWhereTheirTargetIs(t *testing.T) {
 	assert.Contains(t, []int{http.StatusOK, http.StatusAccepted}, rec.Code, rec.Body.String())
 	v, err = stepsB.Get(steps.Caller{Team: "main"}, "", "build-1")
 	require.NoError(t, err)
-	assert.Equal(t, steps.Aborted, v.Phase, "aborted on b")
+	assert.Equal(t, wire.Aborted, v.Phase, "aborted on b")
 
 	// A bad body is answered here, as without a mesh.
 	rec = stepCall(a, http.MethodPost, "/api/v1/steps", team, `{"handle": "x"}`)
@@ -158,7 +159,7 @@ func TestStepsElsewhereAreRemembered(t *testing.T) {
 	asked.Lock()
 	asked.bForgot = true
 	asked.Unlock()
-	_, _, err := stepsC.Submit(steps.Caller{Team: "main"}, steps.Request{Handle: "build-1", Type: "task", Image: "i", Run: steps.Run{Path: "p"}})
+	_, _, err := stepsC.Submit(steps.Caller{Team: "main"}, wire.Request{Handle: "build-1", Type: "task", Image: "i", Run: wire.Run{Path: "p"}})
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusNotFound, stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "").Code, "b's answer")
 	rec := stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "")

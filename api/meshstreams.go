@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A stream whose source another gateway owns: the destination's owner
@@ -32,8 +33,8 @@ const (
 
 // meshStreamOut is the body of a stream-out asked over the mesh.
 type meshStreamOut struct {
-	From     streams.Endpoint `json:"from"`
-	Encoding string           `json:"encoding"`
+	From     wire.Endpoint `json:"from"`
+	Encoding string        `json:"encoding"`
 }
 
 // meshSource is a stream's source owned by rt's gateway, asked for the
@@ -43,8 +44,8 @@ func meshSource(m Mesh, rt mesh.Remote, who string) *streams.Remote {
 }
 
 // meshOpen opens a source owned by gateway, for the caller who names.
-func meshOpen(m Mesh, gateway, who string) func(context.Context, streams.Endpoint, string) (io.ReadCloser, error) {
-	return func(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
+func meshOpen(m Mesh, gateway, who string) func(context.Context, wire.Endpoint, string) (io.ReadCloser, error) {
+	return func(ctx context.Context, from wire.Endpoint, encoding string) (io.ReadCloser, error) {
 		body, _ := json.Marshal(meshStreamOut{From: from, Encoding: encoding})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+gateway+meshStreamOutPath, bytes.NewReader(body))
 		if err != nil {
@@ -128,7 +129,7 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 		n, err = s.opts.Streams.Send(r.Context(), streams.Caller{Admin: id.admin, Team: id.team}, req.From, req.Encoding, begin)
 	}
 	if !began {
-		s.answerStream(w, streams.Result{}, err)
+		s.answerStream(w, wire.StreamResult{}, err)
 		return
 	}
 	var serr *streams.Error
@@ -156,7 +157,7 @@ type stepStreams struct {
 	mesh    Mesh
 }
 
-func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error) {
+func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (wire.StreamResult, error) {
 	if req.Source != nil {
 		return s.Streamer.Stream(ctx, req, progress)
 	}
@@ -168,9 +169,9 @@ func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *
 	switch {
 	case errors.Is(err, targets.ErrNotFound): // this gateway's, or nobody's
 	case err != nil:
-		return streams.Result{}, err
+		return wire.StreamResult{}, err
 	case !rt.Reachable:
-		return streams.Result{}, &streams.Error{Side: streams.SideSource, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
+		return wire.StreamResult{}, &streams.Error{Side: streams.SideSource, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
 	default:
 		req.Source = meshSource(s.mesh, rt, callerHeaderOf(id))
 	}
@@ -182,8 +183,8 @@ func (s stepStreams) Stream(ctx context.Context, req streams.Request, progress *
 // brings its steps' inputs in from the clusters. An agent learns no routes;
 // the gateway finds the volume's owner, itself or another member, and
 // checks the caller as if asked directly.
-func MeshVolumes(m Mesh, gateways func() []string) func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
-	return func(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string) (io.ReadCloser, error) {
+func MeshVolumes(m Mesh, gateways func() []string) func(ctx context.Context, caller streams.Caller, from wire.Endpoint, encoding string) (io.ReadCloser, error) {
+	return func(ctx context.Context, caller streams.Caller, from wire.Endpoint, encoding string) (io.ReadCloser, error) {
 		id := identity{name: "steps", admin: caller.Admin}
 		if !id.admin {
 			id.team = caller.Team

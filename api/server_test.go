@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -155,19 +156,19 @@ type slowStreamer struct {
 	cancelled chan time.Duration
 }
 
-func (s *slowStreamer) Stream(ctx context.Context, _ streams.Request, _ *streams.Progress) (streams.Result, error) {
+func (s *slowStreamer) Stream(ctx context.Context, _ streams.Request, _ *streams.Progress) (wire.StreamResult, error) {
 	start := time.Now()
 	close(s.started)
 	select {
 	case <-time.After(s.took):
-		return streams.Result{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, nil
+		return wire.StreamResult{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, nil
 	case <-ctx.Done():
 		s.cancelled <- time.Since(start)
-		return streams.Result{}, ctx.Err()
+		return wire.StreamResult{}, ctx.Err()
 	}
 }
 
-func (s *slowStreamer) Send(context.Context, streams.Caller, streams.Endpoint, string, func() io.Writer) (int64, error) {
+func (s *slowStreamer) Send(context.Context, streams.Caller, wire.Endpoint, string, func() io.Writer) (int64, error) {
 	return 0, errors.New("slowStreamer sends nothing")
 }
 

@@ -9,20 +9,20 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Steps is what the API asks of the steps package.
 type Steps interface {
-	Submit(caller steps.Caller, req steps.Request) (steps.View, bool, error)
-	Get(caller steps.Caller, team, handle string) (steps.View, error)
-	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]steps.Event) error) error
+	Submit(caller steps.Caller, req wire.Request) (wire.View, bool, error)
+	Get(caller steps.Caller, team, handle string) (wire.View, error)
+	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]wire.Event) error) error
 	// Readable says whether the step's events from since on can be read:
 	// its view's errors, or ErrGone for events that went with its pod.
 	Readable(caller steps.Caller, team, handle string, since int) error
-	Abort(ctx context.Context, caller steps.Caller, team, handle string) (steps.View, error)
-	Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error)
+	Abort(ctx context.Context, caller steps.Caller, team, handle string) (wire.View, error)
+	Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error)
 	Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error)
 }
 
@@ -42,7 +42,7 @@ func caller(r *http.Request) steps.Caller {
 // submitStep accepts a step: 202 when new, 200 with the existing step
 // when the handle is taken in the team.
 func (s *Server) submitStep(w http.ResponseWriter, r *http.Request) {
-	var req steps.Request
+	var req wire.Request
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, stepBodyLimit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
@@ -69,21 +69,21 @@ func (s *Server) submitStep(w http.ResponseWriter, r *http.Request) {
 
 // stepError answers an error of the steps package.
 func (s *Server) stepError(w http.ResponseWriter, err error) {
-	var ferr *steps.FieldError
+	var ferr *wire.FieldError
 	switch {
 	case errors.As(err, &ferr):
 		writeJSON(w, http.StatusBadRequest, badRequest{Error: ferr.Error(), Field: ferr.Field})
-	case errors.Is(err, steps.ErrNotFound):
+	case errors.Is(err, wire.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error()})
-	case errors.Is(err, steps.ErrForbidden):
+	case errors.Is(err, wire.ErrForbidden):
 		writeJSON(w, http.StatusForbidden, errorBody{Error: err.Error()})
-	case errors.Is(err, steps.ErrConflict):
+	case errors.Is(err, wire.ErrConflict):
 		writeJSON(w, http.StatusConflict, errorBody{Error: err.Error()})
-	case errors.Is(err, steps.ErrGone):
+	case errors.Is(err, wire.ErrGone):
 		writeJSON(w, http.StatusGone, errorBody{Error: err.Error()})
-	case errors.Is(err, steps.ErrInput):
+	case errors.Is(err, wire.ErrInput):
 		writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: err.Error()})
-	case errors.Is(err, steps.ErrUnavailable):
+	case errors.Is(err, wire.ErrUnavailable):
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: err.Error()})
 	default:
@@ -136,7 +136,7 @@ func (s *Server) stepEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.opts.Steps.Events(ctx, c, team, handle, since, func(evs []steps.Event) error {
+	err := s.opts.Steps.Events(ctx, c, team, handle, since, func(evs []wire.Event) error {
 		for _, e := range evs {
 			if err := enc.Encode(e); err != nil {
 				return err

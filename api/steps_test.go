@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // noTargets is a registry without targets: every step waits.
@@ -90,13 +90,13 @@ func TestStepAPIKeepsTeamsApart(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(stepCall(h, http.MethodGet, "/api/v1/steps/build-1", mainToken, "").Body.String(), `"waiting":"no target satisfies`)
 	}, 5*time.Second, time.Millisecond)
-	evs := make(chan []steps.Event)
+	evs := make(chan []wire.Event)
 	go func() {
 		rec := stepCall(h, http.MethodGet, "/api/v1/steps/build-1/events", mainToken, "")
-		var out []steps.Event
+		var out []wire.Event
 		sc := bufio.NewScanner(rec.Body)
 		for sc.Scan() {
-			var e steps.Event
+			var e wire.Event
 			_ = json.Unmarshal(sc.Bytes(), &e)
 			out = append(out, e)
 		}
@@ -104,12 +104,12 @@ func TestStepAPIKeepsTeamsApart(t *testing.T) {
 	}()
 	rec = stepCall(h, http.MethodDelete, "/api/v1/steps/build-1", mainToken, "")
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	var v steps.View
+	var v wire.View
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &v))
-	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	got := <-evs
 	require.NotEmpty(t, got)
-	assert.Equal(t, steps.EventWaiting, got[0].Type)
-	assert.Equal(t, steps.EventFailed, got[len(got)-1].Type)
-	assert.Equal(t, steps.Aborted, got[len(got)-1].Phase)
+	assert.Equal(t, wire.EventWaiting, got[0].Type)
+	assert.Equal(t, wire.EventFailed, got[len(got)-1].Type)
+	assert.Equal(t, wire.Aborted, got[len(got)-1].Phase)
 }

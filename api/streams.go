@@ -13,12 +13,13 @@ import (
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Streamer is what the API asks of the streams package.
 type Streamer interface {
-	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error)
-	Send(ctx context.Context, caller streams.Caller, from streams.Endpoint, encoding string, begin func() io.Writer) (int64, error)
+	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (wire.StreamResult, error)
+	Send(ctx context.Context, caller streams.Caller, from wire.Endpoint, encoding string, begin func() io.Writer) (int64, error)
 }
 
 // NDJSON is the media type of a stream's progress answer: with
@@ -111,7 +112,7 @@ func (s *Server) createStream(w http.ResponseWriter, r *http.Request) {
 const streamsRetryAfter = "1"
 
 // answerStream answers with a stream's result or why it failed.
-func (s *Server) answerStream(w http.ResponseWriter, res streams.Result, err error) {
+func (s *Server) answerStream(w http.ResponseWriter, res wire.StreamResult, err error) {
 	var serr *streams.Error
 	switch {
 	case err == nil:
@@ -141,12 +142,12 @@ type streamError struct {
 
 // ProgressLine is one line of an NDJSON stream answer.
 type ProgressLine struct {
-	Bytes   int64           `json:"bytes,omitempty"`
-	Seconds float64         `json:"seconds,omitempty"`
-	Result  *streams.Result `json:"result,omitempty"`
-	Error   string          `json:"error,omitempty"`
-	Side    string          `json:"side,omitempty"`
-	Gateway string          `json:"gateway,omitempty"`
+	Bytes   int64              `json:"bytes,omitempty"`
+	Seconds float64            `json:"seconds,omitempty"`
+	Result  *wire.StreamResult `json:"result,omitempty"`
+	Error   string             `json:"error,omitempty"`
+	Side    string             `json:"side,omitempty"`
+	Gateway string             `json:"gateway,omitempty"`
 }
 
 // streamWithProgress answers 200 only once the stream has begun; a
@@ -155,7 +156,7 @@ func (s *Server) streamWithProgress(w http.ResponseWriter, r *http.Request, req 
 	var progress streams.Progress
 	done := make(chan struct{})
 	var (
-		res streams.Result
+		res wire.StreamResult
 		err error
 	)
 	go func() {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // fakeStreamer answers every stream with err, or a result once it has
@@ -31,33 +32,33 @@ type fakeStreamer struct {
 	sent    []streams.Caller
 }
 
-func (f *fakeStreamer) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error) {
+func (f *fakeStreamer) Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (wire.StreamResult, error) {
 	f.mu.Lock()
 	f.got = append(f.got, req)
 	f.mu.Unlock()
 	if f.err != nil {
-		return streams.Result{}, f.err
+		return wire.StreamResult{}, f.err
 	}
 	progress.Start()
 	if req.Source != nil {
 		return f.readSource(ctx, req)
 	}
-	return streams.Result{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, nil
+	return wire.StreamResult{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, nil
 }
 
-func (f *fakeStreamer) readSource(ctx context.Context, req streams.Request) (streams.Result, error) {
+func (f *fakeStreamer) readSource(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 	src, err := req.Source.Open(ctx, req.From, req.Encoding)
 	if err == nil {
 		defer src.Close()
 		var b []byte
 		if b, err = io.ReadAll(src); err == nil {
-			return streams.Result{Mode: streams.ModeMesh, Bytes: int64(len(b)), SHA256: string(b)}, nil
+			return wire.StreamResult{Mode: streams.ModeMesh, Bytes: int64(len(b)), SHA256: string(b)}, nil
 		}
 	}
-	return streams.Result{}, &streams.Error{Side: streams.SideSource, Gateway: req.Source.Gateway, Err: err}
+	return wire.StreamResult{}, &streams.Error{Side: streams.SideSource, Gateway: req.Source.Gateway, Err: err}
 }
 
-func (f *fakeStreamer) Send(_ context.Context, c streams.Caller, from streams.Endpoint, _ string, begin func() io.Writer) (int64, error) {
+func (f *fakeStreamer) Send(_ context.Context, c streams.Caller, from wire.Endpoint, _ string, begin func() io.Writer) (int64, error) {
 	f.mu.Lock()
 	f.sent = append(f.sent, c)
 	f.mu.Unlock()
@@ -150,7 +151,7 @@ func TestStreamCallerComesFromTheToken(t *testing.T) {
 	var last ProgressLine
 	lines := bytes.Split(bytes.TrimSpace(w.Body.Bytes()), []byte("\n"))
 	require.NoError(t, json.Unmarshal(lines[len(lines)-1], &last))
-	assert.Equal(t, &streams.Result{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, last.Result)
+	assert.Equal(t, &wire.StreamResult{Mode: streams.ModeRelay, Bytes: 3, SHA256: "abc"}, last.Result)
 	got := f.requests()
 	require.Len(t, got, 2)
 	assert.Equal(t, streams.Caller{Team: "main"}, got[0].Caller)

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/concourse"
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Targets is what the API reads of the targets registry.
@@ -17,34 +17,6 @@ type Targets interface {
 	Get(name string) (targets.Status, error)
 	// Find is Get that also finds pruned targets, which resume acts on.
 	Find(name string) (targets.Status, error)
-}
-
-// Worker is Concourse's worker JSON (atc.Worker), what `fly workers`
-// reads. Keys fly does not know are ignored by it.
-type Worker struct {
-	Addr             string         `json:"addr"`
-	BaggageclaimURL  string         `json:"baggageclaim_url"`
-	ActiveContainers int            `json:"active_containers"`
-	ActiveVolumes    int            `json:"active_volumes"`
-	ActiveTasks      int            `json:"active_tasks"`
-	ResourceTypes    []ResourceType `json:"resource_types"`
-	Platform         string         `json:"platform"`
-	Tags             []string       `json:"tags"`
-	Team             string         `json:"team"`
-	Name             string         `json:"name"`
-	Version          string         `json:"version"`
-	StartTime        int64          `json:"start_time"`
-	Ephemeral        bool           `json:"ephemeral"`
-	State            string         `json:"state"`
-}
-
-// ResourceType is atc.WorkerResourceType; jetway workers advertise none.
-type ResourceType struct {
-	Type                 string `json:"type"`
-	Image                string `json:"image"`
-	Version              string `json:"version"`
-	Privileged           bool   `json:"privileged"`
-	UniqueVersionHistory bool   `json:"unique_version_history"`
 }
 
 // Target is jetway's detailed view of one target.
@@ -81,7 +53,7 @@ type Target struct {
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, visible(r, s.everything(), func(l listed) Worker { return worker(l.st) }))
+	writeJSON(w, http.StatusOK, visible(r, s.everything(), func(l listed) wire.Worker { return worker(l.st) }))
 }
 
 func (s *Server) listTargets(w http.ResponseWriter, r *http.Request) {
@@ -129,22 +101,25 @@ func (s *Server) target(st targets.Status) Target {
 	return t
 }
 
-func worker(st targets.Status) Worker {
+// worker is a target as GET /api/v1/workers lists it for fly. It offers
+// no resource types here (fly shows them, nothing places by them); the
+// types the web node places by are in the registration (concourse).
+func worker(st targets.Status) wire.Worker {
 	var start int64
 	if !st.StartTime.IsZero() {
 		start = st.StartTime.Unix()
 	}
-	return Worker{
-		Addr:             workerAddr(st),
+	return wire.Worker{
+		GardenAddr:       workerAddr(st),
 		ActiveContainers: st.Counts.ActiveContainers,
 		ActiveVolumes:    st.Counts.ActiveVolumes,
 		ActiveTasks:      st.Counts.ActiveTasks,
-		ResourceTypes:    []ResourceType{},
+		ResourceTypes:    []wire.ResourceType{},
 		Platform:         st.Meta.Platform,
 		Tags:             nonNil(st.Meta.Tags),
 		Team:             st.Meta.Team,
 		Name:             st.Name,
-		Version:          config.WorkerVersion,
+		Version:          wire.WorkerVersion,
 		StartTime:        start,
 		State:            string(st.State),
 	}

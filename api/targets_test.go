@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 type fakeTargets []targets.Status
@@ -99,7 +100,7 @@ func TestWorkersJSONIsWhatFlyReads(t *testing.T) {
 func TestAuthAndVisibility(t *testing.T) {
 	h := testServer(false)
 	names := func(rec *httptest.ResponseRecorder) []string {
-		var ws []Worker
+		var ws []wire.Worker
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &ws))
 		var out []string
 		for _, w := range ws {

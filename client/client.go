@@ -12,6 +12,11 @@
 // The Orchestrator interface is the contract a CI core codes against:
 // RunTask, CheckResource, GetResource and PutResource, plus the workers'
 // lifecycle and volume streams.
+//
+// The API's shapes (wire.Request, wire.View, wire.Event, wire.Worker,
+// ...) come from package wire, which imports only the standard library:
+// a program that embeds this client gets no Kubernetes, Garden, yamux or
+// Prometheus package (deps_test.go checks it).
 package client
 
 import (
@@ -28,9 +33,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/steps"
-	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Errors an API answer maps to; an *APIError wraps one of them.
@@ -90,7 +93,7 @@ func (e *APIError) Unwrap() error {
 // status), errored or aborted (the reason).
 type StepError struct {
 	Handle     string
-	Phase      steps.Phase
+	Phase      wire.Phase
 	ExitStatus *int
 	Reason     string
 	Message    string
@@ -237,8 +240,8 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 }
 
 // Workers lists the workers the token sees, as fly does.
-func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
-	var out []api.Worker
+func (c *Client) Workers(ctx context.Context) ([]wire.Worker, error) {
+	var out []wire.Worker
 	return out, c.call(ctx, http.MethodGet, "/api/v1/workers", nil, nil, &out)
 }
 
@@ -260,8 +263,8 @@ func (c *Client) Prune(ctx context.Context, worker string) error {
 }
 
 // Stream copies a volume path between step pods, across clusters too.
-func (c *Client) Stream(ctx context.Context, req streams.Request) (streams.Result, error) {
-	var out streams.Result
+func (c *Client) Stream(ctx context.Context, req wire.StreamRequest) (wire.StreamResult, error) {
+	var out wire.StreamResult
 	return out, c.call(ctx, http.MethodPost, "/api/v1/streams", nil, req, &out)
 }
 
@@ -278,7 +281,7 @@ func teamQuery(team string) url.Values {
 //
 // A gateway that is starting answers 503 until it has found its steps;
 // the submission is tried again then (it is idempotent), until ctx ends.
-func (c *Client) SubmitStep(ctx context.Context, req steps.Request) (v steps.View, created bool, err error) {
+func (c *Client) SubmitStep(ctx context.Context, req wire.Request) (v wire.View, created bool, err error) {
 	resp, err := c.do(ctx, http.MethodPost, "/api/v1/steps", nil, req)
 	for pause := c.retry; errors.Is(err, ErrUnavailable); pause = min(2*pause, 5*time.Second) {
 		t := time.NewTimer(pause)
@@ -302,14 +305,14 @@ func (c *Client) SubmitStep(ctx context.Context, req steps.Request) (v steps.Vie
 
 // Step reads a step; team names it for an admin token ("" for a team
 // token, or an admin's team-less step).
-func (c *Client) Step(ctx context.Context, team, handle string) (steps.View, error) {
-	var v steps.View
+func (c *Client) Step(ctx context.Context, team, handle string) (wire.View, error) {
+	var v wire.View
 	return v, c.call(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle), teamQuery(team), nil, &v)
 }
 
 // Abort kills the step's process and releases its pod.
-func (c *Client) Abort(ctx context.Context, team, handle string) (steps.View, error) {
-	var v steps.View
+func (c *Client) Abort(ctx context.Context, team, handle string) (wire.View, error) {
+	var v wire.View
 	return v, c.call(ctx, http.MethodDelete, "/api/v1/steps/"+url.PathEscape(handle), teamQuery(team), nil, &v)
 }
 
@@ -318,7 +321,7 @@ func (c *Client) Abort(ctx context.Context, team, handle string) (steps.View, er
 // connection, or a gateway that restarts, is asked again from the event
 // after the last delivered: none is lost or repeated. Answers that say
 // the step cannot be followed (not found, forbidden) end it at once.
-func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn func(steps.Event) error) error {
+func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn func(wire.Event) error) error {
 	pause := c.retry
 	for {
 		next, done, err := c.follow(ctx, team, handle, since, fn)
@@ -346,7 +349,7 @@ func (c *Client) Follow(ctx context.Context, team, handle string, since int, fn 
 // follow reads one events answer. It returns the number of the next
 // event wanted, and done when the step's last event was delivered or fn
 // failed (err is fn's).
-func (c *Client) follow(ctx context.Context, team, handle string, since int, fn func(steps.Event) error) (int, bool, error) {
+func (c *Client) follow(ctx context.Context, team, handle string, since int, fn func(wire.Event) error) (int, bool, error) {
 	q := teamQuery(team)
 	q.Set("since", strconv.Itoa(since))
 	resp, err := c.do(ctx, http.MethodGet, "/api/v1/steps/"+url.PathEscape(handle)+"/events", q, nil)
@@ -357,7 +360,7 @@ func (c *Client) follow(ctx context.Context, team, handle string, since int, fn 
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var e steps.Event
+		var e wire.Event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			return since, false, fmt.Errorf("jetway: events of %s: %w", handle, err)
 		}
@@ -368,7 +371,7 @@ func (c *Client) follow(ctx context.Context, team, handle string, since int, fn 
 			return e.N + 1, true, err
 		}
 		since = e.N + 1
-		if e.Type == steps.EventExited || e.Type == steps.EventFailed {
+		if e.Type == wire.EventExited || e.Type == wire.EventFailed {
 			return since, true, nil
 		}
 	}
@@ -378,22 +381,22 @@ func (c *Client) follow(ctx context.Context, team, handle string, since int, fn 
 // Run submits a step (or takes the team's existing one of that handle),
 // follows its events into onEvent (nil: none) and returns its final view;
 // a step that did not succeed is a *StepError.
-func (c *Client) Run(ctx context.Context, req steps.Request, onEvent func(steps.Event)) (steps.View, error) {
+func (c *Client) Run(ctx context.Context, req wire.Request, onEvent func(wire.Event)) (wire.View, error) {
 	v, _, err := c.SubmitStep(ctx, req)
 	if err != nil {
 		return v, err
 	}
 	var noTarget *NoTargetError
-	err = c.Follow(ctx, v.Team, v.Handle, 0, func(e steps.Event) error {
+	err = c.Follow(ctx, v.Team, v.Handle, 0, func(e wire.Event) error {
 		if onEvent != nil {
 			onEvent(e)
 		}
-		if e.Type != steps.EventWaiting || e.Reason != steps.ReasonNoTargetFits || c.wait {
+		if e.Type != wire.EventWaiting || e.Reason != wire.ReasonNoTargetFits || c.wait {
 			return nil
 		}
 		// Only if it still waits for that: a replayed event of a step
 		// placed since is history.
-		if cur, err := c.Step(ctx, v.Team, v.Handle); err == nil && cur.Phase == steps.Pending && cur.Waiting == e.Message {
+		if cur, err := c.Step(ctx, v.Team, v.Handle); err == nil && cur.Phase == wire.Pending && cur.Waiting == e.Message {
 			noTarget = &NoTargetError{Handle: v.Handle, Message: e.Message}
 			return noTarget
 		}
@@ -411,7 +414,7 @@ func (c *Client) Run(ctx context.Context, req steps.Request, onEvent func(steps.
 	if v, err = c.Step(ctx, v.Team, v.Handle); err != nil {
 		return v, err
 	}
-	if v.Phase != steps.Succeeded {
+	if v.Phase != wire.Succeeded {
 		return v, &StepError{Handle: v.Handle, Phase: v.Phase, ExitStatus: v.ExitStatus, Reason: v.Reason, Message: v.Message}
 	}
 	return v, nil

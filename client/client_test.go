@@ -22,10 +22,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,37 +39,37 @@ var tokens = []api.Token{
 // ends in view; its inputs are unpacked into, and its outputs packed
 // from, dir/<name>.
 type scripted struct {
-	events []steps.Event
-	view   steps.View
+	events []wire.Event
+	view   wire.View
 	dir    string
 	aborts int
 }
 
-func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encoding string, body io.Reader) (stepagent.Input, error) {
+func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encoding string, body io.Reader) (wire.InputDigest, error) {
 	if encoding != "gzip" {
-		return stepagent.Input{}, fmt.Errorf("encoding %q", encoding)
+		return wire.InputDigest{}, fmt.Errorf("encoding %q", encoding)
 	}
 	data, err := io.ReadAll(body)
 	if err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	_, err = Untar(bytes.NewReader(data), filepath.Join(s.dir, input))
-	return stepagent.Input{Name: input, Bytes: int64(len(data))}, err
+	return wire.InputDigest{Name: input, Bytes: int64(len(data))}, err
 }
 func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ string) (io.ReadCloser, error) {
 	dir := filepath.Join(s.dir, output)
 	if _, err := os.Stat(dir); err != nil {
-		return nil, fmt.Errorf("%w: no output %s", steps.ErrNotFound, output)
+		return nil, fmt.Errorf("%w: no output %s", wire.ErrNotFound, output)
 	}
 	return TarDir(dir), nil
 }
 
-func (s *scripted) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {
+func (s *scripted) Submit(steps.Caller, wire.Request) (wire.View, bool, error) {
 	return s.view, true, nil
 }
-func (s *scripted) Get(_ steps.Caller, _, handle string) (steps.View, error) {
+func (s *scripted) Get(_ steps.Caller, _, handle string) (wire.View, error) {
 	if handle != s.view.Handle {
-		return steps.View{}, steps.ErrNotFound
+		return wire.View{}, wire.ErrNotFound
 	}
 	return s.view, nil
 }
@@ -77,13 +77,13 @@ func (s *scripted) Readable(c steps.Caller, team, handle string, _ int) error {
 	_, err := s.Get(c, team, handle)
 	return err
 }
-func (s *scripted) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
+func (s *scripted) Abort(context.Context, steps.Caller, string, string) (wire.View, error) {
 	s.aborts++
 	return s.view, nil
 }
-func (s *scripted) Events(ctx context.Context, _ steps.Caller, _, _ string, since int, send func([]steps.Event) error) error {
+func (s *scripted) Events(ctx context.Context, _ steps.Caller, _, _ string, since int, send func([]wire.Event) error) error {
 	for _, e := range s.events[since:] {
-		if err := send([]steps.Event{e}); err != nil {
+		if err := send([]wire.Event{e}); err != nil {
 			return err
 		}
 	}
@@ -145,21 +145,21 @@ func serve(t *testing.T, st api.Steps, wrap func(http.Handler) http.Handler) *Cl
 	return c
 }
 
-func lines(n int) []steps.Event {
-	var evs []steps.Event
+func lines(n int) []wire.Event {
+	var evs []wire.Event
 	for i := range n - 1 {
-		evs = append(evs, steps.Event{N: i, Type: steps.EventStdout, Data: fmt.Sprintf("line %d\n", i)})
+		evs = append(evs, wire.Event{N: i, Type: wire.EventStdout, Data: fmt.Sprintf("line %d\n", i)})
 	}
 	code := 42
-	return append(evs, steps.Event{N: n - 1, Type: steps.EventExited, Phase: steps.Failed, ExitStatus: &code})
+	return append(evs, wire.Event{N: n - 1, Type: wire.EventExited, Phase: wire.Failed, ExitStatus: &code})
 }
 
 func TestFollowAcrossDroppedConnections(t *testing.T) {
-	st := &scripted{events: lines(10), view: steps.View{Handle: "s", Phase: steps.Failed}}
+	st := &scripted{events: lines(10), view: wire.View{Handle: "s", Phase: wire.Failed}}
 	cut := &cutting{every: 3, cuts: 2}
 	c := serve(t, st, func(h http.Handler) http.Handler { cut.next = h; return cut })
 	var got []int
-	require.NoError(t, c.Follow(context.Background(), "", "s", 0, func(e steps.Event) error {
+	require.NoError(t, c.Follow(context.Background(), "", "s", 0, func(e wire.Event) error {
 		got = append(got, e.N)
 		return nil
 	}))
@@ -169,13 +169,13 @@ func TestFollowAcrossDroppedConnections(t *testing.T) {
 
 func TestRunReturnsTheStepsFailure(t *testing.T) {
 	code := 42
-	st := &scripted{events: lines(4), view: steps.View{Handle: "s", Phase: steps.Failed, ExitStatus: &code}}
+	st := &scripted{events: lines(4), view: wire.View{Handle: "s", Phase: wire.Failed, ExitStatus: &code}}
 	c := serve(t, st, nil)
 	var out strings.Builder
-	_, err := c.Run(context.Background(), steps.Request{Handle: "s"}, func(e steps.Event) { out.WriteString(e.Data) })
+	_, err := c.Run(context.Background(), wire.Request{Handle: "s"}, func(e wire.Event) { out.WriteString(e.Data) })
 	var se *StepError
 	require.ErrorAs(t, err, &se)
-	assert.Equal(t, steps.Failed, se.Phase)
+	assert.Equal(t, wire.Failed, se.Phase)
 	assert.Equal(t, 42, *se.ExitStatus)
 	assert.EqualError(t, err, "step s failed with exit status 42")
 	assert.Equal(t, "line 0\nline 1\nline 2\n", out.String())
@@ -198,7 +198,7 @@ func TestErrorsAreTyped(t *testing.T) {
 		return !errors.Is(err, ErrUnavailable)
 	}, time.Second, time.Millisecond)
 
-	_, _, err := c.SubmitStep(ctx, steps.Request{Handle: "x", Type: "task", Image: "i"})
+	_, _, err := c.SubmitStep(ctx, wire.Request{Handle: "x", Type: "task", Image: "i"})
 	var apiErr *APIError
 	require.ErrorAs(t, err, &apiErr)
 	assert.ErrorIs(t, err, ErrBadRequest)
@@ -207,7 +207,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	_, err = c.Step(ctx, "", "nope")
 	assert.ErrorIs(t, err, ErrNotFound)
 
-	req := steps.Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: steps.Run{Path: "true"}}
+	req := wire.Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: wire.Run{Path: "true"}}
 	v, created, err := c.SubmitStep(ctx, req)
 	require.NoError(t, err)
 	assert.True(t, created)
@@ -217,21 +217,21 @@ func TestErrorsAreTyped(t *testing.T) {
 
 	team, err := New(Options{URL: c.base.String(), Token: tokens[1].Token})
 	require.NoError(t, err)
-	_, _, err = team.SubmitStep(ctx, steps.Request{Handle: "y", Type: "task", Team: "other", Image: "i", Run: steps.Run{Path: "true"}})
+	_, _, err = team.SubmitStep(ctx, wire.Request{Handle: "y", Type: "task", Team: "other", Image: "i", Run: wire.Run{Path: "true"}})
 	assert.ErrorIs(t, err, ErrForbidden)
 
 	// A step that waits: Follow returns when ctx ends; Abort ends it.
 	fctx, fcancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer fcancel()
-	err = c.Follow(fctx, v.Team, v.Handle, 0, func(steps.Event) error { return nil })
+	err = c.Follow(fctx, v.Team, v.Handle, 0, func(wire.Event) error { return nil })
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	v, err = c.Abort(ctx, "main", "x")
 	require.NoError(t, err)
-	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	_, err = c.Run(ctx, req, nil)
 	var se *StepError
 	require.ErrorAs(t, err, &se)
-	assert.Equal(t, steps.Aborted, se.Phase)
+	assert.Equal(t, wire.Aborted, se.Phase)
 }
 
 func TestNewRefusesABadURL(t *testing.T) {
@@ -242,9 +242,9 @@ func TestNewRefusesABadURL(t *testing.T) {
 }
 
 func TestResourceAnswersAreDecoded(t *testing.T) {
-	st := &scripted{events: []steps.Event{{N: 0, Type: steps.EventExited, Phase: steps.Succeeded}},
-		view: steps.View{Handle: "s", Phase: steps.Succeeded, Result: json.RawMessage(`{"version":{"ref":"b"},"metadata":[{"name":"a","value":"1"}]}`),
-			Outputs: []steps.Volume{{Name: "resource", Target: "east", Pod: "p", Handle: "output-resource"}}}}
+	st := &scripted{events: []wire.Event{{N: 0, Type: wire.EventExited, Phase: wire.Succeeded}},
+		view: wire.View{Handle: "s", Phase: wire.Succeeded, Result: json.RawMessage(`{"version":{"ref":"b"},"metadata":[{"name":"a","value":"1"}]}`),
+			Outputs: []wire.Volume{{Name: "resource", Target: "east", Pod: "p", Handle: "output-resource"}}}}
 	c := serve(t, st, nil)
 	f, err := c.GetResource(context.Background(), ResourceStep{Handle: "s", Image: "git", Source: map[string]string{"uri": "x"}})
 	require.NoError(t, err)
@@ -263,19 +263,19 @@ func TestResourceAnswersAreDecoded(t *testing.T) {
 
 func TestRunAbortsAStepNoTargetFits(t *testing.T) {
 	why := "no target satisfies team 'main', tags 'gpu'"
-	st := &scripted{events: []steps.Event{{N: 0, Type: steps.EventWaiting, Reason: steps.ReasonNoTargetFits, Message: why}},
-		view: steps.View{Handle: "s", Phase: steps.Pending, Waiting: why}}
+	st := &scripted{events: []wire.Event{{N: 0, Type: wire.EventWaiting, Reason: wire.ReasonNoTargetFits, Message: why}},
+		view: wire.View{Handle: "s", Phase: wire.Pending, Waiting: why}}
 	c := serve(t, st, nil)
-	_, err := c.Run(context.Background(), steps.Request{Handle: "s"}, nil)
+	_, err := c.Run(context.Background(), wire.Request{Handle: "s"}, nil)
 	var nt *NoTargetError
 	require.ErrorAs(t, err, &nt)
 	assert.Equal(t, why, nt.Message)
 	assert.Equal(t, 1, st.aborts, "the step is aborted, not left waiting")
 
-	st = &scripted{events: []steps.Event{{N: 0, Type: steps.EventWaiting, Reason: steps.ReasonTargetsAtLimit, Message: "every compatible target is at a limit"},
-		{N: 1, Type: steps.EventExited, Phase: steps.Succeeded}}, view: steps.View{Handle: "s", Phase: steps.Succeeded}}
+	st = &scripted{events: []wire.Event{{N: 0, Type: wire.EventWaiting, Reason: wire.ReasonTargetsAtLimit, Message: "every compatible target is at a limit"},
+		{N: 1, Type: wire.EventExited, Phase: wire.Succeeded}}, view: wire.View{Handle: "s", Phase: wire.Succeeded}}
 	c = serve(t, st, nil)
-	_, err = c.Run(context.Background(), steps.Request{Handle: "s"}, nil)
+	_, err = c.Run(context.Background(), wire.Request{Handle: "s"}, nil)
 	require.NoError(t, err, "a step waiting for room is waited for")
 	assert.Zero(t, st.aborts)
 }

@@ -11,29 +11,30 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // oneStep stands in for a gateway's steps: a task that prints a line
 // and exits 3. (It has no inputs or outputs to transfer.)
 type oneStep struct{ api.Steps }
 
-func (oneStep) Submit(steps.Caller, steps.Request) (steps.View, bool, error) {
-	return steps.View{Handle: "unit-1", Phase: steps.Pending}, true, nil
+func (oneStep) Submit(steps.Caller, wire.Request) (wire.View, bool, error) {
+	return wire.View{Handle: "unit-1", Phase: wire.Pending}, true, nil
 }
-func (oneStep) Get(steps.Caller, string, string) (steps.View, error) {
+func (oneStep) Get(steps.Caller, string, string) (wire.View, error) {
 	code := 3
-	return steps.View{Handle: "unit-1", Phase: steps.Failed, ExitStatus: &code}, nil
+	return wire.View{Handle: "unit-1", Phase: wire.Failed, ExitStatus: &code}, nil
 }
 func (oneStep) Readable(steps.Caller, string, string, int) error { return nil }
-func (oneStep) Abort(context.Context, steps.Caller, string, string) (steps.View, error) {
-	return steps.View{}, nil
+func (oneStep) Abort(context.Context, steps.Caller, string, string) (wire.View, error) {
+	return wire.View{}, nil
 }
-func (oneStep) Events(_ context.Context, _ steps.Caller, _, _ string, _ int, send func([]steps.Event) error) error {
+func (oneStep) Events(_ context.Context, _ steps.Caller, _, _ string, _ int, send func([]wire.Event) error) error {
 	code := 3
-	return send([]steps.Event{
-		{N: 0, Type: steps.EventStarted},
-		{N: 1, Type: steps.EventStdout, Data: "FAIL: TestThing\n"},
-		{N: 2, Type: steps.EventExited, Phase: steps.Failed, ExitStatus: &code},
+	return send([]wire.Event{
+		{N: 0, Type: wire.EventStarted},
+		{N: 1, Type: wire.EventStdout, Data: "FAIL: TestThing\n"},
+		{N: 2, Type: wire.EventExited, Phase: wire.Failed, ExitStatus: &code},
 	})
 }
 
@@ -47,11 +48,11 @@ func ExampleClient_Run() {
 	if err != nil {
 		panic(err)
 	}
-	_, err = c.Run(context.Background(), steps.Request{
+	_, err = c.Run(context.Background(), wire.Request{
 		Handle: "unit-1", Type: "task", Image: "golang:1.26",
-		Run: steps.Run{Path: "go", Args: []string{"test", "./..."}},
-	}, func(e steps.Event) {
-		if e.Type == steps.EventStdout {
+		Run: wire.Run{Path: "go", Args: []string{"test", "./..."}},
+	}, func(e wire.Event) {
+		if e.Type == wire.EventStdout {
 			fmt.Print(e.Data)
 		}
 	})

@@ -5,24 +5,22 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/steps"
-	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Orchestrator is what a CI core needs of a Kubernetes runtime: run
 // tasks and resources' check, get and put, and manage the workers. The
 // Client implements it over the HTTP API.
 type Orchestrator interface {
-	RunTask(ctx context.Context, req steps.Request, onEvent func(steps.Event)) (steps.View, error)
+	RunTask(ctx context.Context, req wire.Request, onEvent func(wire.Event)) (wire.View, error)
 	CheckResource(ctx context.Context, r ResourceStep) ([]Version, error)
 	GetResource(ctx context.Context, r ResourceStep) (Fetched, error)
 	PutResource(ctx context.Context, r ResourceStep) (Fetched, error)
-	Workers(ctx context.Context) ([]api.Worker, error)
+	Workers(ctx context.Context) ([]wire.Worker, error)
 	Land(ctx context.Context, worker string) error
 	Retire(ctx context.Context, worker string) error
 	Prune(ctx context.Context, worker string) error
-	Stream(ctx context.Context, req streams.Request) (streams.Result, error)
+	Stream(ctx context.Context, req wire.StreamRequest) (wire.StreamResult, error)
 }
 
 var _ Orchestrator = (*Client)(nil)
@@ -48,13 +46,13 @@ type ResourceStep struct {
 	Version Version
 	Params  any
 	// Inputs are a put's artifacts, under the build dir by name.
-	Inputs []steps.Input
+	Inputs []wire.Input
 	// ReuseKey, for a check, runs it in a warm sandbox pod kept for the
 	// checks of the same team, image and key: say, the resource's name
 	// in its pipeline. Empty: a pod of its own.
 	ReuseKey string
 	// OnEvent, if set, gets the step's events (its stderr is the log).
-	OnEvent func(steps.Event)
+	OnEvent func(wire.Event)
 }
 
 // Fetched is what a get or a put answers: the version and its metadata,
@@ -62,12 +60,12 @@ type ResourceStep struct {
 type Fetched struct {
 	Version  Version         `json:"version"`
 	Metadata []MetadataField `json:"metadata"`
-	Output   steps.Volume    `json:"-"`
-	Step     steps.View      `json:"-"`
+	Output   wire.Volume     `json:"-"`
+	Step     wire.View       `json:"-"`
 }
 
 // RunTask runs a task step to its end: Run.
-func (c *Client) RunTask(ctx context.Context, req steps.Request, onEvent func(steps.Event)) (steps.View, error) {
+func (c *Client) RunTask(ctx context.Context, req wire.Request, onEvent func(wire.Event)) (wire.View, error) {
 	return c.Run(ctx, req, onEvent)
 }
 
@@ -110,21 +108,21 @@ func (c *Client) fetch(ctx context.Context, typ string, r ResourceStep) (Fetched
 }
 
 // resource runs one resource step to its end.
-func (c *Client) resource(ctx context.Context, typ string, r ResourceStep) (steps.View, error) {
-	res := &steps.Resource{}
+func (c *Client) resource(ctx context.Context, typ string, r ResourceStep) (wire.View, error) {
+	res := &wire.Resource{}
 	var err error
 	if res.Source, err = json.Marshal(r.Source); err != nil {
-		return steps.View{}, fmt.Errorf("jetway: %s %s: source: %w", typ, r.Handle, err)
+		return wire.View{}, fmt.Errorf("jetway: %s %s: source: %w", typ, r.Handle, err)
 	}
 	if r.Version != nil {
 		res.Version, _ = json.Marshal(r.Version)
 	}
 	if r.Params != nil {
 		if res.Params, err = json.Marshal(r.Params); err != nil {
-			return steps.View{}, fmt.Errorf("jetway: %s %s: params: %w", typ, r.Handle, err)
+			return wire.View{}, fmt.Errorf("jetway: %s %s: params: %w", typ, r.Handle, err)
 		}
 	}
-	req := steps.Request{Handle: r.Handle, Type: typ, Team: r.Team, Tags: r.Tags, Platform: r.Platform,
+	req := wire.Request{Handle: r.Handle, Type: typ, Team: r.Team, Tags: r.Tags, Platform: r.Platform,
 		Image: r.Image, Inputs: r.Inputs, Resource: res, ReuseKey: r.ReuseKey}
 	return c.Run(ctx, req, r.OnEvent)
 }

@@ -8,20 +8,20 @@ import (
 	"net/url"
 	"os"
 
-	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // UploadInput sends dir's contents as the input name of a step that
 // declared it {from: {upload: true}}; the gateway holds the call until
 // the step's pod is ready for it. It answers the bytes and SHA-256 of the
 // stream (a gzip-compressed tar) as the pod took them.
-func (c *Client) UploadInput(ctx context.Context, team, handle, name, dir string) (stepagent.Input, error) {
+func (c *Client) UploadInput(ctx context.Context, team, handle, name, dir string) (wire.InputDigest, error) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return stepagent.Input{}, fmt.Errorf("jetway: input %s: %s is not a directory", name, dir)
+		return wire.InputDigest{}, fmt.Errorf("jetway: input %s: %s is not a directory", name, dir)
 	}
 	body := TarDir(dir)
 	defer body.Close()
-	var got stepagent.Input
+	var got wire.InputDigest
 	err := c.call(ctx, http.MethodPut, "/api/v1/steps/"+url.PathEscape(handle)+"/inputs/"+url.PathEscape(name), gzipQuery(team), io.Reader(body), &got)
 	return got, err
 }

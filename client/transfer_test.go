@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestUploadAndDownloadKeepTheTree(t *testing.T) {
-	st := &scripted{view: steps.View{Handle: "s"}, dir: t.TempDir()}
+	st := &scripted{view: wire.View{Handle: "s"}, dir: t.TempDir()}
 	c := serve(t, st, nil)
 	src := archiveTree(t)
 	got, err := c.UploadInput(context.Background(), "", "s", "src", src)
@@ -36,7 +36,7 @@ func TestUploadAndDownloadKeepTheTree(t *testing.T) {
 // downloaded output writes; past it the download fails naming the limit
 // and the file.
 func TestDownloadStopsAtTheClientsLimit(t *testing.T) {
-	st := &scripted{view: steps.View{Handle: "s"}, dir: t.TempDir()}
+	st := &scripted{view: wire.View{Handle: "s"}, dir: t.TempDir()}
 	c := serve(t, st, nil)
 	src := archiveTree(t)
 	_, err := c.UploadInput(context.Background(), "", "s", "src", src)

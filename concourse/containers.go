@@ -19,6 +19,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A web node's container on a cluster target is a pod: a step pod whose
@@ -44,10 +45,10 @@ type Containers struct {
 	// Stream copies a volume between two pods of a target
 	// (streams.Streamer.Stream): the volumes a container's bind mounts name
 	// are moved into its pod, and back out after each process.
-	Stream func(ctx context.Context, req streams.Request) (streams.Result, error)
+	Stream func(ctx context.Context, req streams.Request) (wire.StreamResult, error)
 	// ResourceTypes are the base resource types the workers offer: an
 	// import of one of their images runs as that image.
-	ResourceTypes []ResourceType
+	ResourceTypes []wire.ResourceType
 	Metrics       *Metrics
 	Logger        *slog.Logger
 
@@ -361,8 +362,8 @@ func podMounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
 
 // resources are a container's limits as a step's: memory as bytes, CPU
 // shares as cores (1024 shares, one core, as the kubelet counts them).
-func resources(l garden.Limits) steps.Resources {
-	var r steps.Resources
+func resources(l garden.Limits) wire.Resources {
+	var r wire.Resources
 	if shares := max(l.CPU.Weight, l.CPU.LimitInShares); shares > 0 {
 		r.CPU = strconv.FormatUint(max(shares*1000/1024, 1), 10) + "m"
 	}
@@ -407,7 +408,7 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 // starts after the step container, and its first process waits only for
 // it to start; kwok forwards a moment later). The first retries come
 // quickly, as the sidecar listens milliseconds after it starts.
-func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (streams.Result, error) {
+func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 	deadline := time.Now().Add(holderAnswer)
 	wait := firstMoveRetry
 	for {
@@ -495,9 +496,9 @@ func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 			if err != nil {
 				return err
 			}
-			inHolder := streams.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
-			inPod := streams.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
-			req := streams.Request{From: inHolder, To: inPod, Encoding: "raw", Caller: streams.Caller{Admin: true}}
+			inHolder := wire.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
+			inPod := wire.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
+			req := streams.Request{StreamRequest: wire.StreamRequest{From: inHolder, To: inPod, Encoding: "raw"}, Caller: streams.Caller{Admin: true}}
 			what := "into"
 			if !in {
 				req.From, req.To, what = inPod, inHolder, "out of"

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestDockerImages(t *testing.T) {
@@ -37,11 +38,11 @@ func TestDockerImages(t *testing.T) {
 }
 
 func TestContainerLimitsAreResources(t *testing.T) {
-	assert.Equal(t, steps.Resources{}, resources(garden.Limits{}), "no limit: the target's defaults")
-	assert.Equal(t, steps.Resources{CPU: "500m", Memory: "104857600"},
+	assert.Equal(t, wire.Resources{}, resources(garden.Limits{}), "no limit: the target's defaults")
+	assert.Equal(t, wire.Resources{CPU: "500m", Memory: "104857600"},
 		resources(garden.Limits{CPU: garden.CPULimits{LimitInShares: 512}, Memory: garden.MemoryLimits{LimitInBytes: 100 << 20}}))
-	assert.Equal(t, steps.Resources{CPU: "1000m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1024}}), "1024 shares: a core")
-	assert.Equal(t, steps.Resources{CPU: "1m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1}}), "never zero")
+	assert.Equal(t, wire.Resources{CPU: "1000m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1024}}), "1024 shares: a core")
+	assert.Equal(t, wire.Resources{CPU: "1m"}, resources(garden.Limits{CPU: garden.CPULimits{Weight: 1}}), "never zero")
 }
 
 func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
@@ -156,9 +157,9 @@ func TestMovesStopAtAFinalAnswer(t *testing.T) {
 			"no such volume yet": {[]error{&streams.RemoteError{Code: http.StatusNotFound, Status: "404 Not Found"}, nil}, 2, ""},
 		} {
 			calls := 0
-			c := &Containers{Stream: func(context.Context, streams.Request) (streams.Result, error) {
+			c := &Containers{Stream: func(context.Context, streams.Request) (wire.StreamResult, error) {
 				calls++
-				return streams.Result{}, tt.errs[calls-1]
+				return wire.StreamResult{}, tt.errs[calls-1]
 			}}
 			_, err := c.streamRetrying(context.Background(), streams.Request{})
 			assert.Equal(t, tt.calls, calls, name)

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func write(t *testing.T, name string, b []byte) string {
@@ -68,7 +70,7 @@ func TestLoadResourceTypes(t *testing.T) {
 	types, err := LoadResourceTypes(write(t, "types.yaml", []byte(
 		"registry-image: docker.io/concourse/registry-image-resource:1.14.2\ngit: docker.io/concourse/git-resource:1.18\n")))
 	require.NoError(t, err)
-	assert.Equal(t, []ResourceType{{Type: "git", Image: "docker.io/concourse/git-resource:1.18"},
+	assert.Equal(t, []wire.ResourceType{{Type: "git", Image: "docker.io/concourse/git-resource:1.18"},
 		{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"}}, types)
 	bad := write(t, "bad.yaml", []byte("git: ''\n'a b': x\n"))
 	_, err = LoadResourceTypes(bad)

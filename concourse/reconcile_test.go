@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // changingTargets are targets a test changes.
@@ -42,7 +43,7 @@ type sessionWeb struct {
 	land     map[string]chan struct{}
 }
 
-func (w *sessionWeb) Forward(ctx context.Context, wk Worker, _, _ http.Handler, on func(Event)) error {
+func (w *sessionWeb) Forward(ctx context.Context, wk wire.Worker, _, _ http.Handler, on func(Event)) error {
 	w.mu.Lock()
 	landed := make(chan struct{})
 	w.land[wk.Name] = landed
@@ -56,7 +57,7 @@ func (w *sessionWeb) Forward(ctx context.Context, wk Worker, _, _ http.Handler, 
 	}
 }
 
-func (w *sessionWeb) Command(_ context.Context, command string, wk Worker) ([]byte, error) {
+func (w *sessionWeb) Command(_ context.Context, command string, wk wire.Worker) ([]byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if command == "land-worker" || command == "retire-worker" || command == "delete-worker" {

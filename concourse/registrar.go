@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Targets are the targets a Registrar registers (the targets registry).
@@ -94,7 +95,7 @@ type Options struct {
 	// collection rounds with the web node; default DefaultSweepInterval.
 	SweepInterval time.Duration
 	// ResourceTypes are the base resource types every worker offers.
-	ResourceTypes []ResourceType
+	ResourceTypes []wire.ResourceType
 	// RetryMin and RetryMax bound the backoff between failed tries of one
 	// target's registration; default 1 s and 1 min.
 	RetryMin, RetryMax time.Duration
@@ -110,12 +111,12 @@ type Web interface {
 	// called with each event. It returns nil when the web node ended the
 	// registration (it landed or retired the worker), ctx's error when ctx
 	// ended, else why the registration broke.
-	Forward(ctx context.Context, w Worker, garden, baggageclaim http.Handler, on func(Event)) error
+	Forward(ctx context.Context, w wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error
 	// Command runs one of the TSA's one-shot commands for w (land-worker,
 	// retire-worker, delete-worker, report-containers H...,
 	// sweep-containers, report-volumes H..., sweep-volumes) and returns
 	// its output: for the sweeps, a JSON list of the handles to destroy.
-	Command(ctx context.Context, command string, w Worker) ([]byte, error)
+	Command(ctx context.Context, command string, w wire.Worker) ([]byte, error)
 }
 
 // Registrar keeps every running target this gateway registers registered
@@ -148,7 +149,7 @@ type Registrar struct {
 }
 
 type session struct {
-	worker Worker
+	worker wire.Worker
 	cancel context.CancelFunc
 }
 
@@ -173,7 +174,7 @@ func New(opts Options) *Registrar {
 		opts.SweepInterval = DefaultSweepInterval
 	}
 	if opts.WorkerVersion == "" {
-		opts.WorkerVersion = WorkerVersion
+		opts.WorkerVersion = wire.WorkerVersion
 	}
 	if opts.Registers == nil {
 		opts.Registers = func() bool { return true }
@@ -308,7 +309,7 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		// Gone: a target the web node has a worker of is deleted there,
 		// landed or not; an agent gone is only no longer registered here.
 		if registers && r.known[name] && !r.agents[name] {
-			r.tell(ctx, Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "", false)
+			r.tell(ctx, wire.Worker{Name: name, Version: r.opts.WorkerVersion}, r.was[name], "", false)
 		}
 		delete(r.regs, name)
 		delete(r.since, name)
@@ -344,7 +345,7 @@ func (r *Registrar) forgetContainers(ctx context.Context, target string) {
 // the web node landed (landedThere) is landed already, and cannot be
 // retired there (it has no address, which a retiring worker must have):
 // retiring deletes it.
-func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State, landedThere bool) {
+func (r *Registrar) tell(ctx context.Context, w wire.Worker, was, now targets.State, landedThere bool) {
 	if was == "" {
 		return // first seen: whatever it is, the web node learns it from the registration
 	}
@@ -394,7 +395,7 @@ func (r *Registrar) tell(ctx context.Context, w Worker, was, now targets.State, 
 }
 
 // worker is a target's worker, as registered.
-func (r *Registrar) worker(st targets.Status) Worker {
+func (r *Registrar) worker(st targets.Status) wire.Worker {
 	platform := st.Meta.Platform
 	if platform == "" {
 		platform = "linux"
@@ -406,17 +407,17 @@ func (r *Registrar) worker(st targets.Status) Worker {
 		// checks, gets and puts elsewhere.
 		types = nil
 	}
-	return Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
+	return wire.Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
 		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: types,
 		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward}
 }
 
-func sameWorker(a, b Worker) bool {
+func sameWorker(a, b wire.Worker) bool {
 	return a.Name == b.Name && a.Team == b.Team && a.Platform == b.Platform && slices.Equal(a.Tags, b.Tags)
 }
 
 // start starts a session registering w. r.mu is held.
-func (r *Registrar) start(ctx context.Context, w Worker) {
+func (r *Registrar) start(ctx context.Context, w wire.Worker) {
 	sctx, cancel := context.WithCancel(ctx)
 	s := &session{worker: w, cancel: cancel}
 	r.sessions[w.Name] = s

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/internal/backoff"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // REST reaches a web node through its REST API (concourse-url) instead of
@@ -185,7 +186,7 @@ func (r *REST) TTL() time.Duration { return 2 * r.opts.HeartbeatInterval }
 // landed, or a heartbeat answered 404: retired or pruned), ctx's error
 // when ctx ended, else why the registration failed or broke (no
 // heartbeat for the TTL).
-func (r *REST) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Handler, on func(Event)) error {
+func (r *REST) Forward(ctx context.Context, w wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error {
 	if on == nil {
 		on = func(Event) {}
 	}
@@ -230,7 +231,7 @@ func port(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
 
 // register lists the worker's containers and volumes and registers it
 // with the TTL.
-func (r *REST) register(ctx context.Context, w Worker, own ownAPIs) error {
+func (r *REST) register(ctx context.Context, w wire.Worker, own ownAPIs) error {
 	if err := r.count(ctx, &w, own); err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
@@ -253,7 +254,7 @@ var errGone = errors.New("the web node has no such worker")
 // heartbeat heartbeats w every HeartbeatInterval until the web node ends
 // its registration or ctx ends; a failed heartbeat is tried again every
 // RetryInterval until the TTL since the last one ran out.
-func (r *REST) heartbeat(ctx context.Context, w Worker, own ownAPIs, on func(Event)) error {
+func (r *REST) heartbeat(ctx context.Context, w wire.Worker, own ownAPIs, on func(Event)) error {
 	log := r.opts.Logger.With("target", w.Name)
 	last := r.opts.Now()
 	wait := r.opts.HeartbeatInterval
@@ -284,7 +285,7 @@ func (r *REST) heartbeat(ctx context.Context, w Worker, own ownAPIs, on func(Eve
 
 // heartbeatOnce lists the worker's containers and volumes and heartbeats
 // it; it returns the worker's state on the web node.
-func (r *REST) heartbeatOnce(ctx context.Context, w Worker, own ownAPIs) (string, error) {
+func (r *REST) heartbeatOnce(ctx context.Context, w wire.Worker, own ownAPIs) (string, error) {
 	if err := r.count(ctx, &w, own); err != nil {
 		return "", fmt.Errorf("heartbeat: %w", err)
 	}
@@ -313,7 +314,7 @@ type ownAPIs struct{ garden, volumes string }
 
 // count sets w's active containers and volumes from its own lists, as
 // the TSA's heartbeat does (it registers nothing it cannot list).
-func (r *REST) count(ctx context.Context, w *Worker, own ownAPIs) error {
+func (r *REST) count(ctx context.Context, w *wire.Worker, own ownAPIs) error {
 	var containers struct {
 		Handles []string `json:"handles"`
 	}
@@ -358,7 +359,7 @@ func (r *REST) list(ctx context.Context, u string, v any) error {
 // H... and report-volumes H... (what the worker holds), sweep-containers
 // and sweep-volumes (the JSON list of handles the web node wants
 // destroyed, returned).
-func (r *REST) Command(ctx context.Context, command string, w Worker) ([]byte, error) {
+func (r *REST) Command(ctx context.Context, command string, w wire.Worker) ([]byte, error) {
 	verb, handles := commandArgs(command)
 	if w.Name == "" {
 		return nil, fmt.Errorf("%s: no worker name", verb)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 const testSecret = "s3cret+/="
@@ -36,7 +38,7 @@ type fakeWeb struct {
 	// heartbeat answers the nth heartbeat (from 1): status and state.
 	heartbeat  func(n int) (int, string)
 	beats      int
-	registered Worker
+	registered wire.Worker
 }
 
 func newFakeWeb(t *testing.T) *fakeWeb {
@@ -120,7 +122,7 @@ func (f *fakeWeb) tokens() []string {
 	return append([]string(nil), f.issued...)
 }
 
-func (f *fakeWeb) worker() Worker {
+func (f *fakeWeb) worker() wire.Worker {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.registered
@@ -129,7 +131,7 @@ func (f *fakeWeb) worker() Worker {
 // forward runs Forward for worker t and returns its result and events.
 func forward(ctx context.Context, r *REST) (error, []string) {
 	var events []string
-	err := r.Forward(ctx, Worker{Name: "t", Platform: "linux", Version: WorkerVersion}, gardenAPI("t", none{}, nil, nil), volumeAPI("t", none{}),
+	err := r.Forward(ctx, wire.Worker{Name: "t", Platform: "linux", Version: wire.WorkerVersion}, gardenAPI("t", none{}, nil, nil), volumeAPI("t", none{}),
 		func(e Event) { events = append(events, e.Type) })
 	return err, events
 }
@@ -218,7 +220,7 @@ func TestRESTToken(t *testing.T) {
 	now := time.Now()
 	r := f.rest(t, RESTOptions{Now: func() time.Time { return now }})
 	ctx := context.Background()
-	land := func() error { _, err := r.Command(ctx, "land-worker", Worker{Name: "t"}); return err }
+	land := func() error { _, err := r.Command(ctx, "land-worker", wire.Worker{Name: "t"}); return err }
 
 	require.NoError(t, land())
 	require.NoError(t, land())
@@ -244,7 +246,7 @@ func TestRESTToken(t *testing.T) {
 	assert.Len(t, f.tokens(), 4, "one new token, not more")
 
 	wrong := f.rest(t, RESTOptions{ClientSecret: "wrong+secret"})
-	_, err = wrong.Command(ctx, "land-worker", Worker{Name: "t"})
+	_, err = wrong.Command(ctx, "land-worker", wire.Worker{Name: "t"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "token for client jetway: the web node answered 401 Unauthorized")
 	assert.Contains(t, err.Error(), "is the client in the web node's --add-client")
@@ -260,7 +262,7 @@ func TestRESTToken(t *testing.T) {
 func TestRESTCommand(t *testing.T) {
 	f := newFakeWeb(t)
 	r := f.rest(t, RESTOptions{})
-	w := Worker{Name: "a b"}
+	w := wire.Worker{Name: "a b"}
 	for _, tt := range []struct {
 		command, call, body, out string
 	}{
@@ -280,7 +282,7 @@ func TestRESTCommand(t *testing.T) {
 		assert.Equal(t, tt.body, string(f.bodies[len(f.bodies)-1]), tt.command)
 		f.mu.Unlock()
 	}
-	_, err := r.Command(context.Background(), "land-worker", Worker{Name: "missing"})
+	_, err := r.Command(context.Background(), "land-worker", wire.Worker{Name: "missing"})
 	assert.ErrorContains(t, err, "land-worker missing: PUT /api/v1/workers/missing/land: the web node answered 404 Not Found: xxx")
 	assert.Less(t, len(err.Error()), maxErrorBody+200, "the body in an error is bounded")
 	_, err = r.Command(context.Background(), "forward-worker", w)

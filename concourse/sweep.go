@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/internal/backoff"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Garbage collection is the worker's, as with Concourse's own workers
@@ -43,7 +44,7 @@ type commander func(ctx context.Context, command string) ([]byte, error)
 
 // sweeps sweeps w's holdings once registered (the registration's event,
 // with its commander), then every SweepInterval, until ctx ends.
-func (r *Registrar) sweeps(ctx context.Context, w Worker, registered <-chan Event) {
+func (r *Registrar) sweeps(ctx context.Context, w wire.Worker, registered <-chan Event) {
 	var e Event
 	select {
 	case <-ctx.Done():

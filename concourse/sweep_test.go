@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // recordingWeb answers sweeps with its destroy list and records commands.
@@ -18,11 +20,11 @@ type recordingWeb struct {
 	destroy  string // the JSON sweep-containers answers
 }
 
-func (w *recordingWeb) Forward(context.Context, Worker, http.Handler, http.Handler, func(Event)) error {
+func (w *recordingWeb) Forward(context.Context, wire.Worker, http.Handler, http.Handler, func(Event)) error {
 	return errors.New("not used")
 }
 
-func (w *recordingWeb) Command(_ context.Context, command string, _ Worker) ([]byte, error) {
+func (w *recordingWeb) Command(_ context.Context, command string, _ wire.Worker) ([]byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.commands = append(w.commands, command)
@@ -62,7 +64,7 @@ func TestSweepReportsThenDestroysWhatIsNamed(t *testing.T) {
 	h := &heldContainers{held: []string{"a", "b"}, foreign: []string{"planted"}}
 	r := New(Options{Web: web, Holdings: h})
 	run := func(ctx context.Context, command string) ([]byte, error) {
-		return web.Command(ctx, command, Worker{Name: "t"})
+		return web.Command(ctx, command, wire.Worker{Name: "t"})
 	}
 	k := r.kinds()[0]
 	require.NoError(t, r.sweep(context.Background(), "t", k, run))

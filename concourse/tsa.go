@@ -27,40 +27,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/jetway-ci/jetway/internal/capped"
+	"github.com/jetway-ci/jetway/wire"
 )
-
-// Worker is a Concourse worker as the TSA reads it from stdin (the fields
-// of atc.Worker jetway sets).
-type Worker struct {
-	GardenAddr       string         `json:"addr"`
-	BaggageclaimURL  string         `json:"baggageclaim_url"`
-	ActiveContainers int            `json:"active_containers"`
-	ActiveVolumes    int            `json:"active_volumes"`
-	ActiveTasks      int            `json:"active_tasks"`
-	ResourceTypes    []ResourceType `json:"resource_types"`
-	Platform         string         `json:"platform"`
-	Tags             []string       `json:"tags"`
-	Team             string         `json:"team"`
-	Name             string         `json:"name"`
-	// Version must be WorkerVersion: a web node places nothing on a worker
-	// of another (atc/worker/pool.go).
-	Version   string `json:"version"`
-	StartTime int64  `json:"start_time"`
-	Ephemeral bool   `json:"ephemeral"`
-}
-
-// WorkerVersion is the worker API version Concourse v8 places work on.
-const WorkerVersion = "2.5"
-
-// ResourceType is a base resource type a worker offers: its image is what
-// the operator mapped it to (--concourse-resource-types).
-type ResourceType struct {
-	Type                 string `json:"type"`
-	Image                string `json:"image"`
-	Version              string `json:"version"`
-	Privileged           bool   `json:"privileged"`
-	UniqueVersionHistory bool   `json:"unique_version_history"`
-}
 
 // The addresses forward-worker names for its two forwards. The TSA opens a
 // port of its own for each and records it as the worker's; these only have
@@ -140,7 +108,7 @@ const maxStderr = 4 << 10
 // run runs command for worker w on c, its JSON on stdin, stdout to out. A
 // command ending with a status other than 0 fails with its stderr. When
 // ctx ends the command is interrupted and its session closed.
-func run(ctx context.Context, c *ssh.Client, command string, w Worker, out io.Writer) error {
+func run(ctx context.Context, c *ssh.Client, command string, w wire.Worker, out io.Writer) error {
 	sess, err := c.NewSession()
 	if err != nil {
 		return fmt.Errorf("%s: open a session: %w", verb(command), err)
@@ -183,7 +151,7 @@ func verb(command string) string { v, _, _ := strings.Cut(command, " "); return 
 // Command runs a one-shot TSA command (land-worker, retire-worker,
 // delete-worker, report-containers H..., sweep-containers, ...) for worker
 // w on a connection of its own, and returns its stdout.
-func (t TSA) Command(ctx context.Context, command string, w Worker) ([]byte, error) {
+func (t TSA) Command(ctx context.Context, command string, w wire.Worker) ([]byte, error) {
 	c, err := t.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -204,7 +172,7 @@ func (t TSA) Command(ctx context.Context, command string, w Worker) ([]byte, err
 // node landed or retired the worker), ctx's error when ctx ended (the
 // connection is closed: the web node stalls the worker unless another
 // gateway registers it), else why the registration broke.
-func (t TSA) Forward(ctx context.Context, w Worker, garden, baggageclaim http.Handler, on func(Event)) error {
+func (t TSA) Forward(ctx context.Context, w wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error {
 	c, err := t.dial(ctx)
 	if err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // LoadResourceTypes reads the base resource types the workers offer
@@ -14,7 +16,7 @@ import (
 // reference, e.g. `registry-image: docker.io/concourse/registry-image-resource:1.14.2`.
 // The web node passes the image back when it runs the type; jetway runs
 // it as that image.
-func LoadResourceTypes(path string) ([]ResourceType, error) {
+func LoadResourceTypes(path string) ([]wire.ResourceType, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -26,7 +28,7 @@ func LoadResourceTypes(path string) ([]ResourceType, error) {
 	if err := yaml.UnmarshalStrict(b, &m); err != nil {
 		return nil, fmt.Errorf("resource types %s: want a map of type to image reference: %w", path, err)
 	}
-	var out []ResourceType
+	var out []wire.ResourceType
 	var probs []string
 	for typ, image := range m {
 		switch {
@@ -35,13 +37,13 @@ func LoadResourceTypes(path string) ([]ResourceType, error) {
 		case strings.TrimSpace(image) == "":
 			probs = append(probs, fmt.Sprintf("%s: no image", typ))
 		default:
-			out = append(out, ResourceType{Type: typ, Image: image})
+			out = append(out, wire.ResourceType{Type: typ, Image: image})
 		}
 	}
 	if len(probs) > 0 {
 		slices.Sort(probs)
 		return nil, fmt.Errorf("resource types %s: %s", path, strings.Join(probs, "; "))
 	}
-	slices.SortFunc(out, func(a, b ResourceType) int { return strings.Compare(a.Type, b.Type) })
+	slices.SortFunc(out, func(a, b wire.ResourceType) int { return strings.Compare(a.Type, b.Type) })
 	return out, nil
 }

@@ -124,10 +124,6 @@ type Config struct {
 	NoAuth         bool   `mapstructure:"no-auth" help:"serve the API without authentication (only for local experiments)"`
 }
 
-// WorkerVersion is the Concourse worker API version jetway implements; fly
-// v8 accepts workers reporting 2.5.
-const WorkerVersion = "2.5"
-
 // Default returns the configuration used where nothing else is said.
 func Default() Config {
 	return Config{

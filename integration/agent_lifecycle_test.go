@@ -18,7 +18,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/internal/meshtest"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // exited waits for the agent to end of its own accord (retired, pruned),
@@ -98,7 +98,7 @@ func TestAgentLifecycle(t *testing.T) {
 	wait := shStep("life-wait", `while [ ! -e `+gate+` ]; do sleep 0.02; done; echo done`)
 	wait.Platform, wait.Image = "darwin", "" // a task for an agent needs no image
 	g.run(t, wait)
-	g.waitPhase(t, "life-wait", steps.Running)
+	g.waitPhase(t, "life-wait", wire.Running)
 	code, body, _ := call(t, http.MethodPut, worker+"/prune", "")
 	assert.Equal(t, http.StatusBadRequest, code, "a running agent: %s", body)
 	assert.JSONEq(t, `{"stderr":"cannot prune running worker"}`, body)
@@ -110,7 +110,7 @@ func TestAgentLifecycle(t *testing.T) {
 	assert.Contains(t, p.Rejected["mac-life"], "landing")
 	writeFile(t, gate, nil)
 	evs := g.stepEvents(ctx, t, "life-wait", "", 0)
-	assert.Equal(t, "done\n", outputOf(evs, steps.EventStdout), "the running step ended as it would have")
+	assert.Equal(t, "done\n", outputOf(evs, wire.EventStdout), "the running step ended as it would have")
 	waitWorker(t, g, "mac-life", "landed")
 
 	// Pruned while landed: it leaves and exits; restarted, it is landed.
@@ -172,13 +172,13 @@ func TestAgentSurvivesADroppedTunnel(t *testing.T) {
 	proxy.Cut()
 	evs := followResumed(ctx, t, g, "blip")
 	v := g.step(t, "blip")
-	assert.Equal(t, steps.Failed, v.Phase)
+	assert.Equal(t, wire.Failed, v.Phase)
 	assert.Equal(t, []string{"placed", "started", "exited"}, types(evs))
 	var want strings.Builder
 	for i := 1; i <= lines; i++ {
 		fmt.Fprintf(&want, "line %d\n", i)
 	}
-	assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout), "every line once, in order")
+	assert.Equal(t, want.String(), outputOf(evs, wire.EventStdout), "every line once, in order")
 	for i, e := range evs {
 		require.Equal(t, i, e.N)
 	}
@@ -195,9 +195,9 @@ func TestAgentSurvivesADroppedTunnel(t *testing.T) {
 
 // followResumed follows a step's events through g to its end as a client
 // that loses its stream does: asking again from the next event it lacks.
-func followResumed(ctx context.Context, t *testing.T, g *gateway, handle string) []steps.Event {
+func followResumed(ctx context.Context, t *testing.T, g *gateway, handle string) []wire.Event {
 	t.Helper()
-	var evs []steps.Event
+	var evs []wire.Event
 	eventually(t, 60*time.Second, func() error {
 		url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=%d", g.base, handle, len(evs))
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -213,7 +213,7 @@ func followResumed(ctx context.Context, t *testing.T, g *gateway, handle string)
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
-			var e steps.Event
+			var e wire.Event
 			if json.Unmarshal(sc.Bytes(), &e) != nil {
 				break // a line cut short
 			}
@@ -243,11 +243,11 @@ func TestAnAgentDyingMidStreamFailsTheInputLoudly(t *testing.T) {
 
 	blob := shStep("die-make", `head -c 500000000 /dev/urandom > out/blob`)
 	blob.Platform, blob.Image = "darwin", ""
-	blob.Outputs = []steps.Output{{Name: "out"}}
+	blob.Outputs = []wire.Output{{Name: "out"}}
 	runEvents(ctx, t, g, blob, "mac-die")
 	use := shStep("die-use", `echo ran`)
 	use.Platform = "linux" // else it goes where its input is, the agent
-	use.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "die-make", Output: "out"}}}
+	use.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "die-make", Output: "out"}}}
 	g.run(t, use)
 	eventually(t, 60*time.Second, func() error { // the bytes flow into the cluster's pod
 		v := g.step(t, "die-use")
@@ -257,7 +257,7 @@ func TestAnAgentDyingMidStreamFailsTheInputLoudly(t *testing.T) {
 		return nil
 	})
 	ag.kill(t)
-	v := g.waitPhase(t, "die-use", steps.Errored)
+	v := g.waitPhase(t, "die-use", wire.Errored)
 	t.Logf("the step's end: %s: %s", v.Reason, v.Message)
 	assert.Equal(t, "StepFailed", v.Reason)
 	assert.Contains(t, v.Message, "input in")

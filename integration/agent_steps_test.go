@@ -29,6 +29,7 @@ import (
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // otherTeamToken is a token of a team no agent serves.
@@ -90,7 +91,7 @@ func (a *joinedAgent) restart(t *testing.T) {
 }
 
 // folder is a step's folder on the agent.
-func (a *joinedAgent) folder(v steps.View) string { return filepath.Join(a.work, "steps", v.Pod) }
+func (a *joinedAgent) folder(v wire.View) string { return filepath.Join(a.work, "steps", v.Pod) }
 
 // proc is a process the test saw alive: its pid and start time, so that a
 // pid the kernel gives to another process later never passes for it.
@@ -228,7 +229,7 @@ func TestAgentPlacement(t *testing.T) {
 		if tt.agent != nil {
 			want, err := filepath.EvalSymlinks(filepath.Join(tt.agent.folder(asMain.step(t, req.Handle)), "build"))
 			require.NoError(t, err)
-			assert.Equal(t, want+"\n", outputOf(evs, steps.EventStdout), "ran in %s's step folder", tt.target)
+			assert.Equal(t, want+"\n", outputOf(evs, wire.EventStdout), "ran in %s's step folder", tt.target)
 		}
 	}
 
@@ -277,7 +278,7 @@ func TestAgentPlacement(t *testing.T) {
 func waitWaiting(t *testing.T, g *gateway, handle, why string) {
 	t.Helper()
 	eventually(t, 10*time.Second, func() error {
-		if v := g.step(t, handle); v.Phase != steps.Pending || v.Waiting != why {
+		if v := g.step(t, handle); v.Phase != wire.Pending || v.Waiting != why {
 			return errorf("%s: phase %s, waiting %q", handle, v.Phase, v.Waiting)
 		}
 		return nil
@@ -286,16 +287,16 @@ func waitWaiting(t *testing.T, g *gateway, handle, why string) {
 
 // endWaiting aborts a waiting step and returns its events: it waited for
 // why, and ends aborted, never placed.
-func endWaiting(ctx context.Context, t *testing.T, g *gateway, handle, why string) []steps.Event {
+func endWaiting(ctx context.Context, t *testing.T, g *gateway, handle, why string) []wire.Event {
 	t.Helper()
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/"+handle, g.token)
 	require.Equal(t, http.StatusOK, code, body)
 	evs := g.stepEvents(ctx, t, handle, "", 0)
-	assert.Equal(t, []string{steps.EventWaiting, steps.EventFailed}, types(evs), "%+v", evs)
-	assert.Equal(t, steps.ReasonNoTargetFits, evs[0].Reason)
+	assert.Equal(t, []string{wire.EventWaiting, wire.EventFailed}, types(evs), "%+v", evs)
+	assert.Equal(t, wire.ReasonNoTargetFits, evs[0].Reason)
 	assert.Equal(t, why, evs[0].Message)
 	v := g.step(t, handle)
-	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	return evs
 }
 
@@ -340,15 +341,15 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	assert.NoDirExists(t, ag.folder(v), "released: its folder is deleted")
 
 	v = asMain.step(t, "aa-abort")
-	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	assert.True(t, v.Released)
 	evs := <-followed
 	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
 	code, body, _ = call(t, http.MethodGet, g.base+"/api/v1/steps/aa-abort/events", mainToken.Token)
 	assert.Equal(t, http.StatusGone, code, "its log went with its folder: %s", body)
-	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, steps.EventStdout), "TERM first")
+	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, wire.EventStdout), "TERM first")
 	last := evs[len(evs)-1]
-	assert.Equal(t, steps.Aborted, last.Phase)
+	assert.Equal(t, wire.Aborted, last.Phase)
 	assert.Equal(t, "aborted", last.Reason)
 	require.NotNil(t, last.ExitStatus)
 	assert.Equal(t, 128+int(syscall.SIGKILL), *last.ExitStatus, "then KILL")
@@ -362,12 +363,12 @@ func TestAgentAbortAndTimeout(t *testing.T) {
 	evs = asMain.stepEvents(ctx, t, "aa-timeout", "", 0)
 	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
 	last = evs[len(evs)-1]
-	assert.Equal(t, steps.EventFailed, last.Type)
-	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, wire.EventFailed, last.Type)
+	assert.Equal(t, wire.Errored, last.Phase)
 	assert.Equal(t, "timeout", last.Reason)
 	assert.Contains(t, last.Message, "timed out after 2s")
 	v = asMain.step(t, "aa-timeout")
-	assert.Equal(t, steps.Errored, v.Phase)
+	assert.Equal(t, wire.Errored, v.Phase)
 	assert.GreaterOrEqual(t, v.FinishedAt.Sub(v.StartedAt), 2*time.Second)
 	assert.Less(t, v.FinishedAt.Sub(v.StartedAt), 10*time.Second, "killed after its timeout and the kill grace")
 	waitGone(t, sleeper)
@@ -389,7 +390,7 @@ func TestAgentLostStep(t *testing.T) {
 	asMain.token = mainToken.Token
 
 	req := shStep("al-lost", `echo run >> out/runs; i=1; while :; do echo "line $i"; i=$((i+1)); sleep 0.05; done`)
-	req.Platform, req.Outputs = "darwin", []steps.Output{{Name: "out"}}
+	req.Platform, req.Outputs = "darwin", []wire.Output{{Name: "out"}}
 	asMain.run(t, req)
 	asMain.waitEvents(t, "al-lost", 5) // placed, started, lines
 	v := asMain.step(t, "al-lost")
@@ -419,13 +420,13 @@ func TestAgentLostStep(t *testing.T) {
 	evs := asMain.stepEvents(ectx, t, "al-lost", "", 0)
 	assert.Equal(t, []string{"placed", "started", "failed"}, types(evs))
 	last := evs[len(evs)-1]
-	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, wire.Errored, last.Phase)
 	assert.Equal(t, "lost", last.Reason)
 	assert.Equal(t, "the step's supervisor died before its process ended", last.Message)
-	out := outputOf(evs, steps.EventStdout)
+	out := outputOf(evs, wire.EventStdout)
 	assert.True(t, strings.HasPrefix(out, "line 1\nline 2\nline 3\n"), "the output made before: %q", out)
 	v = asMain.step(t, "al-lost")
-	assert.Equal(t, steps.Errored, v.Phase)
+	assert.Equal(t, wire.Errored, v.Phase)
 	assert.Equal(t, "lost", v.Reason)
 	assert.False(t, v.FinishedAt.IsZero())
 	runs, err := os.ReadFile(filepath.Join(root, "build", "out", "runs"))
@@ -539,7 +540,7 @@ func TestAgentCertificates(t *testing.T) {
 		req.Platform = "darwin"
 		asMain := *g
 		asMain.token = mainToken.Token
-		assert.Equal(t, "fine\n", outputOf(runEvents(ctx, t, &asMain, req, "ac-mac"), steps.EventStdout))
+		assert.Equal(t, "fine\n", outputOf(runEvents(ctx, t, &asMain, req, "ac-mac"), wire.EventStdout))
 		waitOwners(t, g, map[string]string{"ac-cluster": "ac-gw/running", "ac-rogue": "ac-rogue/running", "ac-mac": "ac-mac/running"})
 	})
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/internal/meshtest"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // agentProcess is `gateway agent` running as its own process.
@@ -69,14 +69,14 @@ func TestAgent(t *testing.T) {
 	member.stallAfter = 2 * time.Second
 	g := startGateway(t, dir, gatewayOptions{identity: "agent-gw", tokens: []api.Token{adminToken, mainToken}, mesh: member})
 	ag := joinAgent(t, g, ca, "mac-mini", "--platform", "darwin", "--tag", "mac", "--team", "main")
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	for _, w := range workers {
 		if w.Name == "mac-mini" {
 			assert.Equal(t, "darwin", w.Platform)
 			assert.Equal(t, []string{"mac"}, w.Tags)
 			assert.Equal(t, "main", w.Team)
-			assert.Equal(t, "agent://mac-mini", w.Addr)
+			assert.Equal(t, "agent://mac-mini", w.GardenAddr)
 		}
 	}
 	asMain := *g
@@ -85,18 +85,18 @@ func TestAgent(t *testing.T) {
 	// A task on the cluster makes a blob; a task on the agent hashes it
 	// and makes its own; a task on the cluster hashes that.
 	produce := shStep("agent-produce", `head -c 3000000 /dev/urandom > out/blob && sha256sum out/blob | cut -d' ' -f1`)
-	produce.Outputs = []steps.Output{{Name: "out"}}
+	produce.Outputs = []wire.Output{{Name: "out"}}
 	sum := runToEnd(ctx, t, &asMain, produce, "agent-cluster")
 	onMac := shStep("agent-mac", `sha256sum in/blob | cut -d' ' -f1; head -c 2000000 /dev/urandom > out/blob2; sha256sum out/blob2 | cut -d' ' -f1 >&2`)
 	onMac.Platform, onMac.Tags = "darwin", []string{"mac"}
-	onMac.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "agent-produce", Output: "out"}}}
-	onMac.Outputs = []steps.Output{{Name: "out"}}
+	onMac.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "agent-produce", Output: "out"}}}
+	onMac.Outputs = []wire.Output{{Name: "out"}}
 	evs := runEvents(ctx, t, &asMain, onMac, "mac-mini")
 	assert.Equal(t, []string{"placed", "input", "started", "exited"}, types(evs))
-	assert.Equal(t, sum, outputOf(evs, steps.EventStdout), "the agent got the cluster's bytes")
-	sum2 := outputOf(evs, steps.EventStderr)
+	assert.Equal(t, sum, outputOf(evs, wire.EventStdout), "the agent got the cluster's bytes")
+	sum2 := outputOf(evs, wire.EventStderr)
 	back := shStep("agent-back", `sha256sum in/blob2 | cut -d' ' -f1`)
-	back.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "agent-mac", Output: "out"}}}
+	back.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "agent-mac", Output: "out"}}}
 	assert.Equal(t, sum2, runToEnd(ctx, t, &asMain, back, "agent-cluster"), "the cluster got the agent's bytes")
 
 	// Killed mid-step: the step goes on; the agent is stalled, then back.
@@ -121,7 +121,7 @@ func TestAgent(t *testing.T) {
 	for i := 1; i <= lines; i++ {
 		fmt.Fprintf(&want, "line %d\n", i)
 	}
-	assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout), "every line once, in order")
+	assert.Equal(t, want.String(), outputOf(evs, wire.EventStdout), "every line once, in order")
 	require.NotNil(t, evs[len(evs)-1].ExitStatus)
 	assert.Equal(t, 42, *evs[len(evs)-1].ExitStatus)
 }
@@ -130,7 +130,7 @@ func TestAgent(t *testing.T) {
 func waitWorker(t *testing.T, g *gateway, name, state string) {
 	t.Helper()
 	eventually(t, 30*time.Second, func() error {
-		var workers []api.Worker
+		var workers []wire.Worker
 		g.get(t, "/api/v1/workers", &workers)
 		for _, w := range workers {
 			if w.Name == name && w.State == state {
@@ -143,20 +143,20 @@ func waitWorker(t *testing.T, g *gateway, name, state string) {
 
 // runEvents runs req through g to its end, on target, and returns its
 // events; it must succeed.
-func runEvents(ctx context.Context, t *testing.T, g *gateway, req steps.Request, target string) []steps.Event {
+func runEvents(ctx context.Context, t *testing.T, g *gateway, req wire.Request, target string) []wire.Event {
 	t.Helper()
 	g.run(t, req)
 	evs := g.stepEvents(ctx, t, req.Handle, "", 0)
 	v := g.step(t, req.Handle)
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v\n%+v", v, evs)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v\n%+v", v, evs)
 	require.Equal(t, target, v.Target)
 	return evs
 }
 
 // runToEnd is runEvents returning the step's stdout.
-func runToEnd(ctx context.Context, t *testing.T, g *gateway, req steps.Request, target string) string {
+func runToEnd(ctx context.Context, t *testing.T, g *gateway, req wire.Request, target string) string {
 	t.Helper()
-	out := outputOf(runEvents(ctx, t, g, req, target), steps.EventStdout)
+	out := outputOf(runEvents(ctx, t, g, req, target), wire.EventStdout)
 	require.Regexp(t, `^[0-9a-f]{64}\n$`, out)
 	return out
 }

@@ -36,6 +36,7 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func flyContainers(t *testing.T, web *cwn.WebNode) []flyRow { return flyList(t, web, "containers") }
@@ -130,7 +131,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 	// gardenOf is the Garden client of worker, once fly lists it running
 	// at an address other than old.
 	gardenOf := func(worker, old string) (gclient.Client, string) {
-		w := flyWorker(t, web, worker, 30*time.Second, func(w cwn.Worker, found bool) bool {
+		w := flyWorker(t, web, worker, 30*time.Second, func(w wire.Worker, found bool) bool {
 			return found && w.State == "running" && w.GardenAddr != old
 		})
 		return gclient.New(gconn.New("tcp", w.GardenAddr)), w.GardenAddr
@@ -283,7 +284,7 @@ func TestConcourseContainerImagesAndPolicy(t *testing.T) {
 	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
 	placeTarget(ctx, t, clusters[1], dir, trusted, "steps: {allowPrivileged: true}\n", "")
 	const baseImage = "registry.example/jetway/mock-resource:1.0"
-	g := startGateway(t, dir, gatewayOptions{resourceTypes: []concourse.ResourceType{{Type: "mock", Image: baseImage, Version: "1"}}})
+	g := startGateway(t, dir, gatewayOptions{resourceTypes: []wire.ResourceType{{Type: "mock", Image: baseImage, Version: "1"}}})
 	g.waitTarget(t, name, 30*time.Second, inState("running"))
 	g.waitTarget(t, trusted, 30*time.Second, inState("running"))
 	serve := func(h http.Handler) string {

@@ -24,6 +24,7 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // loopbackWebNode is the test web node's network: it calls the workers
@@ -129,7 +130,7 @@ func TestTargetsAreConcourseWorkersOverREST(t *testing.T) {
 		assert.Zero(t, metricValue(t, g, `jetway_concourse_sweeps_total{kind="`+kind+`",result="error"}`), kind)
 	}
 	for _, command := range []string{"report-containers", "report-volumes", "sweep-containers", "sweep-volumes"} {
-		out, err := rest.Command(ctx, command, concourse.Worker{Name: "cwrest-plain"})
+		out, err := rest.Command(ctx, command, wire.Worker{Name: "cwrest-plain"})
 		require.NoError(t, err, command)
 		if strings.HasPrefix(command, "sweep") {
 			assert.Regexp(t, regexp.MustCompile(`^(null|\[\])$`), strings.TrimSpace(string(out)), command)
@@ -235,8 +236,8 @@ func assertWebNodeListsGarden(ctx context.Context, t *testing.T, web *cwn.WebNod
 	registered := make(chan struct{}, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- probe.Forward(fctx, concourse.Worker{Name: "cwrest-probe", Platform: "linux", Tags: []string{"probe"},
-			Version: concourse.WorkerVersion}, garden, volumes, func(e concourse.Event) {
+		done <- probe.Forward(fctx, wire.Worker{Name: "cwrest-probe", Platform: "linux", Tags: []string{"probe"},
+			Version: wire.WorkerVersion}, garden, volumes, func(e concourse.Event) {
 			if e.Type == "registered" {
 				registered <- struct{}{}
 			}
@@ -253,9 +254,9 @@ func assertWebNodeListsGarden(ctx context.Context, t *testing.T, web *cwn.WebNod
 	require.Error(t, err)
 	assert.Contains(t, err.Error()+out, "the probe has no volumes")
 	assert.Greater(t, lists.Load(), ownLists, "the web node listed the probe's containers")
-	_, err = probe.Command(ctx, "delete-worker", concourse.Worker{Name: "cwrest-probe"})
+	_, err = probe.Command(ctx, "delete-worker", wire.Worker{Name: "cwrest-probe"})
 	require.NoError(t, err)
-	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	flyWorker(t, web, "cwrest-probe", 10*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 }
 
 // TestRESTWorkersAdmitOnlyTheWebNode: with concourse-web-node-networks,

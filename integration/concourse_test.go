@@ -33,6 +33,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // concourseTSA is a TSA client of web with its keys, as gateway run's
@@ -48,12 +49,12 @@ func concourseTSA(t *testing.T, web *cwn.WebNode) *concourse.TSA {
 
 // flyWorker waits until fly lists worker name satisfying ok, and returns
 // it.
-func flyWorker(t *testing.T, web *cwn.WebNode, name string, within time.Duration, ok func(cwn.Worker, bool) bool) cwn.Worker {
+func flyWorker(t *testing.T, web *cwn.WebNode, name string, within time.Duration, ok func(wire.Worker, bool) bool) wire.Worker {
 	t.Helper()
-	var last cwn.Worker
+	var last wire.Worker
 	eventually(t, within, func() error {
 		workers := web.Workers(t)
-		i := slices.IndexFunc(workers, func(w cwn.Worker) bool { return w.Name == name })
+		i := slices.IndexFunc(workers, func(w wire.Worker) bool { return w.Name == name })
 		found := i >= 0
 		if found {
 			last = workers[i]
@@ -66,8 +67,8 @@ func flyWorker(t *testing.T, web *cwn.WebNode, name string, within time.Duration
 	return last
 }
 
-func workerIn(state string) func(cwn.Worker, bool) bool {
-	return func(w cwn.Worker, found bool) bool { return found && w.State == state }
+func workerIn(state string) func(wire.Worker, bool) bool {
+	return func(w wire.Worker, found bool) bool { return found && w.State == state }
 }
 
 // TestTargetsAreConcourseWorkers: an unmodified Concourse v8.2.5 web node
@@ -117,7 +118,7 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("stalled"))
 	_, err = web.Fly("prune-worker", "-w", "cw-stall")
 	require.NoError(t, err)
-	flyWorker(t, web, "cw-stall", 10*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	flyWorker(t, web, "cw-stall", 10*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 	require.NoError(t, clusters[2].StartAPIServer(ctx))
 	flyWorker(t, web, "cw-stall", 30*time.Second, workerIn("running"))
 
@@ -143,7 +144,7 @@ func TestTargetsAreConcourseWorkers(t *testing.T) {
 		require.NoError(t, os.RemoveAll(filepath.Join(dir, name)))
 	}
 	for _, name := range []string{"cw-plain", "cw-team"} {
-		flyWorker(t, web, name, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+		flyWorker(t, web, name, 30*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 	}
 	flyWorker(t, web, "cw-stall", time.Second, workerIn("running"))
 	eventually(t, 10*time.Second, func() error {
@@ -566,12 +567,12 @@ func bothWays(t *testing.T, web *cwn.WebNode, g *gateway, landed, land, retire s
 
 	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/"+land+"/land", "")
 	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, land, 30*time.Second, func(w cwn.Worker, found bool) bool {
+	flyWorker(t, web, land, 30*time.Second, func(w wire.Worker, found bool) bool {
 		return found && (w.State == "landing" || w.State == "landed")
 	})
 	code, body, _ = call(t, http.MethodPut, g.base+"/api/v1/workers/"+retire+"/retire", "")
 	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, retire, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	flyWorker(t, web, retire, 30*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 }
 
 // TestConcourseBuildsOutliveARestart: two `gateway run` replicas

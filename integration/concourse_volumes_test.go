@@ -21,6 +21,7 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // flyRow is one row of `fly volumes --json` or `fly containers --json`.
@@ -168,7 +169,7 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	require.NoError(t, err, "a landed worker keeps its volumes")
 	code, body, _ := call(t, http.MethodPut, g2.base+"/api/v1/workers/"+name+"/retire", "")
 	require.Equal(t, http.StatusOK, code, body)
-	flyWorker(t, web, name, 30*time.Second, func(_ cwn.Worker, found bool) bool { return !found })
+	flyWorker(t, web, name, 30*time.Second, func(_ wire.Worker, found bool) bool { return !found })
 	eventually(t, 30*time.Second, func() error {
 		if _, err := clusters[0].Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return errorf("the retired target's volume holder is still there (%v)", err)

@@ -22,6 +22,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // plant creates, as someone who may create pods in the namespace would, a
@@ -86,10 +87,10 @@ func TestPlantedPodsGetNothing(t *testing.T) {
 	assert.NotEqual(t, "check-planted", g.step(t, "check-1").Pod, "the check ran in a sandbox jetway made")
 
 	deploy := shStep("deploy", "echo deployed")
-	deploy.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
+	deploy.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Upload: true}}}
 	code, _, body := g.submitStep(t, "", deploy)
 	require.Equal(t, 202, code, body)
-	v := g.waitPhase(t, "deploy", steps.Errored)
+	v := g.waitPhase(t, "deploy", wire.Errored)
 	assert.Equal(t, "CreatePodFailed", v.Reason)
 	assert.Contains(t, v.Message, "jetway did not make it")
 	assert.True(t, v.StartedAt.IsZero())
@@ -156,7 +157,7 @@ func TestATakenOverStepsRunningPodIsFollowed(t *testing.T) {
 	a := startGateway(t, dir, gatewayOptions{state: state})
 	a.waitTarget(t, ns, 10*time.Second, running)
 	a.run(t, shStep("to-1", "true"))
-	v := a.waitPhase(t, "to-1", steps.Starting)
+	v := a.waitPhase(t, "to-1", wire.Starting)
 	eventually(t, 20*time.Second, func() error {
 		p, err := clusters[0].Client.CoreV1().Pods(ns).Get(ctx, v.Pod, metav1.GetOptions{})
 		if err != nil || p.Spec.NodeName == "" || p.Annotations[ownership.BoundAnnotation] == "" {
@@ -176,7 +177,7 @@ func TestATakenOverStepsRunningPodIsFollowed(t *testing.T) {
 	b := startGateway(t, dir, gatewayOptions{state: state})
 	b.waitTarget(t, ns, 10*time.Second, running)
 	eventually(t, 20*time.Second, func() error {
-		var v steps.View
+		var v wire.View
 		resp, err := http.Get(b.base + "/api/v1/steps/to-1")
 		if err != nil {
 			return err

@@ -16,8 +16,8 @@ import (
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestAPendingStepSurvivesARestart: a step no target fits waits in its
@@ -46,14 +46,14 @@ func TestAPendingStepSurvivesARestart(t *testing.T) {
 	_, created, err := c.SubmitStep(ctx, req)
 	require.NoError(t, err)
 	require.True(t, created)
-	var before steps.View
+	var before wire.View
 	eventually(t, 10*time.Second, func() error {
 		if before, err = c.Step(ctx, "", "pend"); err != nil || before.Waiting == "" {
 			return errorf("not waiting yet: %+v, %v", before, err)
 		}
 		return nil
 	})
-	assert.Equal(t, steps.Pending, before.Phase)
+	assert.Equal(t, wire.Pending, before.Phase)
 	assert.Equal(t, "no target satisfies tags 'gpu': pend-plain: missing tags gpu", before.Waiting)
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
@@ -61,12 +61,12 @@ func TestAPendingStepSurvivesARestart(t *testing.T) {
 	startGatewayProcess(t, args...)
 	after, err := c.Step(ctx, "", "pend")
 	require.NoError(t, retrying(ctx, func() (err error) { after, err = c.Step(ctx, "", "pend"); return err }))
-	assert.Equal(t, steps.Pending, after.Phase, "still waiting, after its gateway died")
+	assert.Equal(t, wire.Pending, after.Phase, "still waiting, after its gateway died")
 	assert.Equal(t, before.CreatedAt, after.CreatedAt)
 
 	placeTarget(ctx, t, clusters[0], dir, "pend-gpu", "tags: [gpu]\n", "")
-	var evs []steps.Event
-	require.NoError(t, c.Follow(ctx, "", "pend", 0, func(e steps.Event) error { evs = append(evs, e); return nil }))
+	var evs []wire.Event
+	require.NoError(t, c.Follow(ctx, "", "pend", 0, func(e wire.Event) error { evs = append(evs, e); return nil }))
 	// The new placer may say once more why the step waits (pend-gpu is
 	// stalled until its pods are listed) before it places it.
 	kinds := types(evs)
@@ -78,7 +78,7 @@ func TestAPendingStepSurvivesARestart(t *testing.T) {
 	}
 	assert.Equal(t, before.Waiting, evs[0].Message, "the waiting event from before the restart, event 0 still")
 	assert.Equal(t, "pend-gpu", evs[placed].Target)
-	assert.Equal(t, "done\n", outputOf(evs, steps.EventStdout))
+	assert.Equal(t, "done\n", outputOf(evs, wire.EventStdout))
 	ran, err := os.ReadFile(marker)
 	require.NoError(t, err)
 	assert.Equal(t, "ran\n", string(ran))
@@ -98,7 +98,7 @@ func TestRotationThenPodDeleted(t *testing.T) {
 	g := startGateway(t, dir, gatewayOptions{})
 	g.waitTarget(t, "rot-step", 10*time.Second, running)
 	g.run(t, shStep("rotated", `echo up; exec sleep 600`))
-	v := g.waitPhase(t, "rotated", steps.Running)
+	v := g.waitPhase(t, "rotated", wire.Running)
 	before, err := g.registry.Target("rot-step")
 	require.NoError(t, err)
 
@@ -131,7 +131,7 @@ func TestARemovedTargetEndsItsSteps(t *testing.T) {
 	g := startGateway(t, dir, gatewayOptions{targetGone: 2 * time.Second})
 	g.waitTarget(t, "removed", 10*time.Second, running)
 	g.run(t, shStep("orphan", `exec sleep 600`))
-	g.waitPhase(t, "orphan", steps.Running)
+	g.waitPhase(t, "orphan", wire.Running)
 	require.NoError(t, os.RemoveAll(filepath.Join(dir, "removed")))
 	removed := time.Now()
 	evs := g.stepEvents(ctx, t, "orphan", "", 0)
@@ -153,10 +153,10 @@ func TestOwnersCollectTheirPods(t *testing.T) {
 	defer cancel()
 	g := targetGateway(ctx, t, clusters[0], "gc-owned", "{}\n", gatewayOptions{gcGrace: 2 * time.Second})
 	req := shStep("collected", "echo done")
-	req.Outputs = []steps.Output{{Name: "out"}}
+	req.Outputs = []wire.Output{{Name: "out"}}
 	g.run(t, req)
 	evs := g.stepEvents(ctx, t, "collected", "", 0)
-	require.Equal(t, steps.EventExited, evs[len(evs)-1].Type)
+	require.Equal(t, wire.EventExited, evs[len(evs)-1].Type)
 	v := g.step(t, "collected")
 	require.False(t, v.Released, "kept for its outputs")
 	eventually(t, 20*time.Second, func() error {

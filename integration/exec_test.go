@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestExecsCancelledWhileStartingLeaveNothing: an exec whose context ends
@@ -26,7 +27,7 @@ func TestExecsCancelledWhileStartingLeaveNothing(t *testing.T) {
 	g := targetGateway(ctx, t, clusters[0], "exec-cancel", "{}\n", gatewayOptions{})
 	g.run(t, shStep("idle", "exec sleep 600"))
 	eventually(t, 20*time.Second, func() error {
-		if v := g.step(t, "idle"); v.Phase != steps.Running {
+		if v := g.step(t, "idle"); v.Phase != wire.Running {
 			return errorf("phase %s", v.Phase)
 		}
 		return nil

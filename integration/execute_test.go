@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // executeTask is a task config of two inputs (one at a path of its own)
@@ -105,7 +105,7 @@ func TestGatewayExecute(t *testing.T) {
 	handle := regexp.MustCompile(`executing step (\S+)`).FindStringSubmatch(stderr)
 	require.Len(t, handle, 2)
 	v := g.step(t, handle[1])
-	assert.Equal(t, steps.Succeeded, v.Phase)
+	assert.Equal(t, wire.Succeeded, v.Phase)
 	assert.True(t, v.Released, "execute releases the step's pod")
 
 	code, stdout, stderr = g.execute(ctx, t, work, nil,
@@ -136,7 +136,7 @@ func TestGatewayExecute(t *testing.T) {
 	handle = regexp.MustCompile(`executing step (\S+)`).FindStringSubmatch(errOut.String())
 	require.Len(t, handle, 2)
 	v = g.step(t, handle[1])
-	assert.Equal(t, steps.Aborted, v.Phase, "%+v", v)
+	assert.Equal(t, wire.Aborted, v.Phase, "%+v", v)
 	assert.True(t, v.Released)
 }
 
@@ -149,10 +149,10 @@ func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	g := targetGateway(ctx, t, clusters[0], "uploads", "{}\n", gatewayOptions{})
 	c, err := client.New(client.Options{URL: g.base})
 	require.NoError(t, err)
-	_, _, err = c.SubmitStep(ctx, steps.Request{Handle: "up", Type: "task", Image: "busybox",
-		Run:     steps.Run{Path: "sh", Args: []string{"-c", "cat src/f; sleep 60"}},
-		Inputs:  []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}},
-		Outputs: []steps.Output{{Name: "out"}}})
+	_, _, err = c.SubmitStep(ctx, wire.Request{Handle: "up", Type: "task", Image: "busybox",
+		Run:     wire.Run{Path: "sh", Args: []string{"-c", "cat src/f; sleep 60"}},
+		Inputs:  []wire.Input{{Name: "src", From: wire.InputSource{Upload: true}}},
+		Outputs: []wire.Output{{Name: "out"}}})
 	require.NoError(t, err)
 	src := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), []byte("uploaded\n"), 0o644))
@@ -164,7 +164,7 @@ func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	assert.Positive(t, got.Bytes)
 	_, err = c.UploadInput(ctx, "", "up", "src", src)
 	assert.ErrorIs(t, err, client.ErrConflict)
-	g.waitPhase(t, "up", steps.Running)
+	g.waitPhase(t, "up", wire.Running)
 	_, err = c.DownloadOutput(ctx, "", "up", "out", t.TempDir())
 	assert.ErrorIs(t, err, client.ErrConflict, "the step still runs")
 	_, err = c.DownloadOutput(ctx, "", "up", "nope", t.TempDir())
@@ -176,16 +176,16 @@ func TestUploadsAndDownloadsRefuseWhatTheStepDoesNotAllow(t *testing.T) {
 	_, err = c.Abort(ctx, "", "up")
 	require.NoError(t, err)
 	evs := <-followed
-	assert.Equal(t, "uploaded\n", outputOf(evs, steps.EventStdout), "the upload reached the process")
+	assert.Equal(t, "uploaded\n", outputOf(evs, wire.EventStdout), "the upload reached the process")
 	code, body, _ := call(t, http.MethodGet, g.base+"/api/v1/steps/up/events", "")
 	assert.Equal(t, http.StatusGone, code, body)
 	assert.Contains(t, body, "went with its pod")
 	last := evs[len(evs)-1]
 	end := g.stepEvents(ctx, t, "up", "", last.N)
-	assert.Equal(t, []steps.Event{last}, end, "its end is still there")
-	var inputs []steps.Event
+	assert.Equal(t, []wire.Event{last}, end, "its end is still there")
+	var inputs []wire.Event
 	for _, e := range evs {
-		if e.Type == steps.EventInput {
+		if e.Type == wire.EventInput {
 			inputs = append(inputs, e)
 		}
 	}

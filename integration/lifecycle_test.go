@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // lifecycleTarget prepares a namespace with jetway's permissions and a
@@ -133,7 +134,7 @@ func TestLandSurvivesRestartAndLands(t *testing.T) {
 
 	finish(ctx, t, c, "land", "step-1", time.Now())
 	g2.waitTarget(t, "land", 10*time.Second, inState("landed"))
-	var workers []api.Worker
+	var workers []wire.Worker
 	g2.get(t, "/api/v1/workers", &workers)
 	require.Len(t, workers, 1)
 	assert.Equal(t, "landed", workers[0].State)
@@ -258,7 +259,7 @@ func TestRetireRemovesOnlyOwnObjects(t *testing.T) {
 	g.stop()
 	g2 := startGateway(t, dir, gatewayOptions{identity: "after-retire"})
 	g2.waitChecks(t, 3) // it would be listed by now
-	var workers []api.Worker
+	var workers []wire.Worker
 	g2.get(t, "/api/v1/workers", &workers)
 	assert.Empty(t, workers)
 	// ...and back as new with a changed one.
@@ -319,7 +320,7 @@ func TestAPIAsFlyDrivesIt(t *testing.T) {
 	// No step pods: landing becomes landed at the next reconcile.
 	eventually(t, 5*time.Second, func() error {
 		code, body, _ := fly(http.MethodGet, "/api/v1/workers", mainToken.Token)
-		var workers []api.Worker
+		var workers []wire.Worker
 		if err := json.Unmarshal([]byte(body), &workers); err != nil || code != http.StatusOK {
 			return fmt.Errorf("%d %s", code, body)
 		}

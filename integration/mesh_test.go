@@ -26,6 +26,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // meshMember writes a certificate of c for name (trusting trust) and
@@ -207,9 +208,9 @@ func (st *star) restart(t *testing.T, i int) *gateway {
 // spoke a into a new volume of dst on the hub.
 func meshStream(handle string, dst *volumes.Server, into string) string {
 	os.MkdirAll(dst.Path(into), 0o755)
-	b, _ := json.Marshal(streams.Request{
-		From: streams.Endpoint{Target: "mesh-a", Pod: "src", Handle: handle, Path: "out"},
-		To:   streams.Endpoint{Target: "mesh-hub", Pod: "dst", Handle: into, Path: "in"}, Encoding: "raw"})
+	b, _ := json.Marshal(wire.StreamRequest{
+		From: wire.Endpoint{Target: "mesh-a", Pod: "src", Handle: handle, Path: "out"},
+		To:   wire.Endpoint{Target: "mesh-hub", Pod: "dst", Handle: into, Path: "in"}, Encoding: "raw"})
 	return string(b)
 }
 
@@ -322,12 +323,12 @@ func TestMeshFull(t *testing.T) {
 	// g0 for the source, each over their own session.
 	body := func(into string) string {
 		os.MkdirAll(dst.Path(into), 0o755)
-		b, _ := json.Marshal(streams.Request{
-			From: streams.Endpoint{Target: "full-0", Pod: "src", Handle: "art", Path: "out"},
-			To:   streams.Endpoint{Target: "full-2", Pod: "dst", Handle: into, Path: "in"}, Encoding: "zstd"})
+		b, _ := json.Marshal(wire.StreamRequest{
+			From: wire.Endpoint{Target: "full-0", Pod: "src", Handle: "art", Path: "out"},
+			To:   wire.Endpoint{Target: "full-2", Pod: "dst", Handle: into, Path: "in"}, Encoding: "zstd"})
 		return string(b)
 	}
-	var res streams.Result
+	var res wire.StreamResult
 	eventually(t, 20*time.Second, func() error { // kwok picks the PortForward objects up
 		code, _, b := postStreamAs(t, g1, mainToken.Token, "", body("full"))
 		if code != http.StatusOK {

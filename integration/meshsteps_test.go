@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestMeshSteps: in a star, everything is asked of spoke b, with the main
@@ -36,43 +37,43 @@ func TestMeshSteps(t *testing.T) {
 	// hub, the only gateway b reaches) to a, which runs it.
 	produce := shStep("mesh-produce", `head -c 1048576 /dev/urandom > out/blob && sha256sum out/blob | cut -d' ' -f1`)
 	produce.Tags = []string{"a"}
-	produce.Outputs = []steps.Output{{Name: "out"}}
+	produce.Outputs = []wire.Output{{Name: "out"}}
 	code, v, body := asMain.submitStep(t, mainToken.Token, produce)
 	require.Equal(t, http.StatusAccepted, code, body)
 	assert.Equal(t, "mesh-produce", v.Handle)
 	_, err := a.steps.Get(mainCaller, "", "mesh-produce")
 	require.NoError(t, err, "a runs it")
 	_, err = b.steps.Get(mainCaller, "", "mesh-produce")
-	require.ErrorIs(t, err, steps.ErrNotFound, "b does not")
+	require.ErrorIs(t, err, wire.ErrNotFound, "b does not")
 	evs := asMain.stepEvents(ctx, t, "mesh-produce", "", 0)
 	require.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs), "%+v", evs)
-	sum := outputOf(evs, steps.EventStdout)
+	sum := outputOf(evs, wire.EventStdout)
 	require.Regexp(t, `^[0-9a-f]{64}\n$`, sum)
 	v = asMain.step(t, "mesh-produce")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.Equal(t, "steps-a", v.Target)
 
 	// Its output feeds a step on the hub's target: b finds the step on a,
 	// the hub streams the volume from a's pod over the mesh.
 	consume := shStep("mesh-consume", `sha256sum in/blob | cut -d' ' -f1`)
 	consume.Tags = []string{"hub"}
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "mesh-produce", Output: "out"}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "mesh-produce", Output: "out"}}}
 	asMain.run(t, consume)
 	_, err = hub.steps.Get(mainCaller, "", "mesh-consume")
 	require.NoError(t, err, "the hub runs it")
 	evs = asMain.stepEvents(ctx, t, "mesh-consume", "", 0)
 	require.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
-	assert.Equal(t, sum, outputOf(evs, steps.EventStdout), "the same bytes on the hub's cluster")
+	assert.Equal(t, sum, outputOf(evs, wire.EventStdout), "the same bytes on the hub's cluster")
 	assert.Equal(t, "steps-hub", asMain.step(t, "mesh-consume").Target)
 	assert.Equal(t, 1.0, metricValue(t, hub, `jetway_streams_total{mode="mesh",result="ok"}`))
 
 	// An output no step has, or a step no gateway runs: refused where asked.
 	bad := shStep("mesh-bad", "true")
-	bad.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "mesh-produce", Output: "nope"}}}
+	bad.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "mesh-produce", Output: "nope"}}}
 	code, _, body = asMain.submitStep(t, mainToken.Token, bad)
 	assert.Equal(t, http.StatusUnprocessableEntity, code, body)
 	assert.Contains(t, body, `step \"mesh-produce\" has no output \"nope\"`)
-	bad.Inputs[0].From = steps.InputSource{Step: "nowhere", Output: "out"}
+	bad.Inputs[0].From = wire.InputSource{Step: "nowhere", Output: "out"}
 	code, _, body = asMain.submitStep(t, mainToken.Token, bad)
 	assert.Equal(t, http.StatusUnprocessableEntity, code, body)
 	assert.Contains(t, body, `step \"nowhere\" not found`)
@@ -90,7 +91,7 @@ func TestMeshSteps(t *testing.T) {
 	require.Len(t, handle, 2, stderr)
 	v, err = a.steps.Get(mainCaller, "", handle[1])
 	require.NoError(t, err, "a ran it")
-	assert.Equal(t, steps.Succeeded, v.Phase)
+	assert.Equal(t, wire.Succeeded, v.Phase)
 	assert.True(t, v.Released, "execute released its pod, through b")
 
 	// Aborted through b while it runs on a.
@@ -99,14 +100,14 @@ func TestMeshSteps(t *testing.T) {
 	code, body, _ = call(t, http.MethodDelete, b.base+"/api/v1/steps/mesh-long", mainToken.Token)
 	require.Contains(t, []int{http.StatusOK, http.StatusAccepted}, code, body)
 	eventually(t, 20*time.Second, func() error {
-		if v, _ := a.steps.Get(mainCaller, "", "mesh-long"); v.Phase != steps.Aborted {
+		if v, _ := a.steps.Get(mainCaller, "", "mesh-long"); v.Phase != wire.Aborted {
 			return errorf("phase %s on a", v.Phase)
 		}
 		return nil
 	})
 }
 
-func withTags(req steps.Request, tags ...string) steps.Request {
+func withTags(req wire.Request, tags ...string) wire.Request {
 	req.Tags = tags
 	return req
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // counts is what jetway's target list says of a target's step pods.
@@ -35,7 +36,7 @@ func (g *gateway) counts(t *testing.T, name string) counts {
 // workerCounts is what fly workers reads of them (no build containers).
 func (g *gateway) workerCounts(t *testing.T, name string) counts {
 	t.Helper()
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	for _, w := range workers {
 		if w.Name == name {

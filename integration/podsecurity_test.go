@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/selection"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestStepsPrivilegedOnlyWhereTheTargetAllows: with the gateway's default
@@ -41,7 +41,7 @@ func TestStepsPrivilegedOnlyWhereTheTargetAllows(t *testing.T) {
 	g.run(t, shStep("plain", "true"))
 	evs := g.stepEvents(ctx, t, "plain", "", 0)
 	assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs), "%+v", evs)
-	assert.Equal(t, steps.Succeeded, g.step(t, "plain").Phase)
+	assert.Equal(t, wire.Succeeded, g.step(t, "plain").Phase)
 	p := pod("pv-plain", "plain")
 	sc := p.Spec.Containers[0].SecurityContext
 	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, sc.SeccompProfile.Type)
@@ -52,7 +52,7 @@ func TestStepsPrivilegedOnlyWhereTheTargetAllows(t *testing.T) {
 
 	want := "pv-plain: " + selection.ReasonPrivileged
 	eventually(t, 10*time.Second, func() error {
-		if v := g.step(t, "privileged"); v.Phase != steps.Pending || !strings.HasSuffix(v.Waiting, want) {
+		if v := g.step(t, "privileged"); v.Phase != wire.Pending || !strings.HasSuffix(v.Waiting, want) {
 			return errorf("privileged step %s, waiting %q; want it waiting on %q", v.Phase, v.Waiting, want)
 		}
 		return nil
@@ -67,7 +67,7 @@ func TestStepsPrivilegedOnlyWhereTheTargetAllows(t *testing.T) {
 	assert.Equal(t, "waiting", got[0], "a waiting per reason: the new target's state moves it")
 	assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, got[len(got)-4:], "%+v", evs)
 	v := g.step(t, "privileged")
-	assert.Equal(t, steps.Succeeded, v.Phase)
+	assert.Equal(t, wire.Succeeded, v.Phase)
 	assert.Equal(t, "pv-trusted", v.Target)
 	p = pod("pv-trusted", "privileged")
 	assert.Equal(t, &corev1.SecurityContext{Privileged: ptrTo(true)}, p.Spec.Containers[0].SecurityContext,

@@ -16,6 +16,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // waitChecks waits until g has run n more health checks than when called:
@@ -36,7 +37,7 @@ func (g *gateway) waitChecks(t *testing.T, n float64) {
 // /api/v1/targets alike.
 func (g *gateway) listed(t *testing.T, name string) bool {
 	t.Helper()
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	inWorkers := false
 	for _, w := range workers {

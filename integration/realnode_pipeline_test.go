@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // pipelineYAML is the real-node pipeline's: a resource type defined in
@@ -105,7 +105,7 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 	const name = "rn-pipeline"
 	rn := startRealNode(t)
 	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		resourceTypes: []concourse.ResourceType{{Type: "registry-image", Image: rn.NodeImage("registry-image-image.tar"), Version: "test"}}})
+		resourceTypes: []wire.ResourceType{{Type: "registry-image", Image: rn.NodeImage("registry-image-image.tar"), Version: "test"}}})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
 	fly := func(within time.Duration, args ...string) (string, error) {

@@ -26,6 +26,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestRealNodeCopiedSealsGetNothing: someone who may create pods in a
@@ -60,17 +61,17 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	// A step's output, its pod replaced by a spy: a later step's input
 	// from it gets nothing from the spy, and the spy gets no request.
 	src := nodeStep("cs-src", `echo team-main-secret > out/secret`)
-	src.Team, src.Outputs = "main", []steps.Output{{Name: "out"}}
+	src.Team, src.Outputs = "main", []wire.Output{{Name: "out"}}
 	g.run(t, src)
-	require.Equal(t, steps.Succeeded, g.waitEnded(t, "cs-src", "main").Phase)
+	require.Equal(t, wire.Succeeded, g.waitEnded(t, "cs-src", "main").Phase)
 	srcPod := replaceWithSpy(ctx, t, rn, ns, g.stepPodName(t, "cs-src", "main"), rec, "output")
 	consume := nodeStep("cs-consume", `cat in/secret`)
 	consume.Team = "main"
 	// (By the pod and volume: the step's record knows its pod went.)
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Target: ns, Pod: srcPod.Name, Handle: steps.OutputVolume("out")}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Target: ns, Pod: srcPod.Name, Handle: steps.OutputVolume("out")}}}
 	g.run(t, consume)
 	v := g.waitEnded(t, "cs-consume", "main")
-	assert.Equal(t, steps.Errored, v.Phase)
+	assert.Equal(t, wire.Errored, v.Phase)
 	assert.Contains(t, v.Message, "not found", "the input's pod answers as missing")
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_rejected_total{reason="unbound"}`), 1.0)
 
@@ -79,7 +80,7 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	first := nodeStep("cs-again", `echo first`)
 	first.Team = "main"
 	g.run(t, first)
-	require.Equal(t, steps.Succeeded, g.waitEnded(t, "cs-again", "main").Phase)
+	require.Equal(t, wire.Succeeded, g.waitEnded(t, "cs-again", "main").Phase)
 	againPod := g.stepPodName(t, "cs-again", "main")
 	_, err = c.Abort(ctx, "main", "cs-again") // released: its pod goes, then its record
 	require.NoError(t, err)
@@ -94,8 +95,8 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	second.Team, second.Run.Env = "main", map[string]string{"SECRET": "team-main-env-secret"}
 	g.run(t, second)
 	v = g.waitEnded(t, "cs-again", "main")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
-	assert.Equal(t, "second team-main-env-secret\n", outputOf(g.stepEvents(ctx, t, "cs-again", "&team=main", 0), steps.EventStdout))
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
+	assert.Equal(t, "second team-main-env-secret\n", outputOf(g.stepEvents(ctx, t, "cs-again", "&team=main", 0), wire.EventStdout))
 	ran, err := pods.Get(ctx, againPod, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.NotEqual(t, spy.UID, ran.UID, "the step ran in a pod jetway made")
@@ -207,17 +208,17 @@ while :; do { echo "%[1]s 7788"; nc -l -p 7788; } | nc %[2]s; done`, tag, to)
 }
 
 // teamStep is team's step handle as g shows it.
-func (g *gateway) teamStep(t *testing.T, handle, team string) steps.View {
+func (g *gateway) teamStep(t *testing.T, handle, team string) wire.View {
 	t.Helper()
-	var v steps.View
+	var v wire.View
 	g.get(t, "/api/v1/steps/"+handle+"?team="+team, &v)
 	return v
 }
 
 // waitEnded waits for team's step handle to end, and returns its view.
-func (g *gateway) waitEnded(t *testing.T, handle, team string) steps.View {
+func (g *gateway) waitEnded(t *testing.T, handle, team string) wire.View {
 	t.Helper()
-	var v steps.View
+	var v wire.View
 	eventually(t, 2*time.Minute, func() error {
 		if v = g.teamStep(t, handle, team); v.FinishedAt.IsZero() {
 			return errorf("%s is %s", handle, v.Phase)

@@ -24,6 +24,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // The step suite on the real node (startRealNode): kubelet, containerd and
@@ -42,7 +43,7 @@ func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOption
 }
 
 // nodeStep is a shell task in the node's busybox image.
-func nodeStep(handle, script string) steps.Request {
+func nodeStep(handle, script string) wire.Request {
 	req := shStep(handle, script)
 	req.Image = cluster.BusyboxImage
 	return req
@@ -79,8 +80,8 @@ func TestRealNodeTasks(t *testing.T) {
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, handle, "", 0)
 		assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs))
-		assert.Equal(t, "out 1\nout 2\nout 3\nno newline", outputOf(evs, steps.EventStdout))
-		assert.Equal(t, "err 1\nerr 2\nerr 3\nhello from env\n", outputOf(evs, steps.EventStderr))
+		assert.Equal(t, "out 1\nout 2\nout 3\nno newline", outputOf(evs, wire.EventStdout))
+		assert.Equal(t, "err 1\nerr 2\nerr 3\nhello from env\n", outputOf(evs, wire.EventStderr))
 		last := evs[len(evs)-1]
 		require.NotNil(t, last.ExitStatus, "%+v", last)
 		assert.Equal(t, code, *last.ExitStatus)
@@ -89,28 +90,28 @@ func TestRealNodeTasks(t *testing.T) {
 	t.Run("run.user", func(t *testing.T) {
 		req := nodeStep("user", `id -u; id -g; touch out/mine && ls -n out/mine | awk '{print $3":"$4}'`)
 		req.Run.User = "1000:1001"
-		req.Outputs = []steps.Output{{Name: "out"}}
+		req.Outputs = []wire.Output{{Name: "out"}}
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, "user", "", 0)
-		require.Equal(t, steps.EventExited, evs[len(evs)-1].Type, "%+v", evs)
-		assert.Equal(t, "1000\n1001\n1000:1001\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+		require.Equal(t, wire.EventExited, evs[len(evs)-1].Type, "%+v", evs)
+		assert.Equal(t, "1000\n1001\n1000:1001\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 	})
 
 	t.Run("image without a shell", func(t *testing.T) {
 		agent := rn.NodeImage("step-agent-image.tar")
-		g.run(t, steps.Request{Handle: "no-shell", Type: "task", Image: agent,
-			Run: steps.Run{Path: "/step-agent", Args: []string{"no-such-command"}}})
+		g.run(t, wire.Request{Handle: "no-shell", Type: "task", Image: agent,
+			Run: wire.Run{Path: "/step-agent", Args: []string{"no-such-command"}}})
 		evs := g.stepEvents(ctx, t, "no-shell", "", 0)
 		last := evs[len(evs)-1]
 		require.NotNil(t, last.ExitStatus, "%+v", evs)
 		assert.Equal(t, 2, *last.ExitStatus, "the agent's usage error, from an image with no shell")
-		assert.Contains(t, outputOf(evs, steps.EventStderr), `unknown command "no-such-command"`)
+		assert.Contains(t, outputOf(evs, wire.EventStderr), `unknown command "no-such-command"`)
 	})
 
 	t.Run("security context", func(t *testing.T) {
 		g.run(t, nodeStep("status", `cat /proc/self/status`))
 		evs := g.stepEvents(ctx, t, "status", "", 0)
-		status := outputOf(evs, steps.EventStdout)
+		status := outputOf(evs, wire.EventStdout)
 		assert.Equal(t, "1", statusField(t, status, "NoNewPrivs"), "allowPrivilegeEscalation: false")
 		capEff, err := strconv.ParseUint(statusField(t, status, "CapEff"), 16, 64)
 		require.NoError(t, err)
@@ -175,8 +176,8 @@ func TestRealNodeInputsAndOutputs(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(src, "blob"), data, 0o644))
 	sum := sha256.Sum256(data)
 	produce := nodeStep("produce", `sha256sum src/blob | cut -d' ' -f1 > out/sum; cp src/blob out/blob; printf 'from the node' > out/note; cat out/sum`)
-	produce.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
-	produce.Outputs = []steps.Output{{Name: "out"}}
+	produce.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Upload: true}}}
+	produce.Outputs = []wire.Output{{Name: "out"}}
 	_, _, err = c.SubmitStep(ctx, produce)
 	require.NoError(t, err)
 	up, err := c.UploadInput(ctx, "", "produce", "src", src)
@@ -184,14 +185,14 @@ func TestRealNodeInputsAndOutputs(t *testing.T) {
 	assert.Positive(t, up.Bytes)
 	evs := g.stepEvents(ctx, t, "produce", "", 0)
 	require.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
-	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 
 	consume := nodeStep("consume", `cat in/note; echo; sha256sum in/blob | cut -d' ' -f1; echo more > in/written`)
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "produce", Output: "out"}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "produce", Output: "out"}}}
 	g.run(t, consume)
 	evs = g.stepEvents(ctx, t, "consume", "", 0)
 	assert.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
-	assert.Equal(t, "from the node\n"+hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	assert.Equal(t, "from the node\n"+hex.EncodeToString(sum[:])+"\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 	require.NotNil(t, evs[len(evs)-1].ExitStatus)
 	assert.Equal(t, 0, *evs[len(evs)-1].ExitStatus, "an input is writable by the step")
 
@@ -221,18 +222,18 @@ func TestRealNodeStepSurvivesACutExecAndARestart(t *testing.T) {
 	g := startGateway(t, dir, o)
 	g.waitTarget(t, "rn-cut", 10*time.Second, running)
 	const lines = 60
-	long := func(handle string) steps.Request {
+	long := func(handle string) wire.Request {
 		req := longStep(handle, lines)
 		req.Image = cluster.BusyboxImage
 		return req
 	}
-	check := func(handle string, evs []steps.Event) {
+	check := func(handle string, evs []wire.Event) {
 		t.Helper()
 		var want strings.Builder
 		for i := 1; i <= lines; i++ {
 			fmt.Fprintf(&want, "line %d\n", i)
 		}
-		assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout))
+		assert.Equal(t, want.String(), outputOf(evs, wire.EventStdout))
 		for i, e := range evs {
 			require.Equal(t, i, e.N)
 		}
@@ -282,14 +283,14 @@ func TestRealNodeAbortAndTimeout(t *testing.T) {
 
 	// TERM reaches the process: its trap prints and exits.
 	g.run(t, nodeStep("term", `trap 'echo got TERM; exit 3' TERM; echo started; while true; do sleep 0.1; done`))
-	g.waitPhase(t, "term", steps.Running)
+	g.waitPhase(t, "term", wire.Running)
 	g.waitEvents(t, "term", 4)
 	followed := g.followEvents(ctx, t, "term", "", 0)
 	code, body, _ := call(t, http.MethodDelete, g.base+"/api/v1/steps/term", "")
 	require.Equal(t, http.StatusOK, code, body)
 	evs := <-followed
-	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, steps.EventStdout))
-	assert.Equal(t, steps.Aborted, evs[len(evs)-1].Phase)
+	assert.Equal(t, "started\ngot TERM\n", outputOf(evs, wire.EventStdout))
+	assert.Equal(t, wire.Aborted, evs[len(evs)-1].Phase)
 
 	// A process that ignores TERM is killed after the grace.
 	req := nodeStep("kill", `trap 'echo ignoring TERM' TERM; echo started; while true; do sleep 0.1; done`)
@@ -297,9 +298,9 @@ func TestRealNodeAbortAndTimeout(t *testing.T) {
 	g.run(t, req)
 	evs = g.stepEvents(ctx, t, "kill", "", 0)
 	last := evs[len(evs)-1]
-	assert.Equal(t, steps.EventFailed, last.Type, "%+v", last)
+	assert.Equal(t, wire.EventFailed, last.Type, "%+v", last)
 	assert.Equal(t, "timeout", last.Reason)
-	assert.Contains(t, outputOf(evs, steps.EventStdout), "ignoring TERM", "TERM came first")
+	assert.Contains(t, outputOf(evs, wire.EventStdout), "ignoring TERM", "TERM came first")
 	v := g.step(t, "kill")
 	d := v.FinishedAt.Sub(v.StartedAt)
 	assert.GreaterOrEqual(t, d, 4*time.Second, "the timeout, then the kill grace")
@@ -322,19 +323,19 @@ func TestRealNodePodFailures(t *testing.T) {
 		// The step's process is the kernel's first choice, whatever its
 		// size against the supervisor's at that moment.
 		g.run(t, nodeStep("oom-score", `cat /proc/self/oom_score_adj`))
-		assert.Equal(t, "1000\n", outputOf(g.stepEvents(ctx, t, "oom-score", "", 0), steps.EventStdout))
+		assert.Equal(t, "1000\n", outputOf(g.stepEvents(ctx, t, "oom-score", "", 0), wire.EventStdout))
 		req := nodeStep("oom", `echo filling; x=a; while true; do x="$x$x"; done`)
 		req.Resources.Memory = "32Mi"
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, "oom", "", 0)
 		last := evs[len(evs)-1]
-		assert.Equal(t, steps.EventExited, last.Type, "%+v", last)
-		assert.Equal(t, steps.Failed, last.Phase, "%+v", last)
+		assert.Equal(t, wire.EventExited, last.Type, "%+v", last)
+		assert.Equal(t, wire.Failed, last.Phase, "%+v", last)
 		assert.Equal(t, "OOMKilled", last.Reason, "%+v", last)
 		assert.Contains(t, last.Message, `container "step": OOMKilled (137)`)
 		require.NotNil(t, last.ExitStatus)
 		assert.Equal(t, 137, *last.ExitStatus)
-		assert.Equal(t, "filling\n", outputOf(evs, steps.EventStdout))
+		assert.Equal(t, "filling\n", outputOf(evs, wire.EventStdout))
 	})
 	t.Run("image that cannot exist fails at once", func(t *testing.T) {
 		req := nodeStep("not-found", "true")
@@ -367,7 +368,7 @@ func TestRealNodePodFailures(t *testing.T) {
 	})
 	t.Run("pod deleted", func(t *testing.T) {
 		g.run(t, nodeStep("deleted", "exec sleep 600"))
-		v := g.waitPhase(t, "deleted", steps.Running)
+		v := g.waitPhase(t, "deleted", wire.Running)
 		require.NoError(t, rn.Client.CoreV1().Pods("rn-fail").Delete(ctx, v.Pod, metav1.DeleteOptions{}))
 		last := g.endsWithin(ctx, t, "deleted", time.Now())
 		assert.Equal(t, "PodDeleted", last.Reason, "%+v", last)
@@ -406,8 +407,8 @@ func TestRealNodeResources(t *testing.T) {
 	assert.Equal(t, []client.MetadataField{{Name: "author", Value: "me"}}, fetched.Metadata)
 	var log strings.Builder
 	put := res("put")
-	put.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Step: "get", Output: "resource"}}}
-	put.OnEvent = func(e steps.Event) { log.WriteString(e.Data) }
+	put.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Step: "get", Output: "resource"}}}
+	put.OnEvent = func(e wire.Event) { log.WriteString(e.Data) }
 	pushed, err := c.PutResource(ctx, put)
 	require.NoError(t, err)
 	assert.Equal(t, client.Version{"ref": "c"}, pushed.Version)
@@ -428,7 +429,7 @@ func TestRealNodeSidecarStopsAnArchivePastItsLimit(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(src, "small"), make([]byte, 512<<10), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(src, "large"), make([]byte, 2<<20), 0o644))
 	req := nodeStep("over", `echo ran; ls src`)
-	req.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Upload: true}}}
+	req.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Upload: true}}}
 	_, _, err = c.SubmitStep(ctx, req)
 	require.NoError(t, err)
 	_, err = c.UploadInput(ctx, "", "over", "src", src)
@@ -461,12 +462,12 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 
 	victim := nodeStep("victim", `echo team-main-secret > out/secret`)
 	victim.Team, victim.Tags = "main", []string{"v"}
-	victim.Outputs = []steps.Output{{Name: "out"}}
+	victim.Outputs = []wire.Output{{Name: "out"}}
 	g.run(t, victim)
 	g.stepEvents(ctx, t, "victim", "&team=main", 0)
-	var v steps.View
+	var v wire.View
 	g.get(t, "/api/v1/steps/victim?team=main", &v)
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	pod, err := rn.Client.CoreV1().Pods("rn-victim").Get(ctx, v.Pod, metav1.GetOptions{})
 	require.NoError(t, err)
 	ip := pod.Status.PodIP
@@ -494,9 +495,9 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 		req.Team, req.Tags = "other", []string{probe.tag}
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, probe.handle, "&team=other", 0)
-		out := outputOf(evs, steps.EventStdout)
+		out := outputOf(evs, wire.EventStdout)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		assert.Len(t, lines, 2*len(requests), "%s: %q (stderr %q)", probe.handle, out, outputOf(evs, steps.EventStderr))
+		assert.Len(t, lines, 2*len(requests), "%s: %q (stderr %q)", probe.handle, out, outputOf(evs, wire.EventStderr))
 		for _, l := range lines {
 			assert.Contains(t, l, "401 Unauthorized", probe.handle)
 		}
@@ -516,10 +517,10 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	assert.Len(t, entries, 1, "no stream-in landed")
 	consume := nodeStep("consume", `cat in/secret`)
 	consume.Team, consume.Tags = "main", []string{"v"}
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "victim", Output: "out"}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "victim", Output: "out"}}}
 	g.run(t, consume)
 	evs := g.stepEvents(ctx, t, "consume", "&team=main", 0)
-	assert.Equal(t, "team-main-secret\n", outputOf(evs, steps.EventStdout), outputOf(evs, steps.EventStderr))
+	assert.Equal(t, "team-main-secret\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_total{mode="p2p",result="ok"}`), 1.0,
 		"pushed pod to pod, with a ticket for that one stream")
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // replica is one `gateway run` process of two sharing targets, as the
@@ -160,7 +161,7 @@ func retrying(ctx context.Context, f func() error) error {
 // replicaStep is one of the test's steps: how it is run, and what it
 // must print.
 type replicaStep struct {
-	req    steps.Request
+	req    wire.Request
 	upload string // a folder to upload as input "up"
 	check  string // a check's reuse key
 	want   string // its stdout
@@ -221,7 +222,7 @@ func TestReplicasShareTargets(t *testing.T) {
 		})
 	}
 
-	task := func(handle, script string) steps.Request {
+	task := func(handle, script string) wire.Request {
 		req := shStep(handle, `echo "$H" >> "$M"; `+script+`; i=1; while [ $i -le 20 ]; do echo "line $i"; i=$((i+1)); done; sleep 0.3`)
 		req.Run.Env = map[string]string{"H": handle, "M": markers}
 		return req
@@ -233,26 +234,26 @@ func TestReplicasShareTargets(t *testing.T) {
 	var seeds, rest []replicaStep
 	for i := range 20 {
 		req := task(fmt.Sprintf("seed-%d", i), fmt.Sprintf(`echo seed-%d > out/file`, i))
-		req.Outputs = []steps.Output{{Name: "out"}}
+		req.Outputs = []wire.Output{{Name: "out"}}
 		seeds = append(seeds, replicaStep{req: req, want: lines})
 	}
 	for i := range 40 {
 		req := task(fmt.Sprintf("in-%d", i), `cat in/file`)
-		req.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: fmt.Sprintf("seed-%d", i%20), Output: "out"}}}
+		req.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: fmt.Sprintf("seed-%d", i%20), Output: "out"}}}
 		rest = append(rest, replicaStep{req: req, want: fmt.Sprintf("seed-%d\n", i%20) + lines})
 	}
 	for i := range 40 {
 		up := t.TempDir()
 		require.NoError(t, os.WriteFile(filepath.Join(up, "f"), fmt.Appendf(nil, "upload %d\n", i), 0o644))
 		req := task(fmt.Sprintf("up-%d", i), `cat up/f`)
-		req.Inputs = []steps.Input{{Name: "up", From: steps.InputSource{Upload: true}}}
+		req.Inputs = []wire.Input{{Name: "up", From: wire.InputSource{Upload: true}}}
 		rest = append(rest, replicaStep{req: req, upload: up, want: fmt.Sprintf("upload %d\n", i) + lines})
 	}
 	for i := range 40 {
 		rest = append(rest, replicaStep{req: task(fmt.Sprintf("plain-%d", i), "true"), want: lines})
 	}
 	for i := range 60 {
-		rest = append(rest, replicaStep{req: steps.Request{Handle: fmt.Sprintf("check-%d", i)}, check: fmt.Sprintf("repo-%d", i%3)})
+		rest = append(rest, replicaStep{req: wire.Request{Handle: fmt.Sprintf("check-%d", i)}, check: fmt.Sprintf("repo-%d", i%3)})
 	}
 
 	var ended atomic.Int32
@@ -270,7 +271,7 @@ func TestReplicasShareTargets(t *testing.T) {
 			ended.Add(1)
 			return
 		}
-		var v steps.View
+		var v wire.View
 		assert.NoError(t, retrying(ctx, func() (err error) { v, _, err = c.SubmitStep(ctx, s.req); return err }), s.req.Handle)
 		if s.upload != "" {
 			err := retrying(ctx, func() error { _, err := c.UploadInput(ctx, "", s.req.Handle, "up", s.upload); return err })
@@ -278,9 +279,9 @@ func TestReplicasShareTargets(t *testing.T) {
 				assert.NoError(t, err, s.req.Handle)
 			}
 		}
-		assert.NoError(t, c.Follow(ctx, "", s.req.Handle, 0, func(steps.Event) error { return nil }), s.req.Handle)
+		assert.NoError(t, c.Follow(ctx, "", s.req.Handle, 0, func(wire.Event) error { return nil }), s.req.Handle)
 		assert.NoError(t, retrying(ctx, func() (err error) { v, err = c.Step(ctx, "", s.req.Handle); return err }))
-		assert.Equal(t, steps.Succeeded, v.Phase, "%s: %+v", s.req.Handle, v)
+		assert.Equal(t, wire.Succeeded, v.Phase, "%s: %+v", s.req.Handle, v)
 		ended.Add(1)
 	}
 	work := func(list []replicaStep) {
@@ -355,10 +356,10 @@ func TestReplicasShareTargets(t *testing.T) {
 			got[i] = []byte(body)
 		}
 		assert.Equal(t, string(got[0]), string(got[1]), "%s: the same events from either replica", s.req.Handle)
-		var evs []steps.Event
+		var evs []wire.Event
 		dec := json.NewDecoder(bytes.NewReader(got[0]))
 		for {
-			var e steps.Event
+			var e wire.Event
 			if err := dec.Decode(&e); err != nil {
 				require.ErrorIs(t, err, io.EOF)
 				break
@@ -369,14 +370,14 @@ func TestReplicasShareTargets(t *testing.T) {
 		ends := 0
 		for i, e := range evs {
 			assert.Equal(t, i, e.N, "%s: no gap, no repeat", s.req.Handle)
-			if e.Type == steps.EventExited || e.Type == steps.EventFailed {
+			if e.Type == wire.EventExited || e.Type == wire.EventFailed {
 				ends++
 			}
 		}
 		assert.Equal(t, 1, ends, s.req.Handle)
-		assert.Equal(t, steps.EventExited, evs[len(evs)-1].Type, s.req.Handle)
+		assert.Equal(t, wire.EventExited, evs[len(evs)-1].Type, s.req.Handle)
 		if s.check == "" {
-			assert.Equal(t, s.want, outputOf(evs, steps.EventStdout), s.req.Handle)
+			assert.Equal(t, s.want, outputOf(evs, wire.EventStdout), s.req.Handle)
 		}
 		mid := len(evs) / 2
 		var since [2]string

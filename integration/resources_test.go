@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // resourceScripts is the folder of the test resource type's scripts
@@ -26,9 +26,9 @@ func resourceScripts(t *testing.T) string {
 	return dir
 }
 
-func resourceStep(handle, typ, source string) steps.Request {
-	return steps.Request{Handle: handle, Type: typ, Image: "concourse/git-resource",
-		Resource: &steps.Resource{Source: json.RawMessage(source)}}
+func resourceStep(handle, typ, source string) wire.Request {
+	return wire.Request{Handle: handle, Type: typ, Image: "concourse/git-resource",
+		Resource: &wire.Resource{Source: json.RawMessage(source)}}
 }
 
 // TestResourceSteps runs check, get and put through the resource scripts
@@ -43,17 +43,17 @@ func TestResourceSteps(t *testing.T) {
 	g.run(t, resourceStep("check", "check", `{"uri":"git://x"}`))
 	evs := g.stepEvents(ctx, t, "check", "", 0)
 	v := g.step(t, "check")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.JSONEq(t, `[{"ref":"a"},{"ref":"b"}]`, string(v.Result))
-	assert.Equal(t, `check got {"source":{"uri":"git://x"},"version":null}`+"\n", outputOf(evs, steps.EventStderr))
-	assert.Empty(t, outputOf(evs, steps.EventStdout), "the answer is the result, not the log")
+	assert.Equal(t, `check got {"source":{"uri":"git://x"},"version":null}`+"\n", outputOf(evs, wire.EventStderr))
+	assert.Empty(t, outputOf(evs, wire.EventStdout), "the answer is the result, not the log")
 
 	get := resourceStep("get", "get", `{"uri":"git://x"}`)
 	get.Resource.Version, get.Resource.Params = json.RawMessage(`{"ref":"b"}`), json.RawMessage(`{"depth":1}`)
 	g.run(t, get)
 	g.stepEvents(ctx, t, "get", "", 0)
 	v = g.step(t, "get")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.JSONEq(t, `{"version":{"ref":"b"},"metadata":[{"name":"author","value":"me"}]}`, string(v.Result))
 	require.Len(t, v.Outputs, 1)
 	assert.Equal(t, "resource", v.Outputs[0].Name)
@@ -63,30 +63,30 @@ func TestResourceSteps(t *testing.T) {
 
 	put := resourceStep("put", "put", `{"uri":"git://x"}`)
 	put.Resource.Params = json.RawMessage(`{"repository":"src"}`)
-	put.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Step: "get", Output: "resource"}}}
+	put.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Step: "get", Output: "resource"}}}
 	g.run(t, put)
 	evs = g.stepEvents(ctx, t, "put", "", 0)
 	v = g.step(t, "put")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.JSONEq(t, `{"version":{"ref":"c"}}`, string(v.Result))
-	assert.Equal(t, `out got {"params":{"repository":"src"},"source":{"uri":"git://x"}} and fetched`+"\n", outputOf(evs, steps.EventStderr))
+	assert.Equal(t, `out got {"params":{"repository":"src"},"source":{"uri":"git://x"}} and fetched`+"\n", outputOf(evs, wire.EventStderr))
 
 	g.run(t, resourceStep("broken", "check", `{"uri":"broken"}`))
 	evs = g.stepEvents(ctx, t, "broken", "", 0)
 	last := evs[len(evs)-1]
-	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, wire.Errored, last.Phase)
 	assert.Equal(t, "ResourceAnswerInvalid", last.Reason)
 	assert.Equal(t, `check printed "oops, not json\n", not a JSON array of versions`, last.Message)
 
 	g.run(t, resourceStep("unreachable", "check", `{"uri":"fail"}`))
 	evs = g.stepEvents(ctx, t, "unreachable", "", 0)
 	last = evs[len(evs)-1]
-	assert.Equal(t, steps.Failed, last.Phase)
+	assert.Equal(t, wire.Failed, last.Phase)
 	require.NotNil(t, last.ExitStatus)
 	assert.Equal(t, 3, *last.ExitStatus)
-	assert.Contains(t, outputOf(evs, steps.EventStderr), "cannot reach the repository")
+	assert.Contains(t, outputOf(evs, wire.EventStderr), "cannot reach the repository")
 
-	code, _, body := g.submitStep(t, "", steps.Request{Handle: "bad", Type: "get", Image: "i"})
+	code, _, body := g.submitStep(t, "", wire.Request{Handle: "bad", Type: "get", Image: "i"})
 	assert.Equal(t, 400, code)
 	assert.Contains(t, body, `"field":"resource"`)
 
@@ -104,8 +104,8 @@ func TestResourceSteps(t *testing.T) {
 	assert.Equal(t, "output-resource", fetched.Output.Handle)
 	var log strings.Builder
 	pushed, err := c.PutResource(ctx, client.ResourceStep{Handle: "c-put", Image: "git", Source: source,
-		Inputs:  []steps.Input{{Name: "src", From: steps.InputSource{Step: "c-get", Output: "resource"}}},
-		OnEvent: func(e steps.Event) { log.WriteString(e.Data) }})
+		Inputs:  []wire.Input{{Name: "src", From: wire.InputSource{Step: "c-get", Output: "resource"}}},
+		OnEvent: func(e wire.Event) { log.WriteString(e.Data) }})
 	require.NoError(t, err)
 	assert.Equal(t, client.Version{"ref": "c"}, pushed.Version)
 	assert.Contains(t, log.String(), "and fetched")
@@ -116,13 +116,13 @@ func TestResourceSteps(t *testing.T) {
 
 	// A step no target fits: a typed error, and the step is not left
 	// waiting.
-	_, err = c.RunTask(ctx, steps.Request{Handle: "no-fit", Type: "task", Image: "busybox", Tags: []string{"gpu"},
-		Run: steps.Run{Path: "true"}}, nil)
+	_, err = c.RunTask(ctx, wire.Request{Handle: "no-fit", Type: "task", Image: "busybox", Tags: []string{"gpu"},
+		Run: wire.Run{Path: "true"}}, nil)
 	var noTarget *client.NoTargetError
 	require.ErrorAs(t, err, &noTarget)
 	assert.Equal(t, "no target satisfies tags 'gpu': res: missing tags gpu", noTarget.Message,
 		"it names each target's refusal, as gateway place does")
-	assert.Equal(t, steps.Aborted, g.step(t, "no-fit").Phase)
+	assert.Equal(t, wire.Aborted, g.step(t, "no-fit").Phase)
 }
 
 // TestClientFollowsAcrossAGatewayRestart: the Go client follows a step's
@@ -142,10 +142,10 @@ func TestClientFollowsAcrossAGatewayRestart(t *testing.T) {
 	v, created, err := c.SubmitStep(ctx, longStep("followed", lines))
 	require.NoError(t, err)
 	require.True(t, created)
-	var evs []steps.Event
+	var evs []wire.Event
 	followed := make(chan error, 1)
 	go func() {
-		followed <- c.Follow(ctx, v.Team, v.Handle, 0, func(e steps.Event) error {
+		followed <- c.Follow(ctx, v.Team, v.Handle, 0, func(e wire.Event) error {
 			evs = append(evs, e)
 			return nil
 		})

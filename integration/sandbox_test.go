@@ -25,6 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestCheckSandboxes runs checks with a reuse_key: many checks, one after
@@ -45,7 +46,7 @@ func TestCheckSandboxes(t *testing.T) {
 	api, err := client.New(client.Options{URL: g.base})
 	require.NoError(t, err)
 
-	check := func(handle, key string) steps.View {
+	check := func(handle, key string) wire.View {
 		t.Helper()
 		versions, err := api.CheckResource(ctx, client.ResourceStep{Handle: handle, Image: "git-resource",
 			Source: map[string]string{"uri": "git://x"}, ReuseKey: key})
@@ -116,8 +117,8 @@ func TestCheckSandboxes(t *testing.T) {
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="idle"}`), float64(1))
 	assert.Equal(t, float64(1), metricValue(t, g, `jetway_check_sandboxes_deleted_total{reason="broken"}`))
 
-	code, _, body := g.submitStep(t, "", steps.Request{Handle: "task-reuse", Type: "task", Image: "i",
-		Run: steps.Run{Path: "true"}, ReuseKey: "k"})
+	code, _, body := g.submitStep(t, "", wire.Request{Handle: "task-reuse", Type: "task", Image: "i",
+		Run: wire.Run{Path: "true"}, ReuseKey: "k"})
 	assert.Equal(t, 400, code)
 	assert.Contains(t, body, `"field":"reuse_key"`)
 }
@@ -255,8 +256,8 @@ func TestCheckSurvivesABrokenSession(t *testing.T) {
 		var log strings.Builder
 		handle := fmt.Sprintf("cut-%d", i)
 		versions, err := api.CheckResource(ctx, client.ResourceStep{Handle: handle, Image: "git-resource",
-			Source: map[string]string{"uri": "git://x"}, ReuseKey: "repo", OnEvent: func(e steps.Event) {
-				if e.Type == steps.EventStderr {
+			Source: map[string]string{"uri": "git://x"}, ReuseKey: "repo", OnEvent: func(e wire.Event) {
+				if e.Type == wire.EventStderr {
 					log.WriteString(e.Data)
 				}
 			}})

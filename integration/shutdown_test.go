@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // gatewayProcess is the real `gateway run` binary running as a child
@@ -107,7 +107,7 @@ func (p *gatewayProcess) wait(t *testing.T, within time.Duration) error {
 
 // progressStream posts req asking for NDJSON progress. It sends on moving
 // once the first line reports bytes carried, and returns the last line.
-func progressStream(ctx context.Context, base string, req streams.Request, moving chan<- struct{}) (api.ProgressLine, error) {
+func progressStream(ctx context.Context, base string, req wire.StreamRequest, moving chan<- struct{}) (api.ProgressLine, error) {
 	body, _ := json.Marshal(req)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/v1/streams", bytes.NewReader(body))
 	if err != nil {
@@ -156,10 +156,10 @@ func TestSIGTERMDrainsStreams(t *testing.T) {
 	want := directSHA(t, src, "big", "raw")
 	p := runGateway(t, dir, append(stateOf(t, dir).flags(t), "--shutdown-timeout", "30s")...)
 	base := "http://" + p.addr
-	req := func(handle string) streams.Request {
-		return streams.Request{
-			From: streams.Endpoint{Target: "sd-a", Pod: "src", Handle: "big", Path: "out"},
-			To:   streams.Endpoint{Target: "sd-c", Pod: "dst", Handle: handle, Path: "in"}, Encoding: "raw",
+	req := func(handle string) wire.StreamRequest {
+		return wire.StreamRequest{
+			From: wire.Endpoint{Target: "sd-a", Pod: "src", Handle: "big", Path: "out"},
+			To:   wire.Endpoint{Target: "sd-c", Pod: "dst", Handle: handle, Path: "in"}, Encoding: "raw",
 		}
 	}
 	// The targets run, and kwok picks up the PortForward objects shortly

@@ -29,12 +29,13 @@ import (
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // submitStep posts a step with token ("" for a gateway without tokens),
 // once the gateway has found the steps in its targets' pods (before, it
 // answers 503).
-func (g *gateway) submitStep(t *testing.T, token string, req steps.Request) (int, steps.View, string) {
+func (g *gateway) submitStep(t *testing.T, token string, req wire.Request) (int, wire.View, string) {
 	t.Helper()
 	eventually(t, 10*time.Second, func() error { return g.steps.Ready() })
 	body, err := json.Marshal(req)
@@ -49,7 +50,7 @@ func (g *gateway) submitStep(t *testing.T, token string, req steps.Request) (int
 	var raw bytes.Buffer
 	_, _ = raw.ReadFrom(resp.Body)
 	resp.Body.Close()
-	var v steps.View
+	var v wire.View
 	if resp.StatusCode < 300 {
 		require.NoError(t, json.Unmarshal(raw.Bytes(), &v), raw.String())
 	}
@@ -57,7 +58,7 @@ func (g *gateway) submitStep(t *testing.T, token string, req steps.Request) (int
 }
 
 // run submits a step and requires it accepted.
-func (g *gateway) run(t *testing.T, req steps.Request) steps.View {
+func (g *gateway) run(t *testing.T, req wire.Request) wire.View {
 	t.Helper()
 	code, v, body := g.submitStep(t, g.token, req)
 	require.Equal(t, http.StatusAccepted, code, body)
@@ -65,16 +66,16 @@ func (g *gateway) run(t *testing.T, req steps.Request) steps.View {
 }
 
 // stepEvents follows a step's events from since to its end, within ctx.
-func (g *gateway) stepEvents(ctx context.Context, t *testing.T, handle, query string, since int) []steps.Event {
+func (g *gateway) stepEvents(ctx context.Context, t *testing.T, handle, query string, since int) []wire.Event {
 	t.Helper()
 	return <-g.followEvents(ctx, t, handle, query, since)
 }
 
 // followEvents follows a step's events from since to its end in the
 // background, as a client does while it acts on the step.
-func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query string, since int) <-chan []steps.Event {
+func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query string, since int) <-chan []wire.Event {
 	t.Helper()
-	out := make(chan []steps.Event, 1)
+	out := make(chan []wire.Event, 1)
 	url := fmt.Sprintf("%s/api/v1/steps/%s/events?since=%d%s", g.base, handle, since, query)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	require.NoError(t, err)
@@ -86,10 +87,10 @@ func (g *gateway) followEvents(ctx context.Context, t *testing.T, handle, query 
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	go func() {
 		defer resp.Body.Close()
-		var evs []steps.Event
+		var evs []wire.Event
 		dec := json.NewDecoder(resp.Body)
 		for {
-			var e steps.Event
+			var e wire.Event
 			if err := dec.Decode(&e); err != nil {
 				assert.ErrorIs(t, err, io.EOF, "events of %s", handle)
 				out <- evs
@@ -113,15 +114,15 @@ func (g *gateway) waitEvents(t *testing.T, handle string, n int) {
 }
 
 // step reads a step's view.
-func (g *gateway) step(t *testing.T, handle string) steps.View {
+func (g *gateway) step(t *testing.T, handle string) wire.View {
 	t.Helper()
-	var v steps.View
+	var v wire.View
 	g.get(t, "/api/v1/steps/"+handle, &v)
 	return v
 }
 
 // outputOf joins the data of a step's events of one type.
-func outputOf(evs []steps.Event, typ string) string {
+func outputOf(evs []wire.Event, typ string) string {
 	var b strings.Builder
 	for _, e := range evs {
 		if e.Type == typ {
@@ -132,22 +133,22 @@ func outputOf(evs []steps.Event, typ string) string {
 }
 
 // types lists the event types, without output chunks.
-func types(evs []steps.Event) []string {
+func types(evs []wire.Event) []string {
 	var out []string
 	for i, e := range evs {
 		if e.N != i {
 			out = append(out, "gap at "+strconv.Itoa(i))
 		}
-		if e.Type != steps.EventStdout && e.Type != steps.EventStderr {
+		if e.Type != wire.EventStdout && e.Type != wire.EventStderr {
 			out = append(out, e.Type)
 		}
 	}
 	return out
 }
 
-func shStep(handle, script string) steps.Request {
-	return steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}}
+func shStep(handle, script string) wire.Request {
+	return wire.Request{Handle: handle, Type: "task", Image: "busybox:1.37",
+		Run: wire.Run{Path: "sh", Args: []string{"-c", script}}}
 }
 
 // TestStepOutputAndExitStatus runs tasks on a real cluster whose output is
@@ -167,17 +168,17 @@ func TestStepOutputAndExitStatus(t *testing.T) {
 
 		evs := g.stepEvents(ctx, t, handle, "&team=main", 0)
 		assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs))
-		assert.Equal(t, "out 1\nout 2\nout 3\nno newline", outputOf(evs, steps.EventStdout))
-		assert.Equal(t, "err 1\nerr 2\nerr 3\n", outputOf(evs, steps.EventStderr))
+		assert.Equal(t, "out 1\nout 2\nout 3\nno newline", outputOf(evs, wire.EventStdout))
+		assert.Equal(t, "err 1\nerr 2\nerr 3\n", outputOf(evs, wire.EventStderr))
 		last := evs[len(evs)-1]
 		require.NotNil(t, last.ExitStatus)
 		assert.Equal(t, code, *last.ExitStatus)
 
-		var view steps.View
+		var view wire.View
 		g.get(t, "/api/v1/steps/"+handle+"?team=main", &view)
-		want := steps.Succeeded
+		want := wire.Succeeded
 		if code != 0 {
-			want = steps.Failed
+			want = wire.Failed
 		}
 		assert.Equal(t, want, view.Phase)
 		assert.Equal(t, "st-out", view.Target)
@@ -202,7 +203,7 @@ func TestStepOutputAndExitStatus(t *testing.T) {
 	req.Team, req.Run.Env = "main", map[string]string{"GREETING": "hello from env"}
 	g.run(t, req)
 	evs := g.stepEvents(ctx, t, "env", "&team=main", 0)
-	assert.Equal(t, "hello from env\n", outputOf(evs, steps.EventStdout))
+	assert.Equal(t, "hello from env\n", outputOf(evs, wire.EventStdout))
 	g.waitCounts(t, "st-out", counts{volumes: 4}, 5*time.Second)
 }
 
@@ -227,8 +228,8 @@ func TestStepInputsAndOutputsAcrossClusters(t *testing.T) {
 	// A task on cluster A reads it and writes an output.
 	produce := shStep("produce", `sha256sum src/out/artifact.bin | cut -d' ' -f1 > out/sum; printf 'from A' > out/note; cat out/sum`)
 	produce.Tags = []string{"a"}
-	produce.Inputs = []steps.Input{{Name: "src", From: steps.InputSource{Target: "io-b", Pod: "artifact", Handle: "vol"}}}
-	produce.Outputs = []steps.Output{{Name: "out"}}
+	produce.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Target: "io-b", Pod: "artifact", Handle: "vol"}}}
+	produce.Outputs = []wire.Output{{Name: "out"}}
 	g.run(t, produce)
 	evs := g.stepEvents(ctx, t, "produce", "", 0)
 	require.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
@@ -236,20 +237,20 @@ func TestStepInputsAndOutputsAcrossClusters(t *testing.T) {
 	assert.Equal(t, "src", in.Input)
 	assert.Positive(t, in.Bytes)
 	assert.Len(t, in.SHA256, 64)
-	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout))
+	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", outputOf(evs, wire.EventStdout))
 	v := g.step(t, "produce")
-	require.Equal(t, steps.Succeeded, v.Phase, "%+v", v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	require.Len(t, v.Outputs, 1)
-	assert.Equal(t, steps.Volume{Name: "out", Target: "io-a", Pod: v.Pod, Handle: "output-out"}, v.Outputs[0])
+	assert.Equal(t, wire.Volume{Name: "out", Target: "io-a", Pod: v.Pod, Handle: "output-out"}, v.Outputs[0])
 
 	// A task on cluster B uses that output.
 	consume := shStep("consume", `cat in/note; echo; cat in/sum`)
 	consume.Tags = []string{"b"}
-	consume.Inputs = []steps.Input{{Name: "in", From: steps.InputSource{Step: "produce", Output: "out"}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "produce", Output: "out"}}}
 	g.run(t, consume)
 	evs = g.stepEvents(ctx, t, "consume", "", 0)
 	assert.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
-	assert.Equal(t, "from A\n"+hex.EncodeToString(sum[:])+"\n", outputOf(evs, steps.EventStdout))
+	assert.Equal(t, "from A\n"+hex.EncodeToString(sum[:])+"\n", outputOf(evs, wire.EventStdout))
 	assert.Equal(t, "io-b", g.step(t, "consume").Target)
 
 	// Released with DELETE: the pod goes, and its output with it.
@@ -263,23 +264,23 @@ func TestStepInputsAndOutputsAcrossClusters(t *testing.T) {
 		}
 		return nil
 	})
-	code, _, body = g.submitStep(t, "", steps.Request{Handle: "late", Type: "task", Image: "x", Run: steps.Run{Path: "true"},
-		Inputs: []steps.Input{{Name: "in", From: steps.InputSource{Step: "produce", Output: "out"}}}})
+	code, _, body = g.submitStep(t, "", wire.Request{Handle: "late", Type: "task", Image: "x", Run: wire.Run{Path: "true"},
+		Inputs: []wire.Input{{Name: "in", From: wire.InputSource{Step: "produce", Output: "out"}}}})
 	assert.Equal(t, http.StatusUnprocessableEntity, code, body)
 	assert.Contains(t, body, "released")
 }
 
 // longStep prints numbered lines for a while, counts its runs in its
 // output, and exits 42.
-func longStep(handle string, lines int) steps.Request {
+func longStep(handle string, lines int) wire.Request {
 	req := shStep(handle, fmt.Sprintf(`echo run >> out/runs; i=1; while [ $i -le %d ]; do echo "line $i"; i=$((i+1)); sleep 0.05; done; exit 42`, lines))
-	req.Outputs = []steps.Output{{Name: "out"}}
+	req.Outputs = []wire.Output{{Name: "out"}}
 	return req
 }
 
 // checkLongStep checks a longStep's events: every line once, in order,
 // exit 42, and one run of the process in its pod.
-func checkLongStep(t *testing.T, c *cluster.Cluster, v steps.View, evs []steps.Event, lines int) {
+func checkLongStep(t *testing.T, c *cluster.Cluster, v wire.View, evs []wire.Event, lines int) {
 	t.Helper()
 	runs, err := os.ReadFile(filepath.Join(c.StepRoot(v.Target, v.Pod), "build", "out", "runs"))
 	require.NoError(t, err)
@@ -288,7 +289,7 @@ func checkLongStep(t *testing.T, c *cluster.Cluster, v steps.View, evs []steps.E
 	for i := 1; i <= lines; i++ {
 		fmt.Fprintf(&want, "line %d\n", i)
 	}
-	assert.Equal(t, want.String(), outputOf(evs, steps.EventStdout))
+	assert.Equal(t, want.String(), outputOf(evs, wire.EventStdout))
 	last := evs[len(evs)-1]
 	require.NotNil(t, last.ExitStatus, "%+v", last)
 	assert.Equal(t, 42, *last.ExitStatus)
@@ -366,7 +367,7 @@ func TestStepSurvivesACutExecAndAGatewayRestart(t *testing.T) {
 	const lines = 60
 	g.run(t, longStep("cut", lines))
 	cut := make(chan struct{})
-	var evs []steps.Event
+	var evs []wire.Event
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -394,7 +395,7 @@ func TestStepSurvivesACutExecAndAGatewayRestart(t *testing.T) {
 	})
 	evs = g.stepEvents(ctx, t, "restart", "", 0)
 	v := g.step(t, "restart")
-	assert.Equal(t, steps.Failed, v.Phase)
+	assert.Equal(t, wire.Failed, v.Phase)
 	checkLongStep(t, clusters[0], v, evs, lines)
 	assert.Equal(t, []string{"placed", "scheduled", "started", "exited"}, types(evs))
 	// ?since= picks up where a reader left off.
@@ -412,7 +413,7 @@ func TestStepAbortAndTimeout(t *testing.T) {
 
 	g.run(t, shStep("abort", `echo started; exec sleep 600`))
 	eventually(t, 20*time.Second, func() error {
-		if v := g.step(t, "abort"); v.Phase != steps.Running {
+		if v := g.step(t, "abort"); v.Phase != wire.Running {
 			return errorf("phase %s", v.Phase)
 		}
 		return nil
@@ -426,11 +427,11 @@ func TestStepAbortAndTimeout(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Less(t, time.Since(start), 10*time.Second, "TERM ends sleep at once")
 	v := g.step(t, "abort")
-	assert.Equal(t, steps.Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	assert.True(t, v.Released)
 	evs := <-followed
-	assert.Equal(t, "started\n", outputOf(evs, steps.EventStdout))
-	assert.Equal(t, steps.Aborted, evs[len(evs)-1].Phase)
+	assert.Equal(t, "started\n", outputOf(evs, wire.EventStdout))
+	assert.Equal(t, wire.Aborted, evs[len(evs)-1].Phase)
 	code, body, _ = call(t, http.MethodGet, g.base+"/api/v1/steps/abort/events", adminToken.Token)
 	assert.Equal(t, http.StatusGone, code, "a released step's log went with its pod: %s", body)
 	eventually(t, 10*time.Second, func() error {
@@ -445,8 +446,8 @@ func TestStepAbortAndTimeout(t *testing.T) {
 	g.run(t, req)
 	evs = g.stepEvents(ctx, t, "timeout", "", 0)
 	last := evs[len(evs)-1]
-	assert.Equal(t, steps.EventFailed, last.Type)
-	assert.Equal(t, steps.Errored, last.Phase)
+	assert.Equal(t, wire.EventFailed, last.Type)
+	assert.Equal(t, wire.Errored, last.Phase)
 	assert.Equal(t, "timeout", last.Reason)
 	assert.Contains(t, last.Message, "timed out after 2s")
 	v = g.step(t, "timeout")
@@ -471,20 +472,20 @@ func setPodStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, nam
 
 // endsWithin waits for the step to end and returns its last event, which
 // must come within 10 s of since.
-func (g *gateway) endsWithin(ctx context.Context, t *testing.T, handle string, since time.Time) steps.Event {
+func (g *gateway) endsWithin(ctx context.Context, t *testing.T, handle string, since time.Time) wire.Event {
 	t.Helper()
 	evs := g.stepEvents(ctx, t, handle, "", 0)
 	last := evs[len(evs)-1]
 	v := g.step(t, handle)
 	assert.Less(t, v.FinishedAt.Sub(since), 10*time.Second, "%s ended %s after Kubernetes said so", handle, v.FinishedAt.Sub(since))
-	assert.Equal(t, steps.Errored, v.Phase, "%+v", v)
+	assert.Equal(t, wire.Errored, v.Phase, "%+v", v)
 	return last
 }
 
 // waitPhase waits until the step reaches phase.
-func (g *gateway) waitPhase(t *testing.T, handle string, phase steps.Phase) steps.View {
+func (g *gateway) waitPhase(t *testing.T, handle string, phase wire.Phase) wire.View {
 	t.Helper()
-	var v steps.View
+	var v wire.View
 	eventually(t, 20*time.Second, func() error {
 		if v = g.step(t, handle); v.Phase != phase {
 			return errorf("%s is %s, not %s", handle, v.Phase, phase)
@@ -519,11 +520,11 @@ func TestStepPodFailures(t *testing.T) {
 		assert.Contains(t, last.Message, "node(s) didn't match Pod's node affinity/selector", "the scheduler's message")
 		assert.True(t, g.step(t, "unschedulable").Released, "a pod that never ran goes")
 	})
-	pull := func(handle, message string) steps.Event {
+	pull := func(handle, message string) wire.Event {
 		req := shStep(handle, "true")
 		req.Tags = []string{"manual"}
 		v := g.run(t, req)
-		v = g.waitPhase(t, handle, steps.Starting)
+		v = g.waitPhase(t, handle, wire.Starting)
 		eventually(t, 10*time.Second, func() error {
 			p, err := clusters[0].Client.CoreV1().Pods("pf-manual").Get(ctx, v.Pod, metav1.GetOptions{})
 			if err != nil || p.Spec.NodeName == "" {
@@ -551,9 +552,9 @@ func TestStepPodFailures(t *testing.T) {
 		assert.GreaterOrEqual(t, g.step(t, "pull-rate-limited").FinishedAt.Sub(start), 3*time.Second)
 	})
 
-	runningStep := func(handle string) steps.View {
+	runningStep := func(handle string) wire.View {
 		g.run(t, shStep(handle, "exec sleep 600"))
-		return g.waitPhase(t, handle, steps.Running)
+		return g.waitPhase(t, handle, wire.Running)
 	}
 	t.Run("oom killed sidecar", func(t *testing.T) {
 		v := runningStep("oom")
@@ -699,7 +700,7 @@ func TestStepSurvivesAnAPIServerRestart(t *testing.T) {
 	require.NoError(t, c.StartAPIServer(ctx))
 	evs := g.stepEvents(ctx, t, "outage", "", 0)
 	v := g.step(t, "outage")
-	assert.Equal(t, steps.Failed, v.Phase, "%+v", v)
+	assert.Equal(t, wire.Failed, v.Phase, "%+v", v)
 	checkLongStep(t, c, v, evs, lines)
 	assert.Positive(t, metricValue(t, g, "jetway_step_reattaches_total"), "the exec broke and was attached again")
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // volumeTokens are the tokens of the volume servers startVolumes started.
@@ -83,14 +84,14 @@ func directSHA(t *testing.T, vs *volumes.Server, handle, enc string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func postStream(t *testing.T, g *gateway, req streams.Request) (int, streams.Result, map[string]string) {
+func postStream(t *testing.T, g *gateway, req wire.StreamRequest) (int, wire.StreamResult, map[string]string) {
 	t.Helper()
 	body, _ := json.Marshal(req)
 	resp, err := http.Post(g.base+"/api/v1/streams", "application/json", bytes.NewReader(body))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	var res streams.Result
+	var res wire.StreamResult
 	var errBody map[string]string
 	if resp.StatusCode == http.StatusOK {
 		require.NoError(t, json.Unmarshal(raw, &res))
@@ -119,10 +120,10 @@ func newStreamGround(ctx context.Context, t *testing.T, name string) streamGroun
 	return streamGround{g: g, src: src, dst: dst}
 }
 
-func (sg streamGround) request(name, srcHandle, dstHandle, enc string) streams.Request {
-	return streams.Request{
-		From:     streams.Endpoint{Target: name + "-a", Pod: "src", Handle: srcHandle, Path: "out"},
-		To:       streams.Endpoint{Target: name + "-c", Pod: "dst", Handle: dstHandle, Path: "in"},
+func (sg streamGround) request(name, srcHandle, dstHandle, enc string) wire.StreamRequest {
+	return wire.StreamRequest{
+		From:     wire.Endpoint{Target: name + "-a", Pod: "src", Handle: srcHandle, Path: "out"},
+		To:       wire.Endpoint{Target: name + "-c", Pod: "dst", Handle: dstHandle, Path: "in"},
 		Encoding: enc,
 	}
 }
@@ -327,10 +328,10 @@ func TestSameTargetStreamsGoDirect(t *testing.T) {
 	data := fill(t, src, "art", 1<<20)
 	g := startGateway(t, dir, gatewayOptions{})
 	g.waitTarget(t, "p2p", 10*time.Second, running)
-	req := streams.Request{From: streams.Endpoint{Target: "p2p", Pod: "src", Handle: "art", Path: "out"},
-		To: streams.Endpoint{Target: "p2p", Pod: "dst", Handle: "direct", Path: "in"}, Encoding: "zstd"}
+	req := wire.StreamRequest{From: wire.Endpoint{Target: "p2p", Pod: "src", Handle: "art", Path: "out"},
+		To: wire.Endpoint{Target: "p2p", Pod: "dst", Handle: "direct", Path: "in"}, Encoding: "zstd"}
 	require.NoError(t, os.MkdirAll(dst.Path("direct"), 0o755))
-	var res streams.Result
+	var res wire.StreamResult
 	eventually(t, 20*time.Second, func() error {
 		code, r, body := postStream(t, g, req)
 		if code != http.StatusOK {
@@ -433,16 +434,16 @@ func TestStreamsKeepTeamsApart(t *testing.T) {
 		return nil
 	})
 
-	body := func(from, to streams.Endpoint) string {
-		b, _ := json.Marshal(streams.Request{From: from, To: to, Encoding: "raw"})
+	body := func(from, to wire.Endpoint) string {
+		b, _ := json.Marshal(wire.StreamRequest{From: from, To: to, Encoding: "raw"})
 		return string(b)
 	}
-	onGlobal := func(pod string) streams.Endpoint {
-		return streams.Endpoint{Target: "si-g", Pod: pod, Handle: "art", Path: "out"}
+	onGlobal := func(pod string) wire.Endpoint {
+		return wire.Endpoint{Target: "si-g", Pod: pod, Handle: "art", Path: "out"}
 	}
-	into := func(handle string) streams.Endpoint {
+	into := func(handle string) wire.Endpoint {
 		require.NoError(t, os.MkdirAll(dst.Path(handle), 0o755))
-		return streams.Endpoint{Target: "si-m", Pod: "main-c", Handle: handle, Path: "in"}
+		return wire.Endpoint{Target: "si-m", Pod: "main-c", Handle: handle, Path: "in"}
 	}
 	// kwok picks up the PortForward objects shortly after they are made.
 	eventually(t, 20*time.Second, func() error {
@@ -495,7 +496,7 @@ func TestStreamsKeepTeamsApart(t *testing.T) {
 		assert.True(t, os.IsNotExist(err), "nothing was streamed")
 		// The destination side is checked alike.
 		code, _, b := postStreamAs(t, g, mainToken.Token, "",
-			body(streams.Endpoint{Target: "si-m", Pod: "main-c", Handle: "warmup", Path: "in"}, onGlobal("other-a")))
+			body(wire.Endpoint{Target: "si-m", Pod: "main-c", Handle: "warmup", Path: "in"}, onGlobal("other-a")))
 		assert.Equal(t, http.StatusNotFound, code, b)
 		assert.JSONEq(t, `{"error": "destination: pod \"other-a\" not found on target \"si-g\""}`, b)
 	})

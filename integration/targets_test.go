@@ -39,6 +39,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // syncBuffer is a log sink safe for concurrent writers.
@@ -119,7 +120,7 @@ type gatewayOptions struct {
 	// through its TSA (*concourse.TSA) or its REST API (*concourse.REST).
 	concourse concourse.Web
 	// resourceTypes are the base resource types the workers offer.
-	resourceTypes []concourse.ResourceType
+	resourceTypes []wire.ResourceType
 	// sweep is how often each registration sweeps with the web node;
 	// default concourse.DefaultSweepInterval.
 	sweep time.Duration
@@ -215,8 +216,10 @@ func testNonce(target, pod string) string {
 
 // sidecarToken is the token of the sidecar of pod on target, and
 // sidecarHash its hash, which the sidecar serves.
-func sidecarToken(target, pod string) string { return podKey.Token(target, pod, testNonce(target, pod)) }
-func sidecarHash(target, pod string) string  { return ownership.TokenHash(sidecarToken(target, pod)) }
+func sidecarToken(target, pod string) string {
+	return podKey.Token(target, pod, testNonce(target, pod))
+}
+func sidecarHash(target, pod string) string { return ownership.TokenHash(sidecarToken(target, pod)) }
 
 // jetwayAnnotations are the annotations of a pod of name on target for
 // team that the tests make as jetway makes its own: its seal and nonce.
@@ -384,7 +387,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
 	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steps.PodOptions { return podOpts },
 		Holder: holder, Agents: agentWorkers, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
-		Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
+		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 			return streamer.Stream(ctx, req, nil)
 		}}
 	if o.concourse != nil {
@@ -565,7 +568,7 @@ func TestTargetsOnRealClusters(t *testing.T) {
 	}
 
 	byName := g.targetsByName(t)
-	var workers []api.Worker
+	var workers []wire.Worker
 	g.get(t, "/api/v1/workers", &workers)
 	assert.Len(t, workers, len(byName), "every entry is in both lists")
 	assert.Len(t, byName, 7)

@@ -147,15 +147,6 @@ type Volume struct {
 	Path   string `json:"path"` // relative to the build dir
 }
 
-// Input records one input streamed into the pod before the process
-// started; run writes each as a KindInput frame ahead of the output, so
-// the log alone tells the step's story.
-type Input struct {
-	Name   string `json:"name"`
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-}
-
 // Started is the payload of the KindStarted frame.
 type Started struct {
 	PID int       `json:"pid"`
@@ -195,7 +186,7 @@ type Status struct {
 const (
 	KindStdout   byte = 1
 	KindStderr   byte = 2
-	KindInput    byte = 3 // JSON Input
+	KindInput    byte = 3 // JSON wire.InputDigest
 	KindStarted  byte = 4 // JSON Started
 	KindAnswer   byte = 5 // the process's stdout when Spec.Answer: no event
 	KindPosition byte = 6 // JSON Position: tail's first frame, never in the log

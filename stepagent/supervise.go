@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // defaultPath is the process's PATH when neither the image nor the step
@@ -110,7 +112,7 @@ func writeInputs(root string, log io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var inputs []Input
+	var inputs []wire.InputDigest
 	if err := json.Unmarshal(b, &inputs); err != nil {
 		return fmt.Errorf("inputs: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // endAnnotation records on a kept step pod how its step ended (JSON End),
@@ -32,9 +33,9 @@ const concludeWait = 2 * time.Minute
 // conclude records the step's end. Then its pod stops counting against
 // its target (it is marked ended) or, when nothing in it matters (the
 // process never ran), it is deleted: see finish.
-func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
+func (r *runner) conclude(ctx context.Context, e wire.Event, keep bool) {
 	count := r.logEvents
-	if e.Type == EventFailed && e.ExitStatus == nil {
+	if e.Type == wire.EventFailed && e.ExitStatus == nil {
 		// The log's status was not read: count what the log holds now, so
 		// the end's number follows every event a reader could have read.
 		count = max(count, r.countLog(ctx))
@@ -100,7 +101,7 @@ func (r *runner) conclude(ctx context.Context, e Event, keep bool) {
 
 // healthy says a check ended by its script's exit, not by its sandbox's
 // failure, an abort or a lost contact: its sandbox is still good.
-func healthy(e *End) bool { return e.ExitStatus != nil && e.Phase != Aborted }
+func healthy(e *End) bool { return e.ExitStatus != nil && e.Phase != wire.Aborted }
 
 // forgetRun deletes an ended check's folder in its sandbox, and with it
 // its log: it is released.

@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A step's events are positions, the same on every gateway and after any
@@ -33,29 +34,29 @@ import (
 // FrameEvent is the event a frame of a step's log stands for: output, an
 // input streamed in, the process's start, each at the time the agent
 // wrote it. Other frames (and ones that do not decode) are none.
-func FrameEvent(f stepagent.Frame) (Event, bool) {
-	e := Event{Time: f.Time}
+func FrameEvent(f stepagent.Frame) (wire.Event, bool) {
+	e := wire.Event{Time: f.Time}
 	switch f.Kind {
 	case stepagent.KindStdout:
-		e.Type = EventStdout
-		return e.withData(f.Payload), true
+		e.Type = wire.EventStdout
+		return withData(e, f.Payload), true
 	case stepagent.KindStderr:
-		e.Type = EventStderr
-		return e.withData(f.Payload), true
+		e.Type = wire.EventStderr
+		return withData(e, f.Payload), true
 	case stepagent.KindInput:
-		var in stepagent.Input
+		var in wire.InputDigest
 		if json.Unmarshal(f.Payload, &in) == nil {
-			e.Type, e.Input, e.Bytes, e.SHA256 = EventInput, in.Name, in.Bytes, in.SHA256
+			e.Type, e.Input, e.Bytes, e.SHA256 = wire.EventInput, in.Name, in.Bytes, in.SHA256
 			return e, true
 		}
 	case stepagent.KindStarted:
 		var st stepagent.Started
 		if json.Unmarshal(f.Payload, &st) == nil {
-			e.Type, e.Time = EventStarted, st.At
+			e.Type, e.Time = wire.EventStarted, st.At
 			return e, true
 		}
 	}
-	return Event{}, false
+	return wire.Event{}, false
 }
 
 // logReader reads a step's log from a position: frames, the first a
@@ -67,7 +68,7 @@ type logReader struct {
 }
 
 // frame reads the next frame, numbering events.
-func (l *logReader) frame() (stepagent.Frame, *Event, error) {
+func (l *logReader) frame() (stepagent.Frame, *wire.Event, error) {
 	f, err := stepagent.ReadFrame(l.br)
 	if err != nil {
 		return f, nil, err
@@ -95,7 +96,7 @@ func (l *logReader) frame() (stepagent.Frame, *Event, error) {
 // tailEvents and tailBytes of output, whatever the step prints.
 type tail struct {
 	mu      sync.Mutex
-	events  []Event // consecutive, oldest first
+	events  []wire.Event // consecutive, oldest first
 	bytes   int
 	next    int  // the number of the next event
 	done    bool // the log ended (its status came)
@@ -112,7 +113,7 @@ const (
 func newTail(next int) *tail { return &tail{next: next, changed: make(chan struct{})} }
 
 // add appends an event (numbered by the runner) and wakes followers.
-func (t *tail) add(e Event) {
+func (t *tail) add(e wire.Event) {
 	if t == nil {
 		return
 	}
@@ -126,7 +127,7 @@ func (t *tail) add(e Event) {
 	t.next = e.N + 1
 	for len(t.events) > tailEvents || (t.bytes > tailBytes && len(t.events) > 1) {
 		t.bytes -= len(t.events[0].Data) + len(t.events[0].DataBase64)
-		t.events[0] = Event{}
+		t.events[0] = wire.Event{}
 		t.events = t.events[1:]
 	}
 	t.notify()
@@ -174,14 +175,14 @@ func (t *tail) count() int {
 
 // from returns the events from n on if the tail holds n (ok), whether the
 // log has ended with them, and a channel closed at the next change.
-func (t *tail) from(n int) (evs []Event, ok, done bool, changed <-chan struct{}) {
+func (t *tail) from(n int) (evs []wire.Event, ok, done bool, changed <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	first := t.next - len(t.events)
 	if t.stopped || n < first || n > t.next {
 		return nil, false, false, t.changed
 	}
-	return append([]Event(nil), t.events[n-first:]...), true, t.done, t.changed
+	return append([]wire.Event(nil), t.events[n-first:]...), true, t.done, t.changed
 }
 
 // The eventLog serves steps' events, by number, from their records and
@@ -241,12 +242,12 @@ type Journal interface {
 	// from 0), whether its log may be read now (it began, or the step
 	// ended), its end event, numbered, once it ended, and a channel closed
 	// at the next change; ok is false once the step is forgotten.
-	State() (head []Event, logged bool, end *Event, changed <-chan struct{}, ok bool)
+	State() (head []wire.Event, logged bool, end *wire.Event, changed <-chan struct{}, ok bool)
 	// ReadLog sends the step's log events from number n on (base is the
 	// number of its first) until the log's status, and returns the number
 	// of the next event; ErrLogGone when the log is gone. A failure of
 	// send is returned as a *SendError.
-	ReadLog(ctx context.Context, base, n int, send func([]Event) error) (int, error)
+	ReadLog(ctx context.Context, base, n int, send func([]wire.Event) error) (int, error)
 }
 
 // SendError is a follower's send failing: the follow ends with it.
@@ -258,7 +259,7 @@ func (e *SendError) Unwrap() error { return e.Err }
 // FollowJournal sends a step's events from n on, as they come, until the
 // step has ended and all were sent, ctx ends or send fails. Events of the
 // log of a step whose log is gone are ErrGone.
-func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) error) error {
+func FollowJournal(ctx context.Context, j Journal, n int, send func([]wire.Event) error) error {
 	retryDelay := steppod.FirstRetry
 	for {
 		head, logged, end, changed, ok := j.State()
@@ -275,7 +276,7 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 		case end != nil && n > end.N:
 			return nil
 		case end != nil && n == end.N:
-			return send([]Event{*end})
+			return send([]wire.Event{*end})
 		}
 		if logged {
 			next, err := j.ReadLog(ctx, len(head), n, send)
@@ -291,7 +292,7 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 			case errors.As(err, &se):
 				return se.Err
 			case errors.Is(err, ErrLogGone) && end != nil:
-				return fmt.Errorf("%w: events %d to %d went with the step's log", ErrGone, n, end.N-1)
+				return fmt.Errorf("%w: events %d to %d went with the step's log", wire.ErrGone, n, end.N-1)
 			default:
 				if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
 					return err
@@ -315,9 +316,9 @@ func FollowJournal(ctx context.Context, j Journal, n int, send func([]Event) err
 // returns the number of the next event. handover, if set, is asked after
 // each batch whether the caller takes it from the next event on (then
 // ReadEvents returns).
-func ReadEvents(r io.Reader, base, want int, send func([]Event) error, handover func(next int) bool) (int, error) {
+func ReadEvents(r io.Reader, base, want int, send func([]wire.Event) error, handover func(next int) bool) (int, error) {
 	l := &logReader{br: bufio.NewReaderSize(r, 64<<10), base: base, next: want}
-	var batch []Event
+	var batch []wire.Event
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -363,7 +364,7 @@ type journal struct {
 	name string
 }
 
-func (j journal) State() ([]Event, bool, *Event, <-chan struct{}, bool) {
+func (j journal) State() ([]wire.Event, bool, *wire.Event, <-chan struct{}, bool) {
 	changed := j.l.opts.Records.Changed()
 	r, ok := j.l.opts.Records.Get(j.name)
 	if !ok {
@@ -378,7 +379,7 @@ func (j journal) State() ([]Event, bool, *Event, <-chan struct{}, bool) {
 	return head, logged, &end, changed, true
 }
 
-func (j journal) ReadLog(ctx context.Context, base, n int, send func([]Event) error) (int, error) {
+func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Event) error) (int, error) {
 	r, ok := j.l.opts.Records.Get(j.name)
 	if !ok {
 		return n, ErrLogGone
@@ -388,7 +389,7 @@ func (j journal) ReadLog(ctx context.Context, base, n int, send func([]Event) er
 
 // follow sends the events of the step of record name from n on: see
 // FollowJournal.
-func (l *eventLog) follow(ctx context.Context, name string, n int, send func([]Event) error) error {
+func (l *eventLog) follow(ctx context.Context, name string, n int, send func([]wire.Event) error) error {
 	return FollowJournal(ctx, journal{l, name}, n, send)
 }
 
@@ -396,7 +397,7 @@ func (l *eventLog) follow(ctx context.Context, name string, n int, send func([]E
 // its first), from this gateway's tail when it holds them, else from the
 // pod, until the log's status. It returns the number of the next event
 // to send.
-func (l *eventLog) readLog(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+func (l *eventLog) readLog(ctx context.Context, r *Record, base, n int, send func([]wire.Event) error) (int, error) {
 	for {
 		t := l.tail(r.Name)
 		if t == nil {
@@ -427,7 +428,7 @@ func (l *eventLog) readLog(ctx context.Context, r *Record, base, n int, send fun
 // readPod reads the step's log from its pod, from event n on, until its
 // status; it hands over to this gateway's tail when that holds the next
 // event (the runner caught up with it).
-func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send func([]Event) error) (int, error) {
+func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send func([]wire.Event) error) (int, error) {
 	p := r.Status.Placed
 	t, err := l.opts.Registry.Target(p.Target)
 	if err != nil {

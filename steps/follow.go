@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // follow starts the process (once: the agent never runs it twice) and
@@ -117,7 +118,7 @@ func (r *runner) handle(ctx context.Context, f stepagent.Frame) error {
 		return nil
 	}
 	e, ok := FrameEvent(f)
-	if ok && e.Type == EventStarted && !r.hasStarted() {
+	if ok && e.Type == wire.EventStarted && !r.hasStarted() {
 		if _, err := r.update(ctx, func(st *Status) error {
 			if !st.Started.IsZero() {
 				return errUnchanged

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestVolumeHolderSidecarKnowsItsCapacity: the volume holder's sidecar
@@ -48,6 +49,6 @@ func TestVolumeHolderSidecarKnowsItsCapacity(t *testing.T) {
 			assert.True(t, strings.HasSuffix(cmd, "--capacity "+tt.want), cmd)
 		})
 	}
-	step := podOn(t, targets.StepPolicy{}, defaults, Resources{}, false)
+	step := podOn(t, targets.StepPolicy{}, defaults, wire.Resources{}, false)
 	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--capacity")
 }

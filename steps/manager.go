@@ -49,28 +49,12 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
-)
-
-// Errors of the step API.
-var (
-	// ErrNotFound: no such step that the caller may see.
-	ErrNotFound = errors.New("step not found")
-	// ErrForbidden: a team token acting for another team.
-	ErrForbidden = errors.New("a team token acts only for its own team")
-	// ErrUnavailable: steps are not accepted now; the error says why.
-	ErrUnavailable = errors.New("steps are not accepted now")
-	// ErrInput: an input names a step output that cannot be used.
-	ErrInput = errors.New("input not available")
-	// ErrConflict: an upload or download the step's state does not allow
-	// (an input uploaded already, an output of a step still running).
-	ErrConflict = errors.New("conflict")
-	// ErrGone: what was asked for went with the step's pod.
-	ErrGone = errors.New("gone")
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // errNotRunning: the manager is starting (reading the records) or
 // stopping.
-var errNotRunning = fmt.Errorf("%w: the gateway is starting or stopping", ErrUnavailable)
+var errNotRunning = fmt.Errorf("%w: the gateway is starting or stopping", wire.ErrUnavailable)
 
 // Registry is what the manager reads of the targets.
 type Registry interface {
@@ -83,9 +67,9 @@ type Registry interface {
 
 // Streamer copies volumes between pods: the streams package.
 type Streamer interface {
-	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (streams.Result, error)
-	PutVolume(ctx context.Context, to streams.Endpoint, encoding string, body io.Reader) error
-	OpenVolume(ctx context.Context, from streams.Endpoint, encoding string) (io.ReadCloser, error)
+	Stream(ctx context.Context, req streams.Request, progress *streams.Progress) (wire.StreamResult, error)
+	PutVolume(ctx context.Context, to wire.Endpoint, encoding string, body io.Reader) error
+	OpenVolume(ctx context.Context, from wire.Endpoint, encoding string) (io.ReadCloser, error)
 }
 
 // Ownership is what the manager reads of the gateways' Leases: Owners.
@@ -235,7 +219,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // its Lease renewed), and if not why.
 func (m *Manager) Ready() error {
 	if m.opts.Records == nil {
-		return fmt.Errorf("%w: %s", ErrUnavailable, m.opts.Unavailable)
+		return fmt.Errorf("%w: %s", wire.ErrUnavailable, m.opts.Unavailable)
 	}
 	m.mu.Lock()
 	started := m.ctx != nil && m.ctx.Err() == nil
@@ -248,13 +232,13 @@ func (m *Manager) Ready() error {
 		if err != nil {
 			msg += ": " + err.Error()
 		}
-		return fmt.Errorf("%w: %s", ErrUnavailable, msg)
+		return fmt.Errorf("%w: %s", wire.ErrUnavailable, msg)
 	}
 	if !m.opts.Owners.Valid() {
-		return fmt.Errorf("%w: this gateway cannot renew its lease in the state namespace", ErrUnavailable)
+		return fmt.Errorf("%w: this gateway cannot renew its lease in the state namespace", wire.ErrUnavailable)
 	}
 	if k := m.opts.Pod.Key; k.Ready() != nil && k.IsZero() {
-		return fmt.Errorf("%w: the installation's pod key is not read from the state namespace yet", ErrUnavailable)
+		return fmt.Errorf("%w: the installation's pod key is not read from the state namespace yet", wire.ErrUnavailable)
 	}
 	return nil
 }
@@ -274,7 +258,7 @@ type Caller = streams.Caller
 func (m *Manager) visible(caller Caller, team, handle string) (*Record, error) {
 	if !caller.Admin {
 		if team != "" && team != caller.Team {
-			return nil, ErrNotFound // the same answer as for a missing step
+			return nil, wire.ErrNotFound // the same answer as for a missing step
 		}
 		team = caller.Team
 	}
@@ -283,7 +267,7 @@ func (m *Manager) visible(caller Caller, team, handle string) (*Record, error) {
 	}
 	r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, team, handle))
 	if !ok {
-		return nil, ErrNotFound
+		return nil, wire.ErrNotFound
 	}
 	return r, nil
 }
@@ -291,30 +275,30 @@ func (m *Manager) visible(caller Caller, team, handle string) (*Record, error) {
 // Submit accepts a step: its record is made, and it is placed now or as
 // soon as a target has room, by whichever gateway places. The same handle
 // again (within the team) returns the existing step and false.
-func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
+func (m *Manager) Submit(caller Caller, req wire.Request) (wire.View, bool, error) {
 	if ferr := req.Validate(); ferr != nil {
-		return View{}, false, ferr
+		return wire.View{}, false, ferr
 	}
 	if strings.TrimSpace(req.Image) == "" {
-		return View{}, false, fieldErr("image", "required: a step on a cluster runs in a container of this image")
+		return wire.View{}, false, &wire.FieldError{Field: "image", Msg: "required: a step on a cluster runs in a container of this image"}
 	}
 	if !caller.Admin {
 		if req.Team != "" && req.Team != caller.Team {
-			return View{}, false, ErrForbidden
+			return wire.View{}, false, wire.ErrForbidden
 		}
 		req.Team = caller.Team
 	}
 	if err := m.Ready(); err != nil {
-		return View{}, false, err
+		return wire.View{}, false, err
 	}
 	if r, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, req.Team, req.Handle)); ok {
 		return m.view(r), false, nil
 	}
 	if req.Resource != nil {
-		req.resourceRun(m.opts.ResourceDir)
+		resourceRun(&req, m.opts.ResourceDir)
 	}
 	if err := m.resolveInputs(&req); err != nil {
-		return View{}, false, err
+		return wire.View{}, false, err
 	}
 	raw, _ := json.Marshal(req)
 	sum := summaryOf(req, caller.Admin, m.opts.Now())
@@ -322,7 +306,7 @@ func (m *Manager) Submit(caller Caller, req Request) (View, bool, error) {
 	defer cancel()
 	r, created, err := m.opts.Records.Create(ctx, sum, Status{Owner: m.me}, raw)
 	if err != nil {
-		return View{}, false, err
+		return wire.View{}, false, err
 	}
 	if created {
 		m.opts.Metrics.submitted(req.Type)
@@ -342,7 +326,7 @@ func (m *Manager) ctxOrBackground() context.Context {
 
 // resolveInputs turns {step, output} inputs into the pod volumes holding
 // them.
-func (m *Manager) resolveInputs(req *Request) error {
+func (m *Manager) resolveInputs(req *wire.Request) error {
 	for i := range req.Inputs {
 		from := &req.Inputs[i].From
 		if from.Step == "" {
@@ -351,7 +335,7 @@ func (m *Manager) resolveInputs(req *Request) error {
 		field := fmt.Sprintf("inputs[%d].from", i)
 		src, ok := m.opts.Records.Get(RecordName(m.opts.Pod.Installation, req.Team, from.Step))
 		if !ok {
-			return fmt.Errorf("%w: %s: step %q not found", ErrInput, field, from.Step)
+			return fmt.Errorf("%w: %s: step %q not found", wire.ErrInput, field, from.Step)
 		}
 		got, err := src.View().OutputSource(field, from.Output)
 		if err != nil {
@@ -364,12 +348,12 @@ func (m *Manager) resolveInputs(req *Request) error {
 
 // view is a step's view, with what this gateway knows beyond its record:
 // the events of a step it runs, and a resource step's answer.
-func (m *Manager) view(r *Record) View {
+func (m *Manager) view(r *Record) wire.View {
 	v := r.View()
 	if t := m.events.tail(r.Name); t != nil && !r.Ended() {
 		v.Events = max(v.Events, t.count())
 	}
-	if r.Summary.Resource && v.Phase == Succeeded {
+	if r.Summary.Resource && v.Phase == wire.Succeeded {
 		ctx, cancel := context.WithTimeout(m.ctxOrBackground(), storeTimeout)
 		defer cancel()
 		if res, err := m.opts.Records.Result(ctx, r.Name); err == nil {
@@ -380,17 +364,17 @@ func (m *Manager) view(r *Record) View {
 }
 
 // Get returns a step's view.
-func (m *Manager) Get(caller Caller, team, handle string) (View, error) {
+func (m *Manager) Get(caller Caller, team, handle string) (wire.View, error) {
 	r, err := m.visible(caller, team, handle)
 	if err != nil {
-		return View{}, err
+		return wire.View{}, err
 	}
 	return m.view(r), nil
 }
 
 // Events calls send with the step's events from since on, as they come,
 // until the step has ended and all were sent, ctx ends or send fails.
-func (m *Manager) Events(ctx context.Context, caller Caller, team, handle string, since int, send func([]Event) error) error {
+func (m *Manager) Events(ctx context.Context, caller Caller, team, handle string, since int, send func([]wire.Event) error) error {
 	r, err := m.visible(caller, team, handle)
 	if err != nil {
 		return err
@@ -409,7 +393,7 @@ func (m *Manager) Readable(caller Caller, team, handle string, since int) error 
 	head, _ := r.Head()
 	if ended && !r.Status.Released.IsZero() && since < end.N && since < len(head)+r.Status.End.LogEvents && r.Status.End.LogEvents > 0 {
 		return fmt.Errorf("%w: step %s was released: the events of its log (%d to %d) went with its pod; its end is event %d",
-			ErrGone, handle, len(head), end.N-1, end.N)
+			wire.ErrGone, handle, len(head), end.N-1, end.N)
 	}
 	return nil
 }
@@ -421,10 +405,10 @@ const abortWaitPoll = time.Second
 // at once; a running one's process is killed (it ends aborted) and its pod
 // deleted, with its outputs, by its owner. It waits, within ctx, for the
 // release.
-func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string) (View, error) {
+func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string) (wire.View, error) {
 	r, err := m.visible(caller, team, handle)
 	if err != nil {
-		return View{}, err
+		return wire.View{}, err
 	}
 	now := m.opts.Now().UTC()
 	r, err = m.opts.Records.Update(ctx, r.Name, func(r *Record) error {
@@ -433,7 +417,7 @@ func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string)
 		case !st.Released.IsZero() || st.Release:
 			return errUnchanged
 		case st.Placed == nil && st.End == nil:
-			st.End = &End{Phase: Aborted, Reason: "aborted", Message: "aborted before it was placed", At: now}
+			st.End = &End{Phase: wire.Aborted, Reason: "aborted", Message: "aborted before it was placed", At: now}
 			st.Released, st.WaitingNow = now, ""
 		default:
 			st.Release = true
@@ -441,10 +425,10 @@ func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string)
 		return nil
 	})
 	if err != nil {
-		return View{}, err
+		return wire.View{}, err
 	}
 	if r.Status.End != nil && r.Status.Placed == nil {
-		m.opts.Metrics.finished(r.Summary.Type, Aborted)
+		m.opts.Metrics.finished(r.Summary.Type, wire.Aborted)
 	}
 	m.keeper.wake()
 	for {
@@ -460,7 +444,7 @@ func (m *Manager) Abort(ctx context.Context, caller Caller, team, handle string)
 		}
 		var ok bool
 		if r, ok = m.opts.Records.Get(r.Name); !ok {
-			return View{}, ErrNotFound
+			return wire.View{}, wire.ErrNotFound
 		}
 	}
 }

@@ -16,15 +16,16 @@ import (
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // firstEvents follows a step's events until n came, or fails.
-func firstEvents(t *testing.T, m *Manager, caller Caller, team, handle string, n int) []Event {
+func firstEvents(t *testing.T, m *Manager, caller Caller, team, handle string, n int) []wire.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var got []Event
-	err := m.Events(ctx, caller, team, handle, 0, func(evs []Event) error {
+	var got []wire.Event
+	err := m.Events(ctx, caller, team, handle, 0, func(evs []wire.Event) error {
 		got = append(got, evs...)
 		if len(got) >= n {
 			cancel()
@@ -46,7 +47,7 @@ func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
 	v, created, err := m.Submit(team, req)
 	require.NoError(t, err)
 	assert.True(t, created)
-	assert.Equal(t, Pending, v.Phase)
+	assert.Equal(t, wire.Pending, v.Phase)
 	assert.Equal(t, "main", v.Team, "a team token's step is its team's")
 
 	again, created, err := m.Submit(team, req)
@@ -55,8 +56,8 @@ func TestSubmitWaitsAndIsIdempotent(t *testing.T) {
 	assert.Equal(t, v.CreatedAt, again.CreatedAt)
 
 	waiting := firstEvents(t, m.Manager, team, "", req.Handle, 1)[0]
-	assert.Equal(t, EventWaiting, waiting.Type)
-	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, wire.EventWaiting, waiting.Type)
+	assert.Equal(t, wire.ReasonNoTargetFits, waiting.Reason)
 	assert.Equal(t, "no target satisfies team 'main': there are no targets", waiting.Message)
 
 	name := RecordName("jetway", "main", req.Handle)
@@ -72,7 +73,7 @@ func TestAClusterStepNeedsAnImage(t *testing.T) {
 	req := validRequest()
 	req.Image, req.Platform = "", "darwin"
 	_, _, err := m.Submit(Caller{Admin: true}, req)
-	var ferr *FieldError
+	var ferr *wire.FieldError
 	require.ErrorAs(t, err, &ferr)
 	assert.Equal(t, "image", ferr.Field)
 }
@@ -83,19 +84,19 @@ func TestTeamsDoNotSeeEachOthersSteps(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = m.Get(Caller{Team: "other"}, "", "build-1")
-	assert.ErrorIs(t, err, ErrNotFound)
+	assert.ErrorIs(t, err, wire.ErrNotFound)
 	_, err = m.Get(Caller{Team: "other"}, "main", "build-1")
-	assert.ErrorIs(t, err, ErrNotFound, "naming the team changes nothing")
+	assert.ErrorIs(t, err, wire.ErrNotFound, "naming the team changes nothing")
 	_, err = m.Abort(context.Background(), Caller{Team: "other"}, "main", "build-1")
-	assert.ErrorIs(t, err, ErrNotFound)
-	_, _, err = m.Submit(Caller{Team: "other"}, Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: Run{Path: "p"}})
-	assert.ErrorIs(t, err, ErrForbidden)
+	assert.ErrorIs(t, err, wire.ErrNotFound)
+	_, _, err = m.Submit(Caller{Team: "other"}, wire.Request{Handle: "x", Type: "task", Team: "main", Image: "i", Run: wire.Run{Path: "p"}})
+	assert.ErrorIs(t, err, wire.ErrForbidden)
 
 	v, err := m.Get(Caller{Admin: true}, "main", "build-1")
 	require.NoError(t, err)
 	assert.Equal(t, "main", v.Team)
 	_, err = m.Get(Caller{Admin: true}, "", "build-1")
-	assert.ErrorIs(t, err, ErrNotFound, "an admin names the team")
+	assert.ErrorIs(t, err, wire.ErrNotFound, "an admin names the team")
 
 	// The other team may use the same handle: it is another step.
 	_, created, err := m.Submit(Caller{Team: "other"}, validRequest())
@@ -109,27 +110,27 @@ func TestAbortPending(t *testing.T) {
 	require.NoError(t, err)
 	v, err := m.Abort(context.Background(), Caller{Admin: true}, "", "build-1")
 	require.NoError(t, err)
-	assert.Equal(t, Aborted, v.Phase)
+	assert.Equal(t, wire.Aborted, v.Phase)
 	assert.True(t, v.FinishedAt.After(v.CreatedAt) || v.FinishedAt.Equal(v.CreatedAt))
 
-	var all []Event
-	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", 0, func(evs []Event) error {
+	var all []wire.Event
+	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", 0, func(evs []wire.Event) error {
 		all = append(all, evs...)
 		return nil
 	}), "the events of an ended step end")
 	last := all[len(all)-1]
-	assert.Equal(t, EventFailed, last.Type)
-	assert.Equal(t, Aborted, last.Phase)
+	assert.Equal(t, wire.EventFailed, last.Type)
+	assert.Equal(t, wire.Aborted, last.Phase)
 	for i, e := range all {
 		assert.Equal(t, i, e.N, "numbered from 0, no gaps")
 	}
 
-	var since []Event
-	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", last.N, func(evs []Event) error {
+	var since []wire.Event
+	require.NoError(t, m.Events(context.Background(), Caller{Admin: true}, "", "build-1", last.N, func(evs []wire.Event) error {
 		since = append(since, evs...)
 		return nil
 	}))
-	assert.Equal(t, []Event{last}, since)
+	assert.Equal(t, []wire.Event{last}, since)
 }
 
 func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
@@ -138,9 +139,9 @@ func TestInputFromAStepMustHaveSucceeded(t *testing.T) {
 	require.NoError(t, err)
 	req := validRequest()
 	req.Handle = "next"
-	req.Inputs = []Input{{Name: "src", From: InputSource{Step: "build-1", Output: "out"}}}
+	req.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Step: "build-1", Output: "out"}}}
 	_, _, err = m.Submit(Caller{Admin: true}, req)
-	require.ErrorIs(t, err, ErrInput)
+	require.ErrorIs(t, err, wire.ErrInput)
 	assert.Contains(t, err.Error(), `inputs[0].from: step "build-1" is pending`)
 	req.Inputs[0].From.Step = "nope"
 	_, _, err = m.Submit(Caller{Admin: true}, req)
@@ -167,17 +168,17 @@ func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "not read yet")
 	}, time.Second, time.Millisecond)
 	_, err := m.Get(Caller{Admin: true}, "", "build-1")
-	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorIs(t, err, wire.ErrUnavailable)
 	assert.ErrorContains(t, err, "the step records are not read yet")
 	_, _, err = m.Submit(Caller{Admin: true}, validRequest())
-	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorIs(t, err, wire.ErrUnavailable)
 }
 
 // Without a place to keep them, steps are refused, saying why.
 func TestNoStateRefusesSteps(t *testing.T) {
 	m := New(Options{Registry: stepstest.NewRegistry(t), Unavailable: "no state namespace to keep them in"})
 	_, _, err := m.Submit(Caller{Admin: true}, validRequest())
-	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorIs(t, err, wire.ErrUnavailable)
 	assert.ErrorContains(t, err, "no state namespace to keep them in")
 }
 
@@ -225,7 +226,7 @@ func TestQueueIsFirstComeFirstServedWithinLimits(t *testing.T) {
 	assert.Equal(t, []string{"task-0", "task-1", "task-2", "task-3"}, firsts, "the first four came first")
 	assert.Equal(t, map[string]int{"a": 2, "b": 2}, perTarget)
 	waiting := firstEvents(t, m.Manager, Caller{Admin: true}, "", "task-4", 1)[0]
-	assert.Equal(t, ReasonTargetsAtLimit, waiting.Reason)
+	assert.Equal(t, wire.ReasonTargetsAtLimit, waiting.Reason)
 	assert.Equal(t, "every compatible target is at a limit (an untagged step without team or platform); placed as soon as one has room: "+
 		"a, b: at limit active-tasks 2/2", waiting.Message)
 }
@@ -243,7 +244,7 @@ func TestWaitingNamesEachRefusal(t *testing.T) {
 	_, _, err := m.Submit(Caller{Team: "main"}, req)
 	require.NoError(t, err)
 	waiting := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 1)[0]
-	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, wire.ReasonNoTargetFits, waiting.Reason)
 	assert.Equal(t, "no target satisfies team 'main', platform 'linux': down: state stalled; gpu-1, gpu-2: untagged step; mac: platform darwin",
 		waiting.Message)
 
@@ -254,12 +255,12 @@ func TestWaitingNamesEachRefusal(t *testing.T) {
 		return err == nil && v.Target == "plain"
 	}, 5*time.Second, time.Millisecond)
 	evs := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 2)
-	assert.Equal(t, EventPlaced, evs[1].Type)
+	assert.Equal(t, wire.EventPlaced, evs[1].Type)
 	assert.Equal(t, 1, evs[1].N)
 }
 
-func validRequest() Request {
-	return Request{Handle: "build-1", Type: "task", Image: "busybox", Run: Run{Path: "sh", Args: []string{"-c", "true"}}}
+func validRequest() wire.Request {
+	return wire.Request{Handle: "build-1", Type: "task", Image: "busybox", Run: wire.Run{Path: "sh", Args: []string{"-c", "true"}}}
 }
 
 // TestAPrivilegedStepGoesOnlyWhereItsTargetAllows: a privileged step
@@ -273,7 +274,7 @@ func TestAPrivilegedStepGoesOnlyWhereItsTargetAllows(t *testing.T) {
 	_, _, err := m.Submit(Caller{Team: "main"}, req)
 	require.NoError(t, err)
 	waiting := firstEvents(t, m.Manager, Caller{Team: "main"}, "", req.Handle, 1)[0]
-	assert.Equal(t, ReasonNoTargetFits, waiting.Reason)
+	assert.Equal(t, wire.ReasonNoTargetFits, waiting.Reason)
 	assert.Equal(t, "no target satisfies team 'main', privileged: plain: privileged step; the target's policy does not allow it "+
 		"(steps.allowPrivileged in its target.yaml)", waiting.Message)
 

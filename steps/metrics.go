@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Metrics are the steps' Prometheus metrics. A nil *Metrics records
@@ -73,7 +74,7 @@ func (m *Metrics) submitted(typ string) {
 	}
 }
 
-func (m *Metrics) finished(typ string, phase Phase) {
+func (m *Metrics) finished(typ string, phase wire.Phase) {
 	if m != nil {
 		m.endings.WithLabelValues(typ, string(phase)).Inc()
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestLiveness: a gateway is alive while its Lease keeps changing, as
@@ -57,7 +59,7 @@ func TestEventsAreNumberedFromTheRecord(t *testing.T) {
 	at := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	code := 3
 	r := &Record{Status: Status{
-		Waiting:   []Waiting{{At: at, Reason: ReasonTargetsAtLimit, Message: "full"}, {At: at.Add(time.Second), Reason: ReasonNoTargetFits, Message: "gone"}},
+		Waiting:   []Waiting{{At: at, Reason: wire.ReasonTargetsAtLimit, Message: "full"}, {At: at.Add(time.Second), Reason: wire.ReasonNoTargetFits, Message: "gone"}},
 		Placed:    &Placed{Target: "east", Pod: "p", At: at.Add(2 * time.Second)},
 		Scheduled: &Node{Name: "n1", At: at.Add(3 * time.Second)},
 	}}
@@ -67,17 +69,17 @@ func TestEventsAreNumberedFromTheRecord(t *testing.T) {
 	for i, e := range head {
 		assert.Equal(t, i, e.N)
 	}
-	assert.Equal(t, []string{EventWaiting, EventWaiting, EventPlaced, EventScheduled}, []string{head[0].Type, head[1].Type, head[2].Type, head[3].Type})
+	assert.Equal(t, []string{wire.EventWaiting, wire.EventWaiting, wire.EventPlaced, wire.EventScheduled}, []string{head[0].Type, head[1].Type, head[2].Type, head[3].Type})
 	_, ended := r.EndEvent()
 	assert.False(t, ended)
 
-	r.Status.End = &End{Phase: Failed, ExitStatus: &code, At: at.Add(time.Minute), LogEvents: 7, Kept: true}
+	r.Status.End = &End{Phase: wire.Failed, ExitStatus: &code, At: at.Add(time.Minute), LogEvents: 7, Kept: true}
 	end, ended := r.EndEvent()
 	require.True(t, ended)
-	assert.Equal(t, Event{N: 11, Type: EventExited, Time: at.Add(time.Minute), Phase: Failed, ExitStatus: &code}, end)
+	assert.Equal(t, wire.Event{N: 11, Type: wire.EventExited, Time: at.Add(time.Minute), Phase: wire.Failed, ExitStatus: &code}, end)
 	v := r.View()
 	assert.Equal(t, 12, v.Events)
-	assert.Equal(t, Failed, v.Phase)
+	assert.Equal(t, wire.Failed, v.Phase)
 	assert.Len(t, v.Outputs, 0)
 
 	pending := &Record{}
@@ -92,7 +94,7 @@ func TestTailIsBounded(t *testing.T) {
 	tl := newTail(2)
 	chunk := make([]byte, 32<<10)
 	for i := range 1000 {
-		tl.add(Event{N: 2 + i, Type: EventStdout}.withData(chunk))
+		tl.add(withData(wire.Event{N: 2 + i, Type: wire.EventStdout}, chunk))
 	}
 	tl.mu.Lock()
 	n, bytes := len(tl.events), tl.bytes

@@ -1,9 +1,9 @@
 package steps
 
 import (
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // PlacementOptions are the configured chains and limits.
@@ -60,7 +60,7 @@ func Candidates(statuses []targets.Status, extra map[string]targets.Counts) []se
 		}
 		out[i] = selection.Candidate{
 			Name: st.Name, State: string(st.State), Team: st.Meta.Team, Tags: st.Meta.Tags,
-			Platform: st.Meta.Platform, Version: config.WorkerVersion, // as /api/v1/workers reports
+			Platform: st.Meta.Platform, Version: wire.WorkerVersion, // as /api/v1/workers reports
 			ActiveContainers: c.ActiveContainers, BuildContainers: c.BuildContainers,
 			ActiveTasks: c.ActiveTasks, ActiveVolumes: c.ActiveVolumes,
 			MaxActiveTasks: st.Meta.MaxActiveTasks, AllowPrivileged: st.Meta.Steps.AllowPrivileged,

@@ -16,6 +16,7 @@ import (
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // The placer is the queue: while this gateway holds the placer Lease it
@@ -164,9 +165,9 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 	d := p.pool.Place(st, selection.Options{Chain: p.opts.Placement.Chain(sum.Type, false),
 		Limits: p.opts.Placement.Limits, Top: 1})
 	if len(d.Order) == 0 {
-		reason, why := ReasonTargetsAtLimit, "every compatible target is at a limit ("+describe(sum)+"); placed as soon as one has room"
+		reason, why := wire.ReasonTargetsAtLimit, "every compatible target is at a limit ("+describe(sum)+"); placed as soon as one has room"
 		if !d.Compatible {
-			reason, why = ReasonNoTargetFits, noTargetPrefix+describe(sum)
+			reason, why = wire.ReasonNoTargetFits, noTargetPrefix+describe(sum)
 		}
 		kind := reason + "\x00" + sum.Type + "\x00" + sum.Team + "\x00" + sum.Platform + "\x00" + strings.Join(sum.Tags, ",") +
 			"\x00" + strconv.FormatBool(sum.Privileged)
@@ -369,15 +370,6 @@ func (p *placer) forget(ctx context.Context) {
 		}
 	}
 }
-
-// Reasons of a waiting event: why no target takes the step yet.
-const (
-	// ReasonNoTargetFits: no target could ever run the step as things
-	// are (its team, tags or platform); it waits for one to appear.
-	ReasonNoTargetFits = "NoTargetFits"
-	// ReasonTargetsAtLimit: compatible targets are all at a limit.
-	ReasonTargetsAtLimit = "TargetsAtLimit"
-)
 
 const noTargetPrefix = "no target satisfies "
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // HandleLabel holds a step pod's handle (unique within its team),
@@ -269,7 +270,7 @@ type ContainerPodSpec struct {
 	Name, Team, Image string
 	// Labels are added to the pod's own (ownership, team).
 	Labels     map[string]string
-	Resources  Resources
+	Resources  wire.Resources
 	Privileged bool
 	// Mounts are the container's bind mounts: each one a folder of the
 	// pod's emptyDir at Path, in this order, so a mount nested in another

@@ -17,6 +17,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestBuildPod(t *testing.T) {
@@ -28,10 +29,10 @@ func TestBuildPod(t *testing.T) {
 	tgt, err := targets.NewTarget(cfg, "prod")
 	require.NoError(t, err)
 	req := validRequest()
-	req.Team, req.Resources, req.Timeout = "main", Resources{CPU: "500m", Memory: "1Gi"}, "1h"
+	req.Team, req.Resources, req.Timeout = "main", wire.Resources{CPU: "500m", Memory: "1Gi"}, "1h"
 	req.Run.Env = map[string]string{"SECRET": "hunter2"}
 	req.Stdin = "also secret"
-	req.Outputs = []Output{{Name: "out", Path: "out"}}
+	req.Outputs = []wire.Output{{Name: "out", Path: "out"}}
 	require.Nil(t, req.Validate())
 	sum := summaryOf(req, false, time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
 
@@ -105,7 +106,7 @@ func TestPodNamesAreValidAndApart(t *testing.T) {
 // podOn builds the pod of a task asking for resources r (privileged if
 // asked) on a target whose target.yaml has policy, with the gateway's
 // defaults d.
-func podOn(t *testing.T, policy targets.StepPolicy, d StepDefaults, r Resources, privileged bool) *corev1.Pod {
+func podOn(t *testing.T, policy targets.StepPolicy, d StepDefaults, r wire.Resources, privileged bool) *corev1.Pod {
 	t.Helper()
 	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
 		Meta: targets.Metadata{Namespace: "ci", Steps: policy}}, "prod")
@@ -126,7 +127,7 @@ func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return 
 // privileged and without those. The agent containers keep the
 // restricted profile either way.
 func TestStepContainerSecurity(t *testing.T) {
-	p := podOn(t, targets.StepPolicy{}, StepDefaults{}, Resources{}, false)
+	p := podOn(t, targets.StepPolicy{}, StepDefaults{}, wire.Resources{}, false)
 	sc := p.Spec.Containers[0].SecurityContext
 	require.NotNil(t, sc)
 	assert.Equal(t, &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}, sc.SeccompProfile)
@@ -135,7 +136,7 @@ func TestStepContainerSecurity(t *testing.T) {
 	assert.Equal(t, &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW"}}, sc.Capabilities, "the runtime's defaults, minus NET_RAW")
 	assert.Nil(t, sc.RunAsNonRoot, "the image decides its user")
 
-	priv := podOn(t, targets.StepPolicy{AllowPrivileged: true}, StepDefaults{}, Resources{}, true)
+	priv := podOn(t, targets.StepPolicy{AllowPrivileged: true}, StepDefaults{}, wire.Resources{}, true)
 	sc = priv.Spec.Containers[0].SecurityContext
 	assert.Equal(t, &corev1.SecurityContext{Privileged: ptrTo(true)}, sc,
 		"privileged and nothing else: Kubernetes refuses it with allowPrivilegeEscalation false")
@@ -199,16 +200,16 @@ func TestStepPodLimits(t *testing.T) {
 		name     string
 		policy   targets.StepPolicy
 		defaults StepDefaults
-		asked    Resources
+		asked    wire.Resources
 		size     string // "": no sizeLimit
 		requests corev1.ResourceList
 		limits   corev1.ResourceList
 	}{
 		{name: "the gateway's defaults", defaults: defaults, size: "10Gi",
 			requests: rl("cpu", "100m", "memory", "256Mi", "ephemeral-storage", "1Gi")},
-		{name: "asked for both: kept, as limits too", defaults: defaults, asked: Resources{CPU: "2", Memory: "4Gi"}, size: "10Gi",
+		{name: "asked for both: kept, as limits too", defaults: defaults, asked: wire.Resources{CPU: "2", Memory: "4Gi"}, size: "10Gi",
 			requests: rl("cpu", "2", "memory", "4Gi", "ephemeral-storage", "1Gi"), limits: rl("cpu", "2", "memory", "4Gi")},
-		{name: "asked for memory only: cpu defaulted", defaults: defaults, asked: Resources{Memory: "1Gi"}, size: "10Gi",
+		{name: "asked for memory only: cpu defaulted", defaults: defaults, asked: wire.Resources{Memory: "1Gi"}, size: "10Gi",
 			requests: rl("cpu", "100m", "memory", "1Gi", "ephemeral-storage", "1Gi"), limits: rl("memory", "1Gi")},
 		{name: "target.yaml overrides", defaults: defaults, size: "50Gi",
 			policy: targets.StepPolicy{VolumeSizeLimit: quantity("50Gi"), EphemeralStorageRequest: quantity("5Gi"),
@@ -258,7 +259,7 @@ func TestContainerPod(t *testing.T) {
 	require.NoError(t, err)
 	p := ContainerPod(tgt, ContainerPodSpec{Name: "c-1", Team: "main", Image: "busybox:1.36",
 		Labels:    map[string]string{"jetway-ci.dev/concourse-container": "h1"},
-		Resources: Resources{Memory: "100Mi"},
+		Resources: wire.Resources{Memory: "100Mi"},
 		Mounts:    []ContainerMount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}},
 	}, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod"})
 	assert.NotContains(t, p.Labels, HandleLabel)

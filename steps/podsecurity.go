@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // StepDefaults are what a step pod gets unless its target's target.yaml
@@ -89,7 +90,7 @@ func stepVolume(d StepDefaults) corev1.VolumeSource {
 // a step asks for as both requests and limits, so it gets what it asked
 // for and no more; d's requests for what it does not ask; and d's
 // ephemeral-storage request.
-func stepResources(r Resources, d StepDefaults) corev1.ResourceRequirements {
+func stepResources(r wire.Resources, d StepDefaults) corev1.ResourceRequirements {
 	req, lim := corev1.ResourceList{}, corev1.ResourceList{}
 	for _, res := range []struct {
 		name  corev1.ResourceName

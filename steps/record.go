@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A step's record is what makes it durable: one Secret per step in the
@@ -73,17 +74,17 @@ func (r *Record) Copy() *Record {
 // Summary is what every gateway needs of the request: to place the step,
 // show it and stream its inputs. It is written once, at submission.
 type Summary struct {
-	Team      string    `json:"team,omitempty"`
-	Handle    string    `json:"handle"`
-	Type      string    `json:"type"`
-	Tags      []string  `json:"tags,omitempty"`
-	Platform  string    `json:"platform,omitempty"`
-	Image     string    `json:"image"`
-	Inputs    []Input   `json:"inputs,omitempty"`
-	Outputs   []Output  `json:"outputs,omitempty"`
-	Resources Resources `json:"resources,omitzero"`
-	Timeout   string    `json:"timeout,omitempty"`
-	ReuseKey  string    `json:"reuse_key,omitempty"`
+	Team      string         `json:"team,omitempty"`
+	Handle    string         `json:"handle"`
+	Type      string         `json:"type"`
+	Tags      []string       `json:"tags,omitempty"`
+	Platform  string         `json:"platform,omitempty"`
+	Image     string         `json:"image"`
+	Inputs    []wire.Input   `json:"inputs,omitempty"`
+	Outputs   []wire.Output  `json:"outputs,omitempty"`
+	Resources wire.Resources `json:"resources,omitzero"`
+	Timeout   string         `json:"timeout,omitempty"`
+	ReuseKey  string         `json:"reuse_key,omitempty"`
 	// Privileged asks for a privileged container (Request.Privileged).
 	Privileged bool `json:"privileged,omitempty"`
 	// Resource marks a resource step: its stdout is its answer.
@@ -96,7 +97,7 @@ type Summary struct {
 }
 
 // summaryOf is the summary of a validated request.
-func summaryOf(req Request, admin bool, at time.Time) Summary {
+func summaryOf(req wire.Request, admin bool, at time.Time) Summary {
 	return Summary{Team: req.Team, Handle: req.Handle, Type: req.Type, Tags: req.Tags, Platform: req.Platform,
 		Image: req.Image, Inputs: req.Inputs, Outputs: req.Outputs, Resources: req.Resources, Timeout: req.Timeout, ReuseKey: req.ReuseKey,
 		Privileged: req.Privileged, Resource: req.Resource != nil, Admin: admin, Submitted: at.UTC()}
@@ -137,7 +138,7 @@ type Status struct {
 	Prepared time.Time `json:"prepared,omitzero"`
 	// Inputs are the inputs in the step's volumes, streamed or uploaded,
 	// by name: none is brought in twice.
-	Inputs map[string]stepagent.Input `json:"inputs,omitempty"`
+	Inputs map[string]wire.InputDigest `json:"inputs,omitempty"`
 	// Uploading are the uploads under way, by input name.
 	Uploading map[string]Claim `json:"uploading,omitempty"`
 	// Started is when the process started.
@@ -195,11 +196,11 @@ type Claim struct {
 
 // End is how the step ended.
 type End struct {
-	Phase      Phase     `json:"phase"`
-	ExitStatus *int      `json:"exit_status,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Message    string    `json:"message,omitempty"`
-	At         time.Time `json:"at"`
+	Phase      wire.Phase `json:"phase"`
+	ExitStatus *int       `json:"exit_status,omitempty"`
+	Reason     string     `json:"reason,omitempty"`
+	Message    string     `json:"message,omitempty"`
+	At         time.Time  `json:"at"`
 	// LogEvents counts the events of the step's log: the end event's
 	// number is the head's length plus it.
 	LogEvents int `json:"log_events"`
@@ -238,56 +239,56 @@ func (r *Record) Ended() bool { return r.Status.End != nil }
 func (r *Record) pending() bool { return r.Status.Placed == nil && r.Status.End == nil }
 
 // Phase is the step's phase by its record.
-func (r *Record) Phase() Phase {
+func (r *Record) Phase() wire.Phase {
 	st := &r.Status
 	switch {
 	case st.End != nil:
 		return st.End.Phase
 	case !st.Started.IsZero():
-		return Running
+		return wire.Running
 	case st.Placed != nil:
-		return Starting
+		return wire.Starting
 	}
-	return Pending
+	return wire.Pending
 }
 
 // Head is the events a step has before its log: its waiting events, then
 // placed, then scheduled, each as recorded. final says no more come: the
 // step's log may have begun (it was scheduled) or it ended.
-func (r *Record) Head() (head []Event, final bool) {
+func (r *Record) Head() (head []wire.Event, final bool) {
 	st := &r.Status
 	for _, w := range st.Waiting {
-		head = append(head, Event{N: len(head), Type: EventWaiting, Time: w.At, Reason: w.Reason, Message: w.Message})
+		head = append(head, wire.Event{N: len(head), Type: wire.EventWaiting, Time: w.At, Reason: w.Reason, Message: w.Message})
 	}
 	if p := st.Placed; p != nil {
-		head = append(head, Event{N: len(head), Type: EventPlaced, Time: p.At, Target: p.Target, Pod: p.Pod})
+		head = append(head, wire.Event{N: len(head), Type: wire.EventPlaced, Time: p.At, Target: p.Target, Pod: p.Pod})
 	}
 	if n := st.Scheduled; n != nil {
-		head = append(head, Event{N: len(head), Type: EventScheduled, Time: n.At, Node: n.Name})
+		head = append(head, wire.Event{N: len(head), Type: wire.EventScheduled, Time: n.At, Node: n.Name})
 	}
 	return head, st.Scheduled != nil || st.End != nil
 }
 
 // EndEvent is the step's last event, numbered, once it has ended.
-func (r *Record) EndEvent() (Event, bool) {
+func (r *Record) EndEvent() (wire.Event, bool) {
 	e := r.Status.End
 	if e == nil {
-		return Event{}, false
+		return wire.Event{}, false
 	}
 	head, _ := r.Head()
-	typ := EventFailed
-	if e.Phase == Succeeded || e.Phase == Failed {
-		typ = EventExited
+	typ := wire.EventFailed
+	if e.Phase == wire.Succeeded || e.Phase == wire.Failed {
+		typ = wire.EventExited
 	}
-	return Event{N: len(head) + e.LogEvents, Type: typ, Time: e.At, Phase: e.Phase, ExitStatus: e.ExitStatus,
+	return wire.Event{N: len(head) + e.LogEvents, Type: typ, Time: e.At, Phase: e.Phase, ExitStatus: e.ExitStatus,
 		Reason: e.Reason, Message: e.Message}, true
 }
 
 // View is the step's view by its record. Events counts the events the
 // record holds: all of them once the step has ended, its head before.
-func (r *Record) View() View {
+func (r *Record) View() wire.View {
 	st := &r.Status
-	v := View{Handle: r.Summary.Handle, Team: r.Summary.Team, Type: r.Summary.Type, Phase: r.Phase(),
+	v := wire.View{Handle: r.Summary.Handle, Team: r.Summary.Team, Type: r.Summary.Type, Phase: r.Phase(),
 		CreatedAt: r.Summary.Submitted, StartedAt: st.Started, Waiting: st.WaitingNow}
 	if p := st.Placed; p != nil {
 		v.Target, v.Pod, v.PlacedAt = p.Target, p.Pod, p.At

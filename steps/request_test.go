@@ -9,74 +9,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func validRequest() Request {
-	return Request{Handle: "build-1", Type: "task", Image: "busybox", Run: Run{Path: "sh", Args: []string{"-c", "true"}}}
-}
-
-func TestValidateNamesTheField(t *testing.T) {
-	tests := []struct {
-		name   string
-		change func(r *Request)
-		field  string
-	}{
-		{"no handle", func(r *Request) { r.Handle = "" }, "handle"},
-		{"handle with capitals", func(r *Request) { r.Handle = "Build" }, "handle"},
-		{"handle too long", func(r *Request) { r.Handle = strings.Repeat("a", 64) }, "handle"},
-		{"no type", func(r *Request) { r.Type = "" }, "type"},
-		{"unknown type", func(r *Request) { r.Type = "deploy" }, "type"},
-		{"empty tag", func(r *Request) { r.Tags = []string{"a", " "} }, "tags[1]"},
-		{"no image", func(r *Request) { r.Image = "" }, "image"},
-		{"no image for linux", func(r *Request) { r.Image, r.Platform = "", "linux" }, "image"},
-		{"a get without image, for darwin", func(r *Request) { r.Image, r.Platform, r.Type = "", "darwin", "get" }, "image"},
-		{"no path", func(r *Request) { r.Run.Path = "" }, "run.path"},
-		{"absolute dir", func(r *Request) { r.Run.Dir = "/src" }, "run.dir"},
-		{"dir escapes", func(r *Request) { r.Run.Dir = "../x" }, "run.dir"},
-		{"bad env name", func(r *Request) { r.Run.Env = map[string]string{"A-B": "1"} }, "run.env"},
-		{"input without source", func(r *Request) { r.Inputs = []Input{{Name: "src"}} }, "inputs[0].from"},
-		{"input with both sources", func(r *Request) {
-			r.Inputs = []Input{{Name: "src", From: InputSource{Target: "a", Pod: "p", Handle: "h", Step: "s", Output: "o"}}}
-		}, "inputs[0].from"},
-		{"input step without output", func(r *Request) { r.Inputs = []Input{{Name: "src", From: InputSource{Step: "s"}}} }, "inputs[0].from"},
-		{"bad input name", func(r *Request) {
-			r.Inputs = []Input{{Name: "Src", From: InputSource{Step: "s", Output: "o"}}}
-		}, "inputs[0].name"},
-		{"output path escapes", func(r *Request) { r.Outputs = []Output{{Name: "out", Path: "../out"}} }, "outputs[0].path"},
-		{"output is the build dir", func(r *Request) { r.Outputs = []Output{{Name: "out", Path: "."}} }, "outputs[0].path"},
-		{"duplicate name", func(r *Request) {
-			r.Inputs = []Input{{Name: "x", From: InputSource{Step: "s", Output: "o"}}}
-			r.Outputs = []Output{{Name: "x", Path: "y"}}
-		}, "outputs[0].name"},
-		{"overlapping paths", func(r *Request) {
-			r.Inputs = []Input{{Name: "src", From: InputSource{Step: "s", Output: "o"}}}
-			r.Outputs = []Output{{Name: "out", Path: "src/out"}}
-		}, "outputs[0].path"},
-		{"bad cpu", func(r *Request) { r.Resources.CPU = "lots" }, "resources.cpu"},
-		{"zero memory", func(r *Request) { r.Resources.Memory = "0" }, "resources.memory"},
-		{"bad timeout", func(r *Request) { r.Timeout = "soon" }, "timeout"},
-		{"negative timeout", func(r *Request) { r.Timeout = "-1s" }, "timeout"},
-		{"a privileged check in a sandbox", func(r *Request) { r.Type, r.ReuseKey, r.Privileged = "check", "k", true }, "reuse_key"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := validRequest()
-			tt.change(&r)
-			err := r.Validate()
-			require.NotNil(t, err)
-			assert.Equal(t, tt.field, err.Field, err.Error())
-		})
-	}
-}
-
-// A task for a platform other than linux runs on an agent, as a process
-// on its machine: it needs no image.
-func TestATaskForAnotherPlatformNeedsNoImage(t *testing.T) {
-	r := validRequest()
-	r.Image, r.Platform = "", "darwin"
-	assert.Nil(t, r.Validate())
+func validRequest() wire.Request {
+	return wire.Request{Handle: "build-1", Type: "task", Image: "busybox", Run: wire.Run{Path: "sh", Args: []string{"-c", "true"}}}
 }
 
 func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
@@ -84,11 +26,11 @@ func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
 	r.Run.Env = map[string]string{"B": "2", "A": "1"}
 	r.Timeout = "90s"
 	r.Stdin = "hello"
-	r.Inputs = []Input{{Name: "src", From: InputSource{Target: "a", Pod: "p", Handle: "h"}}}
-	r.Outputs = []Output{{Name: "out", Path: "build/out"}}
+	r.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Target: "a", Pod: "p", Handle: "h"}}}
+	r.Outputs = []wire.Output{{Name: "out", Path: "build/out"}}
 	require.Nil(t, r.Validate())
 	assert.Equal(t, "src", r.Inputs[0].Path)
-	sp := r.Spec()
+	sp := Spec(&r)
 	assert.Equal(t, []string{"A=1", "B=2"}, sp.Env, "sorted, so the same request gives the same spec")
 	assert.Equal(t, 90*time.Second, time.Duration(sp.Timeout))
 	assert.Equal(t, []byte("hello"), sp.Stdin)
@@ -100,40 +42,19 @@ func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
 }
 
 func TestResourceStepsRunTheScripts(t *testing.T) {
-	res := func(typ string) Request {
-		return Request{Handle: "r", Type: typ, Image: "git-resource", Resource: &Resource{Source: json.RawMessage(`{"uri":"x"}`)}}
+	res := func(typ string) wire.Request {
+		return wire.Request{Handle: "r", Type: typ, Image: "git-resource", Resource: &wire.Resource{Source: json.RawMessage(`{"uri":"x"}`)}}
 	}
-	for _, tt := range []struct {
-		name   string
-		req    Request
-		change func(r *Request)
-		field  string
-	}{
-		{"get without resource", Request{Handle: "r", Type: "get", Image: "i"}, func(*Request) {}, "resource"},
-		{"task with resource", res("task"), func(r *Request) { r.Run.Path = "p" }, "resource"},
-		{"resource and run", res("check"), func(r *Request) { r.Run.Path = "/bin/sh" }, "run"},
-		{"resource and stdin", res("check"), func(r *Request) { r.Stdin = "x" }, "stdin"},
-		{"source not an object", res("check"), func(r *Request) { r.Resource.Source = json.RawMessage(`"x"`) }, "resource.source"},
-		{"get with two outputs", res("get"), func(r *Request) { r.Outputs = []Output{{Name: "a"}, {Name: "b"}} }, "outputs"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			tt.change(&tt.req)
-			err := tt.req.Validate()
-			require.NotNil(t, err)
-			assert.Equal(t, tt.field, err.Field, err.Error())
-		})
-	}
-
 	get := res("get")
 	get.Resource.Version = json.RawMessage(`{"ref":"b"}`)
 	require.Nil(t, get.Validate())
-	get.resourceRun("/opt/resource")
+	resourceRun(&get, "/opt/resource")
 	assert.Equal(t, "/opt/resource/in", get.Run.Path)
 	assert.Equal(t, []string{"resource"}, get.Run.Args)
-	assert.Equal(t, []Output{{Name: "resource", Path: "resource"}}, get.Outputs)
+	assert.Equal(t, []wire.Output{{Name: "resource", Path: "resource"}}, get.Outputs)
 	assert.JSONEq(t, `{"source":{"uri":"x"},"version":{"ref":"b"},"params":{}}`, get.Stdin)
 	put := res("put")
-	put.resourceRun("/opt/resource")
+	resourceRun(&put, "/opt/resource")
 	assert.Equal(t, []string{"."}, put.Run.Args, "out gets the build dir holding the inputs")
 	assert.JSONEq(t, `{"source":{"uri":"x"},"params":{}}`, put.Stdin)
 }
@@ -156,5 +77,38 @@ func TestResourceAnswers(t *testing.T) {
 		} else {
 			assert.EqualError(t, err, tt.err)
 		}
+	}
+}
+
+// wire checks quantities, label values and DNS labels without
+// Kubernetes' packages: it must take what Kubernetes takes, or a step
+// wire accepted would fail at its pod's creation.
+func TestWireQuantitiesAreKubernetesQuantities(t *testing.T) {
+	quantities := []string{"1", "0", "00", "-1", "+1", "500m", "0.5", ".5", "5.", ".", "", "+", "-",
+		"2Gi", "1.5Gi", "1Ki", "1ki", "1k", "1K", "1M", "1Mi", "1E", "1Ei", "1P", "1n", "1u", "0.000001n",
+		"1e3", "1E3", "1e-3", "1e+3", "1e", "1e+", "1Ee", "1e99999999999", "1e2147483647", "1e9999999999999999999", "1i", "1m+5",
+		"lots", "1 ", " 1", "1.5.5", "0x10", "1_000", "0m", "0.0Gi", "-0.5", "+.5Ki", "99999999999999999999999",
+		"1Gi1", "1GiB", "١"}
+	for _, q := range quantities {
+		v, err := resource.ParseQuantity(q)
+		want := err == nil && v.Sign() > 0
+		r := validRequest()
+		r.Resources.CPU = q
+		ferr := r.Validate()
+		if q == "" {
+			continue // empty: no request, valid by design
+		}
+		assert.Equal(t, want, ferr == nil, "quantity %q: kubernetes says %v (%v), wire says %v", q, want, err, ferr)
+	}
+	names := []string{"a", "main", "a-b", "a_b", "a.b", "A", "-a", "a-", "1", strings.Repeat("a", 63), strings.Repeat("a", 64), "a b", "é", ""}
+	for _, name := range names {
+		r := validRequest()
+		r.Team = name
+		ferr := r.Validate()
+		assert.Equal(t, len(validation.IsValidLabelValue(name)) == 0, ferr == nil, "team %q: %v", name, ferr)
+		r = validRequest()
+		r.Outputs = []wire.Output{{Name: name, Path: "out"}}
+		ferr = r.Validate()
+		assert.Equal(t, len(validation.IsDNS1123Label(name)) == 0, ferr == nil, "output name %q: %v", name, ferr)
 	}
 }

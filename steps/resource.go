@@ -7,17 +7,8 @@ import (
 	"path"
 
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/wire"
 )
-
-// Resource makes a check, get or put step run Concourse's resource
-// protocol: the resource image's scripts (check, in, out under the
-// gateway's resource-dir, /opt/resource by default) with this JSON on
-// stdin. The script's stdout is the step's result, its stderr the log.
-type Resource struct {
-	Source  json.RawMessage `json:"source"`
-	Version json.RawMessage `json:"version,omitempty"` // check and get
-	Params  json.RawMessage `json:"params,omitempty"`  // get and put
-}
 
 // DefaultResourceDir is where resource images keep their scripts.
 const DefaultResourceDir = "/opt/resource"
@@ -29,34 +20,11 @@ const resourceOutput = "resource"
 // resultLimit bounds a resource script's stdout, its answer.
 const resultLimit = 4 << 20
 
-// checkResource validates the resource of a check, get or put step, which
-// runs the resource's script instead of run.
-func (r *Request) checkResource() *FieldError {
-	isResource := r.Type == selection.StepCheck || r.Type == selection.StepGet || r.Type == selection.StepPut
-	switch {
-	case r.Resource == nil && isResource:
-		return fieldErr("resource", "required for a %s step: {source, version, params}", r.Type)
-	case r.Resource == nil:
-		return nil
-	case !isResource:
-		return fieldErr("resource", "only check, get and put steps run a resource")
-	case r.Run.Path != "" || len(r.Run.Args) > 0:
-		return fieldErr("run", "a %s step runs its resource's script; give no run.path or run.args", r.Type)
-	case r.Stdin != "":
-		return fieldErr("stdin", "a %s step's stdin is its resource's JSON", r.Type)
-	case len(bytes.TrimSpace(r.Resource.Source)) == 0 || !json.Valid(r.Resource.Source) || r.Resource.Source[0] != '{':
-		return fieldErr("resource.source", "required: a JSON object")
-	case r.Type == selection.StepGet && len(r.Outputs) > 1:
-		return fieldErr("outputs", "a get step fills one output, the resource's")
-	}
-	return nil
-}
-
-// resourceRun sets the script, its arguments and its stdin: check with
-// {source, version}; in DIR with {source, version, params}, DIR the get's
-// output; out DIR with {source, params}, DIR the build dir holding the
-// inputs.
-func (r *Request) resourceRun(dir string) {
+// resourceRun sets the script of r, a resource step (see wire.Resource),
+// its arguments and its stdin: check with {source, version}; in DIR with
+// {source, version, params}, DIR the get's output; out DIR with {source,
+// params}, DIR the build dir holding the inputs.
+func resourceRun(r *wire.Request, dir string) {
 	res := r.Resource
 	stdin := map[string]json.RawMessage{"source": res.Source}
 	switch r.Type {
@@ -65,7 +33,7 @@ func (r *Request) resourceRun(dir string) {
 		stdin["version"] = orNull(res.Version)
 	case selection.StepGet:
 		if len(r.Outputs) == 0 {
-			r.Outputs = []Output{{Name: resourceOutput, Path: resourceOutput}}
+			r.Outputs = []wire.Output{{Name: resourceOutput, Path: resourceOutput}}
 		}
 		r.Run.Path, r.Run.Args = path.Join(dir, "in"), []string{r.Outputs[0].Path}
 		stdin["version"], stdin["params"] = orNull(res.Version), orEmpty(res.Params)
@@ -125,10 +93,10 @@ func resourceResult(typ string, out []byte) (json.RawMessage, error) {
 
 // resourceOutcome reads a resource script's answer: the step succeeds
 // with it as its result, or errors saying what the script printed.
-func (r *runner) resourceOutcome(exited Event) (Event, bool) {
+func (r *runner) resourceOutcome(exited wire.Event) (wire.Event, bool) {
 	result, err := resourceResult(r.sum.Type, r.answer)
 	if err != nil {
-		return Event{Type: EventFailed, Phase: Errored, ExitStatus: exited.ExitStatus, Reason: "ResourceAnswerInvalid",
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, ExitStatus: exited.ExitStatus, Reason: "ResourceAnswerInvalid",
 			Message: err.Error()}, true
 	}
 	r.result = result

@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // runner carries one step this gateway owns from its placement to its
@@ -357,28 +358,28 @@ func (r *runner) podUID() types.UID {
 
 // outcome is the step's last event, and whether its pod stays (its
 // process ran, so its outputs and log may matter).
-func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
+func (r *runner) outcome(st stepagent.Status, err, cause error) (wire.Event, bool) {
 	var pf *podFailed
 	var cf *createFailed
 	switch {
 	case errors.As(cause, &pf), errors.As(err, &pf):
-		return Event{Type: EventFailed, Phase: Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: pf.f.Reason, Message: pf.f.Message}, r.hasStarted()
 	case errors.Is(cause, errAborted):
-		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Aborted, Reason: stepagent.ReasonAborted, Message: "aborted"}, true
 	case errors.Is(err, errAborted):
-		return Event{Type: EventFailed, Phase: Aborted, Reason: stepagent.ReasonAborted, Message: "aborted while waiting for its inputs"}, false
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Aborted, Reason: stepagent.ReasonAborted, Message: "aborted while waiting for its inputs"}, false
 	case errors.Is(cause, errTargetGone):
-		return Event{Type: EventFailed, Phase: Errored, Reason: "TargetRemoved", Message: cause.Error()}, false
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: "TargetRemoved", Message: cause.Error()}, false
 	case errors.Is(cause, errTimedOut):
-		return Event{Type: EventFailed, Phase: Errored, Reason: stepagent.ReasonTimeout,
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: stepagent.ReasonTimeout,
 			Message: fmt.Sprintf("timed out after %s; the step agent did not stop the process, so its pod goes", r.sum.Timeout)}, false
 	case errors.As(err, &cf):
-		return Event{Type: EventFailed, Phase: Errored, Reason: "CreatePodFailed", Message: err.Error()}, false
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: "CreatePodFailed", Message: err.Error()}, false
 	case err != nil:
-		return Event{Type: EventFailed, Phase: Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
+		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
 	}
 	e := StatusEvent(st)
-	if e.Phase == Succeeded && r.sum.Resource {
+	if e.Phase == wire.Succeeded && r.sum.Resource {
 		return r.resourceOutcome(e)
 	}
 	return e, true
@@ -388,25 +389,25 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (Event, bool) {
 // says: exited (succeeded or failed by its exit status, or failed
 // OOMKilled by its memory limit), or failed
 // (aborted; errored by a timeout, a spawn failure or a lost supervisor).
-func StatusEvent(st stepagent.Status) Event {
+func StatusEvent(st stepagent.Status) wire.Event {
 	code := st.ExitStatus
-	e := Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message, Time: st.FinishedAt}
+	e := wire.Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message, Time: st.FinishedAt}
 	switch st.Reason {
 	case stepagent.ReasonExited:
-		e.Type, e.Phase, e.Reason = EventExited, Succeeded, st.Signal
+		e.Type, e.Phase, e.Reason = wire.EventExited, wire.Succeeded, st.Signal
 		if code != 0 {
-			e.Phase = Failed
+			e.Phase = wire.Failed
 		}
 	case stepagent.ReasonOOMKilled:
 		// The step's own process outgrew its memory: it failed, as an
 		// exit status fails it, named as Kubernetes names a container
 		// killed so.
-		e.Type, e.Phase, e.Reason = EventExited, Failed, "OOMKilled"
+		e.Type, e.Phase, e.Reason = wire.EventExited, wire.Failed, "OOMKilled"
 		e.Message = fmt.Sprintf("container %q: OOMKilled (%d): %s", StepContainer, code, st.Message)
 	case stepagent.ReasonAborted:
-		e.Type, e.Phase = EventFailed, Aborted
+		e.Type, e.Phase = wire.EventFailed, wire.Aborted
 	default: // timeout, spawn-failed, lost
-		e.Type, e.Phase = EventFailed, Errored
+		e.Type, e.Phase = wire.EventFailed, wire.Errored
 	}
 	return e
 }
@@ -450,11 +451,11 @@ func (r *runner) spec(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the step's request: %w", err)
 	}
-	var req Request
+	var req wire.Request
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return nil, fmt.Errorf("the step's request: %w", err)
 	}
-	sp := req.Spec()
+	sp := Spec(&req)
 	sp.KillGrace = r.placed.KillGrace
 	sp.Answer = r.sum.Resource
 	return json.Marshal(sp)
@@ -527,8 +528,8 @@ func (r *runner) prepare(ctx context.Context, spec []byte) error {
 // recorded before the next, and one recorded is never brought in again.
 // Uploads come through the API, on any gateway; the runner waits for
 // them.
-func (r *runner) inputs(ctx context.Context, rec *Record) ([]stepagent.Input, error) {
-	out := []stepagent.Input{}
+func (r *runner) inputs(ctx context.Context, rec *Record) ([]wire.InputDigest, error) {
+	out := []wire.InputDigest{}
 	for _, in := range r.sum.Inputs {
 		if got, ok := rec.Status.Inputs[in.Name]; ok {
 			out = append(out, got)
@@ -548,7 +549,7 @@ func (r *runner) inputs(ctx context.Context, rec *Record) ([]stepagent.Input, er
 		}
 		if rec, err = r.update(ctx, func(st *Status) error {
 			if st.Inputs == nil {
-				st.Inputs = map[string]stepagent.Input{}
+				st.Inputs = map[string]wire.InputDigest{}
 			}
 			st.Inputs[in.Name] = got
 			return nil
@@ -562,17 +563,17 @@ func (r *runner) inputs(ctx context.Context, rec *Record) ([]stepagent.Input, er
 
 // stream copies an input into its volume, as the step's submitter: a
 // team's step reads only its team's pods.
-func (r *runner) stream(ctx context.Context, in Input) (stepagent.Input, error) {
-	req := streams.Request{
-		From:     streams.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
-		To:       streams.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: InputVolume(in.Name)},
-		Encoding: "raw", Caller: streams.Caller{Admin: r.sum.Admin, Team: r.sum.Team},
-	}
+func (r *runner) stream(ctx context.Context, in wire.Input) (wire.InputDigest, error) {
+	req := streams.Request{StreamRequest: wire.StreamRequest{
+		From:     wire.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
+		To:       wire.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: InputVolume(in.Name)},
+		Encoding: "raw",
+	}, Caller: streams.Caller{Admin: r.sum.Admin, Team: r.sum.Team}}
 	res, err := r.k.opts.Streamer.Stream(ctx, req, nil)
 	if err != nil {
-		return stepagent.Input{}, fmt.Errorf("input %s: %w", in.Name, err)
+		return wire.InputDigest{}, fmt.Errorf("input %s: %w", in.Name, err)
 	}
-	return stepagent.Input{Name: in.Name, Bytes: res.Bytes, SHA256: res.SHA256}, nil
+	return wire.InputDigest{Name: in.Name, Bytes: res.Bytes, SHA256: res.SHA256}, nil
 }
 
 type nopWriter struct{}

@@ -15,6 +15,7 @@ import (
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestFollowGivesUpOnAnUnreachableStep: a step whose agent cannot be
@@ -50,16 +51,16 @@ func TestStatusEventOfEachEnd(t *testing.T) {
 	for _, c := range []struct {
 		st                 stepagent.Status
 		typ, reason, inMsg string
-		phase              Phase
+		phase              wire.Phase
 	}{
-		{stepagent.Status{Reason: stepagent.ReasonExited}, EventExited, "", "", Succeeded},
-		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 3}, EventExited, "", "", Failed},
-		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 137, Signal: "killed"}, EventExited, "killed", "", Failed},
+		{stepagent.Status{Reason: stepagent.ReasonExited}, wire.EventExited, "", "", wire.Succeeded},
+		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 3}, wire.EventExited, "", "", wire.Failed},
+		{stepagent.Status{Reason: stepagent.ReasonExited, ExitStatus: 137, Signal: "killed"}, wire.EventExited, "killed", "", wire.Failed},
 		{stepagent.Status{Reason: stepagent.ReasonOOMKilled, ExitStatus: 137, Signal: "killed", Message: "memory limit"},
-			EventExited, "OOMKilled", `container "step": OOMKilled (137): memory limit`, Failed},
-		{stepagent.Status{Reason: stepagent.ReasonAborted, ExitStatus: 143}, EventFailed, stepagent.ReasonAborted, "", Aborted},
-		{stepagent.Status{Reason: stepagent.ReasonTimeout, ExitStatus: 143}, EventFailed, stepagent.ReasonTimeout, "", Errored},
-		{stepagent.Status{Reason: stepagent.ReasonLost, ExitStatus: 1}, EventFailed, stepagent.ReasonLost, "", Errored},
+			wire.EventExited, "OOMKilled", `container "step": OOMKilled (137): memory limit`, wire.Failed},
+		{stepagent.Status{Reason: stepagent.ReasonAborted, ExitStatus: 143}, wire.EventFailed, stepagent.ReasonAborted, "", wire.Aborted},
+		{stepagent.Status{Reason: stepagent.ReasonTimeout, ExitStatus: 143}, wire.EventFailed, stepagent.ReasonTimeout, "", wire.Errored},
+		{stepagent.Status{Reason: stepagent.ReasonLost, ExitStatus: 1}, wire.EventFailed, stepagent.ReasonLost, "", wire.Errored},
 	} {
 		e := StatusEvent(c.st)
 		assert.Equal(t, c.typ, e.Type, "%+v", c.st)

@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/watchcache"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Records keeps the step records of an installation: the Store, in a
@@ -178,7 +179,7 @@ func (s *Store) List() []*Record {
 
 func (s *Store) Create(ctx context.Context, sum Summary, st Status, request []byte) (*Record, bool, error) {
 	if len(request) > maxRequest {
-		return nil, false, &FieldError{Field: "body", Msg: fmt.Sprintf("%d bytes is more than a step may hold (%d, environment and stdin included)", len(request), maxRequest)}
+		return nil, false, &wire.FieldError{Field: "body", Msg: fmt.Sprintf("%d bytes is more than a step may hold (%d, environment and stdin included)", len(request), maxRequest)}
 	}
 	name := RecordName(s.installation, sum.Team, sum.Handle)
 	rawSum, _ := json.Marshal(sum)

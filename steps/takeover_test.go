@@ -11,6 +11,7 @@ import (
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestTakeOverFromAGoneOwner: a step whose owner is gone is taken over
@@ -30,7 +31,7 @@ func TestTakeOverFromAGoneOwner(t *testing.T) {
 	}
 	gone := mk("gone-owner", "gw-dead", Status{})
 	alive := mk("live-owner", "gw-b", Status{})
-	released := mk("released", "gw-dead", Status{End: &End{Phase: Succeeded}, Released: time.Now()})
+	released := mk("released", "gw-dead", Status{End: &End{Phase: wire.Succeeded}, Released: time.Now()})
 	m.Owners.Kill("gw-dead")
 	require.Eventually(t, func() bool {
 		r, _ := m.Records.Get(gone)

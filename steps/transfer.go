@@ -10,8 +10,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // uploadWait bounds how long a step whose pod is ready waits for its
@@ -25,25 +25,25 @@ const uploadWait = 10 * time.Minute
 // record, streams it into the pod and records it in; the step's owner
 // starts the step once every upload is in. An input in, or coming in
 // through a live gateway, is a conflict.
-func (m *Manager) Upload(ctx context.Context, caller Caller, team, handle, input, encoding string, body io.Reader) (stepagent.Input, error) {
+func (m *Manager) Upload(ctx context.Context, caller Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error) {
 	r, err := m.visible(caller, team, handle)
 	if err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	if !slices.Contains(r.Summary.uploads(), input) {
-		return stepagent.Input{}, fmt.Errorf("%w: step %s has no input %q to upload", ErrNotFound, handle, input)
+		return wire.InputDigest{}, fmt.Errorf("%w: step %s has no input %q to upload", wire.ErrNotFound, handle, input)
 	}
 	if !slices.Contains(streams.Encodings, encoding) {
-		return stepagent.Input{}, &FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
+		return wire.InputDigest{}, &wire.FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
 	}
 	if r, err = m.awaitPrepared(ctx, r, input); err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	if err := m.claim(ctx, r.Name, handle, input); err != nil {
-		return stepagent.Input{}, err
+		return wire.InputDigest{}, err
 	}
 	digest := NewDigest(body)
-	to := streams.Endpoint{Target: r.Status.Placed.Target, Pod: r.Status.Placed.Pod, Handle: InputVolume(input)}
+	to := wire.Endpoint{Target: r.Status.Placed.Target, Pod: r.Status.Placed.Pod, Handle: InputVolume(input)}
 	err = m.opts.Streamer.PutVolume(ctx, to, encoding, digest)
 	got := digest.Input(input)
 	_, uerr := m.opts.Records.Update(context.WithoutCancel(ctx), r.Name, func(cur *Record) error {
@@ -54,17 +54,17 @@ func (m *Manager) Upload(ctx context.Context, caller Caller, team, handle, input
 		delete(st.Uploading, input)
 		if err == nil {
 			if st.Inputs == nil {
-				st.Inputs = map[string]stepagent.Input{}
+				st.Inputs = map[string]wire.InputDigest{}
 			}
 			st.Inputs[input] = got
 		}
 		return nil
 	})
 	if err != nil {
-		return stepagent.Input{}, fmt.Errorf("input %s: %w", input, err)
+		return wire.InputDigest{}, fmt.Errorf("input %s: %w", input, err)
 	}
 	if uerr != nil {
-		return stepagent.Input{}, fmt.Errorf("input %s is in the step's pod, but not recorded: %w", input, uerr)
+		return wire.InputDigest{}, fmt.Errorf("input %s is in the step's pod, but not recorded: %w", input, uerr)
 	}
 	return got, nil
 }
@@ -75,14 +75,14 @@ func (m *Manager) awaitPrepared(ctx context.Context, r *Record, input string) (*
 	for {
 		switch {
 		case r.Status.End != nil:
-			return nil, fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, r.Summary.Handle, input)
+			return nil, fmt.Errorf("%w: step %s ended before its input %q came", wire.ErrConflict, r.Summary.Handle, input)
 		case !r.Status.Prepared.IsZero():
 			return r, nil
 		}
 		changed := m.opts.Records.Changed()
 		var ok bool
 		if r, ok = m.opts.Records.Get(r.Name); !ok {
-			return nil, ErrNotFound
+			return nil, wire.ErrNotFound
 		}
 		if r.Status.End != nil || !r.Status.Prepared.IsZero() {
 			continue
@@ -104,14 +104,14 @@ func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
 	_, err := m.opts.Records.Update(ctx, name, func(cur *Record) error {
 		st := &cur.Status
 		if _, in := st.Inputs[input]; in {
-			return fmt.Errorf("%w: input %q of step %s is uploaded already", ErrConflict, input, handle)
+			return fmt.Errorf("%w: input %q of step %s is uploaded already", wire.ErrConflict, input, handle)
 		}
 		if c, ok := st.Uploading[input]; ok && (c.By == m.me || m.opts.Owners.Alive(c.By)) {
 			return fmt.Errorf("%w: input %q of step %s is being uploaded (through gateway %s since %s); if that fails, it may come again",
-				ErrUnavailable, input, handle, c.By, c.Since.Format(time.RFC3339))
+				wire.ErrUnavailable, input, handle, c.By, c.Since.Format(time.RFC3339))
 		}
 		if st.End != nil {
-			return fmt.Errorf("%w: step %s ended before its input %q came", ErrConflict, handle, input)
+			return fmt.Errorf("%w: step %s ended before its input %q came", wire.ErrConflict, handle, input)
 		}
 		if st.Uploading == nil {
 			st.Uploading = map[string]Claim{}
@@ -124,25 +124,25 @@ func (m *Manager) claim(ctx context.Context, name, handle, input string) error {
 
 // awaitUpload waits for an uploaded input to be recorded in, within
 // uploadWait of the step's preparation.
-func (r *runner) awaitUpload(ctx context.Context, name string) (stepagent.Input, error) {
+func (r *runner) awaitUpload(ctx context.Context, name string) (wire.InputDigest, error) {
 	for {
 		changed := r.k.opts.Records.Changed()
 		rec, ok := r.record()
 		if !ok {
-			return stepagent.Input{}, errRecordGone
+			return wire.InputDigest{}, errRecordGone
 		}
 		if got, ok := rec.Status.Inputs[name]; ok {
 			return got, nil
 		}
 		left := rec.Status.Prepared.Add(uploadWait).Sub(r.k.opts.Now())
 		if left <= 0 {
-			return stepagent.Input{}, fmt.Errorf("input %s was not uploaded within %s of the step's pod being ready", name, uploadWait)
+			return wire.InputDigest{}, fmt.Errorf("input %s was not uploaded within %s of the step's pod being ready", name, uploadWait)
 		}
 		timer := time.NewTimer(left)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return stepagent.Input{}, ctx.Err()
+			return wire.InputDigest{}, ctx.Err()
 		case <-changed:
 		case <-timer.C:
 		}
@@ -169,8 +169,8 @@ func (d *Digest) Read(p []byte) (int, error) {
 }
 
 // Input is input name's bytes and SHA-256, as read so far.
-func (d *Digest) Input(name string) stepagent.Input {
-	return stepagent.Input{Name: name, Bytes: d.n, SHA256: hex.EncodeToString(d.h.Sum(nil))}
+func (d *Digest) Input(name string) wire.InputDigest {
+	return wire.InputDigest{Name: name, Bytes: d.n, SHA256: hex.EncodeToString(d.h.Sum(nil))}
 }
 
 // Download opens an output of an ended step whose pod is kept, as a tar
@@ -181,31 +181,31 @@ func (m *Manager) Download(ctx context.Context, caller Caller, team, handle, out
 		return nil, err
 	}
 	if !slices.Contains(streams.Encodings, encoding) {
-		return nil, &FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
+		return nil, &wire.FieldError{Field: "encoding", Msg: fmt.Sprintf("%q is not one of raw, gzip, zstd", encoding)}
 	}
-	if !slices.ContainsFunc(r.Summary.Outputs, func(o Output) bool { return o.Name == output }) {
-		return nil, fmt.Errorf("%w: step %s has no output %q", ErrNotFound, handle, output)
+	if !slices.ContainsFunc(r.Summary.Outputs, func(o wire.Output) bool { return o.Name == output }) {
+		return nil, fmt.Errorf("%w: step %s has no output %q", wire.ErrNotFound, handle, output)
 	}
 	v := r.View()
 	switch {
 	case !v.Phase.Final():
-		return nil, fmt.Errorf("%w: step %s is %s: its outputs are there once it has ended", ErrConflict, handle, v.Phase)
+		return nil, fmt.Errorf("%w: step %s is %s: its outputs are there once it has ended", wire.ErrConflict, handle, v.Phase)
 	case v.Released || len(v.Outputs) == 0:
-		return nil, fmt.Errorf("%w: step %s's pod, and with it its outputs, is gone", ErrConflict, handle)
+		return nil, fmt.Errorf("%w: step %s's pod, and with it its outputs, is gone", wire.ErrConflict, handle)
 	}
 	for _, out := range v.Outputs {
 		if out.Name == output {
-			return m.opts.Streamer.OpenVolume(ctx, streams.Endpoint{Target: out.Target, Pod: out.Pod, Handle: out.Handle}, encoding)
+			return m.opts.Streamer.OpenVolume(ctx, wire.Endpoint{Target: out.Target, Pod: out.Pod, Handle: out.Handle}, encoding)
 		}
 	}
-	return nil, fmt.Errorf("%w: step %s has no output %q", ErrNotFound, handle, output)
+	return nil, fmt.Errorf("%w: step %s has no output %q", wire.ErrNotFound, handle, output)
 }
 
 // OutputVolumes are a step's outputs as volumes of its pod.
-func OutputVolumes(outs []Output, target, pod string) []Volume {
-	var vs []Volume
+func OutputVolumes(outs []wire.Output, target, pod string) []wire.Volume {
+	var vs []wire.Volume
 	for _, o := range outs {
-		vs = append(vs, Volume{Name: o.Name, Target: target, Pod: pod, Handle: OutputVolume(o.Name)})
+		vs = append(vs, wire.Volume{Name: o.Name, Target: target, Pod: pod, Handle: OutputVolume(o.Name)})
 	}
 	return vs
 }

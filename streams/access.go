@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // podLookupTimeout bounds reading one pod from a target's API server.
@@ -33,7 +34,7 @@ func (s *Streamer) authorize(ctx context.Context, req Request) (*corev1.Pod, err
 }
 
 // check reads the pod of one side and checks the caller may touch it.
-func (s *Streamer) check(ctx context.Context, c Caller, side string, e Endpoint) (*corev1.Pod, error) {
+func (s *Streamer) check(ctx context.Context, c Caller, side string, e wire.Endpoint) (*corev1.Pod, error) {
 	if s.opts.Key.IsZero() {
 		return nil, &Error{Side: side, Err: errNoKey}
 	}
@@ -69,7 +70,7 @@ func (s *Streamer) trusted(target string, pod *corev1.Pod) error {
 var errNotJetways = errors.New("is not jetway's")
 
 // pod reads a pod of an endpoint; a missing one is ErrNotFound.
-func (s *Streamer) pod(ctx context.Context, e Endpoint) (*corev1.Pod, error) {
+func (s *Streamer) pod(ctx context.Context, e wire.Endpoint) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, podLookupTimeout)
 	defer cancel()
 	t, err := s.opts.Target(e.Target)
@@ -87,7 +88,7 @@ func (s *Streamer) pod(ctx context.Context, e Endpoint) (*corev1.Pod, error) {
 }
 
 // notFound is the one answer for a pod missing and a pod not the caller's.
-func notFound(e Endpoint) error {
+func notFound(e wire.Endpoint) error {
 	return fmt.Errorf("pod %q %w on target %q", e.Pod, ErrNotFound, e.Target)
 }
 

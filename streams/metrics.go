@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Metrics of the streams; a nil *Metrics records nothing.
@@ -71,7 +73,7 @@ func outcome(ctx context.Context, err error) string {
 	return resultSource
 }
 
-func (m *Metrics) finished(res Result, result string) {
+func (m *Metrics) finished(res wire.StreamResult, result string) {
 	if m == nil {
 		return
 	}

@@ -23,12 +23,13 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // volumeRequest is a request to a pod's volume server, reached by
 // port-forward, with the pod's token: op on the endpoint's volume path,
 // or, for an op starting with "/", that path of the server.
-func (s *Streamer) volumeRequest(ctx context.Context, e Endpoint, op string, q url.Values, body io.Reader) (*http.Request, error) {
+func (s *Streamer) volumeRequest(ctx context.Context, e wire.Endpoint, op string, q url.Values, body io.Reader) (*http.Request, error) {
 	path := op
 	if !strings.HasPrefix(op, "/") {
 		if q == nil {
@@ -106,14 +107,14 @@ var errDestinationDone = errors.New("destination finished reading")
 // or failure, cancels the source at once, so a failed destination is
 // reported as soon as it answers instead of after the source's next bytes
 // or the stall timeout.
-func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (Result, error) {
+func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (wire.StreamResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srcCtx, cancelSrc := context.WithCancelCause(ctx)
 	defer cancelSrc(nil)
 	src, err := s.openSource(srcCtx, req)
 	if err != nil {
-		return Result{Mode: mode(req)}, &Error{Side: SideSource, Err: err}
+		return wire.StreamResult{Mode: mode(req)}, &Error{Side: SideSource, Err: err}
 	}
 	defer src.Close()
 
@@ -142,7 +143,7 @@ func (s *Streamer) relay(ctx context.Context, req Request, progress *Progress) (
 	cancelSrc(errDestinationDone)         // a pending Read returns now
 	pr.CloseWithError(errDestinationDone) // and so does a pending Write
 	<-copied
-	res := Result{Mode: mode(req), Bytes: n}
+	res := wire.StreamResult{Mode: mode(req), Bytes: n}
 	switch stalled := wd.stop(); {
 	case stalled == phaseReading:
 		return res, &Error{Side: SideSource, Err: fmt.Errorf("stalled: no data from stream-out for %s", s.opts.StallTimeout)}
@@ -180,27 +181,27 @@ func (s *Streamer) openSource(ctx context.Context, req Request) (io.ReadCloser, 
 // pod's stream-in at ip (pods of one target reach each other). The push
 // carries a ticket registered with the destination for this one stream:
 // the source learns no token of the destination.
-func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (Result, error) {
+func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (wire.StreamResult, error) {
 	if ip == "" {
-		return Result{}, fmt.Errorf("pod %s has no IP yet", req.To.Pod)
+		return wire.StreamResult{}, fmt.Errorf("pod %s has no IP yet", req.To.Pod)
 	}
 	ticket := rand.Text() + rand.Text()
 	if err := s.register(ctx, req.To, ticket); err != nil {
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
 		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
 	hreq, err := s.volumeRequest(ctx, req.From, "stream-p2p-out", url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}, nil)
 	if err != nil {
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	hreq.Header.Set(volumes.StreamInAuthorization, "Bearer "+ticket)
 	resp, err := s.client.Do(hreq)
 	if err != nil {
-		return Result{}, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
+		return wire.StreamResult{}, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
 	}
 	defer resp.Body.Close()
-	res := Result{Mode: ModeP2P}
+	res := wire.StreamResult{Mode: ModeP2P}
 	switch resp.StatusCode {
 	case http.StatusOK: // jetway's sidecar says what the destination took
 		var got volumes.P2PResult
@@ -217,7 +218,7 @@ func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (Result, err
 
 // register registers ticket with the destination's sidecar for one
 // stream-in into e.
-func (s *Streamer) register(ctx context.Context, e Endpoint, ticket string) error {
+func (s *Streamer) register(ctx context.Context, e wire.Endpoint, ticket string) error {
 	body, _ := json.Marshal(volumes.TicketRequest{SHA256: ownership.TokenHash(ticket), Handle: e.Handle, Path: e.Path})
 	hreq, err := s.volumeRequest(ctx, e, "/tickets", nil, bytes.NewReader(body))
 	if err != nil {
@@ -397,12 +398,12 @@ func (w *watchdog) stop() int32 {
 // PutVolume uploads body, a volume stream of encoding (raw, gzip or
 // zstd: a tar, compressed or not), into a pod's volume. It checks no
 // caller: the steps package does, for the step whose inputs it fills.
-func (s *Streamer) PutVolume(ctx context.Context, to Endpoint, encoding string, body io.Reader) error {
-	return s.put(ctx, Request{To: to, Encoding: encoding}, body)
+func (s *Streamer) PutVolume(ctx context.Context, to wire.Endpoint, encoding string, body io.Reader) error {
+	return s.put(ctx, Request{StreamRequest: wire.StreamRequest{To: to, Encoding: encoding}}, body)
 }
 
 // OpenVolume opens a pod volume's stream-out in encoding. It checks no
 // caller: the steps package does, for the step whose outputs it serves.
-func (s *Streamer) OpenVolume(ctx context.Context, from Endpoint, encoding string) (io.ReadCloser, error) {
-	return s.open(ctx, Request{From: from, Encoding: encoding})
+func (s *Streamer) OpenVolume(ctx context.Context, from wire.Endpoint, encoding string) (io.ReadCloser, error) {
+	return s.open(ctx, Request{StreamRequest: wire.StreamRequest{From: from, Encoding: encoding}})
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // volumeServers answers the volume servers' requests in memory: handlers
@@ -53,8 +54,8 @@ type slowBody struct{ ctx context.Context }
 func (b slowBody) Read([]byte) (int, error) { <-b.ctx.Done(); return 0, b.ctx.Err() }
 func (b slowBody) Close() error             { return nil }
 
-var crossTarget = Request{From: Endpoint{Target: "a", Pod: "src", Handle: "h", Path: "out"},
-	To: Endpoint{Target: "b", Pod: "dst", Handle: "missing", Path: "in"}, Caller: Caller{Admin: true}}
+var crossTarget = Request{StreamRequest: wire.StreamRequest{From: wire.Endpoint{Target: "a", Pod: "src", Handle: "h", Path: "out"},
+	To: wire.Endpoint{Target: "b", Pod: "dst", Handle: "missing", Path: "in"}}, Caller: Caller{Admin: true}}
 
 // stepPod is a pod as jetway makes it for target and team ("" for none):
 // sealed, with a nonce, and bound to its UID by ownership.Bind.

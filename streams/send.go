@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Send serves the source side of a stream whose destination another
@@ -15,8 +17,8 @@ import (
 // ErrNotFound or an *Error; after begin with an *Error naming the side
 // that stopped: the source, or the destination (the peer that stopped
 // taking bytes), each after StallTimeout without progress at most.
-func (s *Streamer) Send(ctx context.Context, caller Caller, from Endpoint, encoding string, begin func() io.Writer) (int64, error) {
-	req := Request{From: from, To: Endpoint{Target: "-", Pod: "-", Handle: "-"}, Encoding: encoding, Caller: caller}
+func (s *Streamer) Send(ctx context.Context, caller Caller, from wire.Endpoint, encoding string, begin func() io.Writer) (int64, error) {
+	req := Request{StreamRequest: wire.StreamRequest{From: from, To: wire.Endpoint{Target: "-", Pod: "-", Handle: "-"}, Encoding: encoding}, Caller: caller}
 	if err := req.Validate(); err != nil {
 		s.opts.Metrics.reject(reasonInvalid)
 		return 0, err
@@ -41,7 +43,7 @@ func (s *Streamer) Send(ctx context.Context, caller Caller, from Endpoint, encod
 	start := time.Now()
 	n, err := s.send(sctx, cancel, req, begin)
 	s.nameGateway(req, err)
-	s.opts.Metrics.finished(Result{Mode: modeMeshSend, Bytes: n, Seconds: time.Since(start).Seconds()}, outcome(ctx, err))
+	s.opts.Metrics.finished(wire.StreamResult{Mode: modeMeshSend, Bytes: n, Seconds: time.Since(start).Seconds()}, outcome(ctx, err))
 	return n, err
 }
 

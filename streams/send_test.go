@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Send checks the caller may touch the source pod before it begins.
@@ -31,7 +33,7 @@ func TestSendChecksTheCallerFirst(t *testing.T) {
 	assert.EqualError(t, err, `source: pod "src" not found on target "a"`, "as for a pod that does not exist")
 	assert.False(t, began)
 
-	_, err = s.Send(context.Background(), Caller{Team: "main"}, Endpoint{Target: "a"}, "raw", func() io.Writer { return io.Discard })
+	_, err = s.Send(context.Background(), Caller{Team: "main"}, wire.Endpoint{Target: "a"}, "raw", func() io.Writer { return io.Discard })
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
@@ -102,7 +104,7 @@ func TestAStreamFromTheMesh(t *testing.T) {
 	s := New(opts)
 	defer s.Close()
 	req := crossTarget
-	req.Source = &Remote{Gateway: "gw-a", Open: func(_ context.Context, from Endpoint, encoding string) (io.ReadCloser, error) {
+	req.Source = &Remote{Gateway: "gw-a", Open: func(_ context.Context, from wire.Endpoint, encoding string) (io.ReadCloser, error) {
 		assert.Equal(t, crossTarget.From, from)
 		return io.NopCloser(strings.NewReader("over the mesh")), nil
 	}}
@@ -112,7 +114,7 @@ func TestAStreamFromTheMesh(t *testing.T) {
 	assert.Equal(t, int64(13), res.Bytes)
 	assert.Equal(t, "over the mesh", uploaded.String())
 
-	req.Source.Open = func(context.Context, Endpoint, string) (io.ReadCloser, error) {
+	req.Source.Open = func(context.Context, wire.Endpoint, string) (io.ReadCloser, error) {
 		return io.NopCloser(io.MultiReader(strings.NewReader("part"), iotest.ErrReader(errors.New("over the mesh: unexpected EOF")))), nil
 	}
 	_, err = s.Stream(context.Background(), req, nil)

@@ -25,6 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/portforward"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // VolumePort is where each step pod's volume server listens.
@@ -33,19 +34,10 @@ const VolumePort = 7788
 // Encodings a stream may use, as baggageclaim names them.
 var Encodings = []string{"raw", "gzip", "zstd"}
 
-// Endpoint is one side of a stream: a path in a volume of a pod.
-type Endpoint struct {
-	Target string `json:"target"`
-	Pod    string `json:"pod"`
-	Handle string `json:"handle"`
-	Path   string `json:"path"`
-}
-
-// Request asks for one volume path to be copied.
+// Request asks for one volume path to be copied: the body of POST
+// /api/v1/streams and who asks.
 type Request struct {
-	From     Endpoint `json:"from"`
-	To       Endpoint `json:"to"`
-	Encoding string   `json:"encoding"`
+	wire.StreamRequest
 	// Caller is who asks. The API sets it from the request's token; it is
 	// never read from a body, and its zero value may touch no pod.
 	Caller Caller `json:"-"`
@@ -62,24 +54,13 @@ type Remote struct {
 	// Open asks Gateway for From's stream-out, as the stream's caller. The
 	// body it returns fails, rather than ends, unless Gateway said it sent
 	// everything.
-	Open func(ctx context.Context, from Endpoint, encoding string) (io.ReadCloser, error)
+	Open func(ctx context.Context, from wire.Endpoint, encoding string) (io.ReadCloser, error)
 }
 
 // Caller is who asks for a stream: an admin, or a team.
 type Caller struct {
 	Admin bool
 	Team  string
-}
-
-// Result is what a finished stream carried: the encoded bytes and their
-// SHA-256 as the destination accepted them. jetway hashes a relayed
-// stream as it passes; a direct (p2p) one is hashed by the source's
-// sidecar (another baggageclaim reports neither).
-type Result struct {
-	Mode    string  `json:"mode"` // "relay" or "p2p"
-	Bytes   int64   `json:"bytes,omitempty"`
-	SHA256  string  `json:"sha256,omitempty"`
-	Seconds float64 `json:"seconds"`
 }
 
 // Stream modes. A mesh stream's source is owned by another gateway, which
@@ -206,7 +187,7 @@ func (r Request) Validate() error {
 	var probs []string
 	for _, side := range []struct {
 		name string
-		e    Endpoint
+		e    wire.Endpoint
 	}{{"from", r.From}, {"to", r.To}} {
 		for _, f := range []struct{ name, v string }{{"target", side.e.Target}, {"pod", side.e.Pod}, {"handle", side.e.Handle}} {
 			if f.v == "" {
@@ -262,10 +243,10 @@ func (p *Progress) Start() {
 // Cancelling ctx cancels both sides. It fails with ErrInvalid, ErrBusy or
 // ErrNotFound before touching a volume, else with an *Error naming the
 // side. progress, if set, follows the stream.
-func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) (Result, error) {
+func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) (wire.StreamResult, error) {
 	if err := req.Validate(); err != nil {
 		s.opts.Metrics.reject(reasonInvalid)
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	if req.Encoding == "" {
 		req.Encoding = "raw"
@@ -273,7 +254,7 @@ func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) 
 	release, err := s.acquire()
 	if err != nil {
 		s.opts.Metrics.reject(reasonBusy)
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	defer release()
 	dst, err := s.authorize(ctx, req)
@@ -282,7 +263,7 @@ func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) 
 	}
 	if err != nil {
 		s.nameGateway(req, err)
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	progress.Start()
 	start := time.Now()
@@ -291,7 +272,7 @@ func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) 
 	s.nameGateway(req, err)
 	s.opts.Metrics.finished(res, outcome(ctx, err))
 	if err != nil {
-		return Result{}, err
+		return wire.StreamResult{}, err
 	}
 	return res, nil
 }
@@ -325,7 +306,7 @@ func (s *Streamer) nameGateway(req Request, err error) {
 
 // run streams directly within one target when it can, else relays. The
 // result names the mode tried last, and bytes relayed even on failure.
-func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progress *Progress) (Result, error) {
+func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progress *Progress) (wire.StreamResult, error) {
 	if req.Source != nil {
 		return s.relay(ctx, req, progress)
 	}
@@ -335,7 +316,7 @@ func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progre
 			return res, nil
 		}
 		if ctx.Err() != nil {
-			return Result{Mode: ModeP2P}, &Error{Side: SideSource, Err: err}
+			return wire.StreamResult{Mode: ModeP2P}, &Error{Side: SideSource, Err: err}
 		}
 		s.opts.Logger.Warn("direct stream failed; relaying", "target", req.From.Target,
 			"from", req.From.Pod, "to", req.To.Pod, "error", err.Error())

@@ -13,17 +13,19 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestValidate(t *testing.T) {
-	ok := Request{From: Endpoint{Target: "a", Pod: "p", Handle: "h"}, To: Endpoint{Target: "b", Pod: "q", Handle: "i"}}
+	ok := Request{StreamRequest: wire.StreamRequest{From: wire.Endpoint{Target: "a", Pod: "p", Handle: "h"}, To: wire.Endpoint{Target: "b", Pod: "q", Handle: "i"}}}
 	require.NoError(t, ok.Validate())
 	ok.Encoding = "zstd"
 	require.NoError(t, ok.Validate())
 
-	bad := Request{From: Endpoint{Target: "a"}, Encoding: "br"}
+	bad := Request{StreamRequest: wire.StreamRequest{From: wire.Endpoint{Target: "a"}, Encoding: "br"}}
 	err := bad.Validate()
 	require.ErrorIs(t, err, ErrInvalid)
 	for _, want := range []string{"from.pod is required", "from.handle is required", "to.target is required",

@@ -30,6 +30,7 @@ import (
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/stepagent/cli"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // agentFlags are `gateway agent`'s settings.
@@ -195,7 +196,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Tags:      scope.Tags,
 		KillGrace: f.killGrace,
 		Extract:   f.extract(),
-		Remote: func(ctx context.Context, c streams.Caller, from streams.Endpoint, enc string) (io.ReadCloser, error) {
+		Remote: func(ctx context.Context, c streams.Caller, from wire.Endpoint, enc string) (io.ReadCloser, error) {
 			return api.MeshVolumes(node, node.Peers)(ctx, c, from, enc)
 		},
 		Logger: logger.With("component", "agent"),
@@ -231,7 +232,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		StepAgent: []string{self, stepAgentCommandName}, Extract: f.extract(),
 		Logger: logger.With("component", "concourse")}
 	server := api.New(api.Options{
-		WorkerVersion: config.WorkerVersion,
+		WorkerVersion: wire.WorkerVersion,
 		Gatherer:      reg,
 		Targets:       ag.Targets(),
 		Lifecycle:     ag,

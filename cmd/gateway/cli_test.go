@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/api"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestBadTokensFileExitsTwo(t *testing.T) {
@@ -32,7 +32,7 @@ func TestBadTokensFileExitsTwo(t *testing.T) {
 func TestPrintWorkers(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	var b bytes.Buffer
-	printWorkers(&b, []api.Worker{
+	printWorkers(&b, []wire.Worker{
 		{Name: "a", Platform: "linux", State: "running", Version: "2.5", StartTime: now.Add(-90 * time.Minute).Unix()},
 		{Name: "b", Platform: "linux", State: "stalled", Version: "2.5", Team: "main", Tags: []string{"gpu", "big"}},
 	}, now)
@@ -85,7 +85,7 @@ func TestWorkersAgainstRunningGateway(t *testing.T) {
 	env.Env = append(os.Environ(), "JETWAY_URL="+g.base, "JETWAY_TOKEN=ops-token-0123456789")
 	out, err = env.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	var ws []api.Worker
+	var ws []wire.Worker
 	require.NoError(t, json.Unmarshal(out, &ws))
 	require.Len(t, ws, 1)
 	assert.Equal(t, "broken", ws[0].Name)

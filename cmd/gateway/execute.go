@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // exitInterrupted is the status after Ctrl-C aborted the task, as a shell
@@ -86,7 +86,7 @@ func (o *executeOptions) downloadLimits() (client.Limits, error) {
 
 // plan is what execute checked before creating anything.
 type plan struct {
-	req     steps.Request
+	req     wire.Request
 	uploads map[string]string // input -> local folder
 	outputs map[string]string // output -> local folder
 }
@@ -148,15 +148,15 @@ func (o *executeOptions) plan(lookupEnv func(string) (string, bool)) (*plan, []s
 			return nil, nil, usageError{fmt.Errorf("input %s: %s is not a folder", in.Name, dir)}
 		}
 		p.uploads[in.Name] = dir
-		p.req.Inputs = append(p.req.Inputs, steps.Input{Name: in.Name, Path: in.Path, From: steps.InputSource{Upload: true}})
+		p.req.Inputs = append(p.req.Inputs, wire.Input{Name: in.Name, Path: in.Path, From: wire.InputSource{Upload: true}})
 	}
 	for _, out := range cfg.Outputs {
-		p.req.Outputs = append(p.req.Outputs, steps.Output{Name: out.Name, Path: out.Path})
+		p.req.Outputs = append(p.req.Outputs, wire.Output{Name: out.Name, Path: out.Path})
 	}
 	p.req.Handle = "execute-" + strings.ToLower(rand.Text()[:12])
 	p.req.Type, p.req.Team, p.req.Tags, p.req.Platform = "task", o.team, o.tags, cfg.Platform
 	p.req.Image = cfg.image()
-	p.req.Run = steps.Run{Path: cfg.Run.Path, Args: cfg.Run.Args, Dir: cfg.Run.Dir, User: cfg.Run.User, Env: cfg.env(lookupEnv)}
+	p.req.Run = wire.Run{Path: cfg.Run.Path, Args: cfg.Run.Args, Dir: cfg.Run.Dir, User: cfg.Run.User, Env: cfg.env(lookupEnv)}
 	if ferr := p.req.Validate(); ferr != nil {
 		return nil, nil, usageError{fmt.Errorf("%s: %w", o.config, ferr)}
 	}
@@ -223,7 +223,7 @@ func (o *executeOptions) run(ctx context.Context, stdout, stderr io.Writer) erro
 	defer failed(nil)
 	uploads := o.upload(follow, c, p, team, handle, stderr, failed)
 	defer uploads.Wait()
-	err = c.Follow(follow, team, handle, 0, func(e steps.Event) error {
+	err = c.Follow(follow, team, handle, 0, func(e wire.Event) error {
 		show(e, stdout, stderr)
 		return nil
 	})
@@ -240,11 +240,11 @@ func (o *executeOptions) run(ctx context.Context, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if v.Phase != steps.Succeeded {
+	if v.Phase != wire.Succeeded {
 		if len(p.outputs) > 0 {
 			fmt.Fprintf(stderr, "not downloading outputs: the task %s\n", v.Phase)
 		}
-		if v.ExitStatus != nil && v.Phase == steps.Failed {
+		if v.ExitStatus != nil && v.Phase == wire.Failed {
 			return exitStatus(*v.ExitStatus)
 		}
 		return exitStatus(1)
@@ -280,17 +280,17 @@ func (o *executeOptions) upload(ctx context.Context, c *client.Client, p *plan, 
 
 // show prints an event: the task's output as it is, jetway's own lines
 // on stderr.
-func show(e steps.Event, stdout, stderr io.Writer) {
+func show(e wire.Event, stdout, stderr io.Writer) {
 	switch e.Type {
-	case steps.EventStdout:
+	case wire.EventStdout:
 		_, _ = stdout.Write(e.Output())
-	case steps.EventStderr:
+	case wire.EventStderr:
 		_, _ = stderr.Write(e.Output())
-	case steps.EventWaiting:
+	case wire.EventWaiting:
 		fmt.Fprintf(stderr, "waiting: %s\n", e.Message)
-	case steps.EventPlaced:
+	case wire.EventPlaced:
 		fmt.Fprintf(stderr, "placed on %s (pod %s)\n", e.Target, e.Pod)
-	case steps.EventFailed:
+	case wire.EventFailed:
 		fmt.Fprintf(stderr, "%s: %s: %s\n", e.Phase, e.Reason, e.Message)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func runCommand(stderr io.Writer) *cobra.Command {
@@ -178,7 +179,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	server = api.New(api.Options{
 		Listen:           cfg.Listen,
 		ConcourseVersion: cfg.ConcourseVersion,
-		WorkerVersion:    config.WorkerVersion,
+		WorkerVersion:    wire.WorkerVersion,
 		Gatherer:         reg,
 		Targets:          registry,
 		Lifecycle:        controller,
@@ -453,7 +454,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 			Agents: agentWorkers}
 		volumeAPI = holder.API
 		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder, Agents: agentWorkers,
-			Stream: func(ctx context.Context, req streams.Request) (streams.Result, error) {
+			Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 				return streamer.Stream(ctx, req, nil)
 			},
 			ResourceTypes: types, Metrics: metrics, Logger: logger}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func streamCommand() *cobra.Command {
@@ -36,7 +37,7 @@ func streamCommand() *cobra.Command {
 	cmd.Flags().StringVar(&encoding, "encoding", "zstd", "raw, gzip or zstd")
 	cmd.Flags().StringVar(&size, "size", "", "expected size (e.g. 1Gi) for a progress bar and ETA")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		req := streams.Request{Encoding: encoding}
+		req := wire.StreamRequest{Encoding: encoding}
 		var err error
 		if req.From, err = parseEndpoint("from", from); err != nil {
 			return usageError{err}
@@ -77,13 +78,13 @@ func streamCommand() *cobra.Command {
 }
 
 // parseEndpoint reads target/pod/handle[:path].
-func parseEndpoint(flag, s string) (streams.Endpoint, error) {
+func parseEndpoint(flag, s string) (wire.Endpoint, error) {
 	ref, path, _ := strings.Cut(s, ":")
 	parts := strings.Split(ref, "/")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return streams.Endpoint{}, fmt.Errorf("--%s %q is not target/pod/handle[:path]", flag, s)
+		return wire.Endpoint{}, fmt.Errorf("--%s %q is not target/pod/handle[:path]", flag, s)
 	}
-	return streams.Endpoint{Target: parts[0], Pod: parts[1], Handle: parts[2], Path: path}, nil
+	return wire.Endpoint{Target: parts[0], Pod: parts[1], Handle: parts[2], Path: path}, nil
 }
 
 // followStream renders the NDJSON progress lines and the outcome.
@@ -155,7 +156,7 @@ func progressText(n int64, seconds float64, total int64) string {
 	return fmt.Sprintf("%s  [%s] %3.0f%%  ETA %s", text, bar, frac*100, eta)
 }
 
-func summary(r streams.Result) string {
+func summary(r wire.StreamResult) string {
 	if r.Mode == streams.ModeP2P {
 		if r.SHA256 == "" {
 			return fmt.Sprintf("pushed directly pod to pod (p2p) in %.1fs", r.Seconds)

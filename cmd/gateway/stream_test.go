@@ -8,13 +8,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func TestParseEndpoint(t *testing.T) {
 	e, err := parseEndpoint("from", "prod/get-1/vol-1:out/dir")
 	require.NoError(t, err)
-	assert.Equal(t, streams.Endpoint{Target: "prod", Pod: "get-1", Handle: "vol-1", Path: "out/dir"}, e)
+	assert.Equal(t, wire.Endpoint{Target: "prod", Pod: "get-1", Handle: "vol-1", Path: "out/dir"}, e)
 	e, err = parseEndpoint("to", "prod/task/vol")
 	require.NoError(t, err)
 	assert.Empty(t, e.Path)

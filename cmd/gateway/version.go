@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 func versionCommand() *cobra.Command {
@@ -18,7 +18,7 @@ func versionCommand() *cobra.Command {
 		Args:  noArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
 			fmt.Fprintf(cmd.OutOrStdout(), "gateway %s (worker API %s, %s, client-go %s)\n",
-				buildinfo.String(), config.WorkerVersion, runtime.Version(), depVersion("k8s.io/client-go"))
+				buildinfo.String(), wire.WorkerVersion, runtime.Version(), depVersion("k8s.io/client-go"))
 		},
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/lifecycle"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // apiFlags are how CLI commands reach a running gateway.
@@ -140,7 +141,7 @@ func workersCommand() *cobra.Command {
 	flags.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the worker JSON")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		var workers []api.Worker
+		var workers []wire.Worker
 		if err := flags.get(cmd.Context(), "/api/v1/workers", &workers); err != nil {
 			return err
 		}
@@ -158,8 +159,8 @@ func workersCommand() *cobra.Command {
 
 // printWorkers prints fly's table: running workers, then the stalled ones
 // apart, as fly does.
-func printWorkers(out io.Writer, workers []api.Worker, now time.Time) {
-	var live, stalled []api.Worker
+func printWorkers(out io.Writer, workers []wire.Worker, now time.Time) {
+	var live, stalled []wire.Worker
 	for _, w := range workers {
 		if w.State == "stalled" {
 			stalled = append(stalled, w)
@@ -174,7 +175,7 @@ func printWorkers(out io.Writer, workers []api.Worker, now time.Time) {
 	}
 }
 
-func table(out io.Writer, workers []api.Worker, now time.Time) {
+func table(out io.Writer, workers []wire.Worker, now time.Time) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "name\tcontainers\tplatform\ttags\tteam\tstate\tversion\tage")
 	for _, wk := range workers {

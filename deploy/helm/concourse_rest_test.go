@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/deploy/helm"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestConcourseREST: with concourse.url and the REST API's client instead
@@ -49,7 +50,7 @@ func TestConcourseREST(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte(cm.Data["resource-types.yaml"]), 0o440))
 	types, err := concourse.LoadResourceTypes(file)
 	require.NoError(t, err)
-	assert.Equal(t, []concourse.ResourceType{{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"}}, types)
+	assert.Equal(t, []wire.ResourceType{{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"}}, types)
 
 	assert.Contains(t, r.Notes, "workers of the Concourse at https://ci.example.com through its REST API, as its client jetway, with the secret in the Secret jetway-concourse-client (key client_secret);")
 	assert.Contains(t, r.Notes, "the gateway closes every connection to them from outside 10.42.0.0/16, 192.168.7.1, fd00:42::7 (concourse.webNodeNetworks)")

@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/deploy/helm"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // TestConcourseOffByDefault: without concourse values the chart joins no
@@ -100,7 +101,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte(cm.Data["resource-types.yaml"]), 0o440))
 	types, err := concourse.LoadResourceTypes(file)
 	require.NoError(t, err)
-	assert.Equal(t, []concourse.ResourceType{
+	assert.Equal(t, []wire.ResourceType{
 		{Type: "git", Image: "docker.io/concourse/git-resource:1.18.0"},
 		{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"},
 	}, types)

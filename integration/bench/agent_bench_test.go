@@ -25,7 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Settings of the issue's benchmark; BENCH_AGENT_MIB shrinks the
@@ -125,8 +125,8 @@ type agentBench struct {
 	kubeconfig string // the cluster target's, for pfpipe
 	srcToken   string // the artifact's pod's volume server's, for pfpipe
 	bed        *stepsBed
-	src        steps.Volume // the cluster task's output
-	sum        string       // the SHA-256 of its file
+	src        wire.Volume // the cluster task's output
+	sum        string      // the SHA-256 of its file
 	// shared are the processes both paths go through: the cluster's
 	// (the API server's and kwok's port-forward relays among them) and
 	// this one (the pod's volume sidecar).
@@ -224,8 +224,8 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // produce runs the task on the cluster whose output is the artifact.
 func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 	script := fmt.Sprintf("head -c %d /dev/urandom > out/blob && sha256sum out/blob | cut -d' ' -f1", int64(agentMiB)<<20)
-	req := steps.Request{Handle: produceStep, Type: "task", Image: "busybox:1.37",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}, Outputs: []steps.Output{{Name: "out"}}}
+	req := wire.Request{Handle: produceStep, Type: "task", Image: "busybox:1.37",
+		Run: wire.Run{Path: "sh", Args: []string{"-c", script}}, Outputs: []wire.Output{{Name: "out"}}}
 	v, out := ab.run(ctx, b, req, nil)
 	if v.Target != stepsTarget || len(v.Outputs) != 1 || !sha256Hex.MatchString(out) {
 		b.Fatalf("%s: on %q, outputs %+v, stdout %q", produceStep, v.Target, v.Outputs, out)
@@ -244,10 +244,10 @@ func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 
 // run runs req to its success, calling onEvent with its events, and
 // returns its view and its stdout, trimmed.
-func (ab *agentBench) run(ctx context.Context, b *testing.B, req steps.Request, onEvent func(steps.Event)) (steps.View, string) {
+func (ab *agentBench) run(ctx context.Context, b *testing.B, req wire.Request, onEvent func(wire.Event)) (wire.View, string) {
 	var out strings.Builder
-	v, err := ab.client.Run(ctx, req, func(e steps.Event) {
-		if e.Type == steps.EventStdout {
+	v, err := ab.client.Run(ctx, req, func(e wire.Event) {
+		if e.Type == wire.EventStdout {
 			out.WriteString(e.Data)
 		}
 		if onEvent != nil {
@@ -263,17 +263,17 @@ func (ab *agentBench) run(ctx context.Context, b *testing.B, req steps.Request, 
 // viaMesh runs a task on the agent whose input is the artifact.
 func (ab *agentBench) viaMesh(ctx context.Context, b *testing.B, round int) transfer {
 	handle := fmt.Sprintf("bench-agent-%d", round)
-	req := steps.Request{Handle: handle, Type: "task", Image: "busybox:1.37", Platform: agentPlatform, Tags: []string{agentTag},
-		Run:    steps.Run{Path: "sh", Args: []string{"-c", "sha256sum in/blob | cut -d' ' -f1"}},
-		Inputs: []steps.Input{{Name: "in", From: steps.InputSource{Step: produceStep, Output: "out"}}}}
+	req := wire.Request{Handle: handle, Type: "task", Image: "busybox:1.37", Platform: agentPlatform, Tags: []string{agentTag},
+		Run:    wire.Run{Path: "sh", Args: []string{"-c", "sha256sum in/blob | cut -d' ' -f1"}},
+		Inputs: []wire.Input{{Name: "in", From: wire.InputSource{Step: produceStep, Output: "out"}}}}
 	gw0, agent0, shared0 := ab.gw.cpu(), ab.agent.cpu(), ab.sharedCPU()
-	var placed, input steps.Event
+	var placed, input wire.Event
 	t := transfer{path: "jetway", round: round}
-	v, sum := ab.run(ctx, b, req, func(e steps.Event) {
+	v, sum := ab.run(ctx, b, req, func(e wire.Event) {
 		switch e.Type {
-		case steps.EventPlaced:
+		case wire.EventPlaced:
 			placed = e
-		case steps.EventInput:
+		case wire.EventInput:
 			input = e
 			t.sender, t.receiver, t.shared = ab.gw.cpu()-gw0, ab.agent.cpu()-agent0, ab.sharedCPU()-shared0
 		}

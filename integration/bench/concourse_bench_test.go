@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Settings of the benchmark; BENCH_CONCOURSE_TARGETS and
@@ -104,7 +105,7 @@ func runConcourseBench(b *testing.B) {
 	sctx, stopStock := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range concourseTargets {
-		w := concourse.Worker{Name: fmt.Sprintf("stock-%03d", i), Platform: "linux", Version: concourse.WorkerVersion,
+		w := wire.Worker{Name: fmt.Sprintf("stock-%03d", i), Platform: "linux", Version: wire.WorkerVersion,
 			GardenAddr: "0.0.0.0:7777", BaggageclaimURL: "http://0.0.0.0:7788"}
 		wg.Go(func() { _ = tsa.Forward(sctx, w, stockGarden(), stockVolumes(), nil) })
 		wg.Go(func() { stockSweeps(sctx, tsa, w) })
@@ -134,7 +135,7 @@ func runConcourseBench(b *testing.B) {
 // stockSweeps runs an idle Concourse worker's garbage-collection rounds
 // (worker/container_sweeper.go, volume_sweeper.go): every 30 s, report
 // no container, ask which to destroy, and the same for volumes.
-func stockSweeps(ctx context.Context, tsa concourse.TSA, w concourse.Worker) {
+func stockSweeps(ctx context.Context, tsa concourse.TSA, w wire.Worker) {
 	tick := time.NewTicker(concourse.DefaultSweepInterval)
 	defer tick.Stop()
 	for {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // benchOutputMiB is how much the output benchmark's step prints.
@@ -51,8 +51,8 @@ func runOutputBench(b *testing.B) {
 		b.Fatal(err)
 	}
 	script := fmt.Sprintf("head -c %d /dev/zero | tr '\\000' x", size)
-	if _, _, err := c.SubmitStep(ctx, steps.Request{Handle: "loud", Type: "task", Image: "busybox:1.37",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}}); err != nil {
+	if _, _, err := c.SubmitStep(ctx, wire.Request{Handle: "loud", Type: "task", Image: "busybox:1.37",
+		Run: wire.Run{Path: "sh", Args: []string{"-c", script}}}); err != nil {
 		b.Fatal(err)
 	}
 	peak := sampleRSS(gw)
@@ -142,7 +142,7 @@ func countOutput(ctx context.Context, b *testing.B, base, handle string) int64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var e steps.Event
+		var e wire.Event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			b.Fatal(err)
 		}
@@ -151,11 +151,11 @@ func countOutput(ctx context.Context, b *testing.B, base, handle string) int64 {
 		}
 		next++
 		switch e.Type {
-		case steps.EventStdout:
+		case wire.EventStdout:
 			n += int64(len(e.Output()))
-		case steps.EventFailed:
+		case wire.EventFailed:
 			b.Fatalf("step %s: %+v", handle, e)
-		case steps.EventExited:
+		case wire.EventExited:
 			if *e.ExitStatus != 0 {
 				b.Fatalf("step %s exited %s", handle, strconv.Itoa(*e.ExitStatus))
 			}

@@ -17,7 +17,7 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // pipelineBuilds is how many builds each path runs (BENCH_PIPELINE_BUILDS).
@@ -338,32 +338,32 @@ func apiBuild(ctx context.Context, b *testing.B, c *client.Client, i int) map[st
 			b.Fatal(err)
 		}
 	})
-	task := func(name, script string, in []steps.Input, out ...string) {
-		req := steps.Request{Handle: h(name), Type: "task", Image: image, Inputs: in,
-			Run: steps.Run{Path: "sh", Args: []string{"-c", script}}}
+	task := func(name, script string, in []wire.Input, out ...string) {
+		req := wire.Request{Handle: h(name), Type: "task", Image: image, Inputs: in,
+			Run: wire.Run{Path: "sh", Args: []string{"-c", script}}}
 		for _, o := range out {
-			req.Outputs = append(req.Outputs, steps.Output{Name: o})
+			req.Outputs = append(req.Outputs, wire.Output{Name: o})
 		}
 		timed(name, func() {
 			v, err := c.RunTask(ctx, req, nil)
-			if err != nil || v.Phase != steps.Succeeded {
+			if err != nil || v.Phase != wire.Succeeded {
 				b.Fatalf("%s: %s %v", req.Handle, v.Phase, err)
 			}
 		})
 	}
-	from := func(name, step, output string) steps.Input {
-		return steps.Input{Name: name, From: steps.InputSource{Step: h(step), Output: output}}
+	from := func(name, step, output string) wire.Input {
+		return wire.Input{Name: name, From: wire.InputSource{Step: h(step), Output: output}}
 	}
-	task("one", "cat src/file > a/x", []steps.Input{from("src", "get", "resource")}, "a")
-	task("two", "cat a/x > b/y", []steps.Input{from("a", "one", "a")}, "b")
-	cached := []steps.Input{from("b", "two", "b")}
+	task("one", "cat src/file > a/x", []wire.Input{from("src", "get", "resource")}, "a")
+	task("two", "cat a/x > b/y", []wire.Input{from("a", "one", "a")}, "b")
+	cached := []wire.Input{from("b", "two", "b")}
 	if i > 0 {
-		cached = append(cached, steps.Input{Name: "last", From: steps.InputSource{Step: fmt.Sprintf("b%d-cached", i-1), Output: "c"}})
+		cached = append(cached, wire.Input{Name: "last", From: wire.InputSource{Step: fmt.Sprintf("b%d-cached", i-1), Output: "c"}})
 	}
 	task("cached", "cp last/seen c/ 2>/dev/null; cat b/y >> c/seen; wc -l < c/seen", cached, "c")
 	timed("target", func() {
 		if _, err := c.PutResource(ctx, client.ResourceStep{Handle: h("put"), Image: image, Source: map[string]string{"uri": "git://target"},
-			Inputs: []steps.Input{from("src", "get", "resource")}}); err != nil {
+			Inputs: []wire.Input{from("src", "get", "resource")}}); err != nil {
 			b.Fatal(err)
 		}
 	})

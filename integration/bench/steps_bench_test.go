@@ -29,6 +29,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 var benchSteps = envInt("BENCH_STEPS", 100)
@@ -327,8 +328,8 @@ func jetwayStep(ctx context.Context, b *testing.B, node benchNode, base, handle 
 		b.Fatal(err)
 	}
 	submit := time.Now()
-	if _, created, err := c.SubmitStep(ctx, steps.Request{Handle: handle, Type: "task", Image: node.image,
-		Run: steps.Run{Path: "sh", Args: []string{"-c", node.script}}}); err != nil || !created {
+	if _, created, err := c.SubmitStep(ctx, wire.Request{Handle: handle, Type: "task", Image: node.image,
+		Run: wire.Run{Path: "sh", Args: []string{"-c", node.script}}}); err != nil || !created {
 		b.Fatalf("submit %s: created %v, %v", handle, created, err)
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/steps/"+handle+"/events", nil)
@@ -341,16 +342,16 @@ func jetwayStep(ctx context.Context, b *testing.B, node benchNode, base, handle 
 	var exited, made time.Time
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		var e steps.Event
+		var e wire.Event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			b.Fatal(err)
 		}
 		switch e.Type {
-		case steps.EventStdout:
+		case wire.EventStdout:
 			out.WriteString(e.Data)
-		case steps.EventExited:
+		case wire.EventExited:
 			exited, made = time.Now(), e.Time
-		case steps.EventFailed:
+		case wire.EventFailed:
 			b.Fatalf("step %s failed: %+v", handle, e)
 		}
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 var streamMiB = envInt("BENCH_STREAM_MIB", 1024)
@@ -94,15 +95,15 @@ func runStreamsBench(b *testing.B) {
 	bin := buildGateway(b)
 	gw := startGateway(b, bin, dir, stateFlags...)
 	defer gw.stop(b)
-	req := func(handle string) streams.Request {
-		return streams.Request{From: streams.Endpoint{Target: "a", Pod: "src", Handle: "art", Path: "out"},
-			To: streams.Endpoint{Target: "b", Pod: "dst", Handle: handle, Path: "in"}, Encoding: "raw"}
+	req := func(handle string) wire.StreamRequest {
+		return wire.StreamRequest{From: wire.Endpoint{Target: "a", Pod: "src", Handle: "art", Path: "out"},
+			To: wire.Endpoint{Target: "b", Pod: "dst", Handle: handle, Path: "in"}, Encoding: "raw"}
 	}
 	// Warm up: kwok serves the forwards, both targets run, paths are open.
 	waitFor(b, time.Minute, func() error {
 		os.MkdirAll(filepath.Join(vols["a"].Path("warm"), "out"), 0o755)
-		_, err := postStream(gw.base, streams.Request{From: streams.Endpoint{Target: "a", Pod: "src", Handle: "warm", Path: "out"},
-			To: streams.Endpoint{Target: "b", Pod: "dst", Handle: "warm", Path: "in"}})
+		_, err := postStream(gw.base, wire.StreamRequest{From: wire.Endpoint{Target: "a", Pod: "src", Handle: "warm", Path: "out"},
+			To: wire.Endpoint{Target: "b", Pod: "dst", Handle: "warm", Path: "in"}})
 		return err
 	})
 
@@ -161,7 +162,7 @@ func runStreamsBench(b *testing.B) {
 
 // profileRelay runs jetway's relay in this process under the CPU profiler
 // and logs where its time goes.
-func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]string, key ownership.Key, req streams.Request) {
+func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]string, key ownership.Key, body wire.StreamRequest) {
 	ts := map[string]*targets.Target{}
 	for name, path := range kubeconfigs {
 		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{})
@@ -192,7 +193,7 @@ func profileRelay(ctx context.Context, b *testing.B, kubeconfigs map[string]stri
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.Fatal(err)
 	}
-	req.Caller = streams.Caller{Admin: true}
+	req := streams.Request{StreamRequest: body, Caller: streams.Caller{Admin: true}}
 	_, err = s.Stream(ctx, req, nil)
 	pprof.StopCPUProfile()
 	f.Close()
@@ -335,14 +336,14 @@ func waitFor(b *testing.B, within time.Duration, check func() error) {
 	}
 }
 
-func postStream(base string, req streams.Request) (streams.Result, error) {
+func postStream(base string, req wire.StreamRequest) (wire.StreamResult, error) {
 	body, _ := json.Marshal(req)
 	resp, err := http.Post(base+"/api/v1/streams", "application/json", bytes.NewReader(body))
 	if err != nil {
-		return streams.Result{}, err
+		return wire.StreamResult{}, err
 	}
 	defer resp.Body.Close()
-	var res streams.Result
+	var res wire.StreamResult
 	if resp.StatusCode != http.StatusOK {
 		var e map[string]string
 		_ = json.NewDecoder(resp.Body).Decode(&e)

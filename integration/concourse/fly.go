@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // FlyTarget is the name fly knows the web node by, in its own HOME.
@@ -42,42 +44,16 @@ func (w *WebNode) FlyContext(ctx context.Context, args ...string) (string, error
 	return stdout.String(), nil
 }
 
-// Worker is one row of `fly workers --json` (atc.Worker).
-type Worker struct {
-	Name             string         `json:"name"`
-	State            string         `json:"state"` // running, stalled, landing, landed, retiring
-	Platform         string         `json:"platform"`
-	Team             string         `json:"team"`
-	Tags             []string       `json:"tags"`
-	Version          string         `json:"version"`
-	GardenAddr       string         `json:"addr"`
-	BaggageclaimURL  string         `json:"baggageclaim_url"`
-	ActiveContainers int            `json:"active_containers"`
-	ActiveVolumes    int            `json:"active_volumes"`
-	ActiveTasks      int            `json:"active_tasks"`
-	ResourceTypes    []ResourceType `json:"resource_types"`
-	StartTime        int64          `json:"start_time"`
-	Ephemeral        bool           `json:"ephemeral"`
-}
-
-// ResourceType is a base resource type a worker offers.
-type ResourceType struct {
-	Type                 string `json:"type"`
-	Image                string `json:"image"`
-	Version              string `json:"version"`
-	Privileged           bool   `json:"privileged"`
-	UniqueVersionHistory bool   `json:"unique_version_history"`
-}
-
-// Workers lists the web node's workers with `fly workers --json`, failing
+// Workers lists the web node's workers with `fly workers --json` (rows
+// of atc.Worker, the shape jetway registers them with), failing
 // the test if fly fails.
-func (w *WebNode) Workers(tb testing.TB) []Worker {
+func (w *WebNode) Workers(tb testing.TB) []wire.Worker {
 	tb.Helper()
 	out, err := w.Fly("workers", "--json")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var workers []Worker
+	var workers []wire.Worker
 	if err := json.Unmarshal([]byte(out), &workers); err != nil {
 		tb.Fatalf("parse fly workers --json: %v\n%s", err, out)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // The addresses a worker names in forward-worker. They are only names:
@@ -44,7 +46,7 @@ type tsaWorker struct {
 	wg      sync.WaitGroup
 }
 
-func registerOverTSA(t *testing.T, w *WebNode, keyPath string, worker Worker) *tsaWorker {
+func registerOverTSA(t *testing.T, w *WebNode, keyPath string, worker wire.Worker) *tsaWorker {
 	t.Helper()
 	config, err := w.SSHConfig(keyPath)
 	require.NoError(t, err)
@@ -134,14 +136,14 @@ func (tw *tsaWorker) close() {
 	tw.wg.Wait()
 }
 
-func stockWorker(name, team string, tags ...string) Worker {
-	return Worker{
+func stockWorker(name, team string, tags ...string) wire.Worker {
+	return wire.Worker{
 		Name:     name,
 		Platform: "linux",
 		Team:     team,
 		Tags:     tags,
 		Version:  "2.5",
-		ResourceTypes: []ResourceType{{Type: "registry-image",
+		ResourceTypes: []wire.ResourceType{{Type: "registry-image",
 			Image: "k8s-image://docker.io/concourse/registry-image-resource:1.14.2", Version: "1.14.2"}},
 	}
 }
@@ -165,7 +167,7 @@ func TestTSAWorkers(t *testing.T) {
 	assert.Positive(t, teamed.lists.Load(), "the TSA listed containers and volumes")
 
 	workers := w.Workers(t)
-	slices.SortFunc(workers, func(a, b Worker) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(workers, func(a, b wire.Worker) int { return strings.Compare(a.Name, b.Name) })
 	require.Len(t, workers, 2)
 	for i, want := range []struct {
 		name, team string

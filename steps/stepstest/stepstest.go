@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/watchcache"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Installation is the installation the helpers' records belong to.
@@ -133,10 +134,10 @@ func (m *Records) Delete(_ context.Context, r *steps.Record) error {
 func (m *Records) Refresh(context.Context) error { return nil }
 
 // Request is the request a record holds, decoded.
-func (m *Records) DecodedRequest(t *testing.T, name string) steps.Request {
+func (m *Records) DecodedRequest(t *testing.T, name string) wire.Request {
 	raw, err := m.Request(context.Background(), name)
 	require.NoError(t, err)
-	var req steps.Request
+	var req wire.Request
 	require.NoError(t, json.Unmarshal(raw, &req))
 	return req
 }

@@ -15,9 +15,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 const (
@@ -127,7 +127,7 @@ func (d *demo) waitRunning(ctx context.Context, tgts []target) error {
 	for {
 		workers, err := c.Workers(ctx)
 		waiting := slices.DeleteFunc(slices.Clone(names), func(name string) bool {
-			return slices.ContainsFunc(workers, func(w api.Worker) bool { return w.Name == name && w.State == "running" })
+			return slices.ContainsFunc(workers, func(w wire.Worker) bool { return w.Name == name && w.State == "running" })
 		})
 		if err == nil && len(waiting) == 0 {
 			d.story.line("serving %s; %s running after %s", d.base, strings.Join(names, " and "),

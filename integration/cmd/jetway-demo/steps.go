@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // The story's two steps: the first's output is the second's input.
@@ -35,7 +35,7 @@ func (d *demo) crossClusterSteps(ctx context.Context, a, b target) error {
 
 	write := task(writeHandle, a.tag,
 		`echo "hello from `+a.cluster+`, written at $(date +%T)" > `+greeting+`/hello.txt; cat `+greeting+`/hello.txt`)
-	write.Outputs = []steps.Output{{Name: greeting}}
+	write.Outputs = []wire.Output{{Name: greeting}}
 	wrote, err := d.runStep(ctx, c, write, &stepPrinter{story: d.story, clusterOf: clusterOf},
 		fmt.Sprintf("a task for a target tagged %s; its folder %s stays as an output:", a.tag, greeting))
 	if err != nil {
@@ -43,7 +43,7 @@ func (d *demo) crossClusterSteps(ctx context.Context, a, b target) error {
 	}
 
 	read := task(readHandle, b.tag, `cat `+greeting+`/hello.txt`)
-	read.Inputs = []steps.Input{{Name: greeting, From: steps.InputSource{Step: writeHandle, Output: greeting}}}
+	read.Inputs = []wire.Input{{Name: greeting, From: wire.InputSource{Step: writeHandle, Output: greeting}}}
 	got, err := d.runStep(ctx, c, read, &stepPrinter{story: d.story, clusterOf: clusterOf,
 		from: "from " + writeHandle + "'s pod on " + a.cluster + ", through the gateway"},
 		fmt.Sprintf("a task for a target tagged %s; its input %s is %s's output:", b.tag, greeting, writeHandle))
@@ -57,15 +57,15 @@ func (d *demo) crossClusterSteps(ctx context.Context, a, b target) error {
 	return nil
 }
 
-func task(handle, tag, script string) steps.Request {
-	return steps.Request{Handle: handle, Type: "task", Tags: []string{tag}, Image: "busybox",
-		Run: steps.Run{Path: "sh", Args: []string{"-c", script}}}
+func task(handle, tag, script string) wire.Request {
+	return wire.Request{Handle: handle, Type: "task", Tags: []string{tag}, Image: "busybox",
+		Run: wire.Run{Path: "sh", Args: []string{"-c", script}}}
 }
 
 // runStep writes the step's request into the demo's folder, shows the curl
 // command that would send it, runs it and tells its events; it returns
 // what the step printed on stdout.
-func (d *demo) runStep(ctx context.Context, c *client.Client, req steps.Request, p *stepPrinter, about string) (string, error) {
+func (d *demo) runStep(ctx context.Context, c *client.Client, req wire.Request, p *stepPrinter, about string) (string, error) {
 	path := filepath.Join(d.o.dir, "steps", req.Handle+".json")
 	if err := writeJSON(path, req); err != nil {
 		return "", err
@@ -107,29 +107,29 @@ type stepPrinter struct {
 	stdout    strings.Builder
 }
 
-func (p *stepPrinter) event(e steps.Event) {
+func (p *stepPrinter) event(e wire.Event) {
 	switch e.Type {
-	case steps.EventStdout:
+	case wire.EventStdout:
 		p.stdout.Write(e.Output())
 		_, _ = p.out.Write(e.Output())
 		return
-	case steps.EventStderr:
+	case wire.EventStderr:
 		_, _ = p.out.Write(e.Output())
 		return
 	}
 	p.out.end()
 	switch e.Type {
-	case steps.EventWaiting:
+	case wire.EventWaiting:
 		p.story.line("waiting: %s", e.Message)
-	case steps.EventPlaced:
+	case wire.EventPlaced:
 		p.story.line("placed on %s (%s), pod %s", e.Target, p.clusterOf[e.Target], e.Pod)
-	case steps.EventInput:
+	case wire.EventInput:
 		p.story.line("input %s: %d bytes (sha256 %.12s…) streamed in %s", e.Input, e.Bytes, e.SHA256, p.from)
-	case steps.EventExited:
+	case wire.EventExited:
 		if e.ExitStatus != nil {
 			p.story.line("exited %d", *e.ExitStatus)
 		}
-	case steps.EventFailed:
+	case wire.EventFailed:
 		p.story.line("failed: %s: %s", e.Reason, e.Message)
 	}
 }
