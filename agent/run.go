@@ -248,7 +248,7 @@ func (a *Agent) follow(ctx context.Context, s *step, adopted bool) (stepagent.St
 // tailInProcess is the step agent's tail (steppod.Tail's command), run in
 // this process on the step's folder: an agent's step has no pod to exec
 // into.
-func tailInProcess(root string) steppod.Exec {
+func tailInProcess(root string) steppod.AgentExec {
 	return func(ctx context.Context, args []string, _ io.Reader, out io.Writer) error {
 		fs := flag.NewFlagSet("tail", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)

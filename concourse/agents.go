@@ -15,7 +15,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -119,9 +119,9 @@ func (a *Agents) containers(ctx context.Context, agent string) ([]string, error)
 }
 
 // exec runs step agent commands in agent's container handle: a
-// steps.ExecStream whose target and pod are not used. A command that
+// steppod.ExecStream whose target and pod are not used. A command that
 // exits non-zero is a utilexec.CodeExitError, as a pod's exec.
-func (a *Agents) exec(agent, handle string) steps.ExecStream {
+func (a *Agents) exec(agent, handle string) steppod.ExecStream {
 	return func(ctx context.Context, _ *targets.Target, _ string, cmd []string, stdin io.Reader, stdout io.Writer) error {
 		if len(cmd) < 2 || cmd[0] != stepagent.BinPath {
 			return fmt.Errorf("agent %s runs the step agent's commands only, not %q", agent, cmd)

@@ -397,7 +397,7 @@ func readMessages(r *bufio.Reader, limit int, handle func(transport.ProcessPaylo
 	}
 }
 
-// writeStdin writes stdin for the agent (steps.RunIn.Follow): chunks of
+// writeStdin writes stdin for the agent (steppod.RunIn.Follow): chunks of
 // at most stepagent.MaxPayload, in frames of kind.
 func writeStdin(w io.Writer, kind byte, b []byte) error {
 	for {

@@ -19,12 +19,13 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
 // A process the web node runs in a container is a run of the step agent
-// in the container's pod (steps.RunIn): started once, its output and exit
+// in the container's pod (steppod.RunIn): started once, its output and exit
 // status in the pod's files, so it outlives a dropped connection and a
 // gateway restart, and Attach replays its output and follows it. Its ID
 // is recorded with the container before it starts, so any gateway knows
@@ -44,7 +45,7 @@ const (
 // Process is a process of a container, ready to be followed.
 type Process struct {
 	ID  string
-	run steps.RunIn
+	run steppod.RunIn
 	// spec is the agent's spec: nil for an attach.
 	spec []byte
 	ct   *Container
@@ -214,7 +215,7 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 		}
 		return err
 	})
-	if errors.Is(err, steps.ErrNoSuchRun) {
+	if errors.Is(err, steppod.ErrNoSuchRun) {
 		return 0, garden.ProcessNotFoundError{ProcessID: p.ID}
 	}
 	if err != nil {
@@ -295,7 +296,7 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 		return "waiting for pod " + ct.Pod + " to be scheduled", false, nil
 	}
 	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name != steps.StepContainer {
+		if cs.Name != steppod.StepContainer {
 			continue
 		}
 		switch {

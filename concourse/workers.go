@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -35,7 +36,7 @@ type worker interface {
 	// or not.
 	containers(ctx context.Context) ([]string, error)
 	// process is ct's process id, reached where it runs.
-	process(ct *Container, id string) steps.RunIn
+	process(ct *Container, id string) steppod.RunIn
 	// await waits until ct can run a process, saying on progress what it
 	// waits for.
 	await(ctx context.Context, ct *Container, progress io.Writer) error
@@ -136,8 +137,8 @@ func (w clusterWorker) containers(context.Context) ([]string, error) {
 	return handles, nil
 }
 
-func (w clusterWorker) process(ct *Container, id string) steps.RunIn {
-	return steps.RunIn{Pod: ct.Pod, Run: id, Target: func() (*targets.Target, error) { return w.c.trustedPod(ct) }}
+func (w clusterWorker) process(ct *Container, id string) steppod.RunIn {
+	return steppod.RunIn{Pod: ct.Pod, Run: id, Target: func() (*targets.Target, error) { return w.c.trustedPod(ct) }}
 }
 
 func (w clusterWorker) await(ctx context.Context, ct *Container, progress io.Writer) error {
@@ -206,8 +207,8 @@ func (w agentWorker) containers(ctx context.Context) ([]string, error) {
 	return w.agents.containers(ctx, w.name)
 }
 
-func (w agentWorker) process(ct *Container, id string) steps.RunIn {
-	return steps.RunIn{Pod: ct.Handle(), Run: id,
+func (w agentWorker) process(ct *Container, id string) steppod.RunIn {
+	return steppod.RunIn{Pod: ct.Handle(), Run: id,
 		Target: func() (*targets.Target, error) { return nil, w.joined(ct.Handle()) },
 		Exec:   w.agents.exec(w.name, ct.Handle())}
 }

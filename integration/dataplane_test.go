@@ -21,6 +21,7 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -171,8 +172,8 @@ func TestATakenOverStepsRunningPodIsFollowed(t *testing.T) {
 	setPodStatus(ctx, t, clusters[0], ns, v.Pod, func(p *corev1.Pod) {
 		p.Status.Phase = corev1.PodRunning
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{
-			{Name: steps.StepContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
-			{Name: steps.SidecarContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+			{Name: steppod.StepContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: steppod.SidecarContainer, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 	})
 	b := startGateway(t, dir, gatewayOptions{state: state})
 	b.waitTarget(t, ns, 10*time.Second, running)

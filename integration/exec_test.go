@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -38,7 +38,7 @@ func TestExecsCancelledWhileStartingLeaveNothing(t *testing.T) {
 
 	// How long a whole exec takes here: cancel within it.
 	start := time.Now()
-	require.NoError(t, steps.ExecPod(ctx, tg, pod, []string{"true"}, nil, io.Discard))
+	require.NoError(t, steppod.ExecPod(ctx, tg, pod, []string{"true"}, nil, io.Discard))
 	whole := time.Since(start)
 
 	var wg sync.WaitGroup
@@ -49,7 +49,7 @@ func TestExecsCancelledWhileStartingLeaveNothing(t *testing.T) {
 			defer func() { <-sem }()
 			ectx, cancel := context.WithTimeout(ctx, time.Duration(rand.Int64N(int64(whole))))
 			defer cancel()
-			_ = steps.ExecPod(ectx, tg, pod, []string{"sleep", "1"}, strings.NewReader(""), io.Discard)
+			_ = steppod.ExecPod(ectx, tg, pod, []string{"sleep", "1"}, strings.NewReader(""), io.Discard)
 		})
 	}
 	wg.Wait()

@@ -25,6 +25,7 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -248,7 +249,7 @@ func podKeyOf(t *testing.T, g *gateway) ownership.Key {
 func probeSpy(ctx context.Context, t *testing.T, c *cluster.Cluster, spy *corev1.Pod) {
 	t.Helper()
 	req := c.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(spy.Namespace).Name(spy.Name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: steps.StepContainer, Command: []string{"bin/step-agent", "probe"},
+		VersionedParams(&corev1.PodExecOptions{Container: steppod.StepContainer, Command: []string{"bin/step-agent", "probe"},
 			Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewWebSocketExecutor(c.AdminConfig(), "GET", req.URL().String())
 	require.NoError(t, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -142,7 +143,7 @@ func TestRealNodeTasks(t *testing.T) {
 		// The agent's containers (its image has no shell) as the host
 		// sees their first process: the restricted profile.
 		pod := g.step(t, "status").Pod
-		for _, container := range []string{steps.SidecarContainer} {
+		for _, container := range []string{steppod.SidecarContainer} {
 			status, err := rn.ContainerProcess(ctx, "rn-tasks", pod, container, "status")
 			require.NoError(t, err)
 			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Uid"))[0], container)

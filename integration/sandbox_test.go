@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
@@ -244,7 +245,7 @@ func TestCheckSurvivesABrokenSession(t *testing.T) {
 		ctx, drop := context.WithCancel(ctx)
 		defer drop()
 		cut := &cutAfterFrames{w: stdout, next: next, cut: func() { cuts.Add(1) }, drop: drop}
-		return steps.ExecPod(ctx, tg, pod, cmd, stdin, cut)
+		return steppod.ExecPod(ctx, tg, pod, cmd, stdin, cut)
 	}
 	g := startGateway(t, dir, gatewayOptions{resourceDir: resourceScripts(t), execStream: cutting})
 	g.waitTarget(t, ns, 10*time.Second, running)

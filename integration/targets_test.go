@@ -36,6 +36,7 @@ import (
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
@@ -94,7 +95,7 @@ type gatewayOptions struct {
 	killGrace   time.Duration
 	resourceDir string
 	sandboxTTL  time.Duration
-	execStream  steps.ExecStream // wraps the sandbox sessions' exec, if set
+	execStream  steppod.ExecStream // wraps the sandbox sessions' exec, if set
 	// listen, if set, is the API's address (a restarted gateway keeps it).
 	listen string
 	// mesh, if set, joins the gateway to a mesh.

@@ -38,10 +38,10 @@ var ErrLost = errors.New("lost contact with the step")
 // ErrNoSuchRun: the pod has no process of that name.
 var ErrNoSuchRun = errors.New("no such process in the pod")
 
-// Exec runs one step agent command (its arguments, after the agent's
-// path) with stdin, writing the command's stdout to out: a pod's exec,
-// or the agent in process where the "pod" is a folder.
-type Exec func(ctx context.Context, args []string, stdin io.Reader, out io.Writer) error
+// AgentExec runs one step agent command (its arguments, after the
+// agent's path) with stdin, writing the command's stdout to out: a pod's
+// exec, or the agent in process where the "pod" is a folder.
+type AgentExec func(ctx context.Context, args []string, stdin io.Reader, out io.Writer) error
 
 // Cursor is a place in a process's log: the offset of a frame and how
 // many event frames come before it. The zero Cursor is the log's start.
@@ -98,7 +98,7 @@ func (e *againError) Unwrap() error { return e.err }
 // sent again only reads.
 type Follower struct {
 	// Exec reaches the agent.
-	Exec Exec
+	Exec AgentExec
 	// Next is the command of each attach: the first (after is nil), and
 	// the one after each break (after is why the last one broke; see
 	// NotStarted). at is where the log was read to.

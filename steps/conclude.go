@@ -16,6 +16,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -109,7 +110,7 @@ func (k *keeper) forgetRun(ctx context.Context, t *targets.Target, rec *Record) 
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	p := rec.Status.Placed
-	return k.opts.Exec(fctx, t, p.Pod, StepContainer, agent("forget", "--run", p.Run), nil, nopWriter{})
+	return k.opts.Exec(fctx, t, p.Pod, steppod.StepContainer, agent("forget", "--run", p.Run), nil, nopWriter{})
 }
 
 // countLog is the number of events the step's log holds now (0 when it

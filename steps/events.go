@@ -463,15 +463,15 @@ func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send fun
 // sidecar when the step's container cannot take it (it ended: an OOM
 // kill, say); both see the pod's emptyDir.
 func (g *gateway) execAny(ctx context.Context, t *targets.Target, pod string, cmd []string, out io.Writer) error {
-	err := g.opts.Exec(ctx, t, pod, StepContainer, cmd, nil, out)
+	err := g.opts.Exec(ctx, t, pod, steppod.StepContainer, cmd, nil, out)
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
 	if _, coded := stepagent.ExitCode(err); coded {
 		return err // the agent ran, and answered
 	}
-	if p := t.CachedPod(pod); p != nil && terminated(p, StepContainer) {
-		return g.opts.Exec(ctx, t, pod, SidecarContainer, cmd, nil, out)
+	if p := t.CachedPod(pod); p != nil && steppod.Terminated(p, steppod.StepContainer) {
+		return g.opts.Exec(ctx, t, pod, steppod.SidecarContainer, cmd, nil, out)
 	}
 	return err
 }

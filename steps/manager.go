@@ -47,6 +47,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
@@ -126,8 +127,8 @@ type Options struct {
 	ResourceDir string
 	// Exec runs agent commands in step pods, and ExecStream a sandbox's
 	// session; default pods/exec.
-	Exec       Exec
-	ExecStream ExecStream
+	Exec       steppod.Exec
+	ExecStream steppod.ExecStream
 	Logger     *slog.Logger
 	Metrics    *Metrics
 	Now        func() time.Time
@@ -165,13 +166,13 @@ func New(opts Options) *Manager {
 	opts.ResourceDir = cmp.Or(opts.ResourceDir, DefaultResourceDir)
 	opts.SandboxTTL = cmp.Or(opts.SandboxTTL, DefaultSandboxTTL)
 	if opts.Exec == nil {
-		opts.Exec = execPod
+		opts.Exec = steppod.ExecBytes
 	}
 	if opts.ExecStream == nil {
-		opts.ExecStream = ExecPod
+		opts.ExecStream = steppod.ExecPod
 	}
-	// Every exec of the engine's goes only to a pod jetway made (trustedPod).
-	opts.Exec, opts.ExecStream = trustedExec(opts.Pod.Key, opts.Exec), trustedExecStream(opts.Pod.Key, opts.ExecStream)
+	// Every exec of the engine's goes only to a pod jetway made (steppod.TrustedPod).
+	opts.Exec, opts.ExecStream = steppod.TrustedExec(opts.Pod.Key, opts.Exec), steppod.TrustedExecStream(opts.Pod.Key, opts.ExecStream)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

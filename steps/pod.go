@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -25,8 +26,6 @@ const HandleLabel = "jetway-ci.dev/step"
 
 // Containers of a step pod.
 const (
-	StepContainer    = "step"
-	SidecarContainer = "volumes"
 	installContainer = "install"
 	sharedVolume     = "jetway"
 )
@@ -84,7 +83,7 @@ func (o PodOptions) sidecarCommand() []string {
 // ended.
 func (o PodOptions) sidecar(tokenHash string) corev1.Container {
 	return corev1.Container{
-		Name: SidecarContainer, Image: o.AgentImage,
+		Name: steppod.SidecarContainer, Image: o.AgentImage,
 		Command:    o.sidecarCommand(),
 		WorkingDir: stepagent.Root,
 		Env: []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root},
@@ -125,7 +124,7 @@ func sidecarIs(p *corev1.Pod, is func(corev1.ContainerStatus) bool) bool {
 		return false
 	}
 	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == SidecarContainer {
+		if cs.Name == steppod.SidecarContainer {
 			return is(cs)
 		}
 	}
@@ -184,7 +183,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				Resources:       sidecarResources,
 			}},
 			Containers: []corev1.Container{{
-				Name: StepContainer, Image: sum.Image,
+				Name: steppod.StepContainer, Image: sum.Image,
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},

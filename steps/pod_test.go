@@ -16,6 +16,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -275,7 +276,7 @@ func TestContainerPod(t *testing.T) {
 		{Name: sharedVolume, MountPath: "/tmp/build/x/in", SubPath: "volumes/m1", ReadOnly: true},
 	}, step.VolumeMounts)
 	assert.Equal(t, "100Mi", step.Resources.Limits.Memory().String())
-	assert.Equal(t, SidecarContainer, p.Spec.Containers[1].Name)
+	assert.Equal(t, steppod.SidecarContainer, p.Spec.Containers[1].Name)
 	assert.Equal(t, []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath, "m0", "m1"}, p.Spec.InitContainers[0].Command,
 		"the mounts' folders, made open before the kubelet mounts them")
 }
@@ -293,7 +294,7 @@ func TestSidecarListens(t *testing.T) {
 		return &corev1.Pod{Status: corev1.PodStatus{Phase: phase, ContainerStatuses: statuses}}
 	}
 	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
-	step := corev1.ContainerStatus{Name: StepContainer, State: running}
+	step := corev1.ContainerStatus{Name: steppod.StepContainer, State: running}
 	for _, tc := range []struct {
 		name         string
 		pod          *corev1.Pod
@@ -302,11 +303,11 @@ func TestSidecarListens(t *testing.T) {
 		{"none", nil, false, false},
 		{"pending", pod(corev1.PodPending), false, false},
 		{"running, no container states", pod(corev1.PodRunning), true, true},
-		{"sidecar waiting", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
+		{"sidecar waiting", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: steppod.SidecarContainer,
 			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}}), false, false},
-		{"sidecar not ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running}), false, true},
-		{"sidecar ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer, State: running, Ready: true}), true, true},
-		{"sidecar ended", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: SidecarContainer,
+		{"sidecar not ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: steppod.SidecarContainer, State: running}), false, true},
+		{"sidecar ready", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: steppod.SidecarContainer, State: running, Ready: true}), true, true},
+		{"sidecar ended", pod(corev1.PodRunning, step, corev1.ContainerStatus{Name: steppod.SidecarContainer,
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}, Ready: true}), false, false},
 	} {
 		assert.Equal(t, tc.listens, SidecarListens(tc.pod), "listens: %s", tc.name)

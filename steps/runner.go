@@ -74,7 +74,7 @@ var (
 )
 
 // podFailed carries a pod failure as a cancellation cause.
-type podFailed struct{ f failure }
+type podFailed struct{ f steppod.Failure }
 
 func (e *podFailed) Error() string { return e.f.Reason + ": " + e.f.Message }
 
@@ -278,7 +278,7 @@ func (r *runner) own(ctx context.Context, t *targets.Target) error {
 			return &createFailed{fmt.Errorf("pod %s is in the step's way: jetway did not make it (it has no valid %s); the step gave it nothing", p.Name, ownership.SealAnnotation)}
 		case r.podUID() != "" && p.UID != r.podUID():
 			r.k.opts.Metrics.rejectedPod(rejectReplaced)
-			return &podFailed{podReplaced}
+			return &podFailed{steppod.PodReplaced}
 		case !r.k.opts.Pod.Key.Bound(r.placed.Target, p) && r.podUID() == "":
 			// Never scheduled for the step, so never used: made by an owner
 			// that stopped before it bound it, or planted with a copied seal.
@@ -403,7 +403,7 @@ func StatusEvent(st stepagent.Status) wire.Event {
 		// exit status fails it, named as Kubernetes names a container
 		// killed so.
 		e.Type, e.Phase, e.Reason = wire.EventExited, wire.Failed, "OOMKilled"
-		e.Message = fmt.Sprintf("container %q: OOMKilled (%d): %s", StepContainer, code, st.Message)
+		e.Message = fmt.Sprintf("container %q: OOMKilled (%d): %s", steppod.StepContainer, code, st.Message)
 	case stepagent.ReasonAborted:
 		e.Type, e.Phase = wire.EventFailed, wire.Aborted
 	default: // timeout, spawn-failed, lost
@@ -441,7 +441,7 @@ func (r *runner) exec(ctx context.Context, cmd []string, stdin []byte, out inter
 	if err != nil {
 		return err
 	}
-	return r.k.opts.Exec(ctx, t, r.placed.Pod, StepContainer, cmd, stdin, out)
+	return r.k.opts.Exec(ctx, t, r.placed.Pod, steppod.StepContainer, cmd, stdin, out)
 }
 
 // spec is the step's spec as the agent takes it, from the request in its

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -297,7 +298,7 @@ func (s *sandboxes) usable(sb *sandbox) bool {
 	case p.DeletionTimestamp != nil || targets.Finished(p):
 		sb.broken = true
 	default:
-		if _, failed := podFailure(p); failed {
+		if _, failed := steppod.PodFailure(p); failed {
 			sb.broken = true
 		}
 		sb.seen = true

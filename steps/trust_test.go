@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -33,12 +34,12 @@ func TestExecsGoOnlyToPodsJetwayMade(t *testing.T) {
 	tgt := &targets.Target{Config: &targets.Config{Name: "east", Meta: targets.Metadata{Namespace: "ci"}}, Core: client.CoreV1()}
 
 	var ran []string
-	exec := trustedExec(key, func(_ context.Context, _ *targets.Target, pod, _ string, _ []string, _ []byte, _ io.Writer) error {
+	exec := steppod.TrustedExec(key, func(_ context.Context, _ *targets.Target, pod, _ string, _ []string, _ []byte, _ io.Writer) error {
 		ran = append(ran, pod)
 		return nil
 	})
 	run := func(pod string) error {
-		return exec(context.Background(), tgt, pod, StepContainer, []string{"bin/step-agent", "run"}, []byte("the spec"), io.Discard)
+		return exec(context.Background(), tgt, pod, steppod.StepContainer, []string{"bin/step-agent", "run"}, []byte("the spec"), io.Discard)
 	}
 	require.NoError(t, run("build-1"))
 	assert.EqualError(t, run("planted"), "pod planted is not the pod jetway made under its name: it gets no command (unsealed)")

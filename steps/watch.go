@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/internal/backoff"
+	"github.com/jetway-ci/jetway/steppod"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -83,7 +84,7 @@ func (r *runner) watch(ctx context.Context, stop context.CancelCauseFunc, runnin
 		case <-appear.C:
 			if !w.seen && t != nil {
 				if _, err := t.Pod(ctx, r.placed.Pod); apierrors.IsNotFound(err) {
-					stop(&podFailed{failure{Reason: "PodDeleted", Message: "the step's pod was deleted before it ran"}})
+					stop(&podFailed{steppod.Failure{Reason: "PodDeleted", Message: "the step's pod was deleted before it ran"}})
 					return
 				}
 			}
@@ -128,7 +129,7 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 	r := w.r
 	if p == nil {
 		if w.seen {
-			w.stop(&podFailed{podDeleted})
+			w.stop(&podFailed{steppod.PodDeleted})
 			return true
 		}
 		return false
@@ -148,11 +149,11 @@ func (w *podWatch) observe(ctx context.Context, p *corev1.Pod) bool {
 	if p.UID != w.uid {
 		r.k.opts.Metrics.rejectedPod(rejectReplaced)
 		r.log.Warn("step's pod replaced: another pod has its name", "pod", p.Name, "uid", string(p.UID), "step_pod_uid", string(w.uid))
-		w.stop(&podFailed{podReplaced})
+		w.stop(&podFailed{steppod.PodReplaced})
 		return true
 	}
 	w.seen = true
-	if f, ok := podFailure(p); ok {
+	if f, ok := steppod.PodFailure(p); ok {
 		if !f.Transient {
 			w.stop(&podFailed{f})
 			return true
@@ -193,7 +194,7 @@ func (w *podWatch) unbound(p *corev1.Pod) bool {
 	w.r.k.opts.Metrics.rejectedPod(rejectUnbound)
 	w.r.log.Warn("step's pod refused: jetway did not make it (not bound to jetway's create)", "pod", p.Name, "uid", string(p.UID),
 		"why", w.r.k.opts.Pod.Key.Verdict(w.r.placed.Target, p))
-	w.stop(&podFailed{podNotBound})
+	w.stop(&podFailed{steppod.PodNotBound})
 	return true
 }
 

@@ -1,4 +1,4 @@
-package steps
+package steppod
 
 import (
 	"testing"
@@ -98,7 +98,7 @@ func TestPodFailure(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := runningPod()
 			tt.change(p)
-			f, failed := podFailure(p)
+			f, failed := PodFailure(p)
 			assert.Equal(t, tt.failed, failed, "%+v", f)
 			assert.Equal(t, tt.reason, f.Reason)
 			if tt.message != "" {

@@ -1,4 +1,4 @@
-package steps
+package steppod
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -28,9 +27,6 @@ var stdinEnd = func() []byte {
 	return b.Bytes()
 }()
 
-// ErrNoSuchRun: the pod has no process of that name.
-var ErrNoSuchRun = steppod.ErrNoSuchRun
-
 // RunIn is one process in the run folder Run of Pod, reached through the
 // step container's exec.
 type RunIn struct {
@@ -47,39 +43,39 @@ type RunIn struct {
 // Follow starts spec in the run folder if spec is not nil (once: the same
 // spec again only reads it) and streams its log's frames to out from the
 // start, until its status, attaching again from the last frame whenever
-// the exec breaks (steppod.Follower). The process's stdin (a spec with
+// the exec breaks (Follower). The process's stdin (a spec with
 // StdinStream) is stdin as the first exec streams it, in
 // stepagent.KindStdin frames up to a KindStdinEnd; an exec after a break
 // ends it. With a nil spec it only reads what is there: ErrNoSuchRun if
 // nothing is. out's error ends it.
 func (p RunIn) Follow(ctx context.Context, spec []byte, stdin io.Reader, out func(stepagent.Frame) error) (stepagent.Status, error) {
-	f := &steppod.Follower{
+	f := &Follower{
 		Exec: func(ctx context.Context, args []string, in io.Reader, w io.Writer) error {
 			t, err := p.Target()
 			if err != nil {
 				return err
 			}
-			return p.exec()(ctx, t, p.Pod, agent(args...), in, w)
+			return p.exec()(ctx, t, p.Pod, agentCmd(args...), in, w)
 		},
-		Next: func(_ context.Context, at steppod.Cursor, after error) (steppod.Command, error) {
+		Next: func(_ context.Context, at Cursor, after error) (Command, error) {
 			if spec == nil {
-				if steppod.NotStarted(after) {
-					return steppod.Command{}, steppod.ErrNoSuchRun
+				if NotStarted(after) {
+					return Command{}, ErrNoSuchRun
 				}
-				return steppod.Tail(p.Run, at, ""), nil
+				return Tail(p.Run, at, ""), nil
 			}
 			in := io.MultiReader(bytes.NewReader(spec), strings.NewReader("[]"), bytes.NewReader(stdinEnd))
 			if stdin != nil {
 				in, stdin = io.MultiReader(bytes.NewReader(spec), strings.NewReader("[]"), stdin), nil
 			}
-			return steppod.Command{Stdin: in, Args: []string{"run", "--run", p.Run, "--stdin", "--spec-bytes", strconv.Itoa(len(spec)),
+			return Command{Stdin: in, Args: []string{"run", "--run", p.Run, "--stdin", "--spec-bytes", strconv.Itoa(len(spec)),
 				"--inputs-bytes", "2", "--offset", strconv.FormatInt(at.Offset, 10), "--events", strconv.Itoa(at.Events)}}, nil
 		},
-		Frame: func(fr stepagent.Frame, _ steppod.Cursor) error { return out(fr) },
+		Frame: func(fr stepagent.Frame, _ Cursor) error { return out(fr) },
 	}
 	st, err := f.Follow(ctx)
 	if err != nil && !errors.Is(err, ctx.Err()) {
-		if _, coded := stepagent.ExitCode(err); coded || errors.Is(err, steppod.ErrNoSuchRun) || errors.Is(err, steppod.ErrLost) {
+		if _, coded := stepagent.ExitCode(err); coded || errors.Is(err, ErrNoSuchRun) || errors.Is(err, ErrLost) {
 			return st, fmt.Errorf("process %s in pod %s: %w", p.Run, p.Pod, err)
 		}
 	}
@@ -93,7 +89,7 @@ func (p RunIn) Abort(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = p.exec()(ctx, t, p.Pod, agent("abort", "--run", p.Run), nil, nopWriter{})
+	err = p.exec()(ctx, t, p.Pod, agentCmd("abort", "--run", p.Run), nil, io.Discard)
 	if err == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package steps
+package steppod
 
 import (
 	"bytes"
@@ -29,6 +29,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/capped"
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -36,7 +37,7 @@ import (
 // or the volume sidecar when the step's container has ended) through the
 // API server's pods/exec, streaming stdin in and stdout out; it returns
 // when the command ends, with its error (see stepagent.ExitCode). It is a
-// seam for tests; the default is execPod.
+// seam for tests; the default is ExecBytes.
 type Exec func(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error
 
 // stderrLimit bounds what is kept of an agent command's stderr for errors.
@@ -45,16 +46,16 @@ const stderrLimit = 4 << 10
 // ExecStream is Exec with a stdin that streams: a sandbox's session.
 type ExecStream func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error
 
-// errNotTrusted: a command was not run in a pod because it is not the
+// ErrNotTrusted: a command was not run in a pod because it is not the
 // one jetway made under its name.
-var errNotTrusted = errors.New("is not the pod jetway made under its name: it gets no command")
+var ErrNotTrusted = errors.New("is not the pod jetway made under its name: it gets no command")
 
-// trustedPod is nil when pod, of t, is the very pod jetway made under its
+// TrustedPod is nil when pod, of t, is the very pod jetway made under its
 // name (ownership.Key.Bound), as the target's watch shows it or, where it
 // shows it otherwise (not yet listed, or listed before its binding), as
 // the API server has it now. An exec goes by the pod's name: this is
 // what it is sent to.
-func trustedPod(ctx context.Context, key ownership.Key, t *targets.Target, pod string) error {
+func TrustedPod(ctx context.Context, key ownership.Key, t *targets.Target, pod string) error {
 	if p := t.CachedPod(pod); p != nil && key.Bound(t.Name(), p) {
 		return nil
 	}
@@ -65,33 +66,33 @@ func trustedPod(ctx context.Context, key ownership.Key, t *targets.Target, pod s
 		return fmt.Errorf("pod %s: %w", pod, err)
 	}
 	if why := key.Verdict(t.Name(), p); why != "" {
-		return fmt.Errorf("pod %s %w (%s)", pod, errNotTrusted, why)
+		return fmt.Errorf("pod %s %w (%s)", pod, ErrNotTrusted, why)
 	}
 	return nil
 }
 
-// trustedExec and trustedExecStream run exec only in a pod trustedPod
+// TrustedExec and TrustedExecStream run exec only in a pod TrustedPod
 // trusts.
-func trustedExec(key ownership.Key, exec Exec) Exec {
+func TrustedExec(key ownership.Key, exec Exec) Exec {
 	return func(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {
-		if err := trustedPod(ctx, key, t, pod); err != nil {
+		if err := TrustedPod(ctx, key, t, pod); err != nil {
 			return err
 		}
 		return exec(ctx, t, pod, container, cmd, stdin, stdout)
 	}
 }
 
-func trustedExecStream(key ownership.Key, exec ExecStream) ExecStream {
+func TrustedExecStream(key ownership.Key, exec ExecStream) ExecStream {
 	return func(ctx context.Context, t *targets.Target, pod string, cmd []string, stdin io.Reader, stdout io.Writer) error {
-		if err := trustedPod(ctx, key, t, pod); err != nil {
+		if err := TrustedPod(ctx, key, t, pod); err != nil {
 			return err
 		}
 		return exec(ctx, t, pod, cmd, stdin, stdout)
 	}
 }
 
-// execPod is ExecContainer with all of stdin at once (nil: none).
-func execPod(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {
+// ExecBytes is ExecContainer with all of stdin at once (nil: none).
+func ExecBytes(ctx context.Context, t *targets.Target, pod, container string, cmd []string, stdin []byte, stdout io.Writer) error {
 	var in io.Reader
 	if stdin != nil {
 		in = bytes.NewReader(stdin)
@@ -271,3 +272,6 @@ func execStatus(raw []byte) error {
 	}
 	return errors.New(cmp.Or(st.Message, "exec failed with status "+string(raw)))
 }
+
+// agentCmd is a step agent command line: the agent's path, then args.
+func agentCmd(args ...string) []string { return append([]string{stepagent.BinPath}, args...) }

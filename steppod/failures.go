@@ -1,4 +1,4 @@
-package steps
+package steppod
 
 import (
 	"cmp"
@@ -8,25 +8,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// failure is why Kubernetes says a step pod cannot run (or finish) its
+// Failure is why Kubernetes says a step pod cannot run (or finish) its
 // step, in Kubernetes' own words.
-type failure struct {
+type Failure struct {
 	Reason, Message string
 	// Transient failures (an image pull refused for a passing reason) end
 	// the step only after the image-pull grace.
 	Transient bool
 }
 
-// podFailure reads a step pod's status as a kubelet, the scheduler and the
+// PodFailure reads a step pod's status as a kubelet, the scheduler and the
 // node controller write it, and says whether the step cannot go on.
-func podFailure(p *corev1.Pod) (failure, bool) {
-	checks := []func(*corev1.Pod) (failure, bool){oomKilled, phaseFailed, disrupted, deleting, unschedulable, waitingFailure, containerEnded, nodeNotReady}
+func PodFailure(p *corev1.Pod) (Failure, bool) {
+	checks := []func(*corev1.Pod) (Failure, bool){oomKilled, phaseFailed, disrupted, deleting, unschedulable, waitingFailure, containerEnded, nodeNotReady}
 	for _, check := range checks {
 		if f, ok := check(p); ok {
 			return f, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 func allStatuses(p *corev1.Pod) []corev1.ContainerStatus {
@@ -34,7 +34,7 @@ func allStatuses(p *corev1.Pod) []corev1.ContainerStatus {
 }
 
 // oomKilled: any container of the pod, the sidecar included.
-func oomKilled(p *corev1.Pod) (failure, bool) {
+func oomKilled(p *corev1.Pod) (Failure, bool) {
 	for _, cs := range allStatuses(p) {
 		for _, st := range []corev1.ContainerState{cs.State, cs.LastTerminationState} {
 			if t := st.Terminated; t != nil && t.Reason == "OOMKilled" {
@@ -42,17 +42,17 @@ func oomKilled(p *corev1.Pod) (failure, bool) {
 				if code == 0 {
 					code = 137
 				}
-				return failure{Reason: "OOMKilled", Message: fmt.Sprintf("container %q: OOMKilled (%d)", cs.Name, code)}, true
+				return Failure{Reason: "OOMKilled", Message: fmt.Sprintf("container %q: OOMKilled (%d)", cs.Name, code)}, true
 			}
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 // phaseFailed: evicted, node lost, or failed for another reason.
-func phaseFailed(p *corev1.Pod) (failure, bool) {
+func phaseFailed(p *corev1.Pod) (Failure, bool) {
 	if p.Status.Phase != corev1.PodFailed && p.Status.Reason != "NodeLost" {
-		return failure{}, false
+		return Failure{}, false
 	}
 	reason := p.Status.Reason
 	if reason == "" {
@@ -62,44 +62,44 @@ func phaseFailed(p *corev1.Pod) (failure, bool) {
 	if msg == "" {
 		msg = "the pod failed"
 	}
-	return failure{Reason: reason, Message: msg}, true
+	return Failure{Reason: reason, Message: msg}, true
 }
 
 // disrupted: the pod is about to go (taint eviction, preemption, pod GC).
-func disrupted(p *corev1.Pod) (failure, bool) {
+func disrupted(p *corev1.Pod) (Failure, bool) {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-			return failure{Reason: cmp.Or(c.Reason, "DisruptionTarget"), Message: c.Message}, true
+			return Failure{Reason: cmp.Or(c.Reason, "DisruptionTarget"), Message: c.Message}, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
-// podDeleted: the pod was deleted by someone else than its owner.
-var podDeleted = failure{Reason: "PodDeleted", Message: "the step's pod was deleted by someone else"}
+// PodDeleted: the pod was deleted by someone else than its owner.
+var PodDeleted = Failure{Reason: "PodDeleted", Message: "the step's pod was deleted by someone else"}
 
-// podReplaced: the pod of the step's name is not the one the step had (its
+// PodReplaced: the pod of the step's name is not the one the step had (its
 // UID differs): the step's was deleted, and another made in its place.
-// podNotBound: the pod of the step's name is not bound to jetway's create
+// PodNotBound: the pod of the step's name is not bound to jetway's create
 // (ownership.Key.Bound): made by someone else, its seal copied.
-var podNotBound = failure{Reason: "PodNotBound", Message: "the pod of the step's name is not the one jetway made (not bound to jetway's create: planted, its seal copied); jetway gave it nothing"}
+var PodNotBound = Failure{Reason: "PodNotBound", Message: "the pod of the step's name is not the one jetway made (not bound to jetway's create: planted, its seal copied); jetway gave it nothing"}
 
-var podReplaced = failure{Reason: "PodReplaced", Message: "the step's pod was deleted and another pod made under its name; jetway gave it nothing"}
+var PodReplaced = Failure{Reason: "PodReplaced", Message: "the step's pod was deleted and another pod made under its name; jetway gave it nothing"}
 
 // deleting: the pod is being deleted. A kubelet stops its containers
 // first (TERM to each container's first process, the agent's pid1, which
 // exits 0), so the containers' ends say less than the deletion does.
-func deleting(p *corev1.Pod) (failure, bool) {
-	return podDeleted, p.DeletionTimestamp != nil
+func deleting(p *corev1.Pod) (Failure, bool) {
+	return PodDeleted, p.DeletionTimestamp != nil
 }
 
-func unschedulable(p *corev1.Pod) (failure, bool) {
+func unschedulable(p *corev1.Pod) (Failure, bool) {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			return failure{Reason: "Unschedulable", Message: c.Message}, true
+			return Failure{Reason: "Unschedulable", Message: c.Message}, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 // permanentPull are signs, in a kubelet's image pull message, of a pull
@@ -111,7 +111,7 @@ var permanentPull = []string{
 }
 
 // waitingFailure: a container that cannot start.
-func waitingFailure(p *corev1.Pod) (failure, bool) {
+func waitingFailure(p *corev1.Pod) (Failure, bool) {
 	for _, cs := range allStatuses(p) {
 		w := cs.State.Waiting
 		if w == nil {
@@ -127,54 +127,54 @@ func waitingFailure(p *corev1.Pod) (failure, bool) {
 					transient = false
 				}
 			}
-			return failure{Reason: w.Reason, Message: msg, Transient: transient}, true
+			return Failure{Reason: w.Reason, Message: msg, Transient: transient}, true
 		case "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
-			return failure{Reason: w.Reason, Message: msg}, true
+			return Failure{Reason: w.Reason, Message: msg}, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 // containerEnded: a container of a step pod never ends while the step
 // runs (the step container idles after the process, the sidecar serves),
 // so one that did took the step with it. An init container that failed
 // did too.
-func containerEnded(p *corev1.Pod) (failure, bool) {
+func containerEnded(p *corev1.Pod) (Failure, bool) {
 	for _, cs := range p.Status.InitContainerStatuses {
 		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
-			return failure{Reason: cmp.Or(t.Reason, "Error"), Message: fmt.Sprintf("init container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
+			return Failure{Reason: cmp.Or(t.Reason, "Error"), Message: fmt.Sprintf("init container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
 		}
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil {
-			return failure{Reason: cmp.Or(t.Reason, "ContainerExited"), Message: fmt.Sprintf("container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
+			return Failure{Reason: cmp.Or(t.Reason, "ContainerExited"), Message: fmt.Sprintf("container %q exited %d: %s", cs.Name, t.ExitCode, t.Message)}, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 // nodeNotReady: a running pod whose containers all run and say they are
 // ready, but which is not Ready, was marked so by the node controller (it
 // flips the pod's condition alone): its node stopped reporting.
-func nodeNotReady(p *corev1.Pod) (failure, bool) {
+func nodeNotReady(p *corev1.Pod) (Failure, bool) {
 	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 {
-		return failure{}, false
+		return Failure{}, false
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.State.Running == nil || !cs.Ready {
-			return failure{}, false
+			return Failure{}, false
 		}
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse {
-			return failure{Reason: "NodeNotReady", Message: fmt.Sprintf("node %s stopped reporting: the pod is not Ready (%s)", p.Spec.NodeName, cmp.Or(c.Message, c.Reason))}, true
+			return Failure{Reason: "NodeNotReady", Message: fmt.Sprintf("node %s stopped reporting: the pod is not Ready (%s)", p.Spec.NodeName, cmp.Or(c.Message, c.Reason))}, true
 		}
 	}
-	return failure{}, false
+	return Failure{}, false
 }
 
 // terminated reports whether a pod's container has ended.
-func terminated(p *corev1.Pod, name string) bool {
+func Terminated(p *corev1.Pod, name string) bool {
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == name {
 			return cs.State.Terminated != nil
