@@ -50,14 +50,18 @@ KWOK_DATA_FILES := \
 KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
 
 KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet
-TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
+# containerd 2.x for the real test node (its CRI plugin mounts image
+# volumes, which Debian's 1.6 does not), with its runc shim and ctr.
+CONTAINERD_VERSION := v2.2.9
+CONTAINERD_BINS    := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
+TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 
 # The real test node (integration/cluster/node.go, docs/testing.md) runs
-# pods with containerd, runc and the bridge CNI plugin from Debian's
-# packages; `make tools` installs the missing ones (as root; otherwise it
-# says what to install). No registry is reachable, so every image its pods
+# pods with containerd (CONTAINERD_BINS, built here), and runc and the
+# bridge CNI plugin from Debian's packages; `make tools` installs the
+# missing ones (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
-NODE_PACKAGES     := containerd runc containernetworking-plugins busybox-static iproute2
+NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2
 NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
@@ -218,6 +222,16 @@ $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 		k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kubelet
 	touch $(KUBE_BINS)
+
+# containerd without cgo, as its static release is, and without the
+# snapshotters the node disables (btrfs, devmapper, zfs).
+$(CONTAINERD_BINS) &: tools/containerd/go.mod tools/containerd/go.sum
+	cd tools/containerd && CGO_ENABLED=0 $(GO) build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+		-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)" -o $(BIN)/ \
+		github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+		github.com/containerd/containerd/v2/cmd/ctr
+	touch $(CONTAINERD_BINS)
 
 # kubectl is for the streams benchmark's reference path, and for people
 # (`make kubectl`; docs/testing.md).
