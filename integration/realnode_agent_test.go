@@ -38,7 +38,7 @@ func testAgentMount(t *testing.T, target string, mount steps.AgentMount) {
 	rn := startRealNode(t)
 	node, err := rn.Client.CoreV1().Nodes().Get(ctx, rn.NodeName(), metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://v2."),
+	assert.True(t, strings.HasPrefix(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://2."),
 		"the node runs containerd 2.x: %s", node.Status.NodeInfo.ContainerRuntimeVersion)
 	g := nodeGateway(ctx, t, target, gatewayOptions{agentMount: mount})
 	c, err := client.New(client.Options{URL: g.base})
