@@ -220,8 +220,10 @@ func testNonce(target, pod string) string {
 
 // sidecarToken is the token of the sidecar of pod on target, and
 // sidecarHash its hash, which the sidecar serves.
-func sidecarToken(target, pod string) string { return podKey.Token(target, pod, testNonce(target, pod)) }
-func sidecarHash(target, pod string) string  { return ownership.TokenHash(sidecarToken(target, pod)) }
+func sidecarToken(target, pod string) string {
+	return podKey.Token(target, pod, testNonce(target, pod))
+}
+func sidecarHash(target, pod string) string { return ownership.TokenHash(sidecarToken(target, pod)) }
 
 // jetwayAnnotations are the annotations of a pod of name on target for
 // team that the tests make as jetway makes its own: its seal and nonce.
