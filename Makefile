@@ -316,7 +316,10 @@ bench-placement:
 # bench-steps: 100 short tasks (BENCH_STEPS changes it) on a local cluster,
 # jetway against the floor a bare client-go program reaches (create a pod,
 # wait for Running, exec), alternating, in one run: p50/p99 from submit to
-# process start and from process exit to the exited event; then 100 checks
+# process start and from process exit to the exited event (on the real
+# node two gateways, the agent as an image volume and with the init
+# container, each against the floor; JETWAY_KUBELET_V=4 logs kubelet's
+# timeline of each pod); then 100 checks
 # of one resource, a fresh pod each against a warm sandbox: p50/p99 from
 # call to answer; then the same 100 tasks, 10 at once, through one gateway
 # and through two replicas sharing the target and the state namespace,
