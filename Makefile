@@ -50,14 +50,18 @@ KWOK_DATA_FILES := \
 KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
 
 KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet
-TOOLS     := $(KUBE_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
+# containerd 2.x for the real test node (its CRI plugin mounts image
+# volumes, which Debian's 1.6 does not), with its runc shim and ctr.
+CONTAINERD_VERSION := v2.2.9
+CONTAINERD_BINS    := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
+TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 
 # The real test node (integration/cluster/node.go, docs/testing.md) runs
-# pods with containerd, runc and the bridge CNI plugin from Debian's
-# packages; `make tools` installs the missing ones (as root; otherwise it
-# says what to install). No registry is reachable, so every image its pods
+# pods with containerd (CONTAINERD_BINS, built here), and runc and the
+# bridge CNI plugin from Debian's packages; `make tools` installs the
+# missing ones (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
-NODE_PACKAGES     := containerd runc containernetworking-plugins busybox-static iproute2
+NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2
 NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
@@ -219,6 +223,16 @@ $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 		k8s.io/kubernetes/cmd/kubelet
 	touch $(KUBE_BINS)
 
+# containerd without cgo, as its static release is, and without the
+# snapshotters the node disables (btrfs, devmapper, zfs).
+$(CONTAINERD_BINS) &: tools/containerd/go.mod tools/containerd/go.sum
+	cd tools/containerd && CGO_ENABLED=0 $(GO) build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+		-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)" -o $(BIN)/ \
+		github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+		github.com/containerd/containerd/v2/cmd/ctr
+	touch $(CONTAINERD_BINS)
+
 # kubectl is for the streams benchmark's reference path, and for people
 # (`make kubectl`; docs/testing.md).
 .PHONY: kubectl
@@ -302,7 +316,10 @@ bench-placement:
 # bench-steps: 100 short tasks (BENCH_STEPS changes it) on a local cluster,
 # jetway against the floor a bare client-go program reaches (create a pod,
 # wait for Running, exec), alternating, in one run: p50/p99 from submit to
-# process start and from process exit to the exited event; then 100 checks
+# process start and from process exit to the exited event (on the real
+# node two gateways, the agent as an image volume and with the init
+# container, each against the floor; JETWAY_KUBELET_V=4 logs kubelet's
+# timeline of each pod); then 100 checks
 # of one resource, a fresh pod each against a warm sandbox: p50/p99 from
 # call to answer; then the same 100 tasks, 10 at once, through one gateway
 # and through two replicas sharing the target and the state namespace,

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -35,11 +36,13 @@ import (
 // through a kubelet, OOM kills, image pulls, users and security contexts.
 
 // nodeGateway places target name on the real node and starts a gateway
-// owning it, with the step agent's image the node holds.
+// owning it, with the step agent's image the node holds, mounted as an
+// image volume unless o says otherwise.
 func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOptions) *gateway {
 	t.Helper()
 	rn := startRealNode(t)
 	o.agentImage = rn.NodeImage("step-agent-image.tar")
+	o.agentMount = cmp.Or(o.agentMount, steps.AgentImageVolume)
 	return targetGateway(ctx, t, rn, name, "{}\n", o)
 }
 

@@ -114,6 +114,11 @@ type gatewayOptions struct {
 	// agentImage is the step agent's image in step pods; default one no
 	// kwok pod pulls. The real node's is its NodeImage("step-agent-image.tar").
 	agentImage string
+	// agentMount is how step pods get the agent; "": an init container
+	// (kwok's nodes run the agent from a local folder, whatever the pod
+	// says). The real node's gateways (nodeGateway) mount it as an image
+	// volume.
+	agentMount steps.AgentMount
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steps.StepDefaults
@@ -343,7 +348,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
 	id := steps.NewIdentity(o.identity)
-	podOpts := steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), Installation: o.installation,
+	podOpts := steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), AgentMount: o.agentMount, Installation: o.installation,
 		Extract: o.extract, Key: key, Steps: o.stepDefaults}
 	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
 		return steps.StoreOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Logger: logger},

@@ -29,7 +29,8 @@ type Conn struct {
 	release   func()
 }
 
-func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metrics, release func()) *Conn {
+// refused is called when the kubelet answers the stream with an error.
+func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metrics, release, refused func()) *Conn {
 	c := &Conn{pc: pc, port: port, data: data, errs: errStream, metrics: m,
 		remoteErr: make(chan error, 1), readerEnd: make(chan struct{}), release: release}
 	go func() { // ends when the kubelet closes the error stream, or Close resets it
@@ -37,6 +38,7 @@ func newConn(pc *podConn, port int, errStream, data httpstream.Stream, m *Metric
 		msg, err := io.ReadAll(errStream)
 		switch {
 		case len(msg) > 0:
+			refused()
 			c.remoteErr <- fmt.Errorf("pod %s port %d: %s", pc.key, port, strings.TrimSpace(string(msg)))
 		case err != nil:
 			c.remoteErr <- fmt.Errorf("pod %s port %d: error stream: %w", pc.key, port, err)

@@ -82,7 +82,8 @@ type podConn struct {
 
 	mu       sync.Mutex
 	active   int
-	closing  bool // closeIdle chose it: no new streams
+	closing  bool // closeIdle or retire chose it: no new streams
+	retired  bool // retire chose it: closed when its last stream ends
 	lastUsed time.Time
 	nextID   int
 }
@@ -196,7 +197,28 @@ func (pc *podConn) release(now time.Time) {
 	pc.mu.Lock()
 	pc.active--
 	pc.lastUsed = now
+	drained := pc.retired && pc.active == 0
 	pc.mu.Unlock()
+	if drained {
+		_ = pc.conn.Close() // its supervisor records the close
+	}
+}
+
+// retire takes pc out of use once the kubelet refused a stream on it: a
+// connection reaches the pod the API server found when it was made, so
+// if that pod is gone and another was made under its name (a volume
+// holder replaced), every stream on it fails, on some runtimes only
+// after a timeout (containerd 2.x). The next Dial makes a new
+// connection; pc closes when its last stream ends.
+func (d *Dialer) retire(pc *podConn) {
+	d.forget(pc)
+	pc.mu.Lock()
+	pc.closing, pc.retired = true, true
+	drained := pc.active == 0
+	pc.mu.Unlock()
+	if drained {
+		_ = pc.conn.Close()
+	}
 }
 
 // dead reports whether pc's connection has closed.
@@ -360,5 +382,5 @@ func (d *Dialer) open(pc *podConn, id string, port int) (*Conn, error) {
 		release()
 		return nil, fmt.Errorf("create data stream: %w", err)
 	}
-	return newConn(pc, port, errStream, data, d.opts.Metrics, release), nil
+	return newConn(pc, port, errStream, data, d.opts.Metrics, release, func() { d.retire(pc) }), nil
 }

@@ -72,6 +72,33 @@ func TestWedgedConnectionRedials(t *testing.T) {
 	assert.Len(t, up.upgrades(), 2, "the new connection carries the next stream")
 }
 
+// TestRefusedStreamRetiresConnection: a stream the kubelet refuses (its
+// error stream says why) retires the shared connection: it may reach a
+// pod that is gone, another made under its name since, so the next Dial
+// makes a new connection, and the old one closes once its last stream
+// ends.
+func TestRefusedStreamRetiresConnection(t *testing.T) {
+	ctx := context.Background()
+	d, up := startFake(t, Options{})
+	a, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	up.upgrades()[0].refuseStreams()
+	b, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	assert.ErrorContains(t, <-b.remoteErr, "no such pod sandbox", "the kubelet's verdict, read after the retire")
+	b.Close()
+	assert.NoError(t, echo(a, "still here"), "a stream opened before the refusal")
+	assert.False(t, up.upgrades()[0].isClosed(), "open while a stream is on it")
+
+	c, err := d.Dial(ctx, "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.NoError(t, echo(c, "fresh"))
+	assert.Len(t, up.upgrades(), 2, "a new connection")
+	a.Close()
+	assert.True(t, up.upgrades()[0].isClosed(), "the retired one closes with its last stream")
+}
+
 // TestCloseIdleNeverHandsOutClosingConnection runs a Dial exactly between
 // closeIdle choosing an idle connection and closing it: the Dial must get
 // a new connection, not the one about to close.

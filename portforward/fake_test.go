@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	corev1 "k8s.io/api/core/v1"
 	"net/http"
 	"sync"
 	"testing"
@@ -43,6 +44,7 @@ type fakeConn struct {
 	streams    []*fakeStream
 	failCreate int  // CreateStream calls left to fail
 	timeouts   bool // every CreateStream times out, as on a wedged connection
+	refuses    bool // every new stream's error stream says why it failed, as the kubelet's to a pod that is gone
 	closed     chan bool
 	closeOnce  sync.Once
 }
@@ -63,8 +65,17 @@ func (c *fakeConn) CreateStream(h http.Header) (httpstream.Stream, error) {
 		return nil, spdystream.ErrTimeout
 	}
 	s := &fakeStream{headers: h, data: make(chan []byte, 16), reset: make(chan struct{})}
+	if c.refuses && h.Get(corev1.StreamType) == corev1.StreamTypeError {
+		s.pending, s.ended = []byte("failed to connect to port 80: no such pod sandbox"), true
+	}
 	c.streams = append(c.streams, s)
 	return s, nil
+}
+
+func (c *fakeConn) refuseStreams() {
+	c.mu.Lock()
+	c.refuses = true
+	c.mu.Unlock()
 }
 
 func (c *fakeConn) timeOutCreates() {
@@ -111,9 +122,13 @@ type fakeStream struct {
 	pending   []byte
 	reset     chan struct{}
 	resetOnce sync.Once
+	ended     bool // io.EOF once pending is read
 }
 
 func (s *fakeStream) Read(p []byte) (int, error) {
+	if len(s.pending) == 0 && s.ended {
+		return 0, io.EOF
+	}
 	if len(s.pending) == 0 {
 		select {
 		case b := <-s.data:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"path"
 	"strconv"
 	"strings"
 
@@ -28,7 +30,36 @@ const HandleLabel = "jetway-ci.dev/step"
 const (
 	installContainer = "install"
 	sharedVolume     = "jetway"
+	agentVolume      = "jetway-agent"
 )
+
+// AgentMount is how a step pod gets its agent (docs/steps.md).
+type AgentMount string
+
+const (
+	// AgentInitContainer: an init container copies the agent from its
+	// image into the pod's emptyDir (bin/step-agent), on any runtime.
+	// kubelet starts the step's containers only once it saw the init
+	// container end, at its next relist (up to a second).
+	AgentInitContainer AgentMount = "init-container"
+	// AgentImageVolume: the agent's image is an image volume (ImageVolume,
+	// GA in Kubernetes 1.36; containerd 2.1 or later, CRI-O 1.31 or
+	// later) mounted read-only at the emptyDir's bin folder of the step
+	// container and the sidecar: no init container, so the step's
+	// containers start at once.
+	AgentImageVolume AgentMount = "image-volume"
+)
+
+// ParseAgentMount reads an AgentMount ("" is AgentInitContainer).
+func ParseAgentMount(s string) (AgentMount, error) {
+	switch m := AgentMount(s); m {
+	case "":
+		return AgentInitContainer, nil
+	case AgentInitContainer, AgentImageVolume:
+		return m, nil
+	}
+	return "", fmt.Errorf("step agent mount %q: want %s or %s", s, AgentInitContainer, AgentImageVolume)
+}
 
 // agentCommand is how the gateway runs the agent in the step container:
 // relative to its working directory, the root, so that the same command
@@ -49,9 +80,12 @@ func PodName(team, handle string) string {
 
 // PodOptions are the settings every step pod shares.
 type PodOptions struct {
-	// AgentImage holds the step agent: the init container copies it into
-	// the pod and the volume sidecar runs it.
-	AgentImage   string
+	// AgentImage holds the step agent: mounted or copied into the pod
+	// (AgentMount), and the volume sidecar runs it.
+	AgentImage string
+	// AgentMount is how the agent gets into the step container ("": an
+	// init container).
+	AgentMount   AgentMount
 	Installation string
 	// Steps are the step containers' defaults (the gateway's flags);
 	// each target's target.yaml may set its own.
@@ -92,20 +126,23 @@ func (o PodOptions) sidecar(tokenHash string) corev1.Container {
 		VolumeMounts:    []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}},
 		SecurityContext: agentSecurity(),
 		Resources:       sidecarResources,
-		// Started (and so ready) once it listens: SidecarListens. Probed
-		// each second until then, and never after.
-		StartupProbe: &corev1.Probe{
+		// Ready once it listens: SidecarListens. A readiness probe, not a
+		// startup probe: kubelet probes it at once when it first reports
+		// the container running (a startup probe waits for its period's
+		// tick), then each second, a TCP connect (three misses in a row
+		// make it unready).
+		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(stepagent.VolumePort)}},
-			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 120,
+			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
 		},
 	}
 }
 
 // SidecarListens reports whether pod runs and its volume sidecar listens
-// (ready: its startup probe passed), so that a stream to it is not
+// (ready: its readiness probe passed), so that a stream to it is not
 // refused. A node that reports no container states says it by running.
 func SidecarListens(p *corev1.Pod) bool {
-	// Not ready until its startup probe passed (it has no readiness probe).
+	// Not ready until its readiness probe passed.
 	return sidecarIs(p, func(cs corev1.ContainerStatus) bool { return cs.State.Running != nil && cs.Ready })
 }
 
@@ -166,6 +203,7 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
 	seal, tokenHash := opts.seal(t.Name(), placed.Pod, sum.Team)
+	sidecar := opts.sidecar(tokenHash)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: placed.Pod, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
 		Spec: corev1.PodSpec{
@@ -175,13 +213,6 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 			NodeSelector:                 meta.NodeSelector,
 			Tolerations:                  meta.Tolerations,
 			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(defaults)}},
-			InitContainers: []corev1.Container{{
-				Name: installContainer, Image: opts.AgentImage,
-				Command:         []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath},
-				VolumeMounts:    mount,
-				SecurityContext: agentSecurity(),
-				Resources:       sidecarResources,
-			}},
 			Containers: []corev1.Container{{
 				Name: steppod.StepContainer, Image: sum.Image,
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
@@ -189,13 +220,39 @@ func buildPod(sum *Summary, owner string, t *targets.Target, placed Placed, opts
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
 				Resources:       stepResources(sum.Resources, defaults),
 				SecurityContext: stepSecurity(sum.Privileged),
-			}, opts.sidecar(tokenHash)},
+			}, sidecar},
 		},
 	}
+	opts.addAgent(&pod.Spec)
 	for _, name := range meta.ImagePullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 	}
 	return pod
+}
+
+// addAgent gives the step pod's containers the agent at bin/step-agent
+// of the emptyDir, as opts.AgentMount says: an image volume mounted over
+// the bin folder (read-only: the step cannot change the agent the next
+// exec runs), or an init container that copies it there. Either way the
+// step's image is not changed and the agent is there before the step
+// container starts, as its pid 1.
+func (o PodOptions) addAgent(spec *corev1.PodSpec) {
+	if o.AgentMount == AgentImageVolume {
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: agentVolume,
+			VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: o.AgentImage}}})
+		bin := corev1.VolumeMount{Name: agentVolume, MountPath: stepagent.Root + "/" + path.Dir(stepagent.BinPath), ReadOnly: true}
+		for i := range spec.Containers {
+			spec.Containers[i].VolumeMounts = append(spec.Containers[i].VolumeMounts, bin)
+		}
+		return
+	}
+	spec.InitContainers = []corev1.Container{{
+		Name: installContainer, Image: o.AgentImage,
+		Command:         []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath},
+		VolumeMounts:    []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}},
+		SecurityContext: agentSecurity(),
+		Resources:       sidecarResources,
+	}}
 }
 
 // seal is the annotations of a new pod of name on target for team (its
@@ -292,6 +349,12 @@ type ContainerMount struct {
 // handle and no owner: no step engine's placer or runner ever acts on it.
 func ContainerPod(t *targets.Target, spec ContainerPodSpec, opts PodOptions) *corev1.Pod {
 	sum := &Summary{Type: "concourse", Team: spec.Team, Image: spec.Image, Resources: spec.Resources, Privileged: spec.Privileged}
+	if len(spec.Mounts) > 0 {
+		// Its mounts' folders must be open before kubelet mounts them
+		// (kubelet would make them root's, 0755): the init container makes
+		// them, so such a pod keeps it.
+		opts.AgentMount = AgentInitContainer
+	}
 	pod := buildPod(sum, "", t, Placed{Pod: spec.Name}, opts)
 	delete(pod.Labels, HandleLabel)
 	delete(pod.Labels, ownership.OwnerLabel)
@@ -299,10 +362,10 @@ func ContainerPod(t *targets.Target, spec ContainerPodSpec, opts PodOptions) *co
 		pod.Labels[k] = v
 	}
 	step := &pod.Spec.Containers[0]
-	install := &pod.Spec.InitContainers[0]
 	for _, m := range spec.Mounts {
 		// Made open by the init container before the kubelet mounts
 		// them: the sidecar writes into them, the container's user too.
+		install := &pod.Spec.InitContainers[0]
 		install.Command = append(install.Command, m.Volume)
 		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
 			SubPath: stepagent.VolumesDir + "/" + m.Volume, ReadOnly: m.ReadOnly})

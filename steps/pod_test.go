@@ -285,8 +285,10 @@ func TestContainerPod(t *testing.T) {
 // and listens only then (kwok reports it ready as it runs); it runs once
 // started; a node that reports no container states says both by running.
 func TestSidecarListens(t *testing.T) {
-	probe := PodOptions{AgentImage: "agent:1"}.sidecar("hash").StartupProbe
-	require.NotNil(t, probe)
+	side := PodOptions{AgentImage: "agent:1"}.sidecar("hash")
+	assert.Nil(t, side.StartupProbe, "a startup probe is first run a period after the container starts")
+	probe := side.ReadinessProbe
+	require.NotNil(t, probe, "run by kubelet as soon as it sees the container running")
 	assert.Equal(t, int32(stepagent.VolumePort), probe.TCPSocket.Port.IntVal)
 	assert.Equal(t, int32(1), probe.PeriodSeconds)
 
@@ -313,4 +315,50 @@ func TestSidecarListens(t *testing.T) {
 		assert.Equal(t, tc.listens, SidecarListens(tc.pod), "listens: %s", tc.name)
 		assert.Equal(t, tc.run, SidecarRuns(tc.pod), "runs: %s", tc.name)
 	}
+}
+
+// TestBuildPodAgentImageVolume: with AgentImageVolume the step pod has no
+// init container: the agent's image is an image volume, mounted read-only
+// over the emptyDir's bin folder of the step container (its pid 1 is the
+// agent there) and the sidecar (the gateway runs bin/step-agent in it
+// once the step's container ended); the step's image is unchanged. A
+// Concourse container with mounts keeps the init container, which makes
+// its mounts' folders open before kubelet mounts them.
+func TestBuildPodAgentImageVolume(t *testing.T) {
+	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+		Meta: targets.Metadata{Namespace: "ci"}}, "prod")
+	require.NoError(t, err)
+	req := validRequest()
+	require.Nil(t, req.Validate())
+	sum := summaryOf(req, false, time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	opts := PodOptions{AgentImage: "reg/step-agent:1", AgentMount: AgentImageVolume, Installation: "prod"}
+	p := buildPod(&sum, "gw-a", tgt, Placed{Target: "east", Pod: PodName("", "build-1")}, opts)
+
+	assert.Empty(t, p.Spec.InitContainers)
+	require.Len(t, p.Spec.Volumes, 2)
+	assert.NotNil(t, p.Spec.Volumes[0].EmptyDir)
+	assert.Equal(t, corev1.Volume{Name: "jetway-agent", VolumeSource: corev1.VolumeSource{
+		Image: &corev1.ImageVolumeSource{Reference: "reg/step-agent:1"}}}, p.Spec.Volumes[1])
+	require.Len(t, p.Spec.Containers, 2)
+	assert.Equal(t, "busybox", p.Spec.Containers[0].Image, "the step's image as it is")
+	assert.Equal(t, []string{"/jetway/bin/step-agent", "pid1"}, p.Spec.Containers[0].Command)
+	for _, c := range p.Spec.Containers {
+		assert.Equal(t, []corev1.VolumeMount{{Name: "jetway", MountPath: "/jetway"},
+			{Name: "jetway-agent", MountPath: "/jetway/bin", ReadOnly: true}}, c.VolumeMounts, c.Name)
+	}
+
+	plain := ContainerPod(tgt, ContainerPodSpec{Name: "c-1", Team: "main", Image: "busybox"}, opts)
+	assert.Empty(t, plain.Spec.InitContainers, "a container without mounts gets the agent's image volume")
+	mounted := ContainerPod(tgt, ContainerPodSpec{Name: "c-2", Team: "main", Image: "busybox",
+		Mounts: []ContainerMount{{Path: "/tmp/build/in", Volume: "v1"}}}, opts)
+	require.Len(t, mounted.Spec.InitContainers, 1, "mounts' folders made open by the init container")
+	assert.Equal(t, []string{"/step-agent", "install", "/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command)
+	assert.Len(t, mounted.Spec.Volumes, 1)
+
+	for _, s := range []string{"", "init-container", "image-volume"} {
+		_, err := ParseAgentMount(s)
+		assert.NoError(t, err, s)
+	}
+	_, err = ParseAgentMount("copy")
+	assert.ErrorContains(t, err, `step agent mount "copy"`)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -58,6 +59,11 @@ type runner struct {
 	// closing, once the status came, lets the last exec end; run calls it
 	// after the step's end is recorded.
 	closing func()
+
+	// specMu guards specRaw, the step's spec for its agent once read
+	// (spec): it never changes.
+	specMu  sync.Mutex
+	specRaw []byte
 }
 
 // Why a runner was stopped.
@@ -129,6 +135,13 @@ func (r *runner) work(ctx context.Context, running <-chan struct{}) (stepagent.S
 		if err := r.ensurePod(ctx, rec); err != nil {
 			return stepagent.Status{}, err
 		}
+	}
+	if rec.Status.Started.IsZero() {
+		// The spec is read while the pod starts, not after: the start's
+		// exec carries it.
+		var read sync.WaitGroup
+		defer read.Wait()
+		read.Go(func() { _, _ = r.spec(ctx) })
 	}
 	select {
 	case <-ctx.Done():
@@ -445,8 +458,13 @@ func (r *runner) exec(ctx context.Context, cmd []string, stdin []byte, out inter
 }
 
 // spec is the step's spec as the agent takes it, from the request in its
-// record: the same on every owner.
+// record: the same on every owner, so read once.
 func (r *runner) spec(ctx context.Context) ([]byte, error) {
+	r.specMu.Lock()
+	defer r.specMu.Unlock()
+	if r.specRaw != nil {
+		return r.specRaw, nil
+	}
 	raw, err := r.k.opts.Records.Request(ctx, r.name)
 	if err != nil {
 		return nil, fmt.Errorf("read the step's request: %w", err)
@@ -458,7 +476,10 @@ func (r *runner) spec(ctx context.Context) ([]byte, error) {
 	sp := Spec(&req)
 	sp.KillGrace = r.placed.KillGrace
 	sp.Answer = r.sum.Resource
-	return json.Marshal(sp)
+	if r.specRaw, err = json.Marshal(sp); err != nil {
+		return nil, err
+	}
+	return r.specRaw, nil
 }
 
 // start prepares the step in its pod, brings its inputs in and returns
@@ -470,7 +491,7 @@ func (r *runner) start(ctx context.Context, rec *Record) ([]string, []byte, erro
 		return nil, nil, err
 	}
 	if len(r.sum.Inputs) == 0 {
-		stdin := append(spec, "[]"...)
+		stdin := slices.Concat(spec, []byte("[]")) // spec is shared: never appended to
 		return r.args("run", "--spec-bytes", strconv.Itoa(len(spec)), "--inputs-bytes", "2",
 			"--offset", strconv.FormatInt(r.offset, 10), "--events", strconv.Itoa(r.logEvents)), stdin, nil
 	}

@@ -154,7 +154,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Streamer:    stepStreams,
 		Unavailable: state.unavailable,
 		Placement:   placement,
-		Pod: steps.PodOptions{AgentImage: cfg.StepAgentImage, Installation: cfg.Installation,
+		Pod: steps.PodOptions{AgentImage: cfg.StepAgentImage, AgentMount: steps.AgentMount(cfg.StepAgentMount), Installation: cfg.Installation,
 			Extract: tarsafe.Limits{Bytes: int64(cfg.ExtractMaxBytes), Entries: cfg.ExtractMaxEntries}, Key: state.key},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,

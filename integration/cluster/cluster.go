@@ -277,8 +277,10 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--use-service-account-credentials=false",
 	)
 	if opts.RealNode {
-		if _, err := os.Stat(filepath.Join(bin, "kubelet")); err != nil {
-			return fmt.Errorf("%w: kubelet not in %s (run `make tools`)", ErrNoTools, bin)
+		for _, tool := range append([]string{"kubelet"}, NodeContainerd...) {
+			if _, err := os.Stat(filepath.Join(bin, tool)); err != nil {
+				return fmt.Errorf("%w: %s not in %s (run `make tools`)", ErrNoTools, tool, bin)
+			}
 		}
 		return c.configureNode(bin, p, kwokPort)
 	}

@@ -28,9 +28,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// A real node: kubelet (built from the pinned module, `make tools`) with
-// containerd, runc and the bridge CNI plugin from Debian's packages, so
-// that pods run real containers. ../shared/REAL-NODE.md and
+// A real node: kubelet and containerd 2.x with its runc shim (built from
+// their pinned modules, `make tools`), with runc and the bridge CNI plugin
+// from Debian's packages, so that pods run real containers; containerd
+// 2.1 or later mounts image volumes (a step pod's agent). ../shared/REAL-NODE.md and
 // docs/testing.md say what this kind of machine needs; in short:
 //
 //   - the node's IP is NodeIP on a bridge of its own (NodeBridge), which
@@ -85,10 +86,13 @@ const (
 // node's containerd: `make image` and `make node-images` write them.
 var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar", "registry-image-image.tar"}
 
+// NodeContainerd are containerd's programs in the bin folder, built from
+// tools/containerd's pinned module (`make tools`). containerd finds its
+// shim in its PATH, which the node puts the bin folder first in.
+var NodeContainerd = []string{"containerd", "containerd-shim-runc-v2", "ctr"}
+
 // nodePackages are the programs the node runs from Debian's packages.
 var nodePackages = map[string]string{
-	"/usr/bin/containerd":     "containerd",
-	"/usr/bin/ctr":            "containerd",
 	"/usr/sbin/runc":          "runc",
 	"/usr/lib/cni/bridge":     "containernetworking-plugins",
 	"/usr/lib/cni/host-local": "containernetworking-plugins",
@@ -124,6 +128,7 @@ type node struct {
 	mirror    string       // NodeRegistry's URL on the bridge
 
 	containerd, kubelet *process
+	ctrPath             string // bin/ctr
 }
 
 func (n *node) path(elem ...string) string { return filepath.Join(append([]string{n.dir}, elem...)...) }
@@ -209,10 +214,14 @@ func (c *Cluster) configureNode(bin string, p *pki, healthzPort int) error {
 	if err := clientcmd.WriteToFile(*kubeconfig, n.path("kubelet.kubeconfig")); err != nil {
 		return err
 	}
+	// Version 2 of the config, which containerd 2.x migrates as it loads
+	// it; no imports of the machine's /etc/containerd, no NRI (its socket
+	// is the machine's).
 	containerdConfig := fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+imports = []
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
 [grpc]
   address = %[3]q
 [plugins."io.containerd.internal.v1.opt"]
@@ -304,8 +313,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	if err := os.WriteFile(n.path("kubelet.yaml"), kubeletConfig, 0o600); err != nil {
 		return err
 	}
-	n.containerd = &process{name: c.Name + "/containerd", path: "/usr/bin/containerd",
-		args: []string{"--config", n.path("containerd.toml")}, logPath: filepath.Join(c.dir, "containerd.log")}
+	n.containerd = &process{name: c.Name + "/containerd", path: filepath.Join(bin, "containerd"),
+		args: []string{"--config", n.path("containerd.toml")}, logPath: filepath.Join(c.dir, "containerd.log"),
+		env: []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")}}
+	n.ctrPath = filepath.Join(bin, "ctr")
 	n.kubelet = &process{name: c.Name + "/kubelet", path: filepath.Join(bin, "kubelet"), logPath: filepath.Join(c.dir, "kubelet.log"),
 		args: []string{
 			"--config=" + n.path("kubelet.yaml"),
@@ -314,9 +325,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 			"--cert-dir=" + n.path("kubelet", "pki"),
 			"--node-ip=" + NodeIP,
 			"--hostname-override=" + n.name,
-			"--v=1",
+			"--v=" + kubeletVerbosity(),
 		}}
 	return nil
+}
+
+// KubeletVerbosityEnv sets the real node's kubelet log level (its --v;
+// default 1): at 4 kubelet logs each container's start and each PLEG
+// event, which is how a step pod's start is timed (docs/testing.md).
+const KubeletVerbosityEnv = "JETWAY_KUBELET_V"
+
+func kubeletVerbosity() string {
+	if v, err := strconv.Atoi(os.Getenv(KubeletVerbosityEnv)); err == nil && v >= 0 {
+		return strconv.Itoa(v)
+	}
+	return "1"
 }
 
 // startNode brings up the node once the control plane runs: it prepares
@@ -430,7 +453,7 @@ func (n *node) serveRegistry() error {
 func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", append([]string{"--address", n.socket(), "--namespace", "k8s.io"}, args...)...)
+	cmd := exec.CommandContext(ctx, n.ctrPath, append([]string{"--address", n.socket(), "--namespace", "k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))

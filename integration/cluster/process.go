@@ -20,6 +20,7 @@ type process struct {
 	path    string
 	args    []string
 	logPath string
+	env     []string // added to the test's environment
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -52,6 +53,9 @@ func (p *process) start() error {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
