@@ -99,12 +99,18 @@ func (c *Conn) verdict() error {
 func (c *Conn) Write(p []byte) (int, error) {
 	n, err := c.data.Write(p)
 	c.metrics.wrote(n)
-	if err != nil {
-		if c.pc.dead() {
-			err = fmt.Errorf("pod %s port %d: %w: %w", c.pc.key, c.port, ErrConnectionLost, err)
-		}
+	if err == nil {
+		return n, nil
 	}
-	return n, err
+	// The kubelet's verdict says why, if it gave one (nothing listens on
+	// the port): the write only broke because of it.
+	if rerr := c.verdict(); rerr != nil {
+		return n, rerr
+	}
+	if c.pc.dead() {
+		return n, fmt.Errorf("pod %s port %d: %w: %w", c.pc.key, c.port, ErrConnectionLost, err)
+	}
+	return n, fmt.Errorf("pod %s port %d: %w", c.pc.key, c.port, err)
 }
 
 // CloseWrite tells the pod no more data comes, keeping the read side open.
