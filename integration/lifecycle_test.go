@@ -93,7 +93,12 @@ func inState(state string) func(api.Target) bool {
 
 func metricValue(t *testing.T, g *gateway, series string) float64 {
 	t.Helper()
-	for _, line := range strings.Split(scrape(t, g.reg), "\n") {
+	return seriesValue(scrape(t, g.reg), series)
+}
+
+// seriesValue is the value of series in a scrape, 0 when it is absent.
+func seriesValue(scrape, series string) float64 {
+	for _, line := range strings.Split(scrape, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			var f float64
 			fmt.Sscanf(v, "%g", &f)
