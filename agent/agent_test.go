@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-var mainCaller = steps.Caller{Team: "main"}
+var mainCaller = streams.Caller{Team: "main"}
 
 // started runs an agent over a fresh work dir until the test ends.
 func started(t *testing.T, dir string) *Agent {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -46,7 +45,7 @@ func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 		return
 	}
 	if end != nil {
-		s.restore(*end, steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod))
+		s.restore(*end, steppod.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod))
 		return
 	}
 	if !adopted {
@@ -65,7 +64,7 @@ func (a *Agent) run(ctx context.Context, s *step, adopted bool) {
 	case err != nil:
 		a.conclude(s, failed("StepFailed", err.Error()))
 	default:
-		a.conclude(s, steps.StatusEvent(st))
+		a.conclude(s, steppod.StatusEvent(st))
 	}
 }
 
@@ -85,7 +84,7 @@ func startFailure(err error) wire.Event {
 func (a *Agent) conclude(s *step, e wire.Event) {
 	var outs []wire.Volume
 	if e.Phase == wire.Succeeded || e.Phase == wire.Failed || s.snapshot().Phase == wire.Running {
-		outs = steps.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod)
+		outs = steppod.OutputVolumes(s.rec.Outputs, a.opts.Name, s.pod)
 	}
 	s.finish(e, a.opts.Now().UTC(), outs)
 }
@@ -104,7 +103,7 @@ func (a *Agent) settle() {
 // start prepares the step's folder, brings its inputs in and starts its
 // supervisor: a process of its own, which outlives this agent.
 func (a *Agent) start(ctx context.Context, s *step) error {
-	sp := steps.Spec(&s.req)
+	sp := steppod.AgentSpec(&s.req)
 	sp.KillGrace = stepagent.Duration(a.opts.KillGrace)
 	raw, err := json.Marshal(sp)
 	if err != nil {
@@ -176,7 +175,7 @@ func (a *Agent) input(ctx context.Context, s *step, in wire.Input) (wire.InputDi
 		return wire.InputDigest{}, err
 	}
 	defer src.Close()
-	return s.putVolume(ctx, steps.InputVolume(in.Name), "", src)
+	return s.putVolume(ctx, steppod.InputVolume(in.Name), "", src)
 }
 
 // awaitUpload waits for the caller's upload of an input.
@@ -231,7 +230,7 @@ func (a *Agent) follow(ctx context.Context, s *step, adopted bool) (stepagent.St
 			if !stepagent.IsEvent(f.Kind) {
 				return nil
 			}
-			if e, ok := steps.FrameEvent(f); ok {
+			if e, ok := steppod.FrameEvent(f); ok {
 				s.logged(at.Events+1, &e)
 			} else {
 				s.logged(at.Events+1, nil)

@@ -14,7 +14,8 @@ import (
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/wire"
@@ -24,7 +25,7 @@ import (
 // so that a restarted agent knows it: the request without its environment
 // and stdin, which the step agent has in the folder's spec.
 type record struct {
-	Caller    steps.Caller    `json:"caller"`
+	Caller    streams.Caller  `json:"caller"`
 	Team      string          `json:"team,omitempty"`
 	Handle    string          `json:"handle"`
 	Type      string          `json:"type"`
@@ -154,7 +155,7 @@ func (s *step) restore(end wire.Event, outputs []wire.Volume) {
 	s.notify()
 }
 
-// journal is the step as steps.FollowJournal reads it: placed, its log
+// journal is the step as steppod.FollowJournal reads it: placed, its log
 // in its folder, its end.
 type journal struct{ s *step }
 
@@ -178,7 +179,7 @@ func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Even
 	released := s.view.Released
 	s.mu.Unlock()
 	if released {
-		return n, steps.ErrLogGone
+		return n, steppod.ErrLogGone
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	pr, pw := io.Pipe()
@@ -191,9 +192,9 @@ func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Even
 		pr.Close()
 		wg.Wait()
 	}()
-	next, err := steps.ReadEvents(pr, base, n, send, nil)
+	next, err := steppod.ReadEvents(pr, base, n, send, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		err = steps.ErrLogGone // its folder went
+		err = steppod.ErrLogGone // its folder went
 	}
 	return next, err
 }
@@ -218,7 +219,7 @@ func writeRecord(root string, rec record) error {
 
 // visible finds the step (team, handle) if caller may see it; another
 // team's step is as missing as one that does not exist.
-func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error) {
+func (a *Agent) visible(caller streams.Caller, team, handle string) (*step, error) {
 	if !caller.Admin {
 		if team != "" && team != caller.Team {
 			return nil, wire.ErrNotFound
@@ -238,7 +239,7 @@ func (a *Agent) visible(caller steps.Caller, team, handle string) (*step, error)
 // existing step when the team has that handle already. The gateway's
 // placement chose this agent; it is checked again here, as the agent may
 // have landed since.
-func (a *Agent) Submit(caller steps.Caller, req wire.Request) (wire.View, bool, error) {
+func (a *Agent) Submit(caller streams.Caller, req wire.Request) (wire.View, bool, error) {
 	if ferr := req.Validate(); ferr != nil {
 		return wire.View{}, false, ferr
 	}
@@ -294,8 +295,8 @@ func (a *Agent) fits(req wire.Request) error {
 }
 
 // create makes the step's folder and record. Called with a.mu held.
-func (a *Agent) create(k key, caller steps.Caller, req wire.Request) (*step, error) {
-	pod := steps.PodName(k.team, k.handle)
+func (a *Agent) create(k key, caller streams.Caller, req wire.Request) (*step, error) {
+	pod := steppod.Name(k.team, k.handle)
 	root := filepath.Join(a.opts.WorkDir, stepsDir, pod)
 	if err := os.Mkdir(root, 0o700); err != nil {
 		return nil, fmt.Errorf("step folder: %w", err)
@@ -311,7 +312,7 @@ func (a *Agent) create(k key, caller steps.Caller, req wire.Request) (*step, err
 }
 
 // Get is the step's view.
-func (a *Agent) Get(caller steps.Caller, team, handle string) (wire.View, error) {
+func (a *Agent) Get(caller streams.Caller, team, handle string) (wire.View, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return wire.View{}, err
@@ -321,17 +322,17 @@ func (a *Agent) Get(caller steps.Caller, team, handle string) (wire.View, error)
 
 // Events sends the step's events from since on, following until the step
 // has ended or ctx ends.
-func (a *Agent) Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]wire.Event) error) error {
+func (a *Agent) Events(ctx context.Context, caller streams.Caller, team, handle string, since int, send func([]wire.Event) error) error {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return err
 	}
-	return steps.FollowJournal(ctx, journal{s}, since, send)
+	return steppod.FollowJournal(ctx, journal{s}, since, send)
 }
 
 // Readable says whether the step's events from since on can be read:
 // those of the log of a released step (its folder is gone) cannot.
-func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) error {
+func (a *Agent) Readable(caller streams.Caller, team, handle string, since int) error {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return err
@@ -348,7 +349,7 @@ func (a *Agent) Readable(caller steps.Caller, team, handle string, since int) er
 // Abort stops a running step (its process gets TERM, then KILL after the
 // kill grace) and deletes its folder; on an ended step it deletes the
 // folder. It waits up to 45 s for the step's end.
-func (a *Agent) Abort(ctx context.Context, caller steps.Caller, team, handle string) (wire.View, error) {
+func (a *Agent) Abort(ctx context.Context, caller streams.Caller, team, handle string) (wire.View, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return wire.View{}, err
@@ -407,7 +408,7 @@ func (a *Agent) sweep() {
 
 // Upload streams an input the caller sends into the step's folder, once
 // the folder is prepared: at most once per input.
-func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error) {
+func (a *Agent) Upload(ctx context.Context, caller streams.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return wire.InputDigest{}, err
@@ -431,7 +432,7 @@ func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, i
 	case <-ctx.Done():
 		return wire.InputDigest{}, ctx.Err()
 	}
-	in, err := s.putVolume(ctx, steps.InputVolume(input), encoding, body)
+	in, err := s.putVolume(ctx, steppod.InputVolume(input), encoding, body)
 	in.Name = input
 	if err == nil {
 		u.result = in
@@ -445,7 +446,7 @@ func (a *Agent) Upload(ctx context.Context, caller steps.Caller, team, handle, i
 }
 
 // Download streams an output of an ended step whose folder is kept.
-func (a *Agent) Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error) {
+func (a *Agent) Download(ctx context.Context, caller streams.Caller, team, handle, output, encoding string) (io.ReadCloser, error) {
 	s, err := a.visible(caller, team, handle)
 	if err != nil {
 		return nil, err

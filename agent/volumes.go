@@ -12,7 +12,7 @@ import (
 	"strconv"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/wire"
@@ -63,7 +63,7 @@ func (s *step) volumeRequest(ctx context.Context, handle, op string, q url.Value
 // putVolume streams a tar (encoded as encoding says) into the volume,
 // counting and hashing it as received.
 func (s *step) putVolume(ctx context.Context, handle, encoding string, body io.Reader) (wire.InputDigest, error) {
-	digest := steps.NewDigest(body)
+	digest := steppod.NewDigest(body)
 	req, err := s.volumeRequest(ctx, handle, "stream-in", nil, digest)
 	if err != nil {
 		return wire.InputDigest{}, err
@@ -129,7 +129,7 @@ func volumeError(resp *http.Response) error {
 }
 
 // byPod finds the step whose folder is pod, if caller may touch it.
-func (a *Agent) byPod(caller steps.Caller, target, pod string) (*step, error) {
+func (a *Agent) byPod(caller streams.Caller, target, pod string) (*step, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if target == a.opts.Name {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -38,9 +39,9 @@ func TestStepsGoWhereTheirTargetIs(t *testing.T) {
 	// The main team's own target, b-main, wins over the global one here.
 	rec := stepCall(a, http.MethodPost, "/api/v1/steps", team, stepBody)
 	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
-	_, err := stepsB.Get(steps.Caller{Team: "main"}, "", "build-1")
+	_, err := stepsB.Get(streams.Caller{Team: "main"}, "", "build-1")
 	require.NoError(t, err, "b runs it")
-	_, err = stepsA.Get(steps.Caller{Admin: true}, "main", "build-1")
+	_, err = stepsA.Get(streams.Caller{Admin: true}, "main", "build-1")
 	require.ErrorIs(t, err, wire.ErrNotFound, "a does not")
 
 	rec = stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "")
@@ -63,7 +64,7 @@ func TestStepsGoWhereTheirTargetIs(t *testing.T) {
 
 	rec = stepCall(a, http.MethodDelete, "/api/v1/steps/build-1", team, "")
 	assert.Contains(t, []int{http.StatusOK, http.StatusAccepted}, rec.Code, rec.Body.String())
-	v, err = stepsB.Get(steps.Caller{Team: "main"}, "", "build-1")
+	v, err = stepsB.Get(streams.Caller{Team: "main"}, "", "build-1")
 	require.NoError(t, err)
 	assert.Equal(t, wire.Aborted, v.Phase, "aborted on b")
 
@@ -88,7 +89,7 @@ func TestStepInputsFromAnotherGateway(t *testing.T) {
 	// gpu-1 waits on a, whose stalled main-gpu is the only target it fits.
 	require.Equal(t, http.StatusAccepted, stepCall(a, http.MethodPost, "/api/v1/steps", team,
 		`{"handle": "gpu-1", "type": "task", "image": "i", "run": {"path": "p"}, "tags": ["gpu"]}`).Code)
-	_, err := stepsA.Get(steps.Caller{Team: "main"}, "", "gpu-1")
+	_, err := stepsA.Get(streams.Caller{Team: "main"}, "", "gpu-1")
 	require.NoError(t, err)
 
 	for _, tt := range []struct{ token, tags, from, want string }{
@@ -159,7 +160,7 @@ func TestStepsElsewhereAreRemembered(t *testing.T) {
 	asked.Lock()
 	asked.bForgot = true
 	asked.Unlock()
-	_, _, err := stepsC.Submit(steps.Caller{Team: "main"}, wire.Request{Handle: "build-1", Type: "task", Image: "i", Run: wire.Run{Path: "p"}})
+	_, _, err := stepsC.Submit(streams.Caller{Team: "main"}, wire.Request{Handle: "build-1", Type: "task", Image: "i", Run: wire.Run{Path: "p"}})
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusNotFound, stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "").Code, "b's answer")
 	rec := stepCall(a, http.MethodGet, "/api/v1/steps/build-1", team, "")

@@ -9,21 +9,21 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
 
 // Steps is what the API asks of the steps package.
 type Steps interface {
-	Submit(caller steps.Caller, req wire.Request) (wire.View, bool, error)
-	Get(caller steps.Caller, team, handle string) (wire.View, error)
-	Events(ctx context.Context, caller steps.Caller, team, handle string, since int, send func([]wire.Event) error) error
+	Submit(caller streams.Caller, req wire.Request) (wire.View, bool, error)
+	Get(caller streams.Caller, team, handle string) (wire.View, error)
+	Events(ctx context.Context, caller streams.Caller, team, handle string, since int, send func([]wire.Event) error) error
 	// Readable says whether the step's events from since on can be read:
 	// its view's errors, or ErrGone for events that went with its pod.
-	Readable(caller steps.Caller, team, handle string, since int) error
-	Abort(ctx context.Context, caller steps.Caller, team, handle string) (wire.View, error)
-	Upload(ctx context.Context, caller steps.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error)
-	Download(ctx context.Context, caller steps.Caller, team, handle, output, encoding string) (io.ReadCloser, error)
+	Readable(caller streams.Caller, team, handle string, since int) error
+	Abort(ctx context.Context, caller streams.Caller, team, handle string) (wire.View, error)
+	Upload(ctx context.Context, caller streams.Caller, team, handle, input, encoding string, body io.Reader) (wire.InputDigest, error)
+	Download(ctx context.Context, caller streams.Caller, team, handle, output, encoding string) (io.ReadCloser, error)
 }
 
 // stepBodyLimit bounds a step's body: its stdin is small (resources pass
@@ -34,9 +34,9 @@ const stepBodyLimit = 4 << 20
 // the pod to go before it answers 202 with the step as it is.
 const abortWait = 45 * time.Second
 
-func caller(r *http.Request) steps.Caller {
+func caller(r *http.Request) streams.Caller {
 	id := requestIdentity(r)
-	return steps.Caller{Admin: id.admin, Team: id.team}
+	return streams.Caller{Admin: id.admin, Team: id.team}
 }
 
 // submitStep accepts a step: 202 when new, 200 with the existing step

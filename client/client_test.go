@@ -24,6 +24,7 @@ import (
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -45,7 +46,7 @@ type scripted struct {
 	aborts int
 }
 
-func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encoding string, body io.Reader) (wire.InputDigest, error) {
+func (s *scripted) Upload(_ context.Context, _ streams.Caller, _, _, input, encoding string, body io.Reader) (wire.InputDigest, error) {
 	if encoding != "gzip" {
 		return wire.InputDigest{}, fmt.Errorf("encoding %q", encoding)
 	}
@@ -56,7 +57,7 @@ func (s *scripted) Upload(_ context.Context, _ steps.Caller, _, _, input, encodi
 	_, err = Untar(bytes.NewReader(data), filepath.Join(s.dir, input))
 	return wire.InputDigest{Name: input, Bytes: int64(len(data))}, err
 }
-func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ string) (io.ReadCloser, error) {
+func (s *scripted) Download(_ context.Context, _ streams.Caller, _, _, output, _ string) (io.ReadCloser, error) {
 	dir := filepath.Join(s.dir, output)
 	if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("%w: no output %s", wire.ErrNotFound, output)
@@ -64,24 +65,24 @@ func (s *scripted) Download(_ context.Context, _ steps.Caller, _, _, output, _ s
 	return TarDir(dir), nil
 }
 
-func (s *scripted) Submit(steps.Caller, wire.Request) (wire.View, bool, error) {
+func (s *scripted) Submit(streams.Caller, wire.Request) (wire.View, bool, error) {
 	return s.view, true, nil
 }
-func (s *scripted) Get(_ steps.Caller, _, handle string) (wire.View, error) {
+func (s *scripted) Get(_ streams.Caller, _, handle string) (wire.View, error) {
 	if handle != s.view.Handle {
 		return wire.View{}, wire.ErrNotFound
 	}
 	return s.view, nil
 }
-func (s *scripted) Readable(c steps.Caller, team, handle string, _ int) error {
+func (s *scripted) Readable(c streams.Caller, team, handle string, _ int) error {
 	_, err := s.Get(c, team, handle)
 	return err
 }
-func (s *scripted) Abort(context.Context, steps.Caller, string, string) (wire.View, error) {
+func (s *scripted) Abort(context.Context, streams.Caller, string, string) (wire.View, error) {
 	s.aborts++
 	return s.view, nil
 }
-func (s *scripted) Events(ctx context.Context, _ steps.Caller, _, _ string, since int, send func([]wire.Event) error) error {
+func (s *scripted) Events(ctx context.Context, _ streams.Caller, _, _ string, since int, send func([]wire.Event) error) error {
 	for _, e := range s.events[since:] {
 		if err := send([]wire.Event{e}); err != nil {
 			return err

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -18,18 +18,18 @@ import (
 // and exits 3. (It has no inputs or outputs to transfer.)
 type oneStep struct{ api.Steps }
 
-func (oneStep) Submit(steps.Caller, wire.Request) (wire.View, bool, error) {
+func (oneStep) Submit(streams.Caller, wire.Request) (wire.View, bool, error) {
 	return wire.View{Handle: "unit-1", Phase: wire.Pending}, true, nil
 }
-func (oneStep) Get(steps.Caller, string, string) (wire.View, error) {
+func (oneStep) Get(streams.Caller, string, string) (wire.View, error) {
 	code := 3
 	return wire.View{Handle: "unit-1", Phase: wire.Failed, ExitStatus: &code}, nil
 }
-func (oneStep) Readable(steps.Caller, string, string, int) error { return nil }
-func (oneStep) Abort(context.Context, steps.Caller, string, string) (wire.View, error) {
+func (oneStep) Readable(streams.Caller, string, string, int) error { return nil }
+func (oneStep) Abort(context.Context, streams.Caller, string, string) (wire.View, error) {
 	return wire.View{}, nil
 }
-func (oneStep) Events(_ context.Context, _ steps.Caller, _, _ string, _ int, send func([]wire.Event) error) error {
+func (oneStep) Events(_ context.Context, _ streams.Caller, _, _ string, _ int, send func([]wire.Event) error) error {
 	code := 3
 	return send([]wire.Event{
 		{N: 0, Type: wire.EventStarted},

@@ -16,14 +16,14 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
 
 // A web node's container on a cluster target is a pod: a step pod whose
-// step container waits in the container's image (steps.ContainerPod),
+// step container waits in the container's image (steppod.Build),
 // sealed, labelled ContainerLabel with its handle, with its bind mounts
 // as folders of the pod's emptyDir. What the web node gave and set (the
 // spec, the environment, the properties) is kept in the state namespace
@@ -37,7 +37,7 @@ type Containers struct {
 	Records *ContainerRecords
 	// Pod are the step pods' options (the agent image, the installation,
 	// the pod key); read at each use, since the key is read after start.
-	Pod func() steps.PodOptions
+	Pod func() steppod.Options
 	// Holder keeps the volumes the containers' images and mounts are.
 	Holder *Holder
 	// Agents make the containers of the agents' workers (nil: none).
@@ -249,13 +249,13 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 
 // target is a cluster target whose pods are listed, and the pod options
 // with the pod key read.
-func (c *Containers) target(target string) (*targets.Target, steps.PodOptions, error) {
+func (c *Containers) target(target string) (*targets.Target, steppod.Options, error) {
 	t, err := listed(c.Targets, target)
 	if err != nil {
-		return nil, steps.PodOptions{}, err
+		return nil, steppod.Options{}, err
 	}
 	if t == nil {
-		return nil, steps.PodOptions{}, errUnknownWorker(target)
+		return nil, steppod.Options{}, errUnknownWorker(target)
 	}
 	opts := c.Pod()
 	if opts.Key.IsZero() {
@@ -348,13 +348,13 @@ func mountVolume(i int) string { return "m" + strconv.Itoa(i) }
 
 // podMounts are a container's bind mounts as volumes of its pod's
 // emptyDir: each its own folder, named by its order.
-func podMounts(bms []garden.BindMount) ([]steps.ContainerMount, error) {
-	out := make([]steps.ContainerMount, 0, len(bms))
+func podMounts(bms []garden.BindMount) ([]steppod.Mount, error) {
+	out := make([]steppod.Mount, 0, len(bms))
 	for i, bm := range bms {
 		if !path.IsAbs(bm.DstPath) || path.Clean(bm.DstPath) == "/" {
 			return nil, fmt.Errorf("bind mount %d: destination %q is not an absolute path below /", i, bm.DstPath)
 		}
-		out = append(out, steps.ContainerMount{Path: path.Clean(bm.DstPath), Volume: mountVolume(i),
+		out = append(out, steppod.Mount{Path: path.Clean(bm.DstPath), Volume: mountVolume(i),
 			ReadOnly: bm.Mode == garden.BindMountModeRO})
 	}
 	return out, nil
@@ -480,7 +480,7 @@ func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()
-	holder := steps.VolumeHolderName(c.Pod().Installation)
+	holder := steppod.HolderName(c.Pod().Installation)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(moveParallel)
 	for i, bm := range ct.Spec.BindMounts {

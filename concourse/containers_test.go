@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -51,7 +51,7 @@ func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
 		{SrcPath: "/v/b", DstPath: "/tmp/build/x/in/", Mode: garden.BindMountModeRO},
 	})
 	require.NoError(t, err)
-	assert.Equal(t, []steps.ContainerMount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}}, got,
+	assert.Equal(t, []steppod.Mount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}}, got,
 		"in order, so a nested mount follows its parent")
 	for _, dst := range []string{"", "relative", "/", "/.."} {
 		_, err := podMounts([]garden.BindMount{{SrcPath: "/v/a", DstPath: dst}})

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -124,7 +124,7 @@ func (h Pods) DestroyVolume(ctx context.Context, target, handle string) error {
 // worker is target's worker, nil (and no error) for a worker jetway does
 // not know: it holds nothing there.
 func (h Pods) worker(target string) (worker, error) {
-	w, err := findWorker(h.Targets, h.Agents, func() steps.PodOptions { return steps.PodOptions{Key: h.Key()} }, nil, target)
+	w, err := findWorker(h.Targets, h.Agents, func() steppod.Options { return steppod.Options{Key: h.Key()} }, nil, target)
 	if errors.Is(err, errNoWorker) {
 		return nil, nil
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/jetway-ci/jetway/internal/pty"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -165,7 +164,7 @@ func (c *Containers) trustedPod(ct *Container) (*targets.Target, error) {
 
 // refuse is nil when p, ct's pod as listed, is the one jetway made; else
 // why it gets nothing, counted.
-func (c *Containers) refuse(t *targets.Target, opts steps.PodOptions, ct *Container, p *corev1.Pod) error {
+func (c *Containers) refuse(t *targets.Target, opts steppod.Options, ct *Container, p *corev1.Pod) error {
 	why := opts.Key.Verdict(t.Name(), p)
 	if why == "" {
 		return nil
@@ -234,7 +233,7 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 
 // awaitPod waits until the container's step container runs, writing to
 // progress what it waits for as that changes.
-func (c *Containers) awaitPod(ctx context.Context, t *targets.Target, opts steps.PodOptions, ct *Container, progress io.Writer) error {
+func (c *Containers) awaitPod(ctx context.Context, t *targets.Target, opts steppod.Options, ct *Container, progress io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, podStartTimeout)
 	defer cancel()
 	podState := func(p *corev1.Pod, ct *Container) (string, bool, error) {
@@ -300,7 +299,7 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 			continue
 		}
 		switch {
-		case cs.State.Running != nil && !steps.SidecarRuns(p):
+		case cs.State.Running != nil && !steppod.SidecarRuns(p):
 			return sidecarWait + ct.Pod + " to start", false, nil
 		case cs.State.Running != nil:
 			return "", true, nil

@@ -23,13 +23,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
 // A web node's volumes live in one pod per target, its volume holder
-// (steps.VolumeHolderPod): the step pods' volume sidecar alone, serving
+// (steppod.HolderPod): the step pods' volume sidecar alone, serving
 // an emptyDir. The worker's volume (baggageclaim) API is served by the
 // gateway, which passes each call to the holder's sidecar with the pod's
 // token; the holder is made by the first create, so that a target whose
@@ -46,7 +46,7 @@ type Holder struct {
 	Targets PodTargets
 	// Pod are the step pods' options (the agent image, the installation,
 	// the pod key); read at each use, since the key is read after start.
-	Pod    func() steps.PodOptions
+	Pod    func() steppod.Options
 	Server VolumeServer
 	// Agents keep the volumes of the agents' workers (nil: none).
 	Agents *Agents
@@ -118,7 +118,7 @@ func (h *Holder) holder(target string) (*targets.Target, string, error) {
 	if opts.Key.IsZero() {
 		return nil, "", errors.New("the installation's pod key is not read yet: jetway cannot reach its volume holder")
 	}
-	name := steps.VolumeHolderName(opts.Installation)
+	name := steppod.HolderName(opts.Installation)
 	p := t.CachedPod(name)
 	if p == nil || p.DeletionTimestamp != nil {
 		return t, name, errNoHolder
@@ -169,7 +169,7 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	err = t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
 		// Called with the cache held: read the pods given, not the cache.
 		i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == name })
-		return i >= 0 && steps.SidecarListens(pods[i]) && key.Bound(target, pods[i])
+		return i >= 0 && steppod.SidecarListens(pods[i]) && key.Bound(target, pods[i])
 	})
 	if err != nil {
 		p := t.CachedPod(name)
@@ -189,7 +189,7 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 // made first is left to it.
 func (h *Holder) makeHolder(ctx context.Context, t *targets.Target) error {
 	opts := h.Pod()
-	pod := steps.VolumeHolderPod(t, opts)
+	pod := steppod.HolderPod(t, opts)
 	pods := t.Core.Pods(t.Namespace())
 	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
 	switch {

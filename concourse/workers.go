@@ -13,7 +13,6 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -62,7 +61,7 @@ func errUnknownWorker(target string) error {
 // joined to this gateway now. c is set where the worker makes and runs
 // containers (Containers), nil where it only lists and removes them
 // (Pods).
-func findWorker(ts PodTargets, agents *Agents, opts func() steps.PodOptions, c *Containers, target string) (worker, error) {
+func findWorker(ts PodTargets, agents *Agents, opts func() steppod.Options, c *Containers, target string) (worker, error) {
 	t, err := listed(ts, target)
 	switch {
 	case err != nil:
@@ -80,11 +79,11 @@ func findWorker(ts PodTargets, agents *Agents, opts func() steps.PodOptions, c *
 }
 
 // clusterWorker is a cluster target's: a container is a step pod
-// (steps.ContainerPod) labelled ContainerLabel, sealed and bound.
+// (steppod.Build) labelled ContainerLabel, sealed and bound.
 type clusterWorker struct {
 	c    *Containers
 	t    *targets.Target
-	opts steps.PodOptions
+	opts steppod.Options
 }
 
 func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSpec) (*Container, error) {
@@ -100,14 +99,14 @@ func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSp
 		return nil, err
 	}
 	ct := newContainer(w.t.Name(), spec)
-	ct.Pod, ct.Image = steps.PodName(w.t.Config.Meta.Team, "concourse-"+spec.Handle), image
+	ct.Pod, ct.Image = steppod.Name(w.t.Config.Meta.Team, "concourse-"+spec.Handle), image
 	return ct, nil
 }
 
 func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 	mounts, _ := podMounts(ct.Spec.BindMounts) // checked by newContainer
-	pod := steps.ContainerPod(w.t, steps.ContainerPodSpec{
-		Name: ct.Pod, Team: w.t.Config.Meta.Team, Image: ct.Image,
+	pod := steppod.Build(w.t, steppod.Spec{
+		Name: ct.Pod, Type: "concourse", Team: w.t.Config.Meta.Team, Image: ct.Image,
 		Labels:    map[string]string{ContainerLabel: ct.Handle()},
 		Resources: resources(ct.Spec.Limits), Privileged: ct.Spec.Privileged, Mounts: mounts,
 	}, w.opts)

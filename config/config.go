@@ -268,7 +268,7 @@ func (c Config) Validate() error {
 		add("step-agent-image", "required: the image holding jetway's step agent")
 	}
 	if c.StepAgentMount != "init-container" && c.StepAgentMount != "image-volume" {
-		// steps.AgentMount's values (steps imports config).
+		// steppod.AgentMount's values (steps imports config).
 		add("step-agent-mount", "must be init-container or image-volume, got %q", c.StepAgentMount)
 	}
 	if c.ImagePullGrace < 0 {

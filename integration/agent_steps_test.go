@@ -27,7 +27,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -271,7 +271,7 @@ func TestAgentPlacement(t *testing.T) {
 	for _, e := range evs {
 		assert.NotContains(t, e.Message, "ap-mac")
 	}
-	assert.NoDirExists(t, filepath.Join(mac.work, "steps", steps.PodName("other", "ap-other")))
+	assert.NoDirExists(t, filepath.Join(mac.work, "steps", steppod.Name("other", "ap-other")))
 }
 
 // waitWaiting waits until the pending step says it waits for why.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -310,7 +310,7 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 	require.Error(t, err, "the web node reached nothing: %s", out)
 	assert.NotContains(t, out, "succeeded")
 	assert.GreaterOrEqual(t, refused(reg), 1.0)
-	_, err = clusters[0].Client.CoreV1().Pods(name).Get(ctx, steps.VolumeHolderName("jetway"), metav1.GetOptions{})
+	_, err = clusters[0].Client.CoreV1().Pods(name).Get(ctx, steppod.HolderName("jetway"), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no volume holder: %v", err)
 	flyWorker(t, web, name, time.Second, workerIn("running"))
 

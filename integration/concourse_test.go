@@ -31,7 +31,7 @@ import (
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/internal/meshtest"
 	"github.com/jetway-ci/jetway/internal/ownership"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -414,7 +414,7 @@ func TestConcourseRegistrationOutlivesAKilledReplica(t *testing.T) {
 	// which the other replica now serves, making more there.
 	for id, worker := range uploads {
 		c := clusters[slices.Index(names, worker)]
-		root := c.StepRoot(worker, steps.VolumeHolderName("jetway"))
+		root := c.StepRoot(worker, steppod.HolderName("jetway"))
 		_, err := os.Stat(filepath.Join(root, "volumes", id))
 		assert.NoError(t, err, "volume %s of %s", id, worker)
 	}

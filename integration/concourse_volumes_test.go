@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -66,7 +66,7 @@ func TestConcourseVolumesLiveInTheTarget(t *testing.T) {
 	// jetway's volume holder would be, with its labels.
 	const planted = "cwv-planted"
 	placeTarget(ctx, t, clusters[1], dir, planted, "tags: [planted]\n", "")
-	holder := steps.VolumeHolderName("jetway")
+	holder := steppod.HolderName("jetway")
 	labels := teamLabels(planted, "jetway", "")
 	labels[targets.VolumeHolderLabel] = "concourse"
 	_, err := clusters[1].Client.CoreV1().Pods(planted).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: holder, Labels: labels},

@@ -68,7 +68,7 @@ func TestPlantedPodsGetNothing(t *testing.T) {
 	plant(ctx, t, ns, "check-planted", "git-resource",
 		labels(map[string]string{steps.SandboxLabel: steps.SandboxKeyHash("", "git-resource", "repo-x")}),
 		map[string]string{"jetway-ci.dev/sandbox-key": "repo-x"})
-	stepPod := steps.PodName("", "deploy")
+	stepPod := steppod.Name("", "deploy")
 	plant(ctx, t, ns, stepPod, "busybox", labels(map[string]string{steps.HandleLabel: "deploy"}), nil)
 
 	// Adopted after a restart: the new gateway's placer looks for the

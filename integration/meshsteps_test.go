@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -31,7 +31,7 @@ func TestMeshSteps(t *testing.T) {
 	hub, a, b := st.gateways[0], st.gateways[1], st.gateways[2]
 	asMain := *b
 	asMain.token = mainToken.Token
-	mainCaller := steps.Caller{Team: "main"}
+	mainCaller := streams.Caller{Team: "main"}
 
 	// Placed by its tags on spoke a's target: b forwards it (through the
 	// hub, the only gateway b reaches) to a, which runs it.

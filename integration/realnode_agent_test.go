@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/client"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -23,17 +23,17 @@ import (
 // from the read-only volume, the step's image unchanged; an input is
 // there before the process, and its output goes out.
 func TestRealNodeAgentImageVolume(t *testing.T) {
-	testAgentMount(t, "rn-agent-volume", steps.AgentImageVolume)
+	testAgentMount(t, "rn-agent-volume", steppod.AgentImageVolume)
 }
 
 // TestRealNodeAgentInitContainer: the fallback for runtimes without image
 // volumes, on the same node: the init container copies the agent into the
 // pod, with the same guarantees.
 func TestRealNodeAgentInitContainer(t *testing.T) {
-	testAgentMount(t, "rn-agent-init", steps.AgentInitContainer)
+	testAgentMount(t, "rn-agent-init", steppod.AgentInitContainer)
 }
 
-func testAgentMount(t *testing.T, target string, mount steps.AgentMount) {
+func testAgentMount(t *testing.T, target string, mount steppod.AgentMount) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rn := startRealNode(t)
@@ -62,7 +62,7 @@ cat in/greeting >out/copy`)
 	require.GreaterOrEqual(t, len(lines), 3, outputOf(evs, wire.EventStderr))
 	assert.Equal(t, "/jetway/bin/step-agent pid1 ", lines[0], "the agent is the step container's pid 1")
 	assert.Equal(t, "hello", lines[1], "the input is there before the process")
-	if mount == steps.AgentImageVolume {
+	if mount == steppod.AgentImageVolume {
 		assert.Equal(t, "agent-read-only", lines[2], "the step cannot change the agent the next exec runs")
 	} else {
 		// The copy is the pod's, in a folder the init container made as
@@ -80,12 +80,12 @@ cat in/greeting >out/copy`)
 	require.NoError(t, err)
 	assert.Equal(t, "jetway.test/busybox:1", p.Spec.Containers[0].Image, "the step's image as it is")
 	switch mount {
-	case steps.AgentImageVolume:
+	case steppod.AgentImageVolume:
 		assert.Empty(t, p.Spec.InitContainers)
 		require.Len(t, p.Spec.Volumes, 2)
 		require.NotNil(t, p.Spec.Volumes[1].Image)
 		assert.Equal(t, rn.NodeImage("step-agent-image.tar"), p.Spec.Volumes[1].Image.Reference)
-	case steps.AgentInitContainer:
+	case steppod.AgentInitContainer:
 		require.Len(t, p.Spec.InitContainers, 1)
 		require.Len(t, p.Status.InitContainerStatuses, 1)
 		require.NotNil(t, p.Status.InitContainerStatuses[0].State.Terminated)

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 )
 
 // TestRealNodeVolumeHolderStaysWithinItsLimit: a volume holder on a
@@ -80,7 +80,7 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 		require.NoError(t, tw.Close())
 		return call(http.MethodPut, "/volumes/"+handle+"/stream-in?limit=0.000000&path=.", &buf, "Content-Encoding", "raw")
 	}
-	holderName := steps.VolumeHolderName("jetway")
+	holderName := steppod.HolderName("jetway")
 	holder := func() *corev1.Pod {
 		t.Helper()
 		p, err := rn.Client.CoreV1().Pods(name).Get(ctx, holderName, metav1.GetOptions{})

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 )
 
 // TestRealNodeVolumeHolder: the web node's volume API, served by the
@@ -59,7 +59,7 @@ func TestRealNodeVolumeHolder(t *testing.T) {
 	})
 	code, _ = call(http.MethodDelete, "/volumes-async/up", "")
 	assert.Equal(t, http.StatusNoContent, code)
-	pod, err := startRealNode(t).Client.CoreV1().Pods(name).Get(ctx, steps.VolumeHolderName("jetway"), metav1.GetOptions{})
+	pod, err := startRealNode(t).Client.CoreV1().Pods(name).Get(ctx, steppod.HolderName("jetway"), metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Len(t, pod.Status.ContainerStatuses, 1)
 	assert.True(t, pod.Status.ContainerStatuses[0].Ready || pod.Status.ContainerStatuses[0].State.Running != nil, "%+v", pod.Status)

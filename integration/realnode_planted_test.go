@@ -26,7 +26,6 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -69,7 +68,7 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 	consume := nodeStep("cs-consume", `cat in/secret`)
 	consume.Team = "main"
 	// (By the pod and volume: the step's record knows its pod went.)
-	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Target: ns, Pod: srcPod.Name, Handle: steps.OutputVolume("out")}}}
+	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Target: ns, Pod: srcPod.Name, Handle: steppod.OutputVolume("out")}}}
 	g.run(t, consume)
 	v := g.waitEnded(t, "cs-consume", "main")
 	assert.Equal(t, wire.Errored, v.Phase)
@@ -136,7 +135,7 @@ func TestRealNodeCopiedSealsGetNothing(t *testing.T) {
 		require.Equal(t, http.StatusCreated, resp.StatusCode, handle)
 	}
 	volume("before")
-	holder := steps.VolumeHolderName("jetway")
+	holder := steppod.HolderName("jetway")
 	holderSpy := replaceWithSpy(ctx, t, rn, ns, holder, rec, "holder")
 	volume("after")
 	now, err := pods.Get(ctx, holder, metav1.GetOptions{})

@@ -25,7 +25,6 @@ import (
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/steppod"
-	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -42,7 +41,7 @@ func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOption
 	t.Helper()
 	rn := startRealNode(t)
 	o.agentImage = rn.NodeImage("step-agent-image.tar")
-	o.agentMount = cmp.Or(o.agentMount, steps.AgentImageVolume)
+	o.agentMount = cmp.Or(o.agentMount, steppod.AgentImageVolume)
 	return targetGateway(ctx, t, rn, name, "{}\n", o)
 }
 
@@ -63,7 +62,7 @@ func statusField(t *testing.T, status, field string) string {
 
 // gatewayDefaults are the step pods' limits of a gateway run with its
 // defaults (config.Default: step-volume-size-limit and the others).
-var gatewayDefaults = steps.StepDefaults{VolumeSizeLimit: resource.MustParse("10Gi"),
+var gatewayDefaults = steppod.Defaults{VolumeSizeLimit: resource.MustParse("10Gi"),
 	EphemeralStorageRequest: resource.MustParse("1Gi"), CPURequest: resource.MustParse("100m"),
 	MemoryRequest: resource.MustParse("256Mi")}
 

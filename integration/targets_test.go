@@ -118,10 +118,10 @@ type gatewayOptions struct {
 	// (kwok's nodes run the agent from a local folder, whatever the pod
 	// says). The real node's gateways (nodeGateway) mount it as an image
 	// volume.
-	agentMount steps.AgentMount
+	agentMount steppod.AgentMount
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
-	stepDefaults steps.StepDefaults
+	stepDefaults steppod.Defaults
 	// concourse, if set, registers the targets with a Concourse web node:
 	// through its TSA (*concourse.TSA) or its REST API (*concourse.REST).
 	concourse concourse.Web
@@ -348,7 +348,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		stepStreams = api.StepStreams(streamer, registry, meshView)
 	}
 	id := steps.NewIdentity(o.identity)
-	podOpts := steps.PodOptions{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), AgentMount: o.agentMount, Installation: o.installation,
+	podOpts := steppod.Options{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), AgentMount: o.agentMount, Installation: o.installation,
 		Extract: o.extract, Key: key, Steps: o.stepDefaults}
 	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
 		return steps.StoreOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Logger: logger},
@@ -385,13 +385,13 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	if node != nil {
 		agentWorkers = &concourse.Agents{Joined: api.MeshAgents(node), Client: node.BulkClient()}
 	}
-	holder := &concourse.Holder{Targets: registry, Pod: func() steps.PodOptions { return podOpts },
+	holder := &concourse.Holder{Targets: registry, Pod: func() steppod.Options { return podOpts },
 		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Metrics: metrics,
 		Logger: logger.With("component", "concourse")}
 	stateClient, err := kubernetes.NewForConfig(o.state.rest)
 	require.NoError(t, err)
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
-	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steps.PodOptions { return podOpts },
+	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steppod.Options { return podOpts },
 		Holder: holder, Agents: agentWorkers, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
 		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 			return streamer.Stream(ctx, req, nil)

@@ -1,17 +1,11 @@
 package steps
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"strconv"
 	"sync"
-	"time"
 
-	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
@@ -30,66 +24,6 @@ import (
 // or ended. Event k of the log is read from the pod, the agent skipping
 // k event frames of it where it lies (step-agent tail --skip); the owner
 // keeps the last few it read in a tail, for its own followers.
-
-// FrameEvent is the event a frame of a step's log stands for: output, an
-// input streamed in, the process's start, each at the time the agent
-// wrote it. Other frames (and ones that do not decode) are none.
-func FrameEvent(f stepagent.Frame) (wire.Event, bool) {
-	e := wire.Event{Time: f.Time}
-	switch f.Kind {
-	case stepagent.KindStdout:
-		e.Type = wire.EventStdout
-		return withData(e, f.Payload), true
-	case stepagent.KindStderr:
-		e.Type = wire.EventStderr
-		return withData(e, f.Payload), true
-	case stepagent.KindInput:
-		var in wire.InputDigest
-		if json.Unmarshal(f.Payload, &in) == nil {
-			e.Type, e.Input, e.Bytes, e.SHA256 = wire.EventInput, in.Name, in.Bytes, in.SHA256
-			return e, true
-		}
-	case stepagent.KindStarted:
-		var st stepagent.Started
-		if json.Unmarshal(f.Payload, &st) == nil {
-			e.Type, e.Time = wire.EventStarted, st.At
-			return e, true
-		}
-	}
-	return wire.Event{}, false
-}
-
-// logReader reads a step's log from a position: frames, the first a
-// position, the last the status.
-type logReader struct {
-	br   *bufio.Reader
-	base int // the head's length: the number of the log's first event
-	next int // the number of the next event
-}
-
-// frame reads the next frame, numbering events.
-func (l *logReader) frame() (stepagent.Frame, *wire.Event, error) {
-	f, err := stepagent.ReadFrame(l.br)
-	if err != nil {
-		return f, nil, err
-	}
-	switch {
-	case f.Kind == stepagent.KindPosition:
-		var p stepagent.Position
-		if err := json.Unmarshal(f.Payload, &p); err != nil {
-			return f, nil, fmt.Errorf("the agent's position: %w", err)
-		}
-		l.next = l.base + p.Events
-	case stepagent.IsEvent(f.Kind):
-		if e, ok := FrameEvent(f); ok {
-			e.N = l.next
-			l.next++
-			return f, &e, nil
-		}
-		l.next++ // counted, as the agent counts it
-	}
-	return f, nil, nil
-}
 
 // tail keeps the last events of a step this gateway runs, for its
 // followers here; older ones are read from the pod. It is bounded by
@@ -227,136 +161,6 @@ func (l *eventLog) tail(name string) *tail {
 	return l.tails[name]
 }
 
-// ErrLogGone: a step's log went with its pod (or its folder).
-var ErrLogGone = errors.New("the step's log is gone")
-
-// eventsPoll bounds how long a follower waits for a step to change before
-// it looks again (a pod its log is read from going, say).
-const eventsPoll = 2 * time.Second
-
-// Journal is where a step's events are: its head and its end in its
-// record, its log where its agent keeps it. A gateway's steps and an
-// agent's are served from one.
-type Journal interface {
-	// State returns the step's head (its events before its log, numbered
-	// from 0), whether its log may be read now (it began, or the step
-	// ended), its end event, numbered, once it ended, and a channel closed
-	// at the next change; ok is false once the step is forgotten.
-	State() (head []wire.Event, logged bool, end *wire.Event, changed <-chan struct{}, ok bool)
-	// ReadLog sends the step's log events from number n on (base is the
-	// number of its first) until the log's status, and returns the number
-	// of the next event; ErrLogGone when the log is gone. A failure of
-	// send is returned as a *SendError.
-	ReadLog(ctx context.Context, base, n int, send func([]wire.Event) error) (int, error)
-}
-
-// SendError is a follower's send failing: the follow ends with it.
-type SendError struct{ Err error }
-
-func (e *SendError) Error() string { return e.Err.Error() }
-func (e *SendError) Unwrap() error { return e.Err }
-
-// FollowJournal sends a step's events from n on, as they come, until the
-// step has ended and all were sent, ctx ends or send fails. Events of the
-// log of a step whose log is gone are ErrGone.
-func FollowJournal(ctx context.Context, j Journal, n int, send func([]wire.Event) error) error {
-	retryDelay := steppod.FirstRetry
-	for {
-		head, logged, end, changed, ok := j.State()
-		if !ok {
-			return nil // forgotten meanwhile
-		}
-		if n < len(head) {
-			if err := send(head[n:]); err != nil {
-				return err
-			}
-			n = len(head)
-		}
-		switch {
-		case end != nil && n > end.N:
-			return nil
-		case end != nil && n == end.N:
-			return send([]wire.Event{*end})
-		}
-		if logged {
-			next, err := j.ReadLog(ctx, len(head), n, send)
-			n = next
-			var se *SendError
-			switch {
-			case err == nil && end != nil:
-				continue // the end follows
-			case err == nil:
-				retryDelay = steppod.FirstRetry // the log is all read: wait for the end to be recorded
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case errors.As(err, &se):
-				return se.Err
-			case errors.Is(err, ErrLogGone) && end != nil:
-				return fmt.Errorf("%w: events %d to %d went with the step's log", wire.ErrGone, n, end.N-1)
-			default:
-				if err := backoff.Sleep(ctx, backoff.Jitter(retryDelay, 0.2)); err != nil {
-					return err
-				}
-				retryDelay = min(2*retryDelay, eventsPoll)
-				continue
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		case <-time.After(eventsPoll):
-		}
-	}
-}
-
-// ReadEvents sends the events of a log read from r (an agent's tail: a
-// position first, the status last) from number want on (base is the
-// number of the log's first event), in batches, until the status; it
-// returns the number of the next event. handover, if set, is asked after
-// each batch whether the caller takes it from the next event on (then
-// ReadEvents returns).
-func ReadEvents(r io.Reader, base, want int, send func([]wire.Event) error, handover func(next int) bool) (int, error) {
-	l := &logReader{br: bufio.NewReaderSize(r, 64<<10), base: base, next: want}
-	var batch []wire.Event
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := send(batch)
-		batch = batch[:0]
-		if err != nil {
-			return &SendError{err}
-		}
-		return nil
-	}
-	for {
-		f, e, err := l.frame()
-		if err != nil {
-			if ferr := flush(); ferr != nil {
-				return l.next, ferr
-			}
-			return l.next, err
-		}
-		switch {
-		case e != nil && e.N >= want:
-			batch = append(batch, *e)
-		case f.Kind == stepagent.KindStatus:
-			// A log that ended with fewer events than asked for has none
-			// from want on.
-			return max(l.next, want), flush()
-		}
-		if l.br.Buffered() == 0 || len(batch) >= 64 {
-			if err := flush(); err != nil {
-				return l.next, err
-			}
-			if handover != nil && handover(l.next) {
-				return l.next, nil
-			}
-		}
-	}
-}
-
 // journal is a gateway's step as a Journal: its record, and its pod's
 // log (or this gateway's tail of it).
 type journal struct {
@@ -382,7 +186,7 @@ func (j journal) State() ([]wire.Event, bool, *wire.Event, <-chan struct{}, bool
 func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Event) error) (int, error) {
 	r, ok := j.l.opts.Records.Get(j.name)
 	if !ok {
-		return n, ErrLogGone
+		return n, steppod.ErrLogGone
 	}
 	return j.l.readLog(ctx, r, base, n, send)
 }
@@ -390,7 +194,7 @@ func (j journal) ReadLog(ctx context.Context, base, n int, send func([]wire.Even
 // follow sends the events of the step of record name from n on: see
 // FollowJournal.
 func (l *eventLog) follow(ctx context.Context, name string, n int, send func([]wire.Event) error) error {
-	return FollowJournal(ctx, journal{l, name}, n, send)
+	return steppod.FollowJournal(ctx, journal{l, name}, n, send)
 }
 
 // readLog sends the step's log events from n on (base is the number of
@@ -409,7 +213,7 @@ func (l *eventLog) readLog(ctx context.Context, r *Record, base, n int, send fun
 		}
 		if len(evs) > 0 {
 			if err := send(evs); err != nil {
-				return n, &SendError{err}
+				return n, &steppod.SendError{Err: err}
 			}
 			n = evs[len(evs)-1].N + 1
 			continue
@@ -435,7 +239,7 @@ func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send fun
 		return n, err
 	}
 	if gone(t, p.Pod) {
-		return n, ErrLogGone
+		return n, steppod.ErrLogGone
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	pr, pw := io.Pipe()
@@ -450,7 +254,7 @@ func (l *eventLog) readPod(ctx context.Context, r *Record, base, n int, send fun
 		pr.Close() // the exec's writes fail: it returns
 		wg.Wait()
 	}()
-	return ReadEvents(pr, base, n, send, func(next int) bool {
+	return steppod.ReadEvents(pr, base, n, send, func(next int) bool {
 		if tl := l.tail(r.Name); tl != nil {
 			_, ok, _, _ := tl.from(next)
 			return ok

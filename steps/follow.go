@@ -117,7 +117,7 @@ func (r *runner) handle(ctx context.Context, f stepagent.Frame) error {
 	if !stepagent.IsEvent(f.Kind) {
 		return nil
 	}
-	e, ok := FrameEvent(f)
+	e, ok := steppod.FrameEvent(f)
 	if ok && e.Type == wire.EventStarted && !r.hasStarted() {
 		if _, err := r.update(ctx, func(st *Status) error {
 			if !st.Started.IsZero() {

@@ -100,7 +100,7 @@ type Options struct {
 	// place does; steps are placed on this gateway's own targets.
 	Elsewhere func() []targets.Status
 	Placement PlacementOptions
-	Pod       PodOptions
+	Pod       steppod.Options
 	// ImagePullGrace is how long an image pull refused for a passing
 	// reason (a rate limit, a registry's 5xx) may go on before it fails
 	// the step; default 2m.

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetway-ci/jetway/selection"
+	"github.com/jetway-ci/jetway/steppod"
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
@@ -155,7 +156,7 @@ func TestNoStepBeforeTheRecordsAreRead(t *testing.T) {
 	recs := stepstest.NewRecords()
 	recs.Unread()
 	m := New(Options{Registry: stepstest.NewRegistry(t), Records: recs, Owners: stepstest.NewOwners("gw-a"), Leader: stepstest.Leading{},
-		Pod: PodOptions{Installation: "jetway"}})
+		Pod: steppod.Options{Installation: "jetway"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- m.Start(ctx) }()

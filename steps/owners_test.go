@@ -94,7 +94,7 @@ func TestTailIsBounded(t *testing.T) {
 	tl := newTail(2)
 	chunk := make([]byte, 32<<10)
 	for i := range 1000 {
-		tl.add(withData(wire.Event{N: 2 + i, Type: wire.EventStdout}, chunk))
+		tl.add(wire.Event{N: 2 + i, Type: wire.EventStdout, Data: string(chunk)})
 	}
 	tl.mu.Lock()
 	n, bytes := len(tl.events), tl.bytes

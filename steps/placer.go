@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/internal/backoff"
 	"github.com/jetway-ci/jetway/selection"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -180,7 +181,7 @@ func (p *placer) placeOne(ctx context.Context, r *Record) {
 		return
 	}
 	target := d.Order[0]
-	placed := Placed{Target: target, Pod: PodName(sum.Team, sum.Handle)}
+	placed := Placed{Target: target, Pod: steppod.Name(sum.Team, sum.Handle)}
 	if sum.ReuseKey != "" {
 		sb := p.sandboxes.make(sum, target)
 		placed.Pod, placed.Run = sb.pod, runName(sum.Handle)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -299,7 +300,7 @@ func (r *Record) View() wire.View {
 		v.ExitStatus, v.Reason, v.Message, v.FinishedAt = e.ExitStatus, e.Reason, e.Message, e.At
 		v.Events += e.LogEvents + 1
 		if e.Kept && st.Released.IsZero() && st.Placed != nil && st.Placed.Run == "" {
-			v.Outputs = OutputVolumes(r.Summary.Outputs, st.Placed.Target, st.Placed.Pod)
+			v.Outputs = steppod.OutputVolumes(r.Summary.Outputs, st.Placed.Target, st.Placed.Pod)
 		}
 	}
 	v.Released = !st.Released.IsZero() && st.Placed != nil

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,26 +18,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func validRequest() wire.Request {
 	return wire.Request{Handle: "build-1", Type: "task", Image: "busybox", Run: wire.Run{Path: "sh", Args: []string{"-c", "true"}}}
-}
-
-func TestValidateFillsPathsAndBuildsTheSpec(t *testing.T) {
-	r := validRequest()
-	r.Run.Env = map[string]string{"B": "2", "A": "1"}
-	r.Timeout = "90s"
-	r.Stdin = "hello"
-	r.Inputs = []wire.Input{{Name: "src", From: wire.InputSource{Target: "a", Pod: "p", Handle: "h"}}}
-	r.Outputs = []wire.Output{{Name: "out", Path: "build/out"}}
-	require.Nil(t, r.Validate())
-	assert.Equal(t, "src", r.Inputs[0].Path)
-	sp := Spec(&r)
-	assert.Equal(t, []string{"A=1", "B=2"}, sp.Env, "sorted, so the same request gives the same spec")
-	assert.Equal(t, 90*time.Second, time.Duration(sp.Timeout))
-	assert.Equal(t, []byte("hello"), sp.Stdin)
-	require.Len(t, sp.Volumes, 2)
-	assert.Equal(t, "input-src", sp.Volumes[0].Handle)
-	assert.Equal(t, "src", sp.Volumes[0].Path)
-	assert.Equal(t, "output-out", sp.Volumes[1].Handle)
-	assert.Equal(t, "build/out", sp.Volumes[1].Path)
 }
 
 func TestResourceStepsRunTheScripts(t *testing.T) {

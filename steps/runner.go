@@ -391,38 +391,11 @@ func (r *runner) outcome(st stepagent.Status, err, cause error) (wire.Event, boo
 	case err != nil:
 		return wire.Event{Type: wire.EventFailed, Phase: wire.Errored, Reason: "StepFailed", Message: err.Error()}, r.hasStarted()
 	}
-	e := StatusEvent(st)
+	e := steppod.StatusEvent(st)
 	if e.Phase == wire.Succeeded && r.sum.Resource {
 		return r.resourceOutcome(e)
 	}
 	return e, true
-}
-
-// StatusEvent is the last event of a step whose process ended as st
-// says: exited (succeeded or failed by its exit status, or failed
-// OOMKilled by its memory limit), or failed
-// (aborted; errored by a timeout, a spawn failure or a lost supervisor).
-func StatusEvent(st stepagent.Status) wire.Event {
-	code := st.ExitStatus
-	e := wire.Event{ExitStatus: &code, Reason: st.Reason, Message: st.Message, Time: st.FinishedAt}
-	switch st.Reason {
-	case stepagent.ReasonExited:
-		e.Type, e.Phase, e.Reason = wire.EventExited, wire.Succeeded, st.Signal
-		if code != 0 {
-			e.Phase = wire.Failed
-		}
-	case stepagent.ReasonOOMKilled:
-		// The step's own process outgrew its memory: it failed, as an
-		// exit status fails it, named as Kubernetes names a container
-		// killed so.
-		e.Type, e.Phase, e.Reason = wire.EventExited, wire.Failed, "OOMKilled"
-		e.Message = fmt.Sprintf("container %q: OOMKilled (%d): %s", steppod.StepContainer, code, st.Message)
-	case stepagent.ReasonAborted:
-		e.Type, e.Phase = wire.EventFailed, wire.Aborted
-	default: // timeout, spawn-failed, lost
-		e.Type, e.Phase = wire.EventFailed, wire.Errored
-	}
-	return e
 }
 
 func (r *runner) hasStarted() bool {
@@ -473,7 +446,7 @@ func (r *runner) spec(ctx context.Context) ([]byte, error) {
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return nil, fmt.Errorf("the step's request: %w", err)
 	}
-	sp := Spec(&req)
+	sp := steppod.AgentSpec(&req)
 	sp.KillGrace = r.placed.KillGrace
 	sp.Answer = r.sum.Resource
 	if r.specRaw, err = json.Marshal(sp); err != nil {
@@ -587,7 +560,7 @@ func (r *runner) inputs(ctx context.Context, rec *Record) ([]wire.InputDigest, e
 func (r *runner) stream(ctx context.Context, in wire.Input) (wire.InputDigest, error) {
 	req := streams.Request{StreamRequest: wire.StreamRequest{
 		From:     wire.Endpoint{Target: in.From.Target, Pod: in.From.Pod, Handle: in.From.Handle, Path: in.From.Path},
-		To:       wire.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: InputVolume(in.Name)},
+		To:       wire.Endpoint{Target: r.placed.Target, Pod: r.placed.Pod, Handle: steppod.InputVolume(in.Name)},
 		Encoding: "raw",
 	}, Caller: streams.Caller{Admin: r.sum.Admin, Team: r.sum.Team}}
 	res, err := r.k.opts.Streamer.Stream(ctx, req, nil)

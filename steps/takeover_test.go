@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/steppod"
 	. "github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/steps/stepstest"
 	"github.com/jetway-ci/jetway/targets"
@@ -24,7 +25,7 @@ func TestTakeOverFromAGoneOwner(t *testing.T) {
 		req := validRequest()
 		req.Handle = handle
 		st.Owner = owner
-		st.Placed = &Placed{Target: "east", Pod: PodName("", handle), At: time.Now()}
+		st.Placed = &Placed{Target: "east", Pod: steppod.Name("", handle), At: time.Now()}
 		r, _, err := m.Records.Create(ctx, SummaryOf(req, false, time.Now()), st, nil)
 		require.NoError(t, err)
 		return r.Name

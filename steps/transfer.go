@@ -2,14 +2,12 @@ package steps
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"hash"
 	"io"
 	"slices"
 	"time"
 
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -42,8 +40,8 @@ func (m *Manager) Upload(ctx context.Context, caller Caller, team, handle, input
 	if err := m.claim(ctx, r.Name, handle, input); err != nil {
 		return wire.InputDigest{}, err
 	}
-	digest := NewDigest(body)
-	to := wire.Endpoint{Target: r.Status.Placed.Target, Pod: r.Status.Placed.Pod, Handle: InputVolume(input)}
+	digest := steppod.NewDigest(body)
+	to := wire.Endpoint{Target: r.Status.Placed.Target, Pod: r.Status.Placed.Pod, Handle: steppod.InputVolume(input)}
 	err = m.opts.Streamer.PutVolume(ctx, to, encoding, digest)
 	got := digest.Input(input)
 	_, uerr := m.opts.Records.Update(context.WithoutCancel(ctx), r.Name, func(cur *Record) error {
@@ -150,29 +148,6 @@ func (r *runner) awaitUpload(ctx context.Context, name string) (wire.InputDigest
 	}
 }
 
-// Digest counts and hashes (SHA-256) the bytes read through it: what a
-// step's input event reports of them, on a cluster and on an agent.
-type Digest struct {
-	r io.Reader
-	h hash.Hash
-	n int64
-}
-
-// NewDigest reads r through a Digest.
-func NewDigest(r io.Reader) *Digest { return &Digest{r: r, h: sha256.New()} }
-
-func (d *Digest) Read(p []byte) (int, error) {
-	n, err := d.r.Read(p)
-	d.n += int64(n)
-	d.h.Write(p[:n])
-	return n, err
-}
-
-// Input is input name's bytes and SHA-256, as read so far.
-func (d *Digest) Input(name string) wire.InputDigest {
-	return wire.InputDigest{Name: name, Bytes: d.n, SHA256: hex.EncodeToString(d.h.Sum(nil))}
-}
-
 // Download opens an output of an ended step whose pod is kept, as a tar
 // in encoding (raw, gzip or zstd). Any gateway serves it.
 func (m *Manager) Download(ctx context.Context, caller Caller, team, handle, output, encoding string) (io.ReadCloser, error) {
@@ -199,13 +174,4 @@ func (m *Manager) Download(ctx context.Context, caller Caller, team, handle, out
 		}
 	}
 	return nil, fmt.Errorf("%w: step %s has no output %q", wire.ErrNotFound, handle, output)
-}
-
-// OutputVolumes are a step's outputs as volumes of its pod.
-func OutputVolumes(outs []wire.Output, target, pod string) []wire.Volume {
-	var vs []wire.Volume
-	for _, o := range outs {
-		vs = append(vs, wire.Volume{Name: o.Name, Target: target, Pod: pod, Handle: OutputVolume(o.Name)})
-	}
-	return vs
 }

@@ -7,11 +7,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jetway-ci/jetway/internal/backoff"
-	"github.com/jetway-ci/jetway/steppod"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/jetway-ci/jetway/internal/backoff"
+	"github.com/jetway-ci/jetway/steppod"
 )
 
 // appearTimeout is how long a pod just made may stay out of the target's

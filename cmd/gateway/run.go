@@ -29,6 +29,7 @@ import (
 	"github.com/jetway-ci/jetway/lifecycle"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/portforward"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
@@ -154,7 +155,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Streamer:    stepStreams,
 		Unavailable: state.unavailable,
 		Placement:   placement,
-		Pod: steps.PodOptions{AgentImage: cfg.StepAgentImage, AgentMount: steps.AgentMount(cfg.StepAgentMount), Installation: cfg.Installation,
+		Pod: steppod.Options{AgentImage: cfg.StepAgentImage, AgentMount: steppod.AgentMount(cfg.StepAgentMount), Installation: cfg.Installation,
 			Extract: tarsafe.Limits{Bytes: int64(cfg.ExtractMaxBytes), Entries: cfg.ExtractMaxEntries}, Key: state.key},
 		ImagePullGrace: cfg.ImagePullGrace,
 		KillGrace:      cfg.StepKillGrace,
@@ -292,9 +293,9 @@ func policy(cfg config.Config) targets.Policy {
 
 // stepDefaults are the step pods' defaults, from the step-* keys
 // (validated: the cpu request parses).
-func stepDefaults(cfg config.Config) steps.StepDefaults {
+func stepDefaults(cfg config.Config) steppod.Defaults {
 	size := func(b config.Bytes) resource.Quantity { return *resource.NewQuantity(int64(b), resource.BinarySI) }
-	return steps.StepDefaults{
+	return steppod.Defaults{
 		VolumeSizeLimit:         size(cfg.StepVolumeSizeLimit),
 		EphemeralStorageRequest: size(cfg.StepEphemeralStorageRequest),
 		CPURequest:              resource.MustParse(cfg.StepDefaultCPURequest),
@@ -412,7 +413,7 @@ func signalContext(parent context.Context, logger *slog.Logger) (context.Context
 // sharing targets, the one holding the placer Lease registers them. The
 // holder keeps the web node's volumes (nil without a state namespace).
 func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.Controller, meshNode *mesh.Mesh,
-	state stepState, streamer *streams.Streamer, pod steps.PodOptions, reg prometheus.Registerer,
+	state stepState, streamer *streams.Streamer, pod steppod.Options, reg prometheus.Registerer,
 	logger *slog.Logger) (*concourse.Registrar, *concourse.Holder, error) {
 	if cfg.ConcourseTSA == "" && cfg.ConcourseURL == "" {
 		return nil, nil, nil
@@ -446,7 +447,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	var containers *concourse.Containers
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
-		podOptions := func() steps.PodOptions { return pod }
+		podOptions := func() steppod.Options { return pod }
 		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics,
 			Logger: logger.With("component", "concourse")}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}

@@ -27,6 +27,7 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
@@ -77,9 +78,9 @@ func runStepsBench(b *testing.B, node benchNode) {
 	defer cancel()
 	// kwok's node runs the agent from a local folder whatever the pod
 	// says: its gateway is the init-container one alone.
-	mount := string(steps.AgentInitContainer)
+	mount := string(steppod.AgentInitContainer)
 	if node.real {
-		mount = string(steps.AgentImageVolume)
+		mount = string(steppod.AgentImageVolume)
 	}
 	bed, gw, stop := stepsGateway(ctx, b, node, "", "--step-agent-mount", mount)
 	defer stop()
@@ -89,7 +90,7 @@ func runStepsBench(b *testing.B, node benchNode) {
 	// to.
 	var fallbackGW *gatewayProc
 	if node.real {
-		fallbackGW = bed.gateway(b, "", "--step-agent-mount", string(steps.AgentInitContainer))
+		fallbackGW = bed.gateway(b, "", "--step-agent-mount", string(steppod.AgentInitContainer))
 		defer fallbackGW.stop(b)
 	}
 

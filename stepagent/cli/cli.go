@@ -29,7 +29,7 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
-// a Concourse volume holder's sidecar gets one (steps.VolumeHolderPod).
+// a Concourse volume holder's sidecar gets one (steppod.HolderPod).
 const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeSizeLimit " +
 	"in its target.yaml, else the gateway's step-volume-size-limit"
 

@@ -31,7 +31,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/mesh"
-	"github.com/jetway-ci/jetway/steps"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/volumes"
 )
 
@@ -98,7 +98,7 @@ func (rc *receiver) streamIn(w http.ResponseWriter, r *http.Request) {
 	}
 	u := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", rc.vs.Port()),
 		Path: "/volumes/" + url.PathEscape(handle) + "/stream-in", RawQuery: r.URL.RawQuery}
-	digest := steps.NewDigest(r.Body)
+	digest := steppod.NewDigest(r.Body)
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, u.String(), digest)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -1,4 +1,4 @@
-package steps
+package steppod
 
 import (
 	"strconv"
@@ -15,19 +15,19 @@ import (
 	"github.com/jetway-ci/jetway/wire"
 )
 
-// TestVolumeHolderSidecarKnowsItsCapacity: the volume holder's sidecar
+// TestHolderSidecarKnowsItsCapacity: the volume holder's sidecar
 // gets its emptyDir's size limit (the gateway's, or the target's
 // target.yaml's) as its capacity, so that it refuses a write past it
 // rather than be evicted; without a size limit, none. A step pod's
 // sidecar gets none: its step writes the emptyDir too.
-func TestVolumeHolderSidecarKnowsItsCapacity(t *testing.T) {
+func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 	key, err := ownership.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	defaults := StepDefaults{VolumeSizeLimit: resource.MustParse("10Gi")}
+	defaults := Defaults{VolumeSizeLimit: resource.MustParse("10Gi")}
 	for _, tt := range []struct {
 		name     string
 		policy   targets.StepPolicy
-		defaults StepDefaults
+		defaults Defaults
 		want     string // "": no capacity
 	}{
 		{name: "the gateway's", defaults: defaults, want: "10737418240"},
@@ -38,7 +38,7 @@ func TestVolumeHolderSidecarKnowsItsCapacity(t *testing.T) {
 			tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
 				Meta: targets.Metadata{Namespace: "ci", Steps: tt.policy}}, "prod")
 			require.NoError(t, err)
-			p := VolumeHolderPod(tgt, PodOptions{AgentImage: "reg/step-agent:1", Installation: "prod", Steps: tt.defaults, Key: key})
+			p := HolderPod(tgt, Options{AgentImage: "reg/step-agent:1", Installation: "prod", Steps: tt.defaults, Key: key})
 			cmd := strings.Join(p.Spec.Containers[0].Command, " ")
 			if tt.want == "" {
 				assert.Nil(t, p.Spec.Volumes[0].EmptyDir.SizeLimit)

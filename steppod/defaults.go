@@ -1,8 +1,6 @@
-package steps
+package steppod
 
 import (
-	"fmt"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -10,7 +8,7 @@ import (
 	"github.com/jetway-ci/jetway/wire"
 )
 
-// StepDefaults are what a step pod gets unless its target's target.yaml
+// Defaults are what a step pod gets unless its target's target.yaml
 // (`steps:`, targets.StepPolicy) says otherwise: the gateway's step-*
 // flags. A zero quantity is none.
 //
@@ -22,7 +20,7 @@ import (
 // BestEffort, the first the kubelet evicts under memory pressure, and the
 // scheduler packs it anywhere, so its use crowds out the other tenants of
 // the node: default requests make every step Burstable and counted.
-type StepDefaults struct {
+type Defaults struct {
 	// VolumeSizeLimit is the sizeLimit of the step pod's emptyDir (the
 	// build dir, its inputs and outputs, the agent's log): past it the
 	// kubelet evicts the pod.
@@ -38,14 +36,14 @@ type StepDefaults struct {
 }
 
 // For is d with what the target's policy sets instead.
-func (d StepDefaults) For(p targets.StepPolicy) StepDefaults {
+func (d Defaults) For(p targets.StepPolicy) Defaults {
 	pick := func(def resource.Quantity, target *resource.Quantity) resource.Quantity {
 		if target != nil {
 			return target.DeepCopy()
 		}
 		return def.DeepCopy()
 	}
-	return StepDefaults{
+	return Defaults{
 		VolumeSizeLimit:         pick(d.VolumeSizeLimit, p.VolumeSizeLimit),
 		EphemeralStorageRequest: pick(d.EphemeralStorageRequest, p.EphemeralStorageRequest),
 		CPURequest:              pick(d.CPURequest, p.DefaultCPURequest),
@@ -77,7 +75,7 @@ func stepSecurity(privileged bool) *corev1.SecurityContext {
 }
 
 // stepVolume is the emptyDir step pods share, bounded by d.
-func stepVolume(d StepDefaults) corev1.VolumeSource {
+func stepVolume(d Defaults) corev1.VolumeSource {
 	dir := &corev1.EmptyDirVolumeSource{}
 	if !d.VolumeSizeLimit.IsZero() {
 		limit := d.VolumeSizeLimit.DeepCopy()
@@ -90,7 +88,7 @@ func stepVolume(d StepDefaults) corev1.VolumeSource {
 // a step asks for as both requests and limits, so it gets what it asked
 // for and no more; d's requests for what it does not ask; and d's
 // ephemeral-storage request.
-func stepResources(r wire.Resources, d StepDefaults) corev1.ResourceRequirements {
+func stepResources(r wire.Resources, d Defaults) corev1.ResourceRequirements {
 	req, lim := corev1.ResourceList{}, corev1.ResourceList{}
 	for _, res := range []struct {
 		name  corev1.ResourceName
@@ -117,14 +115,4 @@ func stepResources(r wire.Resources, d StepDefaults) corev1.ResourceRequirements
 		out.Limits = lim
 	}
 	return out
-}
-
-// privilegeRefused says why target t does not run a privileged step, or
-// nil if it does (or the step is not privileged).
-func privilegeRefused(sum *Summary, t *targets.Target) error {
-	if !sum.Privileged || t.Config.Meta.Steps.AllowPrivileged {
-		return nil
-	}
-	return fmt.Errorf("target %s does not run privileged steps: its policy does not allow them (%s in its target.yaml)",
-		t.Name(), targets.PrivilegedKey)
 }
