@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,10 +119,6 @@ const (
 	createTimeout  = 2 * time.Minute
 )
 
-// validHandle is a handle jetway takes: a pod label's value (the web node
-// gives UUIDs).
-var validHandle = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
-
 // Create makes target's container of spec: its record, then its pod. It
 // returns once the pod is made, not once its image is pulled: a process
 // run in it waits for that, saying so.
@@ -133,7 +128,7 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if spec.Handle == "" {
 		return nil, errors.New("a container needs a handle: the web node always gives one")
 	}
-	if !validHandle.MatchString(spec.Handle) {
+	if !wire.IsContainerHandle(spec.Handle) {
 		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
 	}
 	w, err := c.worker(target)

@@ -15,6 +15,7 @@ import (
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/steps"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A worker is where one of the web node's workers keeps its containers:
@@ -185,9 +186,9 @@ func (w agentWorker) newContainer(_ context.Context, spec garden.ContainerSpec) 
 }
 
 func (w agentWorker) makeContainer(ctx context.Context, ct *Container) error {
-	mounts := make([]localMount, 0, len(ct.Spec.BindMounts))
+	mounts := make([]wire.LocalMount, 0, len(ct.Spec.BindMounts))
 	for _, bm := range ct.Spec.BindMounts {
-		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
+		mounts = append(mounts, wire.LocalMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
 	}
 	if err := w.agents.makeContainer(ctx, w.name, ct.Handle(), mounts); err != nil {
 		return fmt.Errorf("make container %s: %w", ct.Handle(), err)
