@@ -459,20 +459,27 @@ func (c *Containers) moveIn(ctx context.Context, ct *Container) error {
 // a get's files from those volumes.
 func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return c.move(ctx, ct, false) }
 
-// move copies each bind mount's volume into the pod (in), or each
+// move copies the volumes of ct's bind mounts in or out, as its worker
+// keeps them (worker.moveVolumes).
+func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
+	if c.Stream == nil || c.Holder == nil {
+		return nil
+	}
+	w, err := c.workerOf(ct)
+	if err != nil {
+		return err
+	}
+	return w.moveVolumes(ctx, ct, in)
+}
+
+// movePod copies each bind mount's volume into ct's pod (in), or each
 // writable one back (out), at most moveParallel at once, but for a mount
 // other mounts are nested in (a task's build dir, whose inputs, outputs
 // and caches are mounts of their own, and which the web node never reads
 // again) and the web node's /scratch (a new empty volume each time, never
 // read again). A mount whose source is no volume of the holder (a path
 // of the web node's worker host) is left empty.
-func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
-	if c.Stream == nil || c.Holder == nil {
-		return nil
-	}
-	if w, err := c.workerOf(ct); err != nil || w.mountsAreVolumes() {
-		return err
-	}
+func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error {
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()
 	holder := steps.VolumeHolderName(c.Pod().Installation)
