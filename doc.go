@@ -38,13 +38,19 @@
 //     installation and its agents: route announcements, relayed calls and
 //     streams (docs/mesh.md).
 //   - agent: `gateway agent`, a machine without Kubernetes as one target,
-//     running tasks as local processes under the step agent's supervisor.
+//     running tasks as local processes under the step agent's supervisor,
+//     and a Concourse web node's worker (its LocalWorker).
+//   - concourse: targets and agents as an unmodified Concourse web node's
+//     workers: registration, lifecycle both ways, the garbage-collection
+//     rounds, and the workers' Garden and volume APIs, on pods or, for an
+//     agent, through the mesh to its LocalWorker.
 //   - api: HTTP. The Concourse worker API fly reads, jetway's own API
 //     (targets, placements, steps, streams), /metrics and the probes.
 //   - wire: the shapes on the HTTP API (a step's request, view and events,
 //     errors, a stream's request and result, the one Concourse worker
-//     JSON), importing only the standard library; api, steps, agent,
-//     concourse, streams, stepagent and the client share them.
+//     JSON, the calls on an agent's local worker), importing only the
+//     standard library; api, steps, agent, concourse, streams,
+//     stepagent and the client share them.
 //   - client: a Go client of the API and the Orchestrator a CI core calls;
 //     of jetway it imports only wire (and internal/tarsafe), so no
 //     Kubernetes, Garden, yamux or Prometheus package.

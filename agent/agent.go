@@ -6,6 +6,14 @@
 // this package is that API's targets, lifecycle, steps and streams for
 // one machine.
 //
+// It is also the web node's worker the machine is (LocalWorker, beside
+// the API on the mesh): a gateway registers the agent with a Concourse
+// web node, passes on its volume calls and turns its Garden calls into
+// the local worker's (package concourse), which answers with folders for
+// containers, a volume server for volumes and runs of the step agent for
+// processes. The two sides share only the calls written down in wire
+// (wire.LocalWorkerPath).
+//
 // A step runs as in a step pod: the step agent (stepagent) prepares its
 // folder, a detached supervisor runs the process and writes its log and
 // status, and the agent reads the log from an offset. So a step outlives

@@ -17,11 +17,13 @@ import (
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // Agents reach the workers of the agents joined to this gateway (whose
 // registrar registers them), over the mesh: each serves its volumes and
-// containers as a LocalWorker. A web node's calls for an agent's worker
+// containers as an agent.LocalWorker, to the protocol in wire
+// (wire.LocalWorkerPath). A web node's calls for an agent's worker
 // go to the agent; nothing of it lives in a cluster but its containers'
 // records.
 type Agents struct {
@@ -41,9 +43,9 @@ func (a *Agents) Has(target string) bool {
 	return slices.ContainsFunc(a.Joined(), func(st targets.Status) bool { return st.Name == target })
 }
 
-// send sends one call to agent's LocalWorker: p below LocalWorkerPath.
+// send sends one call to agent's LocalWorker: p below wire.LocalWorkerPath.
 func (a *Agents) send(ctx context.Context, agent, method, p string, q url.Values, h http.Header, body io.Reader) (*http.Response, error) {
-	u := url.URL{Scheme: "http", Host: agent, Path: LocalWorkerPath + p, RawQuery: q.Encode()}
+	u := url.URL{Scheme: "http", Host: agent, Path: wire.LocalWorkerPath + p, RawQuery: q.Encode()}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return nil, err
@@ -89,8 +91,8 @@ func (a *Agents) call(ctx context.Context, agent, method, p string, body []byte,
 }
 
 // makeContainer makes agent's container handle with mounts.
-func (a *Agents) makeContainer(ctx context.Context, agent, handle string, mounts []localMount) error {
-	body, err := json.Marshal(localContainer{Mounts: mounts})
+func (a *Agents) makeContainer(ctx context.Context, agent, handle string, mounts []wire.LocalMount) error {
+	body, err := json.Marshal(wire.LocalContainer{Mounts: mounts})
 	if err != nil {
 		return err
 	}
@@ -130,7 +132,7 @@ func (a *Agents) exec(agent, handle string) steppod.ExecStream {
 			stdin = http.NoBody
 		}
 		resp, err := a.send(ctx, agent, http.MethodPost, "containers/"+url.PathEscape(handle)+"/exec",
-			url.Values{"arg": cmd[1:]}, http.Header{"Content-Type": {"application/octet-stream"}}, stdin)
+			url.Values{wire.LocalExecArg: cmd[1:]}, http.Header{"Content-Type": {"application/octet-stream"}}, stdin)
 		if err != nil {
 			return err
 		}
@@ -142,8 +144,8 @@ func (a *Agents) exec(agent, handle string) steppod.ExecStream {
 		if _, err := io.Copy(stdout, resp.Body); err != nil {
 			return fmt.Errorf("agent %s, over the mesh: %w", agent, err)
 		}
-		code, err := strconv.Atoi(resp.Trailer.Get(trailerExitCode))
-		stderr := resp.Trailer.Get(trailerStderr)
+		code, err := strconv.Atoi(resp.Trailer.Get(wire.TrailerExitCode))
+		stderr := resp.Trailer.Get(wire.TrailerExecStderr)
 		switch {
 		case err != nil:
 			return fmt.Errorf("agent %s: the exec ended without its exit code", agent)

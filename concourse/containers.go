@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,10 +119,6 @@ const (
 	createTimeout  = 2 * time.Minute
 )
 
-// validHandle is a handle jetway takes: a pod label's value (the web node
-// gives UUIDs).
-var validHandle = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
-
 // Create makes target's container of spec: its record, then its pod. It
 // returns once the pod is made, not once its image is pulled: a process
 // run in it waits for that, saying so.
@@ -133,7 +128,7 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if spec.Handle == "" {
 		return nil, errors.New("a container needs a handle: the web node always gives one")
 	}
-	if !validHandle.MatchString(spec.Handle) {
+	if !wire.IsContainerHandle(spec.Handle) {
 		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
 	}
 	w, err := c.worker(target)
@@ -464,20 +459,27 @@ func (c *Containers) moveIn(ctx context.Context, ct *Container) error {
 // a get's files from those volumes.
 func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return c.move(ctx, ct, false) }
 
-// move copies each bind mount's volume into the pod (in), or each
+// move copies the volumes of ct's bind mounts in or out, as its worker
+// keeps them (worker.moveVolumes).
+func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
+	if c.Stream == nil || c.Holder == nil {
+		return nil
+	}
+	w, err := c.workerOf(ct)
+	if err != nil {
+		return err
+	}
+	return w.moveVolumes(ctx, ct, in)
+}
+
+// movePod copies each bind mount's volume into ct's pod (in), or each
 // writable one back (out), at most moveParallel at once, but for a mount
 // other mounts are nested in (a task's build dir, whose inputs, outputs
 // and caches are mounts of their own, and which the web node never reads
 // again) and the web node's /scratch (a new empty volume each time, never
 // read again). A mount whose source is no volume of the holder (a path
 // of the web node's worker host) is left empty.
-func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
-	if c.Stream == nil || c.Holder == nil {
-		return nil
-	}
-	if w, err := c.workerOf(ct); err != nil || w.mountsAreVolumes() {
-		return err
-	}
+func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error {
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()
 	holder := steppod.HolderName(c.Pod().Installation)

@@ -59,15 +59,6 @@ func TestBindMountsAreFoldersOfThePodVolume(t *testing.T) {
 	}
 }
 
-func TestHandlesAreLabelValues(t *testing.T) {
-	for _, h := range []string{"dbf66ad4-1e01-4cb9-986b-f97ece8187d7", "a", "cwc.1_x"} {
-		assert.True(t, validHandle.MatchString(h), h)
-	}
-	for _, h := range []string{"", "-a", "a-", "with space", strings.Repeat("a", 64), "a/b"} {
-		assert.False(t, validHandle.MatchString(h), h)
-	}
-}
-
 // Garden's client rebuilds an error from its type: an unknown container
 // must come back as ContainerNotFoundError (the web node then makes it
 // anew), wrapped or not.

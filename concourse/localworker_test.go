@@ -1,9 +1,8 @@
-package concourse
+package concourse_test
 
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,20 +13,28 @@ import (
 	"testing"
 	"time"
 
-	"code.cloudfoundry.org/garden"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/agent"
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
+
+// The round trip of an agent's worker: the gateway's side
+// (concourse.Agents, its calls exported for this test in
+// export_test.go) against the agent's (agent.LocalWorker), over HTTP as
+// the mesh carries it. It lives outside both packages, which import
+// only wire of each other's protocol.
 
 // localWorker serves a LocalWorker over dir to callers of kind, and
 // returns the gateway's side of it (an agent named "box").
-func localWorker(t *testing.T, dir, kind string, stepAgent ...string) *Agents {
+func localWorker(t *testing.T, dir, kind string, stepAgent ...string) *concourse.Agents {
 	t.Helper()
-	w := &LocalWorker{Dir: dir, StepAgent: stepAgent}
+	w := &agent.LocalWorker{Dir: dir, StepAgent: stepAgent}
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go func() { started <- w.Start(ctx) }()
@@ -47,10 +54,10 @@ func localWorker(t *testing.T, dir, kind string, stepAgent ...string) *Agents {
 		return (&net.Dialer{}).DialContext(ctx, network, srv.Listener.Addr().String())
 	}}
 	t.Cleanup(tr.CloseIdleConnections)
-	a := &Agents{Joined: func() []targets.Status { return []targets.Status{{Name: "box"}} }, Client: &http.Client{Transport: tr}}
+	a := &concourse.Agents{Joined: func() []targets.Status { return []targets.Status{{Name: "box"}} }, Client: &http.Client{Transport: tr}}
 	// The volume server answers once Start has made it.
 	require.Eventually(t, func() bool {
-		resp, err := a.volumes(context.Background(), "box", http.MethodGet, "/volumes", nil, nil, nil)
+		resp, err := a.Volumes(context.Background(), "box", http.MethodGet, "/volumes", nil, nil, nil)
 		if err != nil {
 			return false
 		}
@@ -70,14 +77,14 @@ func TestLocalWorkerContainersAreFolders(t *testing.T) {
 	a := localWorker(t, dir, mesh.KindGateway)
 	ctx := context.Background()
 	for _, h := range []string{"build", "input"} {
-		resp, err := a.volumes(ctx, "box", http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}},
+		resp, err := a.Volumes(ctx, "box", http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}},
 			strings.NewReader(`{"handle": "`+h+`", "strategy": {"type": "empty"}}`))
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusCreated, resp.StatusCode)
 	}
 	vols := filepath.Join(dir, "volumes")
-	require.NoError(t, a.makeContainer(ctx, "box", "c1", []localMount{
+	require.NoError(t, a.MakeContainer(ctx, "box", "c1", []wire.LocalMount{
 		{Path: "/tmp/build/x/input", Source: filepath.Join(vols, "input")},
 		{Path: "/tmp/build/x", Source: filepath.Join(vols, "build")},
 		{Path: "/etc/ssl/certs", Source: "/etc/ssl/certs"},
@@ -96,20 +103,20 @@ func TestLocalWorkerContainersAreFolders(t *testing.T) {
 		assert.True(t, fi.IsDir(), "%s: a source that is no volume is an empty folder", empty)
 	}
 
-	handles, err := a.containers(ctx, "box")
+	handles, err := a.Containers(ctx, "box")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"c1"}, handles)
-	require.NoError(t, a.destroyContainer(ctx, "box", "c1"))
-	require.NoError(t, a.destroyContainer(ctx, "box", "c1"), "gone already: no error")
+	require.NoError(t, a.DestroyContainer(ctx, "box", "c1"))
+	require.NoError(t, a.DestroyContainer(ctx, "box", "c1"), "gone already: no error")
 	assert.NoDirExists(t, filepath.Join(dir, "containers", "c1"))
 	assert.DirExists(t, filepath.Join(vols, "input"))
-	handles, err = a.containers(ctx, "box")
+	handles, err = a.Containers(ctx, "box")
 	require.NoError(t, err)
 	assert.Empty(t, handles)
 
-	err = a.makeContainer(ctx, "box", "c2", []localMount{{Path: "relative", Source: "x"}})
+	err = a.MakeContainer(ctx, "box", "c2", []wire.LocalMount{{Path: "relative", Source: "x"}})
 	assert.ErrorContains(t, err, `mount "relative": not an absolute path below /`)
-	err = a.makeContainer(ctx, "box", "../c3", nil)
+	err = a.MakeContainer(ctx, "box", "../c3", nil)
 	assert.Error(t, err)
 	assert.NoDirExists(t, filepath.Join(dir, "c3"))
 }
@@ -124,8 +131,8 @@ func TestLocalWorkerExec(t *testing.T) {
 	script := `cat; echo "root=$` + stepagent.RootEnv + ` fs=$` + stepagent.FSEnv + ` args=$*"; echo said-this >&2; exit 7`
 	a := localWorker(t, dir, mesh.KindGateway, "sh", "-c", script, "sh")
 	ctx := context.Background()
-	require.NoError(t, a.makeContainer(ctx, "box", "c1", nil))
-	exec := a.exec("box", "c1")
+	require.NoError(t, a.MakeContainer(ctx, "box", "c1", nil))
+	exec := a.Exec("box", "c1")
 	var out bytes.Buffer
 	err := exec(ctx, nil, "", []string{stepagent.BinPath, "tail", "--run", "p1"}, strings.NewReader("stdin-bytes\n"), &out)
 	code, ok := stepagent.ExitCode(err)
@@ -138,11 +145,11 @@ func TestLocalWorkerExec(t *testing.T) {
 	// A process's stdin may stay open after it ends (the web node's
 	// stream): the exec ends with the process, and says it succeeded.
 	quick := localWorker(t, t.TempDir(), mesh.KindGateway, "sh", "-c", "echo ended", "sh")
-	require.NoError(t, quick.makeContainer(ctx, "box", "c1", nil))
+	require.NoError(t, quick.MakeContainer(ctx, "box", "c1", nil))
 	stdin, open := io.Pipe()
 	defer open.Close()
 	out.Reset()
-	require.NoError(t, quick.exec("box", "c1")(ctx, nil, "", []string{stepagent.BinPath, "run", "--run", "p1"}, stdin, &out))
+	require.NoError(t, quick.Exec("box", "c1")(ctx, nil, "", []string{stepagent.BinPath, "run", "--run", "p1"}, stdin, &out))
 	assert.Equal(t, "ended\n", out.String())
 
 	for _, cmd := range [][]string{
@@ -155,59 +162,6 @@ func TestLocalWorkerExec(t *testing.T) {
 		_, coded := stepagent.ExitCode(err)
 		assert.False(t, coded, "%q is refused, not run: %v", cmd, err)
 	}
-	err = a.exec("box", "c9")(ctx, nil, "", []string{stepagent.BinPath, "tail", "--run", "p1"}, nil, io.Discard)
+	err = a.Exec("box", "c9")(ctx, nil, "", []string{stepagent.BinPath, "tail", "--run", "p1"}, nil, io.Discard)
 	assert.ErrorContains(t, err, "container c9 not found on this agent")
-}
-
-// TestLocalWorkerServesGatewaysOnly: an agent answers its worker's calls
-// to the gateways of its mesh alone: another agent, or a caller not on
-// the mesh, gets 404 and nothing is made.
-func TestLocalWorkerServesGatewaysOnly(t *testing.T) {
-	for _, kind := range []string{mesh.KindAgent, ""} {
-		dir := t.TempDir()
-		w := &LocalWorker{Dir: dir, StepAgent: []string{"true"}}
-		h := w.Handler()
-		for _, r := range []*http.Request{
-			httptest.NewRequest(http.MethodPut, LocalWorkerPath+"containers/c1", strings.NewReader(`{"mounts": []}`)),
-			httptest.NewRequest(http.MethodGet, LocalWorkerPath+"volumes", nil),
-			httptest.NewRequest(http.MethodPost, LocalWorkerPath+"containers/c1/exec?arg=run&arg=--run&arg=x", nil),
-		} {
-			if kind != "" {
-				r = r.WithContext(mesh.WithPeerKind(r.Context(), "other", kind))
-			}
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, r)
-			assert.Equal(t, http.StatusNotFound, rec.Code, "%s %s from %q", r.Method, r.URL, kind)
-		}
-		assert.NoDirExists(t, filepath.Join(dir, "containers", "c1"))
-	}
-}
-
-// TestAgentsNotJoined: a worker whose agent has no session with this
-// gateway is no agent's here.
-func TestAgentsNotJoined(t *testing.T) {
-	a := &Agents{Joined: func() []targets.Status { return []targets.Status{{Name: "box"}} }}
-	assert.True(t, a.Has("box"))
-	assert.False(t, a.Has("other"))
-	var none *Agents
-	assert.False(t, none.Has("box"))
-}
-
-// noTargets is a registry without cluster targets.
-type noTargets struct{}
-
-func (noTargets) Target(name string) (*targets.Target, error) {
-	return nil, fmt.Errorf("target %s: %w", name, targets.ErrNotFound)
-}
-
-// TestContainersOnNeitherTargetNorAgent: a web node's container on a
-// worker that is neither a cluster target nor an agent joined to this
-// gateway (an agent joined to another one) is refused, naming it; on an
-// agent joined here, a privileged one is refused, naming the agent.
-func TestContainersOnNeitherTargetNorAgent(t *testing.T) {
-	c := &Containers{Targets: noTargets{}, Agents: &Agents{Joined: func() []targets.Status { return []targets.Status{{Name: "box"}} }}}
-	_, err := c.Create(context.Background(), "elsewhere", garden.ContainerSpec{Handle: "h1"})
-	assert.EqualError(t, err, "worker elsewhere is neither a cluster target nor an agent joined to this gateway: jetway runs no container for it here")
-	_, err = c.Create(context.Background(), "box", garden.ContainerSpec{Handle: "h1", Privileged: true})
-	assert.ErrorContains(t, err, "worker box is an agent: it runs processes as its own user, never privileged")
 }

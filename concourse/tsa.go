@@ -1,14 +1,3 @@
-// Package concourse makes jetway's targets workers of an unmodified
-// Concourse web node: each running target this gateway registers keeps one
-// SSH session to the web node's TSA (forward-worker), through which the
-// web node reaches the worker's Garden and volume APIs over two forwards
-// made by the SSH connection itself (jetway opens no port); or, where the
-// web node reaches the gateway directly, it is registered through the web
-// node's REST API (REST), jetway listening for those calls and
-// heartbeating the worker itself. Lifecycle goes both ways: the web node
-// landing or retiring the worker ends the registration, which lands the
-// target in jetway; jetway's own land, retire and prune reach the web node
-// as land-worker, retire-worker and delete-worker. See docs/concourse.md.
 package concourse
 
 import (

@@ -95,45 +95,68 @@ func (h *Holder) Start(ctx context.Context) error {
 	return nil
 }
 
-// errNoHolder: the target has no volume holder, so no volume.
-var errNoHolder = errors.New("no volume holder")
+// Errors of a worker's volumes.
+var (
+	// errNoHolder: the worker has no volume holder, so no volume.
+	errNoHolder = errors.New("no volume holder")
+	// errHolderToMake: a cluster target has no volume holder pod yet;
+	// the first create makes it.
+	errHolderToMake = fmt.Errorf("%w pod yet", errNoHolder)
+)
 
-// holder returns target's volume holder pod's name if there is one and it
-// is jetway's; for an agent's worker, no target and no pod: the agent
-// keeps its volumes (send). errNoHolder if there is none, with the target
-// to make it on, or none (a worker jetway does not know; a pod of that
-// name jetway did not seal, which is never used).
-func (h *Holder) holder(target string) (*targets.Target, string, error) {
-	t, err := listed(h.Targets, target)
-	switch {
-	case err != nil:
-		return nil, "", err
-	case t == nil && h.Agents.Has(target):
-		return nil, "", nil
-	case t == nil:
-		return nil, "", fmt.Errorf("worker %s is neither a cluster target nor an agent joined to this gateway: "+
+// volumeSender sends one request to a worker's volume server (its volume
+// holder pod's sidecar, or an agent's): path is the volume API's.
+type volumeSender func(ctx context.Context, method, path string, q url.Values, h http.Header, body io.Reader) (*http.Response, error)
+
+// worker is target's worker, whose volumes h keeps: errNoHolder for a
+// worker jetway does not know.
+func (h *Holder) worker(target string) (worker, error) {
+	w, err := findWorker(h.Targets, h.Agents, h.Pod, nil, target)
+	if errors.Is(err, errNoWorker) {
+		return nil, fmt.Errorf("worker %s is neither a cluster target nor an agent joined to this gateway: "+
 			"jetway keeps no volumes for it: %w", target, errNoHolder)
 	}
-	opts := h.Pod()
-	if opts.Key.IsZero() {
-		return nil, "", errors.New("the installation's pod key is not read yet: jetway cannot reach its volume holder")
+	return w, err
+}
+
+// volumes is where target's volumes are served: errNoHolder if it keeps
+// none.
+func (h *Holder) volumes(target string) (volumeSender, error) {
+	w, err := h.worker(target)
+	if err != nil {
+		return nil, err
 	}
+	return w.volumes(h)
+}
+
+// holderPod is the name of cluster target t's volume holder pod if there
+// is one and it is jetway's: errHolderToMake if there is none, an
+// unboundHolder if it is sealed but not bound, errNoHolder for a pod of
+// that name jetway did not seal (which is never used).
+func (h *Holder) holderPod(t *targets.Target, opts steppod.Options) (string, error) {
 	name := steppod.HolderName(opts.Installation)
 	p := t.CachedPod(name)
 	if p == nil || p.DeletionTimestamp != nil {
-		return t, name, errNoHolder
+		return name, errHolderToMake
 	}
-	switch why := opts.Key.Verdict(target, p); why {
+	switch why := opts.Key.Verdict(t.Name(), p); why {
 	case ownership.Unsealed:
 		// Planted: it gets no request. The worker holds no volume, and
 		// makes none.
 		h.Metrics.podRefused(why)
-		return nil, "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: "+
+		return "", fmt.Errorf("pod %s/%s carries the volume holder's name and labels but jetway did not make it: "+
 			"left alone, and no volume is kept on this worker until it is gone: %w", t.Namespace(), name, errNoHolder)
 	case ownership.Unbound:
-		return t, name, &unboundHolder{p}
+		return name, &unboundHolder{p}
 	}
-	return t, name, nil
+	return name, nil
+}
+
+// podSender sends to target's volume holder pod.
+func (h *Holder) podSender(target, pod string) volumeSender {
+	return func(ctx context.Context, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+		return h.Server(ctx, target, pod, method, path, q, hdr, body)
+	}
 }
 
 // unboundHolder: a pod of the volume holder's name is sealed but not
@@ -145,23 +168,21 @@ func (e *unboundHolder) Error() string {
 	return fmt.Sprintf("the volume holder pod %s is not bound to jetway's create: it gets no request", e.pod.Name)
 }
 
-// ensure returns target's volume holder, making it (and binding it) if
-// there is none, once it runs. Whoever made the pod of that name, it is
-// used only if it is the very pod jetway made (ownership.Key.Bound).
-func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
-	t, name, err := h.holder(target)
-	if err == nil && t == nil {
-		return "", nil // an agent's
-	}
+// ensure makes cluster target t's volume holder (and binds it) if there
+// is none, and waits until it runs. Whoever made the pod of that name, it
+// is used only if it is the very pod jetway made (ownership.Key.Bound):
+// the caller looks at it again.
+func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Options) error {
+	name, err := h.holderPod(t, opts)
 	var unbound *unboundHolder
 	switch {
 	case errors.As(err, &unbound):
 		err = h.replaceUnbound(ctx, t, unbound.pod)
-	case errors.Is(err, errNoHolder) && t != nil:
+	case errors.Is(err, errHolderToMake):
 		err = h.makeHolder(ctx, t)
 	}
 	if err != nil {
-		return "", err
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmpDuration(h.Ready, holderReady))
 	defer cancel()
@@ -169,7 +190,7 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 	err = t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
 		// Called with the cache held: read the pods given, not the cache.
 		i := slices.IndexFunc(pods, func(p *corev1.Pod) bool { return p.Name == name })
-		return i >= 0 && steppod.SidecarListens(pods[i]) && key.Bound(target, pods[i])
+		return i >= 0 && steppod.SidecarListens(pods[i]) && key.Bound(t.Name(), pods[i])
 	})
 	if err != nil {
 		p := t.CachedPod(name)
@@ -177,12 +198,9 @@ func (h *Holder) ensure(ctx context.Context, target string) (string, error) {
 		if p != nil {
 			phase = string(p.Status.Phase)
 		}
-		return "", fmt.Errorf("the volume holder pod %s/%s does not run and listen (%s): %w", t.Namespace(), name, phase, err)
+		return fmt.Errorf("the volume holder pod %s/%s does not run and listen (%s): %w", t.Namespace(), name, phase, err)
 	}
-	if _, _, err := h.holder(target); err != nil {
-		return "", err
-	}
-	return name, nil
+	return nil
 }
 
 // makeHolder makes target's volume holder and binds it; one another replica
@@ -255,17 +273,18 @@ func cmpDuration(d, def time.Duration) time.Duration {
 	return def
 }
 
-// call sends one request to target's holder; a holder just made may not
-// answer at once (its port-forward), so a failure to connect is retried
-// for a while. body must be replayable when retried: nil or bytes.
-func (h *Holder) call(ctx context.Context, target, pod, method, path string, q url.Values, hdr http.Header, body []byte) (*http.Response, error) {
+// call sends one request to a worker's volumes; a holder just made may
+// not answer at once (its port-forward), so a failure to connect is
+// retried for a while. body must be replayable when retried: nil or
+// bytes.
+func (send volumeSender) call(ctx context.Context, method, path string, q url.Values, hdr http.Header, body []byte) (*http.Response, error) {
 	deadline := time.Now().Add(holderAnswer)
 	for {
 		var r io.Reader
 		if body != nil {
 			r = bytes.NewReader(body)
 		}
-		resp, err := h.send(ctx, target, pod, method, path, q, hdr, r)
+		resp, err := send(ctx, method, path, q, hdr, r)
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return resp, err
 		}
@@ -277,15 +296,6 @@ func (h *Holder) call(ctx context.Context, target, pod, method, path string, q u
 	}
 }
 
-// send sends one request to target's volumes: its holder pod's volume
-// sidecar, or an agent's volume server (pod "").
-func (h *Holder) send(ctx context.Context, target, pod, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
-	if pod == "" {
-		return h.Agents.volumes(ctx, target, method, path, q, hdr, body)
-	}
-	return h.Server(ctx, target, pod, method, path, q, hdr, body)
-}
-
 // create makes a volume in target's holder (making the holder first):
 // body is the web node's create request, passed on unchanged. It returns
 // the volume's JSON.
@@ -293,11 +303,15 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	// Making the holder waits for its pod; a copy takes its time.
 	ctx, cancel := context.WithTimeout(ctx, holderReady+holderCreate)
 	defer cancel()
-	pod, err := h.ensure(ctx, target)
+	w, err := h.worker(target)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := h.call(ctx, target, pod, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
+	send, err := w.makeVolumes(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := send.call(ctx, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
 	}
@@ -379,14 +393,14 @@ func (h *Holder) future(target, handle string, drop bool) *future {
 func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
-	_, pod, err := h.holder(target)
+	send, err := h.volumes(target)
 	if errors.Is(err, errNoHolder) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	resp, err := h.send(ctx, target, pod, http.MethodGet, "/volumes", nil, nil, nil)
+	resp, err := send(ctx, http.MethodGet, "/volumes", nil, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
 	}
@@ -416,14 +430,14 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 func (h *Holder) Destroy(ctx context.Context, target, handle string) error {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
-	_, pod, err := h.holder(target)
+	send, err := h.volumes(target)
 	if errors.Is(err, errNoHolder) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	resp, err := h.send(ctx, target, pod, http.MethodDelete, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	resp, err := send(ctx, http.MethodDelete, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", handle, err)
 	}
@@ -615,7 +629,7 @@ func (h *Holder) pass(w http.ResponseWriter, r *http.Request, target string, non
 // returns its answer for the caller to close; or it answers w itself
 // (none without a holder, an error) and returns false.
 func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, none func(http.ResponseWriter)) (*http.Response, bool) {
-	_, pod, err := h.holder(target)
+	send, err := h.volumes(target)
 	if errors.Is(err, errNoHolder) {
 		none(w)
 		return nil, false
@@ -634,7 +648,7 @@ func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, 
 	if r.ContentLength != 0 {
 		body = r.Body
 	}
-	resp, err := h.send(r.Context(), target, pod, r.Method, r.URL.Path, r.URL.Query(), hdr, body)
+	resp, err := send(r.Context(), r.Method, r.URL.Path, r.URL.Query(), hdr, body)
 	if err != nil {
 		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
 		return nil, false
@@ -670,14 +684,14 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	var v volumes.Volume
-	_, pod, err := h.holder(target)
+	send, err := h.volumes(target)
 	if errors.Is(err, errNoHolder) {
 		return v, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
 	}
 	if err != nil {
 		return v, err
 	}
-	resp, err := h.send(ctx, target, pod, http.MethodGet, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
+	resp, err := send(ctx, http.MethodGet, "/volumes/"+url.PathEscape(handle), nil, nil, nil)
 	if err != nil {
 		return v, fmt.Errorf("volume %s: %w", handle, err)
 	}
@@ -703,14 +717,14 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 func (h *Holder) ReadFile(ctx context.Context, target, handle, path string, limit int64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
-	_, pod, err := h.holder(target)
+	send, err := h.volumes(target)
 	if errors.Is(err, errNoHolder) {
 		return nil, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
 	}
 	if err != nil {
 		return nil, err
 	}
-	resp, err := h.send(ctx, target, pod, http.MethodPut, "/volumes/"+url.PathEscape(handle)+"/stream-out",
+	resp, err := send(ctx, http.MethodPut, "/volumes/"+url.PathEscape(handle)+"/stream-out",
 		url.Values{"path": {path}}, http.Header{"Accept-Encoding": {volumes.Raw}}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %s: %w", handle, path, err)

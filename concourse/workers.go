@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"path"
 	"slices"
 
@@ -14,14 +16,16 @@ import (
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/wire"
 )
 
-// A worker is where one of the web node's workers keeps its containers:
-// a cluster target, whose containers are sealed pods (clusterWorker), or
-// an agent joined to this gateway, whose containers are folders on its
-// machine served by its LocalWorker (agentWorker). What differs between
-// the two is a method here; Containers and Pods find a target's worker
-// once and ask it.
+// A worker is where one of the web node's workers keeps its containers
+// and volumes: a cluster target, whose containers are sealed pods and
+// whose volumes its volume holder pod keeps (clusterWorker), or an agent
+// joined to this gateway, whose containers are folders on its machine
+// linked to the volumes it keeps, served by its agent.LocalWorker
+// (agentWorker). What differs between the two is a method here;
+// Containers, Pods and Holder find a target's worker and ask it.
 type worker interface {
 	// newContainer checks that the worker takes spec and returns its
 	// container, to be recorded and then made.
@@ -41,10 +45,14 @@ type worker interface {
 	await(ctx context.Context, ct *Container, progress io.Writer) error
 	// user is the user a process of Garden's user runs as.
 	user(gardenUser string) string
-	// mountsAreVolumes says whether a container's bind mounts are the
-	// volumes themselves (an agent's folders link to its volumes), not
-	// copies to move in and out.
-	mountsAreVolumes() bool
+	// moveVolumes copies the volumes ct's bind mounts name to where its
+	// processes see them (in), or its writable mounts back (out).
+	moveVolumes(ctx context.Context, ct *Container, in bool) error
+	// volumes is where the worker's volumes are served, which h keeps:
+	// errNoHolder if there is none yet.
+	volumes(h *Holder) (volumeSender, error)
+	// makeVolumes is volumes, made first if there are none.
+	makeVolumes(ctx context.Context, h *Holder) (volumeSender, error)
 }
 
 // errNoWorker: a worker that is neither a cluster target nor an agent
@@ -60,7 +68,7 @@ func errUnknownWorker(target string) error {
 // listed (with the pod options, whose key must be read), or an agent
 // joined to this gateway now. c is set where the worker makes and runs
 // containers (Containers), nil where it only lists and removes them
-// (Pods).
+// (Pods) or reaches its volumes (Holder).
 func findWorker(ts PodTargets, agents *Agents, opts func() steppod.Options, c *Containers, target string) (worker, error) {
 	t, err := listed(ts, target)
 	switch {
@@ -151,7 +159,29 @@ func (clusterWorker) user(u string) string {
 	return u
 }
 
-func (clusterWorker) mountsAreVolumes() bool { return false }
+// moveVolumes copies between the target's volume holder and the pod's
+// mounts, which are copies.
+func (w clusterWorker) moveVolumes(ctx context.Context, ct *Container, in bool) error {
+	return w.c.movePod(ctx, ct, in)
+}
+
+// volumes are kept by the target's volume holder pod.
+func (w clusterWorker) volumes(h *Holder) (volumeSender, error) {
+	pod, err := h.holderPod(w.t, w.opts)
+	if err != nil {
+		return nil, err
+	}
+	return h.podSender(w.t.Name(), pod), nil
+}
+
+// makeVolumes makes the volume holder pod if there is none and waits for
+// it to run, then looks at it again: still the pod jetway made.
+func (w clusterWorker) makeVolumes(ctx context.Context, h *Holder) (volumeSender, error) {
+	if err := h.ensure(ctx, w.t, w.opts); err != nil {
+		return nil, err
+	}
+	return h.volumes(w.t.Name())
+}
 
 // agentWorker is an agent's: a container is a folder on the agent's
 // machine whose mounts link to the agent's volumes. The image is not
@@ -184,9 +214,9 @@ func (w agentWorker) newContainer(_ context.Context, spec garden.ContainerSpec) 
 }
 
 func (w agentWorker) makeContainer(ctx context.Context, ct *Container) error {
-	mounts := make([]localMount, 0, len(ct.Spec.BindMounts))
+	mounts := make([]wire.LocalMount, 0, len(ct.Spec.BindMounts))
 	for _, bm := range ct.Spec.BindMounts {
-		mounts = append(mounts, localMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
+		mounts = append(mounts, wire.LocalMount{Path: path.Clean(bm.DstPath), Source: bm.SrcPath})
 	}
 	if err := w.agents.makeContainer(ctx, w.name, ct.Handle(), mounts); err != nil {
 		return fmt.Errorf("make container %s: %w", ct.Handle(), err)
@@ -216,7 +246,21 @@ func (agentWorker) await(context.Context, *Container, io.Writer) error { return 
 
 func (agentWorker) user(string) string { return "" } // the agent's own: it runs processes as its user only
 
-func (agentWorker) mountsAreVolumes() bool { return true }
+// moveVolumes moves nothing: a container's folder links to the agent's
+// volumes, so a process writes straight into them.
+func (agentWorker) moveVolumes(context.Context, *Container, bool) error { return nil }
+
+// volumes are kept by the agent's volume server.
+func (w agentWorker) volumes(*Holder) (volumeSender, error) {
+	return func(ctx context.Context, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+		return w.agents.volumes(ctx, w.name, method, path, q, hdr, body)
+	}, nil
+}
+
+// makeVolumes has nothing to make: the agent keeps its volumes.
+func (w agentWorker) makeVolumes(context.Context, *Holder) (volumeSender, error) {
+	return w.volumes(nil)
+}
 
 // workerOf is the worker of the recorded container ct: an agent's is
 // found by its record, so that a process on an agent that rejoins a

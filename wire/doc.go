@@ -1,9 +1,10 @@
 // Package wire holds the shapes that cross jetway's HTTP API: a step's
 // request and its validation, a step's view and events, the reasons and
 // errors the API answers with, a stream's request and result, an
-// input's digest, and the one Concourse worker shape that both `fly
+// input's digest, the one Concourse worker shape that both `fly
 // workers` (GET /api/v1/workers) and the web node (the TSA's
-// forward-worker) read.
+// forward-worker) read, and the calls a gateway makes on an agent's
+// local worker (LocalWorkerPath: concourse calls, agent serves).
 //
 // The gateway's API (api), its step engine (steps), the agent (agent),
 // the Concourse worker (concourse), the step agent (stepagent), the

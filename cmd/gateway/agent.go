@@ -22,7 +22,6 @@ import (
 
 	"github.com/jetway-ci/jetway/agent"
 	"github.com/jetway-ci/jetway/api"
-	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/buildinfo"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
@@ -228,7 +227,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 	}
 	// The web node's worker this machine is: its volumes and containers,
 	// for the gateway that registers it.
-	worker := &concourse.LocalWorker{Dir: filepath.Join(workDir, "concourse"),
+	worker := &agent.LocalWorker{Dir: filepath.Join(workDir, "concourse"),
 		StepAgent: []string{self, stepAgentCommandName}, Extract: f.extract(),
 		Logger: logger.With("component", "concourse")}
 	server := api.New(api.Options{
@@ -248,7 +247,7 @@ func runAgent(ctx context.Context, f agentFlags, logger *slog.Logger) error {
 		Logger:          logger.With("component", "api"),
 	})
 	mux := http.NewServeMux()
-	mux.Handle(concourse.LocalWorkerPath, worker.Handler())
+	mux.Handle(wire.LocalWorkerPath, worker.Handler())
 	mux.Handle("/", server.Handler())
 	node.SetHTTP(mux)
 	logger.Info("starting agent", "version", buildinfo.String(), "name", id.Name(), "join", f.join,

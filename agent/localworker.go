@@ -1,4 +1,4 @@
-package concourse
+package agent
 
 import (
 	"context"
@@ -28,12 +28,14 @@ import (
 	"github.com/jetway-ci/jetway/mesh"
 	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // An agent's machine is a worker to the web node as Concourse's Houdini
 // is on a Mac: its containers are folders, not images. The agent serves
 // the gateway it joined (and no one else: mesh peers of kind gateway),
-// under LocalWorkerPath:
+// under wire.LocalWorkerPath (the calls, as the gateway makes them, are
+// written down there):
 //
 //   - volumes/...: the web node's volumes, kept by the volume server jetway
 //     runs everywhere (package volumes) over <dir>/volumes, on a loopback
@@ -52,18 +54,12 @@ import (
 // The image is not used: processes run on the agent's machine, as its
 // user, with what is installed there.
 
-// LocalWorkerPath prefixes what an agent serves a gateway for the web
-// node's worker it is.
-const LocalWorkerPath = "/concourse/v1/"
-
-// Trailers of an exec on an agent.
-const (
-	trailerExitCode = "Jetway-Exit-Code"
-	trailerStderr   = "Jetway-Exec-Stderr"
-)
-
 // execCommands are the step agent's commands a gateway runs on an agent.
 var execCommands = []string{"run", "tail", "abort"}
+
+// maxCreate bounds the body of a container's make, as the gateway bounds
+// a volume's.
+const maxCreate = 1 << 20
 
 // LocalWorker is, on an agent, the web node's worker the agent is.
 type LocalWorker struct {
@@ -105,7 +101,7 @@ func (w *LocalWorker) Start(ctx context.Context) error {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(to)
-			r.Out.URL.Path = strings.TrimPrefix(r.In.URL.Path, strings.TrimSuffix(LocalWorkerPath, "/"))
+			r.Out.URL.Path = strings.TrimPrefix(r.In.URL.Path, strings.TrimSuffix(wire.LocalWorkerPath, "/"))
 			r.Out.URL.RawPath = ""
 			r.Out.Header.Set("Authorization", "Bearer "+token)
 		},
@@ -127,12 +123,12 @@ func (w *LocalWorker) Start(ctx context.Context) error {
 // Handler serves the gateways' calls; anyone else gets 404.
 func (w *LocalWorker) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc(LocalWorkerPath+"volumes", w.volumes)
-	mux.HandleFunc(LocalWorkerPath+"volumes/", w.volumes)
-	mux.HandleFunc("GET "+LocalWorkerPath+"containers", w.list)
-	mux.HandleFunc("PUT "+LocalWorkerPath+"containers/{handle}", w.create)
-	mux.HandleFunc("DELETE "+LocalWorkerPath+"containers/{handle}", w.destroy)
-	mux.HandleFunc("POST "+LocalWorkerPath+"containers/{handle}/exec", w.execute)
+	mux.HandleFunc(wire.LocalWorkerPath+"volumes", w.volumes)
+	mux.HandleFunc(wire.LocalWorkerPath+"volumes/", w.volumes)
+	mux.HandleFunc("GET "+wire.LocalWorkerPath+"containers", w.list)
+	mux.HandleFunc("PUT "+wire.LocalWorkerPath+"containers/{handle}", w.create)
+	mux.HandleFunc("DELETE "+wire.LocalWorkerPath+"containers/{handle}", w.destroy)
+	mux.HandleFunc("POST "+wire.LocalWorkerPath+"containers/{handle}/exec", w.execute)
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if mesh.PeerKind(r.Context()) != mesh.KindGateway {
 			http.NotFound(rw, r)
@@ -153,22 +149,9 @@ func (w *LocalWorker) volumes(rw http.ResponseWriter, r *http.Request) {
 	proxy.ServeHTTP(rw, r)
 }
 
-// localMount is a container's bind mount as the gateway sends it.
-type localMount struct {
-	Path string `json:"path"`
-	// Source is the web node's source path: a volume of this agent's, or
-	// anything else, which is left an empty folder.
-	Source string `json:"source"`
-}
-
-// localContainer is a container's create.
-type localContainer struct {
-	Mounts []localMount `json:"mounts"`
-}
-
 // containerDir is handle's folder, or an error for a handle that is none.
 func (w *LocalWorker) containerDir(handle string) (string, error) {
-	if !validHandle.MatchString(handle) {
+	if !wire.IsContainerHandle(handle) {
 		return "", fmt.Errorf("container handle %q: not a handle jetway takes", handle)
 	}
 	return filepath.Join(w.Dir, "containers", handle), nil
@@ -190,7 +173,7 @@ func (w *LocalWorker) list(rw http.ResponseWriter, _ *http.Request) {
 	}
 	handles := []string{}
 	for _, e := range entries {
-		if e.IsDir() && validHandle.MatchString(e.Name()) {
+		if e.IsDir() && wire.IsContainerHandle(e.Name()) {
 			handles = append(handles, e.Name())
 		}
 	}
@@ -206,7 +189,7 @@ func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
 		return
 	}
-	var req localContainer
+	var req wire.LocalContainer
 	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxCreate))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
@@ -219,7 +202,7 @@ func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	slices.SortStableFunc(req.Mounts, func(a, b localMount) int {
+	slices.SortStableFunc(req.Mounts, func(a, b wire.LocalMount) int {
 		return strings.Count(path.Clean(a.Path), "/") - strings.Count(path.Clean(b.Path), "/")
 	})
 	tmp := filepath.Join(filepath.Dir(dir), makingPrefix+filepath.Base(dir))
@@ -241,7 +224,7 @@ func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 }
 
 // makeContainer makes a container's folder at dir.
-func (w *LocalWorker) makeContainer(dir string, mounts []localMount) error {
+func (w *LocalWorker) makeContainer(dir string, mounts []wire.LocalMount) error {
 	fs := filepath.Join(dir, containerFS)
 	if err := os.MkdirAll(fs, 0o755); err != nil {
 		return err
@@ -328,7 +311,7 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
 		return
 	}
-	args := r.URL.Query()["arg"]
+	args := r.URL.Query()[wire.LocalExecArg]
 	if len(args) == 0 || !slices.Contains(execCommands, args[0]) || !slices.Contains(args, "--run") {
 		writeJSON(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("exec %q: an agent runs the step agent's %v of a process (--run ID) only", args, execCommands)})
 		return
@@ -346,7 +329,7 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 	cmd.Stderr = stderr
 	cmd.Stdout = flushWriter{rw}
 	cmd.WaitDelay = time.Second
-	rw.Header().Set("Trailer", trailerExitCode+", "+trailerStderr)
+	rw.Header().Set("Trailer", wire.TrailerExitCode+", "+wire.TrailerExecStderr)
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.WriteHeader(http.StatusOK)
 	// The body is copied by a goroutine of this handler's, not the
@@ -373,8 +356,8 @@ func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 		code = -1
 		_, _ = stderr.Write([]byte(err.Error()))
 	}
-	rw.Header().Set(trailerExitCode, strconv.Itoa(code))
-	rw.Header().Set(trailerStderr, strings.ToValidUTF8(strings.Join(strings.Fields(stderr.String()), " "), "?"))
+	rw.Header().Set(wire.TrailerExitCode, strconv.Itoa(code))
+	rw.Header().Set(wire.TrailerExecStderr, strings.ToValidUTF8(strings.Join(strings.Fields(stderr.String()), " "), "?"))
 }
 
 // flushWriter sends each write at once.
@@ -387,6 +370,14 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+func writeJSON(rw http.ResponseWriter, code int, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(code)
+	_ = json.NewEncoder(rw).Encode(v)
+}
+
+func errorJSON(err error) map[string]string { return map[string]string{"error": err.Error()} }
 
 func (w *LocalWorker) logger() *slog.Logger {
 	if w.Logger == nil {
