@@ -26,6 +26,11 @@
 //     process through the step agent; its events are positions in its
 //     record and its agent's log. steps/stepstest has fakes for tests of
 //     its users.
+//   - steppod: the step pod every user of a step agent shares (the
+//     engine, the Concourse containers, the agent): its spec, exec
+//     through the API server, the one follower of the agent's process,
+//     and the agent's log as events. concourse and agent import it and
+//     wire, never steps.
 //   - stepagent, cmd/step-agent: what runs inside a step pod (and under a
 //     `gateway agent`): the supervisor, the log, its tail by position.
 //   - volumes: a step pod's volume sidecar (the baggageclaim subset).
