@@ -394,10 +394,14 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	send, err := h.volumes(target)
-	if errors.Is(err, errNoHolder) {
+	var unbound *unboundHolder
+	switch {
+	case errors.Is(err, errNoHolder), errors.As(err, &unbound):
+		// A pod not bound to jetway's create (made a moment ago and being
+		// bound, or planted) never got a request: none of the web node's
+		// volumes is in it.
 		return nil, nil
-	}
-	if err != nil {
+	case err != nil:
 		return nil, err
 	}
 	resp, err := send(ctx, http.MethodGet, "/volumes", nil, nil, nil)

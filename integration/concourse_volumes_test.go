@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,8 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/wire"
@@ -203,4 +207,46 @@ func listedVolumes(t *testing.T, web *cwn.WebNode, worker string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestASweepListsNoVolumesOfAHolderNotYetBound: between the create of a
+// target's volume holder and its binding (ownership.Bind), the pod is
+// sealed but not bound; a sweep that lists it then gets no volumes, not
+// an error: a pod not bound to jetway's create never got a request, so it
+// holds none of the web node's volumes (CI saw the sweep fail in that
+// moment).
+func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "holder-binding"
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api := httptest.NewServer(g.holder.API(ns))
+	defer api.Close()
+	resp, err := http.Post(api.URL+"/volumes", "application/json", strings.NewReader(`{"handle":"v1","strategy":{"type":"empty"}}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	listed, err := g.holder.List(ctx, ns)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"v1"}, listed)
+
+	// As it is a moment after its create: sealed, its binding not written.
+	pods := clusters[1].Client.CoreV1().Pods(ns)
+	holder := steppod.HolderName("jetway")
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, ownership.BoundAnnotation)
+	_, err = pods.Patch(ctx, holder, k8stypes.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() error {
+		listed, err := g.holder.List(ctx, ns)
+		if err != nil {
+			return err
+		}
+		if len(listed) != 0 {
+			return errorf("listed %q of a holder not bound", listed)
+		}
+		return nil
+	})
 }

@@ -41,7 +41,7 @@ func TestCheckSandboxes(t *testing.T) {
 	const ns = "sandbox"
 	dir := t.TempDir()
 	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
-	opts := gatewayOptions{resourceDir: resourceScripts(t), sandboxTTL: 3 * time.Second, retain: 2 * time.Second}
+	opts := gatewayOptions{resourceDir: resourceScripts(t), sandboxTTL: 10 * time.Second, retain: 2 * time.Second} // the TTL outlasts the steps below on a loaded machine, the restart included
 	g := startGateway(t, dir, opts)
 	g.waitTarget(t, ns, 10*time.Second, running)
 	api, err := client.New(client.Options{URL: g.base})
