@@ -278,3 +278,19 @@ func lookGNUTar(t *testing.T) string {
 	require.True(t, strings.Contains(string(out), "GNU tar"), "%s is not GNU tar: %s", p, out)
 	return p
 }
+
+// TestExtractMakesNoNodeThroughALink: with Devices and ForeignLinks, a
+// FIFO under a link out of the folder is refused, and nothing is made
+// outside (mknod goes through a folder opened in the root).
+func TestExtractMakesNoNodeThroughALink(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "a", Typeflag: tar.TypeSymlink, Linkname: outside}))
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "a/p", Typeflag: tar.TypeFifo, Mode: 0o644}))
+	require.NoError(t, tw.Close())
+	_, err := tarsafe.Extract(&buf, dir, everything)
+	assert.ErrorContains(t, err, `tar entry "a/p": `)
+	entries, _ := os.ReadDir(outside)
+	assert.Empty(t, entries)
+}
