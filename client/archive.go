@@ -1,7 +1,6 @@
 package client
 
 import (
-	"archive/tar"
 	"compress/gzip"
 	"fmt"
 	"io"
@@ -13,10 +12,13 @@ import (
 )
 
 // TarDir streams dir's contents as a gzip-compressed tar, the format of
-// step inputs and outputs: directories (each before its contents), files
-// and symbolic links (kept as links), named relative to dir, with their
-// modes and modification times. Read returns any error, naming the path:
-// a missing dir, a device, socket or pipe. Close stops the writer.
+// step inputs and outputs: each entry named relative to dir, a folder
+// before its contents, with all a stock worker's tar carries
+// (tarsafe.Writer: modes, numeric owners, times, symbolic links as
+// links, hard links within dir, devices and FIFOs, which only a target
+// that allows privileged steps takes). Read returns any error, naming
+// the path (a missing dir, a file that changed size). Close stops the
+// writer.
 func TarDir(dir string) io.ReadCloser {
 	pr, pw := io.Pipe()
 	s := &tarStream{PipeReader: pr, done: make(chan struct{})}
@@ -26,12 +28,20 @@ func TarDir(dir string) io.ReadCloser {
 	go func() {
 		defer close(s.done)
 		zw := gzip.NewWriter(pw)
-		tw := tar.NewWriter(zw)
+		tw := tarsafe.NewWriter(zw)
 		err := filepath.WalkDir(root, func(file string, d fs.DirEntry, err error) error {
 			if err != nil || file == root {
 				return err
 			}
-			return tarEntry(tw, root, file, d)
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(root, file)
+			if err != nil {
+				return err
+			}
+			return tw.Add(tarsafe.Host{}, file, filepath.ToSlash(rel), fi)
 		})
 		// A failed walk must not end like a whole archive.
 		if err == nil {
@@ -58,55 +68,13 @@ func (s *tarStream) Close() error {
 	return err
 }
 
-func tarEntry(tw *tar.Writer, root, file string, d fs.DirEntry) error {
-	fi, err := d.Info()
-	if err != nil {
-		return err
-	}
-	link := ""
-	switch mode := fi.Mode(); {
-	case mode.IsRegular(), mode.IsDir():
-	case mode&fs.ModeSymlink != 0:
-		if link, err = os.Readlink(file); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("tar %s: not a regular file, directory or symbolic link (mode %s)", file, mode)
-	}
-	rel, err := filepath.Rel(root, file)
-	if err != nil {
-		return err
-	}
-	hdr, err := tar.FileInfoHeader(fi, link)
-	if err != nil {
-		return err
-	}
-	hdr.Name = filepath.ToSlash(rel)
-	if fi.IsDir() {
-		hdr.Name += "/"
-	}
-	hdr.Mode = int64(fi.Mode().Perm()) // no setuid, setgid or sticky bit
-	if err := tw.WriteHeader(hdr); err != nil || !fi.Mode().IsRegular() {
-		return err
-	}
-	f, err := os.Open(file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	// Exactly the size in the header, even if the file grows meanwhile.
-	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
-		return fmt.Errorf("tar %s: %w", file, err)
-	}
-	return nil
-}
-
 // Untar extracts a gzip-compressed tar stream into dir, created if
-// missing, and returns how many regular files it wrote. It takes regular
-// files, directories and symbolic links, with their permission bits; an
-// entry of any other type, or that would land outside dir (an absolute
-// name, "..", a link pointing out or a path through one), is an error
-// naming it.
+// missing, and returns how many regular files it wrote (hard links
+// included), as tarsafe.Extract does for a user: folders, files, hard
+// and symbolic links with their modes and times, owned by the caller (no
+// setuid or setgid). A device or FIFO, or an entry that would land
+// outside dir (an absolute name, "..", a link pointing out or a path
+// through one), is an error naming it.
 func Untar(r io.Reader, dir string) (int, error) {
 	return UntarLimited(r, dir, Limits{})
 }

@@ -581,7 +581,7 @@ func writeImageMetadata(w http.ResponseWriter, encoding string) {
 		return
 	}
 	tw := tar.NewWriter(enc)
-	err = tw.WriteHeader(&tar.Header{Name: imageMetadataFile, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+	err = tw.WriteHeader(&tar.Header{Name: imageMetadataFile, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body)), ModTime: time.Now()})
 	if err == nil {
 		_, err = tw.Write(body)
 	}

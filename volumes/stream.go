@@ -1,7 +1,6 @@
 package volumes
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -433,39 +432,14 @@ func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
 }
 
 // writeTar writes sub of the volume vol as a tar: a folder's contents by
-// their paths inside it, or a file or link alone by its base name. It
-// reads through vol, an os.Root, so no link leads it out of the volume (a
-// step may make any link in its volumes, and an image's rootfs holds
-// absolute ones): links are written as links, never followed.
+// their paths inside it, or a file or link alone by its base name, with
+// all a stock worker's tar carries (tarsafe.Writer: modes, numeric
+// owners, times, hard links within sub, devices and FIFOs). It reads
+// through vol, an os.Root, so no link leads it out of the volume (a step
+// may make any link in its volumes, and an image's rootfs holds absolute
+// ones): links are written as links, never followed.
 func writeTar(w io.Writer, vol *os.Root, sub string) error {
-	tw := tar.NewWriter(w)
-	entry := func(p, name string, info fs.FileInfo) error {
-		link := ""
-		if info.Mode()&os.ModeSymlink != 0 {
-			var err error
-			if link, err = vol.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = name
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !info.Mode().IsRegular() {
-			return nil
-		}
-		f, err := vol.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	}
+	tw := tarsafe.NewWriter(w)
 	top, err := vol.Lstat(sub)
 	if err != nil {
 		return err
@@ -473,7 +447,7 @@ func writeTar(w io.Writer, vol *os.Root, sub string) error {
 	if !top.IsDir() {
 		// One file: a tar of it alone, by its base name, as
 		// baggageclaim's `tar -C dir file` makes it.
-		err = entry(sub, filepath.Base(sub), top)
+		err = tw.Add(vol, sub, filepath.Base(sub), top)
 	} else {
 		from := filepath.ToSlash(sub)
 		err = fs.WalkDir(vol.FS(), from, func(p string, d fs.DirEntry, err error) error {
@@ -488,7 +462,7 @@ func writeTar(w io.Writer, vol *os.Root, sub string) error {
 			if from != "." {
 				name = strings.TrimPrefix(p, from+"/")
 			}
-			return entry(filepath.FromSlash(p), name, info)
+			return tw.Add(vol, filepath.FromSlash(p), name, info)
 		})
 	}
 	if err != nil {

@@ -498,7 +498,7 @@ func TestStreamOutNeverFollowsLinksOut(t *testing.T) {
 			got[h.Name] = h.Linkname + string(b)
 		}
 	}
-	assert.Equal(t, map[string]string{"rootfs": "", "rootfs/bin": "", "rootfs/bin/sh": "/bin/busybox", "out": outside, "up": "../.."}, entries("."))
+	assert.Equal(t, map[string]string{"rootfs/": "", "rootfs/bin/": "", "rootfs/bin/sh": "/bin/busybox", "out": outside, "up": "../.."}, entries("."))
 	assert.Equal(t, map[string]string{"out": outside}, entries("out"), "the link itself")
 	for _, path := range []string{"out/secret", "up/secret", "rootfs/bin/sh/x"} {
 		resp, body := do(t, http.MethodPut, base+"/volumes/img/stream-out?path="+path, map[string]string{"Accept-Encoding": "raw"}, nil)

@@ -1,6 +1,8 @@
-// Package tarsafe holds what every tar reader of jetway checks before it
-// makes a symbolic link: the client unpacking an output, the volume
-// sidecar unpacking an input.
+// Package tarsafe is jetway's archive of a volume: the one extractor every
+// tar reader uses (the volume sidecar unpacking an input, the agent, the
+// client unpacking an output), with the checks it makes before it writes
+// anything, and the writer that walks a tree into a tar carrying what the
+// extractor writes: what a stock Concourse worker's GNU tar carries.
 package tarsafe
 
 import (

@@ -38,6 +38,10 @@ func file(name string) *tar.Header {
 func link(name, to string) *tar.Header {
 	return &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: to}
 }
+func hard(name, to string) *tar.Header {
+	return &tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: to}
+}
+func dir(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: 0o755} }
 func entries(hs ...*tar.Header) func(string) []*tar.Header {
 	return func(string) []*tar.Header { return hs }
 }
@@ -65,12 +69,29 @@ var Hostiles = []Hostile{
 		Entries: entries(file("a/passwd")),
 		Want:    `tar entry "a/passwd": `,
 	},
-	{Name: "hard link", Entries: entries(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "x"}),
-		Want: `tar entry "h": type '1' is not a regular file, folder or symbolic link`},
+	{Name: "hard link to a name not yet written", Entries: entries(hard("h", "x"), file("x")),
+		Want: `tar entry "h": hard link to "x": not a regular file written before it in this archive`},
+	{Name: "hard link up", Entries: entries(file("x"), hard("h", "../x")), Want: `tar entry "h": hard link to "../x" leaves the folder`},
+	{Name: "hard link absolute", Entries: func(out string) []*tar.Header { return []*tar.Header{hard("h", filepath.Join(out, "x"))} },
+		Want: `tar entry "h": hard link to "/`},
+	{Name: "hard link to a folder", Entries: entries(dir("d/"), hard("h", "d")),
+		Want: `tar entry "h": hard link to "d": not a regular file written before it in this archive`},
+	{Name: "hard link through a link", Entries: entries(file("f/x"), link("l", "f"), hard("h", "l/x")),
+		Want: `tar entry "h": hard link to "l/x": not a regular file written before it in this archive`},
+	{Name: "hard link to a link", Entries: entries(file("x"), link("x", "y"), hard("h", "x")),
+		Want: `tar entry "h": hard link to "x": not a regular file written before it in this archive`},
+	{
+		Name:    "hard link to a file already there",
+		Before:  func(t testing.TB, dir, out string) { check(t, os.WriteFile(filepath.Join(dir, "x"), nil, 0o644)) },
+		Entries: entries(hard("h", "x")),
+		Want:    `tar entry "h": hard link to "x": not a regular file written before it in this archive`,
+	},
 	{Name: "device", Entries: entries(&tar.Header{Name: "dev", Typeflag: tar.TypeChar}),
-		Want: `tar entry "dev": type '3' is not a regular file, folder or symbolic link`},
+		Want: `tar entry "dev": a character device, and this folder takes no devices or FIFOs`},
 	{Name: "fifo", Entries: entries(&tar.Header{Name: "p", Typeflag: tar.TypeFifo}),
-		Want: `tar entry "p": type '6' is not a regular file, folder or symbolic link`},
+		Want: `tar entry "p": a FIFO, and this folder takes no devices or FIFOs`},
+	{Name: "contiguous file", Entries: entries(&tar.Header{Name: "s", Typeflag: tar.TypeCont}),
+		Want: `tar entry "s": type '7' is not a folder, file, link, device or FIFO`},
 }
 
 // RefuseAll runs each hostile archive (a tar of it, made by archive:
