@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/internal/capped"
+	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/mesh"
@@ -107,7 +108,7 @@ func (w *LocalWorker) Start(ctx context.Context) error {
 		},
 		FlushInterval: -1, // a stream-out's bytes as they come
 		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
-			writeJSON(rw, http.StatusBadGateway, errorJSON(fmt.Errorf("the agent's volume server: %w", err)))
+			httpjson.Write(rw, http.StatusBadGateway, httpjson.Error(fmt.Errorf("the agent's volume server: %w", err)))
 		},
 	}
 	w.mu.Lock()
@@ -143,7 +144,7 @@ func (w *LocalWorker) volumes(rw http.ResponseWriter, r *http.Request) {
 	proxy := w.proxy
 	w.mu.Unlock()
 	if proxy == nil {
-		writeJSON(rw, http.StatusServiceUnavailable, map[string]string{"error": "the agent is not serving volumes (starting or stopping)"})
+		httpjson.Write(rw, http.StatusServiceUnavailable, map[string]string{"error": "the agent is not serving volumes (starting or stopping)"})
 		return
 	}
 	proxy.ServeHTTP(rw, r)
@@ -168,7 +169,7 @@ const containerFS = "fs"
 func (w *LocalWorker) list(rw http.ResponseWriter, _ *http.Request) {
 	entries, err := os.ReadDir(filepath.Join(w.Dir, "containers"))
 	if err != nil {
-		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(rw, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	handles := []string{}
@@ -177,7 +178,7 @@ func (w *LocalWorker) list(rw http.ResponseWriter, _ *http.Request) {
 			handles = append(handles, e.Name())
 		}
 	}
-	writeJSON(rw, http.StatusOK, handles)
+	httpjson.Write(rw, http.StatusOK, handles)
 }
 
 // create makes a container's folder: each mount a link to its volume, or
@@ -186,19 +187,19 @@ func (w *LocalWorker) list(rw http.ResponseWriter, _ *http.Request) {
 func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 	dir, err := w.containerDir(r.PathValue("handle"))
 	if err != nil {
-		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		httpjson.Write(rw, http.StatusBadRequest, httpjson.Error(err))
 		return
 	}
 	var req wire.LocalContainer
 	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxCreate))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeJSON(rw, http.StatusBadRequest, map[string]string{"error": `body must be {"mounts": [{"path", "source"}]}: ` + err.Error()})
+		httpjson.Write(rw, http.StatusBadRequest, map[string]string{"error": `body must be {"mounts": [{"path", "source"}]}: ` + err.Error()})
 		return
 	}
 	for _, m := range req.Mounts {
 		if !path.IsAbs(m.Path) || path.Clean(m.Path) == "/" {
-			writeJSON(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("mount %q: not an absolute path below /", m.Path)})
+			httpjson.Write(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("mount %q: not an absolute path below /", m.Path)})
 			return
 		}
 	}
@@ -209,15 +210,15 @@ func (w *LocalWorker) create(rw http.ResponseWriter, r *http.Request) {
 	_ = os.RemoveAll(tmp)
 	if err := w.makeContainer(tmp, req.Mounts); err != nil {
 		_ = os.RemoveAll(tmp)
-		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(rw, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	if err := w.removeContainer(dir); err != nil {
-		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(rw, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(rw, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	rw.WriteHeader(http.StatusNoContent)
@@ -269,11 +270,11 @@ func volumeHandle(h string) bool {
 func (w *LocalWorker) destroy(rw http.ResponseWriter, r *http.Request) {
 	dir, err := w.containerDir(r.PathValue("handle"))
 	if err != nil {
-		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		httpjson.Write(rw, http.StatusBadRequest, httpjson.Error(err))
 		return
 	}
 	if err := w.removeContainer(dir); err != nil {
-		writeJSON(rw, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(rw, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	rw.WriteHeader(http.StatusNoContent)
@@ -308,16 +309,16 @@ const execStderrLimit = 4 << 10
 func (w *LocalWorker) execute(rw http.ResponseWriter, r *http.Request) {
 	dir, err := w.containerDir(r.PathValue("handle"))
 	if err != nil {
-		writeJSON(rw, http.StatusBadRequest, errorJSON(err))
+		httpjson.Write(rw, http.StatusBadRequest, httpjson.Error(err))
 		return
 	}
 	args := r.URL.Query()[wire.LocalExecArg]
 	if len(args) == 0 || !slices.Contains(execCommands, args[0]) || !slices.Contains(args, "--run") {
-		writeJSON(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("exec %q: an agent runs the step agent's %v of a process (--run ID) only", args, execCommands)})
+		httpjson.Write(rw, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("exec %q: an agent runs the step agent's %v of a process (--run ID) only", args, execCommands)})
 		return
 	}
 	if fi, err := os.Stat(filepath.Join(dir, containerFS)); err != nil || !fi.IsDir() {
-		writeJSON(rw, http.StatusNotFound, map[string]string{"error": "container " + r.PathValue("handle") + " not found on this agent"})
+		httpjson.Write(rw, http.StatusNotFound, map[string]string{"error": "container " + r.PathValue("handle") + " not found on this agent"})
 		return
 	}
 	// The answer streams while the body does: a process's stdin.
@@ -370,14 +371,6 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-func writeJSON(rw http.ResponseWriter, code int, v any) {
-	rw.Header().Set("Content-Type", "application/json")
-	rw.WriteHeader(code)
-	_ = json.NewEncoder(rw).Encode(v)
-}
-
-func errorJSON(err error) map[string]string { return map[string]string{"error": err.Error()} }
 
 func (w *LocalWorker) logger() *slog.Logger {
 	if w.Logger == nil {

@@ -2,10 +2,11 @@ package concourse
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/jetway-ci/jetway/internal/httpjson"
 )
 
 // The volume API a registered worker serves without a Holder (no state
@@ -18,26 +19,20 @@ func volumeAPI(target string, h Holdings) http.Handler {
 	mux.HandleFunc("GET /volumes", func(w http.ResponseWriter, r *http.Request) {
 		handles, err := h.Volumes(r.Context(), target)
 		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			httpjson.Write(w, http.StatusServiceUnavailable, httpjson.Error(err))
 			return
 		}
 		volumes := make([]map[string]any, 0, len(handles))
 		for _, handle := range handles {
 			volumes = append(volumes, map[string]any{"handle": handle, "path": "", "properties": map[string]string{}})
 		}
-		writeJSON(w, http.StatusOK, volumes)
+		httpjson.Write(w, http.StatusOK, volumes)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "jetway keeps no volumes for a Concourse web node " +
+		httpjson.Write(w, http.StatusNotImplemented, map[string]string{"error": "jetway keeps no volumes for a Concourse web node " +
 			"without a state namespace (docs/concourse.md): " + r.Method + " " + r.URL.Path})
 	})
 	return mux
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 func nonNil(s []string) []string {

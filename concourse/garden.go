@@ -18,6 +18,7 @@ import (
 	"code.cloudfoundry.org/garden"
 	"code.cloudfoundry.org/garden/transport"
 
+	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/stepagent"
 )
 
@@ -36,7 +37,7 @@ const maxContainerSpec = 1 << 20
 func gardenAPI(target string, h Holdings, cs *Containers, m *Metrics) http.Handler {
 	g := &gardenServer{target: target, h: h, cs: cs, m: m, streams: map[string]*processStreams{}}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /ping", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, struct{}{}) })
+	mux.HandleFunc("GET /ping", func(w http.ResponseWriter, _ *http.Request) { httpjson.Write(w, http.StatusOK, struct{}{}) })
 	mux.HandleFunc("GET /containers", g.list)
 	if cs == nil {
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -96,7 +97,7 @@ func (g *gardenServer) list(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, garden.NewServiceUnavailableError(err.Error()))
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{ Handles []string }{nonNil(handles)})
+	httpjson.Write(w, http.StatusOK, struct{ Handles []string }{nonNil(handles)})
 }
 
 func (g *gardenServer) create(w http.ResponseWriter, r *http.Request) {
@@ -110,7 +111,7 @@ func (g *gardenServer) create(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{ Handle string }{c.Handle()})
+	httpjson.Write(w, http.StatusOK, struct{ Handle string }{c.Handle()})
 }
 
 func (g *gardenServer) destroy(w http.ResponseWriter, r *http.Request) {
@@ -120,7 +121,7 @@ func (g *gardenServer) destroy(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	httpjson.Write(w, http.StatusOK, struct{}{})
 }
 
 func (g *gardenServer) properties(w http.ResponseWriter, r *http.Request) {
@@ -130,7 +131,7 @@ func (g *gardenServer) properties(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, c.Properties())
+	httpjson.Write(w, http.StatusOK, c.Properties())
 }
 
 func (g *gardenServer) property(w http.ResponseWriter, r *http.Request) {
@@ -146,7 +147,7 @@ func (g *gardenServer) property(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"value": c.properties[key]})
+	httpjson.Write(w, http.StatusOK, map[string]string{"value": c.properties[key]})
 }
 
 func (g *gardenServer) setProperty(w http.ResponseWriter, r *http.Request) {
@@ -162,7 +163,7 @@ func (g *gardenServer) setProperty(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	httpjson.Write(w, http.StatusOK, struct{}{})
 }
 
 func (g *gardenServer) removeProperty(w http.ResponseWriter, r *http.Request) {
@@ -172,7 +173,7 @@ func (g *gardenServer) removeProperty(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	httpjson.Write(w, http.StatusOK, struct{}{})
 }
 
 // graceTime is taken and has no effect: jetway never destroys a
@@ -183,7 +184,7 @@ func (g *gardenServer) graceTime(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	httpjson.Write(w, http.StatusOK, struct{}{})
 }
 
 func (g *gardenServer) run(w http.ResponseWriter, r *http.Request) {
@@ -223,7 +224,7 @@ func (g *gardenServer) stop(w http.ResponseWriter, r *http.Request) {
 		gardenError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	httpjson.Write(w, http.StatusOK, struct{}{})
 }
 
 // Garden's process protocol: the Run (or Attach) connection is hijacked;
@@ -454,7 +455,7 @@ func gardenError(w http.ResponseWriter, err error) {
 		err = garden.NewServiceUnavailableError(err.Error())
 	}
 	ge := &garden.Error{Err: err}
-	writeJSON(w, ge.StatusCode(), ge)
+	httpjson.Write(w, ge.StatusCode(), ge)
 }
 
 // readJSON decodes r's body of at most limit bytes into v, or answers 400

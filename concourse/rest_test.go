@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -63,7 +64,7 @@ func (f *fakeWeb) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		tok := fmt.Sprintf("token-%d", len(f.issued)+1)
 		f.issued = append(f.issued, tok)
-		writeJSON(w, http.StatusOK, map[string]any{"access_token": tok, "token_type": "bearer", "expires_in": f.expiresIn})
+		httpjson.Write(w, http.StatusOK, map[string]any{"access_token": tok, "token_type": "bearer", "expires_in": f.expiresIn})
 		return
 	}
 	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -84,9 +85,9 @@ func (f *fakeWeb) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/heartbeat"):
 		f.beats++
 		code, state := f.heartbeat(f.beats)
-		writeJSON(w, code, map[string]string{"name": "t", "state": state})
+		httpjson.Write(w, code, map[string]string{"name": "t", "state": state})
 	case strings.HasSuffix(r.URL.Path, "/destroying"):
-		writeJSON(w, http.StatusOK, []string{"h1", "h2"})
+		httpjson.Write(w, http.StatusOK, []string{"h1", "h2"})
 	case strings.HasSuffix(r.URL.Path, "/report"):
 		w.WriteHeader(http.StatusNoContent)
 	case strings.Contains(r.URL.Path, "/missing"):

@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
@@ -462,7 +463,7 @@ func (h *Holder) API(target string) http.Handler {
 			return
 		}
 		if err := h.startCreate(target, handle, body); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, errorJSON(err))
+			httpjson.Write(w, http.StatusServiceUnavailable, httpjson.Error(err))
 			return
 		}
 		// The web node polls a create first at once, then only after
@@ -477,7 +478,7 @@ func (h *Holder) API(target string) http.Handler {
 			case <-time.After(asyncCreateWait):
 			}
 		}
-		writeJSON(w, http.StatusCreated, map[string]string{"handle": handle})
+		httpjson.Write(w, http.StatusCreated, map[string]string{"handle": handle})
 	})
 	mux.HandleFunc("GET /volumes-async/{handle}", func(w http.ResponseWriter, r *http.Request) {
 		f := h.future(target, r.PathValue("handle"), false)
@@ -492,7 +493,7 @@ func (h *Holder) API(target string) http.Handler {
 			return
 		}
 		if f.err != nil {
-			writeJSON(w, http.StatusInternalServerError, errorJSON(f.err))
+			httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(f.err))
 			return
 		}
 		writeRaw(w, http.StatusOK, f.vol)
@@ -511,7 +512,7 @@ func (h *Holder) API(target string) http.Handler {
 		}
 		vol, err := h.create(r.Context(), target, body)
 		if err != nil {
-			writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+			httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
 			return
 		}
 		writeRaw(w, http.StatusCreated, vol)
@@ -520,7 +521,7 @@ func (h *Holder) API(target string) http.Handler {
 		h.pass(w, r, target, func(w http.ResponseWriter) { writeRaw(w, http.StatusOK, []byte("[]\n")) })
 	})
 	missing := func(w http.ResponseWriter) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "volume not found"})
+		httpjson.Write(w, http.StatusNotFound, map[string]string{"error": "volume not found"})
 	}
 	for _, route := range []string{
 		"GET /volumes/{handle}", "DELETE /volumes/{handle}",
@@ -545,12 +546,12 @@ func (h *Holder) API(target string) http.Handler {
 	})
 	for _, route := range []string{"GET /p2p-url", "PUT /volumes/{handle}/stream-p2p-out"} {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "jetway's workers do not stream volumes " +
+			httpjson.Write(w, http.StatusNotImplemented, map[string]string{"error": "jetway's workers do not stream volumes " +
 				"peer to peer yet: run the web node without --enable-p2p-volume-streaming (" + r.Method + " " + r.URL.Path + ")"})
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "the volume API has no " + r.Method + " " + r.URL.Path})
+		httpjson.Write(w, http.StatusNotFound, map[string]string{"error": "the volume API has no " + r.Method + " " + r.URL.Path})
 	})
 	return mux
 }
@@ -577,7 +578,7 @@ func writeImageMetadata(w http.ResponseWriter, encoding string) {
 	var buf bytes.Buffer
 	enc, err := volumes.Encoder(encoding, &buf)
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errorJSON(err))
+		httpjson.Write(w, http.StatusBadRequest, httpjson.Error(err))
 		return
 	}
 	tw := tar.NewWriter(enc)
@@ -592,7 +593,7 @@ func writeImageMetadata(w http.ResponseWriter, encoding string) {
 		err = enc.Close()
 	}
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
 		return
 	}
 	w.Header().Set("Content-Encoding", cmp.Or(encoding, volumes.Raw))
@@ -608,11 +609,11 @@ func createBody(w http.ResponseWriter, r *http.Request) ([]byte, string, bool) {
 	}
 	switch {
 	case err != nil:
-		writeJSON(w, http.StatusBadRequest, errorJSON(err))
+		httpjson.Write(w, http.StatusBadRequest, httpjson.Error(err))
 	case len(body) > maxCreate:
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("a volume's create request is at most %d bytes", maxCreate)})
+		httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("a volume's create request is at most %d bytes", maxCreate)})
 	case json.Unmarshal(body, &req) != nil || req.Handle == "":
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be a volume request: {"handle": "...", "strategy": {...}, "properties": {...}}`})
+		httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": `body must be a volume request: {"handle": "...", "strategy": {...}, "properties": {...}}`})
 	default:
 		return body, req.Handle, true
 	}
@@ -639,7 +640,7 @@ func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, 
 		return nil, false
 	}
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, errorJSON(err))
+		httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
 		return nil, false
 	}
 	hdr := http.Header{}
@@ -654,7 +655,7 @@ func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, 
 	}
 	resp, err := send(r.Context(), r.Method, r.URL.Path, r.URL.Query(), hdr, body)
 	if err != nil {
-		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
+		httpjson.Write(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume holder of %s: %v", target, err)})
 		return nil, false
 	}
 	return resp, true
@@ -671,8 +672,6 @@ func answerWith(w http.ResponseWriter, resp *http.Response) {
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
 }
-
-func errorJSON(err error) map[string]string { return map[string]string{"error": err.Error()} }
 
 func writeRaw(w http.ResponseWriter, code int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
