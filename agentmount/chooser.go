@@ -92,18 +92,21 @@ func (c *Chooser) AgentMount(t *targets.Target) steppod.AgentMount {
 // Start chooses for each target at once, for a new or reconfigured one
 // when it shows, and again every Interval, until ctx ends.
 func (c *Chooser) Start(ctx context.Context) error {
+	timer := time.NewTimer(backoff.Jitter(c.opts.Interval, 0.1)) // the first refresh decides for all
+	defer timer.Stop()
+	all := false
 	for {
 		changed := c.opts.Targets.Changed()
-		c.refresh(ctx)
-		timer := time.NewTimer(backoff.Jitter(c.opts.Interval, 0.1))
+		c.refresh(ctx, all)
+		all = false
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return nil
 		case <-changed:
 		case <-timer.C:
+			all = true
+			timer.Reset(backoff.Jitter(c.opts.Interval, 0.1))
 		}
-		timer.Stop()
 		// Targets change with each of their step pods: look at most
 		// once a second.
 		if !sleep(ctx, time.Second) {
@@ -112,10 +115,10 @@ func (c *Chooser) Start(ctx context.Context) error {
 	}
 }
 
-// refresh decides again for each target whose decision is missing, made
-// with another configuration or older than Interval, and forgets the
+// refresh decides again for each target (all), or for those without a
+// decision made with their current configuration, and forgets the
 // targets that are gone. It returns once every List ended.
-func (c *Chooser) refresh(ctx context.Context) {
+func (c *Chooser) refresh(ctx context.Context, all bool) {
 	var due []*targets.Target
 	seen := make(map[string]bool)
 	now := c.opts.Now()
@@ -126,7 +129,7 @@ func (c *Chooser) refresh(ctx context.Context) {
 		if err != nil || targets.IsAgent(st) {
 			continue // no clients (an invalid entry, an agent's target): nothing to build pods with
 		}
-		if ch, ok := c.choices[st.Name]; !ok || ch.cfg != t.Config || now.Sub(ch.at) >= c.opts.Interval {
+		if ch, ok := c.choices[st.Name]; all || !ok || ch.cfg != t.Config {
 			due = append(due, t)
 		}
 	}
@@ -141,7 +144,9 @@ func (c *Chooser) refresh(ctx context.Context) {
 			wg.Go(func() {
 				defer func() { <-sem }()
 				mount, why := c.decide(ctx, t)
-				c.record(t, mount, why, now)
+				if ctx.Err() == nil { // stopping: a cancelled List says nothing of the nodes
+					c.record(t, mount, why, now)
+				}
 			})
 		}
 	}

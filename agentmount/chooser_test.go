@@ -2,8 +2,11 @@ package agentmount
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
@@ -135,4 +139,45 @@ func TestChooser(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, steppod.AgentInitContainer, c.AgentMount(east2))
 	assert.Equal(t, 1, testutil.CollectAndCount(reg, "jetway_step_agent_mount"), "east's old mount is gone")
+}
+
+// TestChooserInterval: a target's decision is made again after Interval,
+// so a node replaced by one with an older runtime shows, and logged once.
+func TestChooserInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		n := node("n1", "cri-o://1.31.0", "v1.36.0")
+		east := target(t, "east", nil, false, n)
+		ts := &fakeTargets{changed: make(chan struct{})}
+		ts.set(east)
+		var logs strings.Builder
+		c := New(Options{Targets: ts, Interval: 5 * time.Minute,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{ReplaceAttr: dropTime}))})
+		done := make(chan error, 1)
+		go func() { done <- c.Start(ctx) }()
+		synctest.Wait()
+		assert.Equal(t, steppod.AgentImageVolume, c.AgentMount(east))
+
+		n.Status.NodeInfo.ContainerRuntimeVersion = "cri-o://1.30.2"
+		_, err := east.Core.Nodes().UpdateStatus(ctx, &n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		time.Sleep(4 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, steppod.AgentImageVolume, c.AgentMount(east), "not yet due")
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, steppod.AgentInitContainer, c.AgentMount(east), "decided again after Interval")
+		cancel()
+		require.NoError(t, <-done)
+		assert.Equal(t, `level=INFO msg="step agent mount chosen" target=east mount=image-volume why="all 1 nodes mount image volumes"
+level=INFO msg="step agent mount chosen" target=east mount=init-container why="node n1 runs cri-o://1.30.2"
+`, logs.String())
+	})
+}
+
+func dropTime(_ []string, a slog.Attr) slog.Attr {
+	if a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }
