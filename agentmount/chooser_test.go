@@ -121,7 +121,9 @@ func TestChooser(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Start(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
-	require.Eventually(t, func() bool { return c.AgentMount(east) == steppod.AgentImageVolume }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.CollectAndCount(reg, "jetway_step_agent_mount") == 4 },
+		5*time.Second, 10*time.Millisecond, "each target decided")
+	assert.Equal(t, steppod.AgentImageVolume, c.AgentMount(east))
 	assert.Equal(t, steppod.AgentInitContainer, c.AgentMount(west), "may not list nodes")
 	assert.Equal(t, steppod.AgentInitContainer, c.AgentMount(mixed), "one node runs containerd 1.7")
 	assert.Equal(t, steppod.AgentImageVolume, c.AgentMount(pooled), "its step pods land on the new node alone")
