@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/agentmount"
+	"github.com/jetway-ci/jetway/integration/cluster"
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/targets"
 )
@@ -49,7 +50,7 @@ func TestAgentMountAuto(t *testing.T) {
 			_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 		})
 	}
-	grantListNodes(ctx, t, "jetway-test-list-nodes-"+id, allowed, old)
+	grantListNodes(ctx, t, c, "jetway-test-list-nodes-"+id, allowed, old)
 
 	registry := targets.NewRegistry(targets.RegistryOptions{Interval: time.Second, Timeout: 2 * time.Second, Installation: "jetway"})
 	source := targets.NewSource(targets.SourceOptions{Dir: dir, Resync: time.Minute}, registry.Apply)
@@ -107,10 +108,10 @@ func agentMountNode(ctx context.Context, t *testing.T, name, pool, runtime, kube
 }
 
 // grantListNodes lets the service account jetway of each namespace list
-// nodes, through a ClusterRole and ClusterRoleBinding named name.
-func grantListNodes(ctx context.Context, t *testing.T, name string, namespaces ...string) {
+// nodes of c, through a ClusterRole and ClusterRoleBinding named name.
+func grantListNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, name string, namespaces ...string) {
 	t.Helper()
-	rbac := clusters[0].Client.RbacV1()
+	rbac := c.Client.RbacV1()
 	_, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
