@@ -109,7 +109,7 @@ func (c *Chooser) Start(ctx context.Context) error {
 		}
 		// Targets change with each of their step pods: look at most
 		// once a second.
-		if !sleep(ctx, time.Second) {
+		if backoff.Sleep(ctx, time.Second) != nil {
 			return nil
 		}
 	}
@@ -199,17 +199,5 @@ func (c *Chooser) forget(seen map[string]bool) {
 			delete(c.choices, name)
 			c.opts.Metrics.forgot(name, ch.mount)
 		}
-	}
-}
-
-// sleep waits d, or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
 	}
 }
