@@ -31,6 +31,9 @@
 //     through the API server, the one follower of the agent's process,
 //     and the agent's log as events. concourse and agent import it and
 //     wire, never steps.
+//   - agentmount: with step-agent-mount auto, chooses per target whether
+//     its step pods get the agent as an image volume or by an init
+//     container, from the runtime and kubelet its nodes report.
 //   - stepagent, cmd/step-agent: what runs inside a step pod (and under a
 //     `gateway agent`): the supervisor, the log, its tail by position.
 //   - volumes: a step pod's volume sidecar (the baggageclaim subset).

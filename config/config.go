@@ -73,7 +73,7 @@ type Config struct {
 
 	// Steps.
 	StepAgentImage  string        `mapstructure:"step-agent-image" help:"image holding jetway's step agent (make image builds it; push it to a registry the targets pull from): mounted or copied into every step pod (step-agent-mount), and its volume sidecar"`
-	StepAgentMount  string        `mapstructure:"step-agent-mount" help:"how a step pod gets the step agent: init-container (an init container copies it; any runtime) or image-volume (an image volume, no init container: a step starts faster; needs Kubernetes 1.36, or 1.33 with the ImageVolume gate, and containerd 2.1+ or CRI-O 1.31+ on every node)"`
+	StepAgentMount  string        `mapstructure:"step-agent-mount" help:"how a step pod gets the step agent: auto (per target: image-volume when every node its step pods may land on reports kubelet 1.36+ and containerd 2.1+ or CRI-O 1.31+, and the target may list nodes; init-container otherwise), init-container (an init container copies it; any runtime) or image-volume (an image volume, no init container: a step starts faster; needs Kubernetes 1.36, or 1.33 with the ImageVolume gate, and containerd 2.1+ or CRI-O 1.31+ on every node)"`
 	ImagePullGrace  time.Duration `mapstructure:"image-pull-grace" help:"how long a step's image pull may fail for a passing reason (rate limit, registry 5xx) before the step errors; pulls that cannot succeed fail at once"`
 	StepKillGrace   time.Duration `mapstructure:"step-kill-grace" help:"time between TERM and KILL when a step is aborted or times out"`
 	ResourceDir     string        `mapstructure:"resource-dir" help:"where resource images keep their check, in and out scripts"`
@@ -149,7 +149,7 @@ func Default() Config {
 		StreamStallTimeout: 10 * time.Second,
 
 		StepAgentImage:  "ghcr.io/jetway-ci/step-agent:" + buildinfo.String(),
-		StepAgentMount:  "init-container",
+		StepAgentMount:  "auto",
 		ImagePullGrace:  2 * time.Minute,
 		StepKillGrace:   10 * time.Second,
 		ResourceDir:     "/opt/resource",
@@ -267,9 +267,9 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.StepAgentImage) == "" {
 		add("step-agent-image", "required: the image holding jetway's step agent")
 	}
-	if c.StepAgentMount != "init-container" && c.StepAgentMount != "image-volume" {
+	if c.StepAgentMount != "auto" && c.StepAgentMount != "init-container" && c.StepAgentMount != "image-volume" {
 		// steppod.AgentMount's values (steps imports config).
-		add("step-agent-mount", "must be init-container or image-volume, got %q", c.StepAgentMount)
+		add("step-agent-mount", "must be auto, init-container or image-volume, got %q", c.StepAgentMount)
 	}
 	if c.ImagePullGrace < 0 {
 		add("image-pull-grace", "must not be negative, got %s", c.ImagePullGrace)

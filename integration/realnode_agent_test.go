@@ -33,6 +33,13 @@ func TestRealNodeAgentInitContainer(t *testing.T) {
 	testAgentMount(t, "rn-agent-init", steppod.AgentInitContainer)
 }
 
+// TestRealNodeAgentAuto: with step-agent-mount auto, a target that may
+// list the real node (kubelet 1.36, containerd 2.x) gets the image
+// volume, with its guarantees.
+func TestRealNodeAgentAuto(t *testing.T) {
+	testAgentMount(t, "rn-agent-auto", steppod.AgentAuto)
+}
+
 func testAgentMount(t *testing.T, target string, mount steppod.AgentMount) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -41,7 +48,17 @@ func testAgentMount(t *testing.T, target string, mount steppod.AgentMount) {
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://2."),
 		"the node runs containerd 2.x: %s", node.Status.NodeInfo.ContainerRuntimeVersion)
+	if mount == steppod.AgentAuto {
+		grantListNodes(ctx, t, rn, "jetway-test-list-nodes-"+target, target)
+	}
 	g := nodeGateway(ctx, t, target, gatewayOptions{agentMount: mount})
+	if mount == steppod.AgentAuto {
+		tg, err := g.registry.Target(target)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return g.chooser.AgentMount(tg) == steppod.AgentImageVolume },
+			20*time.Second, 50*time.Millisecond, "auto chooses the image volume on the real node")
+		mount = steppod.AgentImageVolume
+	}
 	c, err := client.New(client.Options{URL: g.base})
 	require.NoError(t, err)
 

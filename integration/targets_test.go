@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/jetway-ci/jetway/agentmount"
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -80,6 +81,9 @@ type gateway struct {
 	// containers are the web node's containers (Containers.API serves
 	// a worker's Garden), with or without a web node.
 	containers *concourse.Containers
+	// chooser chooses the agent's mount per target (agentMount auto); nil
+	// otherwise.
+	chooser *agentmount.Chooser
 }
 
 // gatewayOptions vary the in-process gateway; zero values are test defaults.
@@ -117,7 +121,8 @@ type gatewayOptions struct {
 	// agentMount is how step pods get the agent; "": an init container
 	// (kwok's nodes run the agent from a local folder, whatever the pod
 	// says). The real node's gateways (nodeGateway) mount it as an image
-	// volume.
+	// volume. With auto the gateway runs an agentmount.Chooser
+	// (gateway.chooser).
 	agentMount steppod.AgentMount
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
@@ -350,6 +355,11 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	id := steps.NewIdentity(o.identity)
 	podOpts := steppod.Options{AgentImage: cmp.Or(o.agentImage, "ghcr.io/jetway-ci/step-agent:test"), AgentMount: o.agentMount, Installation: o.installation,
 		Extract: o.extract, Key: key, Steps: o.stepDefaults}
+	var chooser *agentmount.Chooser
+	if o.agentMount == steppod.AgentAuto {
+		chooser = agentmount.New(agentmount.Options{Targets: registry, Timeout: 2 * time.Second, Logger: logger})
+		podOpts.Chooser = chooser
+	}
 	stateOpts := func() (steps.StoreOptions, steps.OwnersOptions, steps.ElectorOptions) {
 		return steps.StoreOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Logger: logger},
 			steps.OwnersOptions{Config: o.state.rest, Namespace: o.state.namespace, Installation: o.installation, Identity: id, Logger: logger},
@@ -423,6 +433,9 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	}
 	first = append(first, holder)
 	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
+	if chooser != nil {
+		second = append(second, chooser)
+	}
 	if node != nil {
 		node.SetHTTP(server.Handler())
 		second = append(second, node)
@@ -445,7 +458,8 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		}
 	})
 	g := &gateway{dir: dir, base: "http://" + ln.Addr().String(), logs: logs, registry: registry, steps: stepper, reg: reg, stop: stop,
-		mesh: node, state: o.state, identity: id, holder: holder, containers: containers}
+		mesh: node, state: o.state, identity: id, holder: holder, containers: containers,
+		chooser: chooser}
 	if node != nil {
 		<-node.Ready()
 		if a := node.Addr(); a != nil {

@@ -51,6 +51,10 @@ const (
 	// container and the sidecar: no init container, so the step's
 	// containers start at once.
 	AgentImageVolume AgentMount = "image-volume"
+	// AgentAuto: per target, what Options.Chooser chose from the runtime
+	// its nodes report (package agentmount); the init container without
+	// a Chooser.
+	AgentAuto AgentMount = "auto"
 )
 
 // ParseAgentMount reads an AgentMount ("" is AgentInitContainer).
@@ -58,10 +62,28 @@ func ParseAgentMount(s string) (AgentMount, error) {
 	switch m := AgentMount(s); m {
 	case "":
 		return AgentInitContainer, nil
-	case AgentInitContainer, AgentImageVolume:
+	case AgentInitContainer, AgentImageVolume, AgentAuto:
 		return m, nil
 	}
-	return "", fmt.Errorf("step agent mount %q: want %s or %s", s, AgentInitContainer, AgentImageVolume)
+	return "", fmt.Errorf("step agent mount %q: want %s, %s or %s", s, AgentAuto, AgentInitContainer, AgentImageVolume)
+}
+
+// MountChooser says how a target's step pods get the agent, with
+// AgentAuto. It must not block: Build calls it.
+type MountChooser interface {
+	AgentMount(t *targets.Target) AgentMount
+}
+
+// mountFor is the mount of t's step pods: opts.AgentMount, or with
+// AgentAuto the Chooser's choice (the init container without one).
+func (o Options) mountFor(t *targets.Target) AgentMount {
+	if o.AgentMount != AgentAuto {
+		return o.AgentMount
+	}
+	if o.Chooser == nil {
+		return AgentInitContainer
+	}
+	return o.Chooser.AgentMount(t)
 }
 
 // Name is the step pod's name (an agent's step folder): readable,
@@ -81,8 +103,10 @@ type Options struct {
 	// (AgentMount), and the volume sidecar runs it.
 	AgentImage string
 	// AgentMount is how the agent gets into the step container ("": an
-	// init container).
-	AgentMount   AgentMount
+	// init container; AgentAuto: as Chooser says for the target).
+	AgentMount AgentMount
+	Chooser    MountChooser
+	// Installation names this installation in ownership labels.
 	Installation string
 	// Steps are the step containers' defaults (the gateway's flags);
 	// each target's target.yaml may set its own.
@@ -220,6 +244,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 	no := false
 	seal, tokenHash := opts.seal(t.Name(), spec.Name, spec.Team)
 	sidecar := opts.sidecar(tokenHash)
+	opts.AgentMount = opts.mountFor(t)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
 		Spec: corev1.PodSpec{

@@ -315,10 +315,38 @@ func TestBuildAgentImageVolume(t *testing.T) {
 	assert.Equal(t, []string{"/step-agent", "install", "/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command)
 	assert.Len(t, mounted.Spec.Volumes, 1)
 
-	for _, s := range []string{"", "init-container", "image-volume"} {
+	for _, s := range []string{"", "init-container", "image-volume", "auto"} {
 		_, err := ParseAgentMount(s)
 		assert.NoError(t, err, s)
 	}
 	_, err = ParseAgentMount("copy")
 	assert.ErrorContains(t, err, `step agent mount "copy"`)
+}
+
+// chooser is a MountChooser that answers mount for every target.
+type chooser AgentMount
+
+func (c chooser) AgentMount(*targets.Target) AgentMount { return AgentMount(c) }
+
+// TestBuildAgentAuto: with AgentAuto the Chooser decides per target; a
+// forced mount ignores it; without a Chooser, auto is the init container.
+func TestBuildAgentAuto(t *testing.T) {
+	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+		Meta: targets.Metadata{Namespace: "ci"}}, "prod")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		mount   AgentMount
+		chooser MountChooser
+		init    bool
+	}{
+		{AgentAuto, chooser(AgentImageVolume), false},
+		{AgentAuto, chooser(AgentInitContainer), true},
+		{AgentAuto, nil, true},
+		{AgentInitContainer, chooser(AgentImageVolume), true},
+		{AgentImageVolume, chooser(AgentInitContainer), false},
+	} {
+		p := Build(tgt, taskSpec(""), Options{AgentImage: "reg/step-agent:1", AgentMount: tc.mount, Chooser: tc.chooser, Installation: "prod"})
+		assert.Equal(t, tc.init, len(p.Spec.InitContainers) == 1, "%s with %v", tc.mount, tc.chooser)
+		assert.Equal(t, !tc.init, len(p.Spec.Volumes) == 2, "%s with %v", tc.mount, tc.chooser)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/jetway-ci/jetway/agentmount"
 	"github.com/jetway-ci/jetway/api"
 	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
@@ -166,6 +167,12 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Metrics:        steps.NewMetrics(reg),
 	}
 	stepOpts.Pod.Steps = stepDefaults(cfg)
+	var chooser *agentmount.Chooser
+	if stepOpts.Pod.AgentMount == steppod.AgentAuto {
+		chooser = agentmount.New(agentmount.Options{Targets: registry, Timeout: cfg.HealthTimeout,
+			Metrics: agentmount.NewMetrics(reg), Logger: logger.With("component", "agent-mount")})
+		stepOpts.Pod.Chooser = chooser
+	}
 	if state.store != nil {
 		stepOpts.Records, stepOpts.Owners, stepOpts.Leader = state.store, state.owners, state.elector
 	}
@@ -216,6 +223,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		// The placer Lease, then this gateway's own, go once its runners
 		// stopped: the others take its steps over at once.
 		components = append(components, state.elector, state.owners, state.store, state.keys)
+	}
+	if chooser != nil {
+		components = append(components, chooser) // step pods built after it stopped keep its last choices
 	}
 	components = append(components, closer(streamer.Close), dialer, source, registry)
 	if tokenFile != nil {

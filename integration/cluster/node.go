@@ -564,13 +564,17 @@ func (c *Cluster) drainNode(ctx context.Context) {
 // back (teardown).
 func (c *Cluster) stopNode() {
 	n := c.node
-	if n.kubelet.running() && !n.kubelet.exited() && c.apiserver.running() {
+	// A node whose configuration failed has no processes yet: what it
+	// took (the lock) still goes back.
+	if n.kubelet != nil && n.kubelet.running() && !n.kubelet.exited() && c.apiserver.running() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		c.drainNode(ctx)
 		cancel()
 	}
-	n.kubelet.stop(5 * time.Second)
-	if n.containerd.running() && !n.containerd.exited() {
+	if n.kubelet != nil {
+		n.kubelet.stop(5 * time.Second)
+	}
+	if n.containerd != nil && n.containerd.running() && !n.containerd.exited() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if out, err := n.ctr(ctx, "tasks", "ls", "-q"); err == nil {
 			for id := range strings.FieldsSeq(out) {
@@ -580,7 +584,9 @@ func (c *Cluster) stopNode() {
 		}
 		cancel()
 	}
-	n.containerd.stop(5 * time.Second)
+	if n.containerd != nil {
+		n.containerd.stop(5 * time.Second)
+	}
 	if n.registry != nil {
 		n.registry.Close()
 	}
