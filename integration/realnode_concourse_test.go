@@ -12,37 +12,58 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/steppod"
 )
 
 // TestRealNodeConcourseTask: a real web node's build runs on the real
 // node (kubelet, containerd, runc): fly execute's task runs in its
 // container's pod, in the image its rootfs_uri names, in its build dir (a
 // real subPath mount), with its param, its input moved into a nested mount
-// and its output moved back out, which fly downloads.
+// and its output moved back out, which fly downloads; it runs as a user
+// that is not root (uid 65534), which writes its output. The agent comes as
+// an image volume (read-only over /jetway/bin): kubelet makes the mounts'
+// folders, open to the task's user.
 func TestRealNodeConcourseTask(t *testing.T) {
+	testRealNodeConcourseTask(t, "rn-concourse", steppod.AgentImageVolume)
+}
+
+// TestRealNodeConcourseTaskInitContainer: the same with the fallback for
+// runtimes without image volumes: the init container copies the agent
+// and makes the mounts' folders.
+func TestRealNodeConcourseTaskInitContainer(t *testing.T) {
+	testRealNodeConcourseTask(t, "rn-concourse-init", steppod.AgentInitContainer)
+}
+
+func testRealNodeConcourseTask(t *testing.T, name string, mount steppod.AgentMount) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	client := cwn.Client{ID: "jetway", Secret: "realnode-s3cret"}
 	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	const name = "rn-concourse"
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t)})
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		agentMount: mount})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
 	work := t.TempDir()
 	payload := rand.Text() + "\n"
 	writeFile(t, filepath.Join(work, "in", "payload"), []byte(payload))
+	require.NoError(t, os.Chmod(filepath.Join(work, "in", "payload"), 0o644), "readable by the task's user, as on a stock worker")
 	download := filepath.Join(work, "out")
 	require.NoError(t, os.MkdirAll(download, 0o755))
 	task := filepath.Join(work, "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\nparams: {NAME: node}\n"+
 		"inputs: [{name: in}]\noutputs: [{name: out}]\n"+
-		"run: {path: sh, args: [-c, 'echo \"hello $NAME in $(pwd)\"; cat in/payload > out/copy; cat /proc/1/cmdline']}\n"))
+		"run: {user: \"65534\", path: sh, args: [-ec, 'echo \"hello $NAME in $(pwd) as $(id -u)\"; cat in/payload > out/copy; cat /proc/1/cmdline; echo; grep \" /jetway/bin \" /proc/self/mountinfo || echo no agent volume']}\n"))
 	fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+filepath.Join(work, "in"), "-o", "out="+download)
 	fcancel()
 	require.NoError(t, err, out)
-	assert.Regexp(t, `hello node in /tmp/build/[0-9a-f]+\r\n`, out, "a task runs on a terminal")
+	assert.Regexp(t, `hello node in /tmp/build/[0-9a-f]+ as 65534\r\n`, out, "a task runs on a terminal")
 	assert.Contains(t, out, "/jetway/bin/step-agent", "pid 1 is the step agent: the task ran in its container's pod")
+	if mount == steppod.AgentImageVolume {
+		assert.Regexp(t, ` /jetway/bin ro,`, out, "the agent is a read-only volume of its own")
+	} else {
+		assert.Contains(t, out, "no agent volume", "the init container copied the agent into the pod's emptyDir")
+	}
 	got, err := os.ReadFile(filepath.Join(download, "copy"))
 	require.NoError(t, err, out)
 	assert.Equal(t, payload, string(got))

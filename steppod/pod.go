@@ -264,19 +264,18 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 			}, sidecar},
 		},
 	}
-	if len(spec.Mounts) > 0 {
-		// A container's mounts' folders must be open before kubelet
-		// mounts them (kubelet would make them root's, 0755): the init
-		// container makes them, so such a pod keeps it.
-		opts.AgentMount = AgentInitContainer
-	}
 	opts.addAgent(&pod.Spec)
 	step := &pod.Spec.Containers[0]
 	for _, m := range spec.Mounts {
-		// Made open by the init container before the kubelet mounts
-		// them: the sidecar writes into them, the container's user too.
-		install := &pod.Spec.InitContainers[0]
-		install.Command = append(install.Command, m.Volume)
+		// Open to every user before the process: the sidecar writes
+		// into them, the container's user too. The init container makes
+		// them; without it kubelet does, as it mounts the step container
+		// (before the sidecar starts), root's but with the emptyDir's
+		// mode, 0777 (kubelet's subpath.SafeMakeDir).
+		if len(pod.Spec.InitContainers) > 0 {
+			install := &pod.Spec.InitContainers[0]
+			install.Command = append(install.Command, m.Volume)
+		}
 		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
 			SubPath: stepagent.VolumesDir + "/" + m.Volume, ReadOnly: m.ReadOnly})
 	}

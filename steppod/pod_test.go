@@ -285,8 +285,8 @@ func TestSidecarListens(t *testing.T) {
 // over the emptyDir's bin folder of the step container (its pid 1 is the
 // agent there) and the sidecar (the gateway runs bin/step-agent in it
 // once the step's container ended); the step's image is unchanged. A
-// Concourse container with mounts keeps the init container, which makes
-// its mounts' folders open before kubelet mounts them.
+// Concourse container with mounts gets it too: kubelet makes the mounts'
+// folders as it mounts them.
 func TestBuildAgentImageVolume(t *testing.T) {
 	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
 		Meta: targets.Metadata{Namespace: "ci"}}, "prod")
@@ -311,9 +311,16 @@ func TestBuildAgentImageVolume(t *testing.T) {
 	assert.Empty(t, plain.Spec.InitContainers, "a container without mounts gets the agent's image volume")
 	mounted := Build(tgt, Spec{Name: "c-2", Type: "concourse", Team: "main", Image: "busybox",
 		Mounts: []Mount{{Path: "/tmp/build/in", Volume: "v1"}}}, opts)
-	require.Len(t, mounted.Spec.InitContainers, 1, "mounts' folders made open by the init container")
-	assert.Equal(t, []string{"/step-agent", "install", "/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command)
-	assert.Len(t, mounted.Spec.Volumes, 1)
+	assert.Empty(t, mounted.Spec.InitContainers, "a container with mounts gets the agent's image volume")
+	assert.Len(t, mounted.Spec.Volumes, 2)
+	assert.Contains(t, mounted.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "jetway", MountPath: "/tmp/build/in",
+		SubPath: "volumes/v1"})
+	opts.AgentMount = AgentInitContainer
+	mounted = Build(tgt, Spec{Name: "c-3", Type: "concourse", Team: "main", Image: "busybox",
+		Mounts: []Mount{{Path: "/tmp/build/in", Volume: "v1"}}}, opts)
+	require.Len(t, mounted.Spec.InitContainers, 1)
+	assert.Equal(t, []string{"/step-agent", "install", "/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command,
+		"the init container makes the mounts' folders open")
 
 	for _, s := range []string{"", "init-container", "image-volume", "auto"} {
 		_, err := ParseAgentMount(s)
