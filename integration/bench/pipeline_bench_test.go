@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,11 +18,17 @@ import (
 	"github.com/jetway-ci/jetway/client"
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/wire"
 )
 
 // pipelineBuilds is how many builds each path runs (BENCH_PIPELINE_BUILDS).
 var pipelineBuilds = envInt("BENCH_PIPELINE_BUILDS", 5)
+
+// pipelineMount is how the bench's step pods get the agent
+// (BENCH_PIPELINE_MOUNT: image-volume, or init-container for the
+// fallback's numbers).
+var pipelineMount = cmp.Or(os.Getenv("BENCH_PIPELINE_MOUNT"), string(steppod.AgentImageVolume))
 
 // benchPipeline is the five steps, as a Concourse pipeline: a get, two
 // tasks each with an input and an output, a task with a cache, a put.
@@ -115,7 +122,8 @@ func runPipelineBench(b *testing.B) {
 		// a build's pods, the build's before (the API path keeps them
 		// for the cache) and those the web node has not collected yet
 		// did not always fit, and a step was unschedulable.
-		"--step-default-cpu-request", "10m"}
+		"--step-default-cpu-request", "10m", "--step-agent-mount", pipelineMount}
+	b.Logf("step pods get the agent: %s", pipelineMount)
 	if os.Getenv("BENCH_GATEWAY_LOG") != "" {
 		flags = append(flags, "--log-level", "debug")
 	}
