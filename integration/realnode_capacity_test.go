@@ -122,7 +122,7 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, code, msg)
 	code, msg = create(`{"handle":"copy","strategy":{"type":"cow","volume":"up"}}`)
 	assert.Equal(t, http.StatusInternalServerError, code, msg)
-	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": no room for 10.0 MiB more`)
+	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": tar entry "ten": no room for 10.0 MiB more`)
 	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
 	withinItsLimit("the refused copy")
 
