@@ -378,6 +378,7 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 	labels := ownership.Labels(t.Name(), opts.Installation)
 	labels[targets.VolumeHolderLabel] = "concourse"
 	meta := t.Config.Meta
+	size := opts.Steps.For(meta.Steps).HolderSize
 	no := false
 	seal, tokenHash := opts.seal(t.Name(), name, "")
 	pod := &corev1.Pod{
@@ -388,7 +389,7 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 			EnableServiceLinks:           &no,
 			NodeSelector:                 meta.NodeSelector,
 			Tolerations:                  meta.Tolerations,
-			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(opts.Steps.For(meta.Steps))}},
+			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: emptyDir(size)}},
 			Containers:                   []corev1.Container{opts.sidecar(tokenHash, meta.Steps.AllowPrivileged)},
 		},
 	}
@@ -399,9 +400,9 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 	// size limit rather than let the kubelet evict the holder, and every
 	// team's volumes with it. A step pod's sidecar gets no capacity: its
 	// step writes there too, unaccounted, and fills its own pod alone.
-	if limit := opts.Steps.For(meta.Steps).VolumeSizeLimit; !limit.IsZero() {
+	if !size.IsZero() {
 		sidecar := &pod.Spec.Containers[0]
-		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(limit.Value(), 10))
+		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(size.Value(), 10))
 	}
 	return pod
 }

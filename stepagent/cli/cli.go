@@ -30,8 +30,8 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
 // a Concourse volume holder's sidecar gets one (steppod.HolderPod).
-const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeSizeLimit " +
-	"in its target.yaml, else the gateway's step-volume-size-limit"
+const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeHolder.size " +
+	"in its target.yaml, else the gateway's volume-holder-size"
 
 // Main runs the command args name (args[0]) and returns its exit code,
 // having said on stderr what failed.
