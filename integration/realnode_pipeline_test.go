@@ -79,6 +79,7 @@ jobs:
 - name: rich
   plan:
   - get: base
+    params: {format: rootfs}
   - task: look
     image: base
     config:

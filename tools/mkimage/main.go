@@ -22,6 +22,7 @@ import (
 	"os"
 	"path"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -136,8 +137,16 @@ func main() {
 		if !ok || !path.IsAbs(p) || !path.IsAbs(target) {
 			return fmt.Errorf("want PATH:TARGET, both absolute, got %q", s)
 		}
-		o.entries = append(o.entries, &tar.Header{Typeflag: tar.TypeLink, Name: strings.TrimPrefix(path.Clean(p), "/"),
-			Linkname: strings.TrimPrefix(path.Clean(target), "/"), ModTime: epoch})
+		hdr := &tar.Header{Typeflag: tar.TypeLink, Name: strings.TrimPrefix(path.Clean(p), "/"),
+			Linkname: strings.TrimPrefix(path.Clean(target), "/"), ModTime: epoch}
+		// A link's header carries its file's mode and owner, as GNU tar
+		// writes it: an extractor (containerd's) may apply them.
+		i := slices.IndexFunc(o.entries, func(e *tar.Header) bool { return e.Typeflag == tar.TypeReg && e.Name == hdr.Linkname })
+		if i < 0 {
+			return fmt.Errorf("hard link %q: %s is no file written before it", s, target)
+		}
+		hdr.Mode, hdr.Uid, hdr.Gid = o.entries[i].Mode, o.entries[i].Uid, o.entries[i].Gid
+		o.entries = append(o.entries, hdr)
 		return nil
 	})
 	o.created = epoch
