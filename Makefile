@@ -127,12 +127,22 @@ $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
 	$(MKIMAGE) -binary $(BIN)/pause-linux-$(IMAGE_ARCH) -path /pause -user 65535:65535 \
 		-ref $(PAUSE_IMAGE_REF) -title "jetway test pause" -o $@
 
+# RICH_ENTRIES: what real images hold and a volume must carry as it is: a
+# root-only /root and key, /etc/shadow of group shadow (42), a setuid
+# binary, a hard link, a user's 0750 home.
+RICH_ENTRIES := -mkdir /root:0700:0:0 -write /root/.key:0600:0:0:root-only \
+	-mkdir /etc:0755:0:0 -write /etc/shadow:0640:0:42:root:*:19000:0:99999:7::: \
+	-write /usr/bin/suid-probe:4755:0:0:setuid -write /usr/bin/sgid-probe:2755:0:42:setgid \
+	-mkdir /usr/share/hard:0755:0:0 -write /usr/share/hard/one:0644:0:0:linked -hardlink /usr/share/hard/two:/usr/share/hard/one \
+	-mkdir /home/builder:0750:1000:1000 -write /home/builder/.key:0600:1000:1000:theirs
+
 $(BIN)/busybox-image.tar: $(BIN)/mkimage integration/cmd/stamp/main.go $(wildcard integration/testdata/resource/*) | node-packages
 	$(STATIC_BUILD) -o $(BIN)/stamp-linux-$(IMAGE_ARCH) ./integration/cmd/stamp
 	$(MKIMAGE) -binary /bin/busybox -path /bin/busybox -user 0:0 -dir /tmp -cmd sh \
 		-file $(BIN)/stamp-linux-$(IMAGE_ARCH):/usr/bin/stamp \
 		$(foreach f,check in out,-file integration/testdata/resource/$(f):/opt/resource/$(f)) \
 		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
+		$(RICH_ENTRIES) \
 		-ref $(BUSYBOX_IMAGE_REF) -title "busybox (jetway's test base image)" -o $@
 
 $(BIN)/registry-image-image.tar: $(BIN)/mkimage $(wildcard integration/testdata/registry-image/*) | node-packages

@@ -70,9 +70,10 @@ func (s *tarStream) Close() error {
 
 // Untar extracts a gzip-compressed tar stream into dir, created if
 // missing, and returns how many regular files it wrote (hard links
-// included), as tarsafe.Extract does for a user: folders, files, hard
-// and symbolic links with their modes and times, owned by the caller (no
-// setuid or setgid). A device or FIFO, or an entry that would land
+// included), as tarsafe.Extract does: folders, files, hard and symbolic
+// links with their modes and times, owned by the caller (no setuid or
+// setgid), or, run by root, as GNU tar does, by the owner the archive
+// names (setuid and setgid kept). A device or FIFO, or an entry that would land
 // outside dir (an absolute name, "..", a link pointing out or a path
 // through one), is an error naming it.
 func Untar(r io.Reader, dir string) (int, error) {
@@ -97,7 +98,9 @@ func UntarLimited(r io.Reader, dir string, lim Limits) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("untar into %s: %w", dir, err)
 	}
-	done, err := tarsafe.Extract(zr, dir, tarsafe.Limits{Bytes: lim.Bytes, Entries: lim.Entries})
+	// As GNU tar: run by root, every file gets the owner the archive
+	// names (and keeps setuid and setgid); otherwise the user's.
+	done, err := tarsafe.Extract(zr, dir, tarsafe.Limits{Bytes: lim.Bytes, Entries: lim.Entries, Owners: os.Geteuid() == 0})
 	if err == nil {
 		// Read on to the gzip trailer, whose checksum covers it all.
 		_, err = io.Copy(io.Discard, zr)

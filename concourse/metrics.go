@@ -22,6 +22,7 @@ type Metrics struct {
 	moves         *prometheus.CounterVec
 	movedBytes    *prometheus.CounterVec
 	oversized     prometheus.Counter
+	holders       *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -88,8 +89,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_garden_oversized_messages_total",
 		Help: "Messages on a Garden process's connection (stdin, window size, signal) past their cap of 8 MiB: each closed its client's connection.",
 	})
+	m.holders = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_volume_holders_replaced_total",
+		Help: "Volume holder pods replaced because they ended, by reason: evicted, or failed (its node lost, its container ended); the volumes each held were lost.",
+	}, []string{"reason"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized)
+		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized, m.holders)
 	return m
 }
 
@@ -167,6 +172,13 @@ func (m *Metrics) refused() {
 func (m *Metrics) podRefused(why string) {
 	if m != nil {
 		m.podRefusals.WithLabelValues(why).Inc()
+	}
+}
+
+// holderReplaced counts a volume holder replaced because it ended.
+func (m *Metrics) holderReplaced(reason string) {
+	if m != nil {
+		m.holders.WithLabelValues(reason).Inc()
 	}
 }
 

@@ -150,7 +150,38 @@ func (h *Holder) holderPod(t *targets.Target, opts steppod.Options) (string, err
 	case ownership.Unbound:
 		return name, &unboundHolder{p}
 	}
+	if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+		return name, &lostHolder{p}
+	}
 	return name, nil
+}
+
+// lostHolder: the volume holder pod ended (evicted past its emptyDir's
+// limit or for its node's pressure, its node lost): it never runs again,
+// and the volumes it held went with it. It is a worker without volumes
+// (errNoHolder): the sweep reports none, so the web node marks them
+// missing and makes them again; the sweep and the next create replace it.
+type lostHolder struct{ pod *corev1.Pod }
+
+func (e *lostHolder) Error() string {
+	why := string(e.pod.Status.Phase)
+	if e.pod.Status.Reason != "" {
+		why += ": " + e.pod.Status.Reason
+	}
+	if e.pod.Status.Message != "" {
+		why += ": " + e.pod.Status.Message
+	}
+	return fmt.Sprintf("the volume holder pod %s ended (%s): the volumes it held are gone", e.pod.Name, why)
+}
+
+func (e *lostHolder) Unwrap() error { return errNoHolder }
+
+// reason is why it ended, for the metric: evicted, or failed.
+func (e *lostHolder) reason() string {
+	if e.pod.Status.Reason == "Evicted" {
+		return "evicted"
+	}
+	return "failed"
 }
 
 // podSender sends to target's volume holder pod.
@@ -176,9 +207,12 @@ func (e *unboundHolder) Error() string {
 func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Options) error {
 	name, err := h.holderPod(t, opts)
 	var unbound *unboundHolder
+	var lost *lostHolder
 	switch {
 	case errors.As(err, &unbound):
 		err = h.replaceUnbound(ctx, t, unbound.pod)
+	case errors.As(err, &lost):
+		err = h.replaceLost(ctx, t, lost)
 	case errors.Is(err, errHolderToMake):
 		err = h.makeHolder(ctx, t)
 	}
@@ -256,6 +290,33 @@ func (h *Holder) replaceUnbound(ctx context.Context, t *targets.Target, p *corev
 	err = t.Core.Pods(t.Namespace()).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete the unbound volume holder pod %s/%s: %w", t.Namespace(), p.Name, err)
+	}
+	return h.makeHolder(ctx, t)
+}
+
+// replaceLost deletes a volume holder pod that ended (lost) and makes a
+// new one, empty. Another gateway may replace it first: the delete is of
+// that pod alone (its UID), and a new one made meanwhile is left to it.
+func (h *Holder) replaceLost(ctx context.Context, t *targets.Target, lost *lostHolder) error {
+	p := lost.pod
+	h.logger().Warn("volume holder pod replaced: it ended, and the volumes it held are gone; the web node makes them again",
+		"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "phase", string(p.Status.Phase),
+		"reason", p.Status.Reason, "message", p.Status.Message)
+	h.Metrics.holderReplaced(lost.reason())
+	now, uid := int64(0), p.UID
+	dctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	err := t.Core.Pods(t.Namespace()).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete the volume holder pod %s/%s that ended: %w", t.Namespace(), p.Name, err)
+	}
+	// The delete shows in the target's pod cache before a create of the
+	// same name can succeed.
+	err = t.AwaitPods(dctx, func(pods []*corev1.Pod) bool {
+		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
+	})
+	if err != nil {
+		return fmt.Errorf("the volume holder pod %s/%s that ended is not gone: %w", t.Namespace(), p.Name, err)
 	}
 	return h.makeHolder(ctx, t)
 }
@@ -396,7 +457,17 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 	defer cancel()
 	send, err := h.volumes(target)
 	var unbound *unboundHolder
+	var lost *lostHolder
 	switch {
+	case errors.As(err, &lost):
+		// Its volumes are gone: none is reported, and a new holder is
+		// made now rather than at the web node's next create.
+		if t, terr := h.Targets.Target(target); terr == nil {
+			if err := h.replaceLost(ctx, t, lost); err != nil {
+				h.logger().Warn("volume holder not replaced; the next sweep or create tries again", "target", target, "error", err.Error())
+			}
+		}
+		return nil, nil
 	case errors.Is(err, errNoHolder), errors.As(err, &unbound):
 		// A pod not bound to jetway's create (made a moment ago and being
 		// bound, or planted) never got a request: none of the web node's

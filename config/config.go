@@ -84,10 +84,11 @@ type Config struct {
 	ExtractMaxEntries int   `mapstructure:"extract-max-entries" help:"files, folders and links one archive streamed into a step's volume may write"`
 	// What every step pod gets unless its target's target.yaml (steps:)
 	// says otherwise (docs/steps.md, "Limits"); 0 is none.
-	StepVolumeSizeLimit         Bytes  `mapstructure:"step-volume-size-limit" help:"size limit of a step pod's emptyDir (its build dir, inputs and outputs): past it the kubelet evicts the pod (0: none); a Concourse volume holder's too, whose sidecar refuses a write past it"`
+	StepVolumeSizeLimit         Bytes  `mapstructure:"step-volume-size-limit" help:"size limit of a step pod's emptyDir (its build dir, inputs and outputs): past it the kubelet evicts the pod (0: none)"`
 	StepEphemeralStorageRequest Bytes  `mapstructure:"step-ephemeral-storage-request" help:"ephemeral-storage request of a step's container (its writable layer and logs) (0: none)"`
 	StepDefaultCPURequest       string `mapstructure:"step-default-cpu-request" help:"cpu request of a step that asks for no cpu (a quantity: 100m, 1) (0: none)"`
 	StepDefaultMemoryRequest    Bytes  `mapstructure:"step-default-memory-request" help:"memory request of a step that asks for no memory (0: none)"`
+	VolumeHolderSize            Bytes  `mapstructure:"volume-holder-size" help:"size limit of a Concourse volume holder's emptyDir, which keeps every volume of the web node's on a target: its sidecar refuses a write past it, so no upload gets it evicted (0: none; a target's steps.volumeHolder.size wins)"`
 
 	// Step state (docs/steps.md, "Ownership"): where the installation's
 	// step records, gateway Leases and placer Lease live.
@@ -165,6 +166,9 @@ func Default() Config {
 		StepEphemeralStorageRequest: 1 << 30,
 		StepDefaultCPURequest:       "100m",
 		StepDefaultMemoryRequest:    256 << 20,
+		// The holder keeps every volume of a target: a few builds'
+		// artifacts, caches and images.
+		VolumeHolderSize: 20 << 30,
 
 		MeshStallAfter: 30 * time.Second,
 
@@ -285,7 +289,7 @@ func (c Config) Validate() error {
 		b   Bytes
 	}{
 		{"step-volume-size-limit", c.StepVolumeSizeLimit}, {"step-ephemeral-storage-request", c.StepEphemeralStorageRequest},
-		{"step-default-memory-request", c.StepDefaultMemoryRequest},
+		{"step-default-memory-request", c.StepDefaultMemoryRequest}, {"volume-holder-size", c.VolumeHolderSize},
 	} {
 		if size.b < 0 {
 			add(size.key, "must not be negative, got %s", size.b)

@@ -250,3 +250,71 @@ func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 		return nil
 	})
 }
+
+// TestALostHolderIsReplaced: a volume holder pod that ended (evicted, as
+// the kubelet leaves a pod whose emptyDir went past its limit) never runs
+// again: the next sweep lists none of its volumes (so the web node marks
+// them missing and makes them again), deletes it and makes a new, empty
+// holder, and the web node's next create and lookups work; the one that
+// was lost answers 404.
+func TestALostHolderIsReplaced(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "holder-lost"
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api := httptest.NewServer(g.holder.API(ns))
+	defer api.Close()
+	create := func(handle string) {
+		t.Helper()
+		resp, err := http.Post(api.URL+"/volumes", "application/json", strings.NewReader(`{"handle":"`+handle+`","strategy":{"type":"empty"}}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	create("v1")
+	listed, err := g.holder.List(ctx, ns)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"v1"}, listed)
+
+	pods := clusters[1].Client.CoreV1().Pods(ns)
+	holder := steppod.HolderName("jetway")
+	p, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	lostUID := p.UID
+	p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Evicted"
+	p.Status.Message = "Pod ephemeral local storage usage exceeds the total limit of containers 10Gi."
+	_, err = pods.UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	eventually(t, 30*time.Second, func() error {
+		listed, err := g.holder.List(ctx, ns)
+		if err != nil {
+			return err
+		}
+		if len(listed) != 0 {
+			return errorf("listed %q of a holder that ended", listed)
+		}
+		p, err := pods.Get(ctx, holder, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.UID == lostUID {
+			return errorf("the holder that ended is still there (%s)", p.Status.Phase)
+		}
+		return nil
+	})
+	assert.Contains(t, g.logs.String(), "volume holder pod replaced")
+	assert.Contains(t, g.logs.String(), `"reason":"Evicted"`)
+
+	create("v2")
+	resp, err := http.Get(api.URL + "/volumes/v1")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "the lost volume is gone")
+	listed, err = g.holder.List(ctx, ns)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"v2"}, listed)
+}

@@ -23,7 +23,7 @@ import (
 )
 
 // TestRealNodeVolumeHolderStaysWithinItsLimit: a volume holder on a
-// target whose volume size limit is 16Mi, asked through the gateway's
+// target whose volume holder size is 16Mi (steps.volumeHolder.size), asked through the gateway's
 // worker volume API as a web node asks it to take more than that (a
 // stream-in of 24 MiB; a cow copy of 10 MiB next to 10 MiB), answers an
 // error naming the limit and where it is set, and takes nothing of it:
@@ -36,7 +36,7 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 	defer cancel()
 	const name, limit = "rn-full", 16 << 20
 	rn := startRealNode(t)
-	g := targetGateway(ctx, t, rn, name, "steps: {volumeSizeLimit: 16Mi}\n",
+	g := targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {size: 16Mi}}\n",
 		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar")})
 	api := httptest.NewServer(g.holder.API(name))
 	defer api.Close()
@@ -115,14 +115,14 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 	assert.Equal(t, http.StatusInsufficientStorage, code, msg)
 	assert.Contains(t, msg, `tar entry "big": no room for 24.0 MiB more`)
 	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
-	assert.Contains(t, msg, "the target's steps.volumeSizeLimit in its target.yaml, else the gateway's step-volume-size-limit")
+	assert.Contains(t, msg, "the target's steps.volumeHolder.size in its target.yaml, else the gateway's volume-holder-size")
 	withinItsLimit("the refused stream-in")
 
 	code, msg = streamIn("up", "ten", randomBytes(t, 10<<20))
 	require.Equal(t, http.StatusNoContent, code, msg)
 	code, msg = create(`{"handle":"copy","strategy":{"type":"cow","volume":"up"}}`)
 	assert.Equal(t, http.StatusInternalServerError, code, msg)
-	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": no room for 10.0 MiB more`)
+	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": tar entry "ten": no room for 10.0 MiB more`)
 	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
 	withinItsLimit("the refused copy")
 

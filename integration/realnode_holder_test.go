@@ -22,7 +22,7 @@ import (
 
 // TestRealNodeVolumeHolder: the web node's volume API, served by the
 // gateway, on a target on the real node: the first create makes the
-// volume holder, a real container (the sidecar as 65532 with a read-only
+// volume holder, a real container (the sidecar as root with four capabilities and a read-only
 // root, its emptyDir the only place it writes); an upload streams in
 // over the kubelet's port-forward, a cow copies it (counted), a single
 // file streams out whole, properties filter the list, and a missing path

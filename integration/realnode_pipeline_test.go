@@ -22,7 +22,8 @@ import (
 // and of an image, a task from a get's task file in an image from a get,
 // input and output mappings, a task cache, a put; a failing job whose
 // task's image is an image_resource; a job whose get and put wait until
-// aborted. Nothing is checked but by fly (a check of the web node's own
+// aborted; a get of an image with root-only files, setuid binaries and
+// hard links, with its layers, as a task's image. Nothing is checked but by fly (a check of the web node's own
 // would run first and make fly's a no-op, without its log). MIRROR is where pods reach the node's registry.
 const pipelineYAML = `
 resource_types:
@@ -75,6 +76,17 @@ jobs:
         type: registry-image
         source: {repository: ` + cluster.NodeRegistry + `/busybox, tag: "1", mirror: MIRROR}
       run: {path: sh, args: [-c, 'echo "failing in $(pwd)" | tee /tmp/mark; exit 1']}
+- name: rich
+  plan:
+  - get: base
+    params: {format: rootfs}
+  - task: look
+    image: base
+    config:
+      platform: linux
+      run:
+        path: sh
+        args: [-ec, 'stat -c "%n %a %u %g %h" /root /root/.key /etc/shadow /usr/bin/suid-probe /usr/share/hard/one /home/builder/.key; cat /root/.key']
 - name: slow
   plan:
   - in_parallel:
@@ -182,6 +194,15 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 	out = mustFly(time.Minute, "intercept", "-j", "p/failing", "-s", "fail", "--", "cat", "/tmp/mark")
 	assert.Regexp(t, `failing in /tmp/build/[0-9a-f]+\n`, out)
 	interceptOnATerminal(ctx, t, web, "-j", "p/failing", "-s", "fail")
+
+	// An image with root-only files, setuid binaries and hard links,
+	// fetched with its layers (no skip_download): the get's rootfs goes
+	// to the holder whole, and a task runs in the image.
+	out = mustFly(3*time.Minute, "trigger-job", "-j", "p/rich", "--watch")
+	for _, want := range []string{"with its layers", "/root 700 0 0 ", "/root/.key 600 0 0 1", "/etc/shadow 640 0 42 1",
+		"/usr/bin/suid-probe 4755 0 0 1", "/usr/share/hard/one 644 0 0 2", "/home/builder/.key 600 1000 1000 1", "root-only", "succeeded"} {
+		assert.Contains(t, out, want)
+	}
 
 	// A get and a put that wait, aborted while they run.
 	mustFly(time.Minute, "trigger-job", "-j", "p/slow")

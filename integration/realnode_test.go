@@ -31,7 +31,7 @@ import (
 // The step suite on the real node (startRealNode): kubelet, containerd and
 // runc run the step pods' containers, so what kwok could only stand in
 // for runs for real: the init container's copy of the agent, pid1, the
-// volume sidecar as 65532 with a read-only root, exec and port-forward
+// volume sidecar as root with four capabilities and a read-only root, exec and port-forward
 // through a kubelet, OOM kills, image pulls, users and security contexts.
 
 // nodeGateway places target name on the real node and starts a gateway
@@ -42,7 +42,7 @@ func nodeGateway(ctx context.Context, t *testing.T, name string, o gatewayOption
 	rn := startRealNode(t)
 	o.agentImage = rn.NodeImage("step-agent-image.tar")
 	o.agentMount = cmp.Or(o.agentMount, steppod.AgentImageVolume)
-	return targetGateway(ctx, t, rn, name, "{}\n", o)
+	return targetGateway(ctx, t, rn, name, cmp.Or(o.targetYAML, "{}\n"), o)
 }
 
 // nodeStep is a shell task in the node's busybox image.
@@ -142,17 +142,19 @@ func TestRealNodeTasks(t *testing.T) {
 		assert.Empty(t, p.Spec.Containers[0].Resources.Limits, "requests only: a step that asks for nothing is Burstable")
 		assert.Equal(t, corev1.PodQOSBurstable, p.Status.QOSClass)
 
-		// The agent's containers (its image has no shell) as the host
-		// sees their first process: the restricted profile.
+		// The volume sidecar (its image has no shell) as the host sees
+		// its first process: root with only the capabilities that carry
+		// files as written (CHOWN, DAC_OVERRIDE, FOWNER, FSETID: bits 0,
+		// 1, 3, 4), bounded to them, no escalation, a read-only root.
 		pod := g.step(t, "status").Pod
 		for _, container := range []string{steppod.SidecarContainer} {
 			status, err := rn.ContainerProcess(ctx, "rn-tasks", pod, container, "status")
 			require.NoError(t, err)
-			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Uid"))[0], container)
-			assert.Equal(t, "65532", strings.Fields(statusField(t, status, "Gid"))[0], container)
+			assert.Equal(t, "0", strings.Fields(statusField(t, status, "Uid"))[0], container)
+			assert.Equal(t, "0", strings.Fields(statusField(t, status, "Gid"))[0], container)
 			assert.Equal(t, "1", statusField(t, status, "NoNewPrivs"), container)
-			assert.Equal(t, "0000000000000000", statusField(t, status, "CapEff"), container+": every capability dropped")
-			assert.Equal(t, "0000000000000000", statusField(t, status, "CapBnd"), container)
+			assert.Equal(t, "000000000000001b", statusField(t, status, "CapEff"), container+": CHOWN, DAC_OVERRIDE, FOWNER, FSETID alone")
+			assert.Equal(t, "000000000000001b", statusField(t, status, "CapBnd"), container)
 			assert.Equal(t, "2", statusField(t, status, "Seccomp"), container+": the runtime's seccomp filter")
 			mounts, err := rn.ContainerProcess(ctx, "rn-tasks", pod, container, "mountinfo")
 			require.NoError(t, err)
@@ -162,7 +164,7 @@ func TestRealNodeTasks(t *testing.T) {
 }
 
 // TestRealNodeInputsAndOutputs: an upload and an output streamed into a
-// task through the real volume sidecar (as 65532, read-only root) and the
+// task through the real volume sidecar (as root with four capabilities, read-only root) and the
 // kubelet's port-forward, and the output downloaded: every byte whole.
 func TestRealNodeInputsAndOutputs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -124,6 +124,9 @@ type gatewayOptions struct {
 	// volume. With auto the gateway runs an agentmount.Chooser
 	// (gateway.chooser).
 	agentMount steppod.AgentMount
+	// targetYAML is the real node's target's target.yaml (nodeGateway);
+	// default "{}".
+	targetYAML string
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steppod.Defaults

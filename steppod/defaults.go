@@ -33,6 +33,10 @@ type Defaults struct {
 	// the step asks for no cpu (memory); a step that asks gets what it
 	// asked as request and limit.
 	CPURequest, MemoryRequest resource.Quantity
+	// HolderSize is the sizeLimit of a Concourse volume holder's emptyDir
+	// and its sidecar's capacity: every volume of the web node's on the
+	// target, so its own setting, not a step's.
+	HolderSize resource.Quantity
 }
 
 // For is d with what the target's policy sets instead.
@@ -48,6 +52,7 @@ func (d Defaults) For(p targets.StepPolicy) Defaults {
 		EphemeralStorageRequest: pick(d.EphemeralStorageRequest, p.EphemeralStorageRequest),
 		CPURequest:              pick(d.CPURequest, p.DefaultCPURequest),
 		MemoryRequest:           pick(d.MemoryRequest, p.DefaultMemoryRequest),
+		HolderSize:              pick(d.HolderSize, p.VolumeHolder.Size),
 	}
 }
 
@@ -75,11 +80,14 @@ func stepSecurity(privileged bool) *corev1.SecurityContext {
 }
 
 // stepVolume is the emptyDir step pods share, bounded by d.
-func stepVolume(d Defaults) corev1.VolumeSource {
+func stepVolume(d Defaults) corev1.VolumeSource { return emptyDir(d.VolumeSizeLimit) }
+
+// emptyDir is an emptyDir of limit (zero: none).
+func emptyDir(limit resource.Quantity) corev1.VolumeSource {
 	dir := &corev1.EmptyDirVolumeSource{}
-	if !d.VolumeSizeLimit.IsZero() {
-		limit := d.VolumeSizeLimit.DeepCopy()
-		dir.SizeLimit = &limit
+	if !limit.IsZero() {
+		l := limit.DeepCopy()
+		dir.SizeLimit = &l
 	}
 	return corev1.VolumeSource{EmptyDir: dir}
 }

@@ -16,23 +16,26 @@ import (
 )
 
 // TestHolderSidecarKnowsItsCapacity: the volume holder's sidecar
-// gets its emptyDir's size limit (the gateway's, or the target's
-// target.yaml's) as its capacity, so that it refuses a write past it
-// rather than be evicted; without a size limit, none. A step pod's
-// sidecar gets none: its step writes the emptyDir too.
+// gets its emptyDir's size limit (the gateway's volume-holder-size, or
+// the target's steps.volumeHolder.size), its own setting and not a
+// step's, as its capacity, so that it refuses a write past it rather
+// than be evicted; without a size limit, none. A step pod's sidecar gets
+// none: its step writes the emptyDir too.
 func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 	key, err := ownership.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	defaults := Defaults{VolumeSizeLimit: resource.MustParse("10Gi")}
+	defaults := Defaults{VolumeSizeLimit: resource.MustParse("10Gi"), HolderSize: resource.MustParse("20Gi")}
 	for _, tt := range []struct {
 		name     string
 		policy   targets.StepPolicy
 		defaults Defaults
 		want     string // "": no capacity
 	}{
-		{name: "the gateway's", defaults: defaults, want: "10737418240"},
-		{name: "the target's", defaults: defaults, policy: targets.StepPolicy{VolumeSizeLimit: quantity("16Mi")}, want: "16777216"},
-		{name: "none", defaults: defaults, policy: targets.StepPolicy{VolumeSizeLimit: quantity("0")}},
+		{name: "the gateway's", defaults: defaults, want: "21474836480"},
+		{name: "the target's", defaults: defaults, policy: targets.StepPolicy{VolumeHolder: targets.VolumeHolderPolicy{Size: quantity("16Mi")}},
+			want: "16777216"},
+		{name: "not a step's", defaults: defaults, policy: targets.StepPolicy{VolumeSizeLimit: quantity("16Mi")}, want: "21474836480"},
+		{name: "none", defaults: defaults, policy: targets.StepPolicy{VolumeHolder: targets.VolumeHolderPolicy{Size: quantity("0")}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},

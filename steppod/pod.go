@@ -119,9 +119,15 @@ type Options struct {
 	Key ownership.Key
 }
 
-// sidecarCommand runs the volume sidecar with the pod's extract limits.
-func (o Options) sidecarCommand() []string {
-	cmd := []string{"/step-agent", "volumes", "--listen", ":7788"}
+// sidecarCommand runs the volume sidecar with the pod's extract limits:
+// every file with its owner, and device nodes and FIFOs only where the
+// target lets a step be privileged (devices: a privileged step could make
+// them anyway).
+func (o Options) sidecarCommand(devices bool) []string {
+	cmd := []string{"/step-agent", "volumes", "--listen", ":7788", "--owners"}
+	if devices {
+		cmd = append(cmd, "--devices")
+	}
 	if o.Extract.Bytes > 0 {
 		cmd = append(cmd, "--max-extract-bytes", strconv.FormatInt(o.Extract.Bytes, 10))
 	}
@@ -136,16 +142,16 @@ func (o Options) sidecarCommand() []string {
 // the emptyDir, as the step container's: the gateway reads a step's log
 // through it (the same relative bin/step-agent) once the step's container
 // ended.
-func (o Options) sidecar(tokenHash string) corev1.Container {
+func (o Options) sidecar(tokenHash string, devices bool) corev1.Container {
 	return corev1.Container{
 		Name: SidecarContainer, Image: o.AgentImage,
-		Command:    o.sidecarCommand(),
+		Command:    o.sidecarCommand(devices),
 		WorkingDir: stepagent.Root,
 		Env: []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root},
 			{Name: stepagent.TokenHashEnv, Value: tokenHash}},
 		Ports:           []corev1.ContainerPort{{Name: "volumes", ContainerPort: stepagent.VolumePort}},
 		VolumeMounts:    []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}},
-		SecurityContext: agentSecurity(),
+		SecurityContext: sidecarSecurity(devices),
 		Resources:       sidecarResources,
 		// Ready once it listens: SidecarListens. A readiness probe, not a
 		// startup probe: kubelet probes it at once when it first reports
@@ -243,7 +249,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
 	no := false
 	seal, tokenHash := opts.seal(t.Name(), spec.Name, spec.Team)
-	sidecar := opts.sidecar(tokenHash)
+	sidecar := opts.sidecar(tokenHash, meta.Steps.AllowPrivileged)
 	opts.AgentMount = opts.mountFor(t)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: t.Namespace(), Labels: labels, Annotations: seal},
@@ -319,7 +325,32 @@ func (o Options) seal(target, name, team string) (map[string]string, string) {
 		ownership.TokenHash(o.Key.Token(target, name, nonce))
 }
 
-// agentSecurity is the agent containers' context: the restricted profile.
+// sidecarSecurity is the volume sidecar's context: root, for it carries
+// every file as written (it reads a step's root-only files and gives
+// each file its owner, setuid and setgid), with only the capabilities
+// that takes (and CAP_MKNOD with devices), not the runtime's default
+// set; no privilege escalation, a read-only root filesystem, the
+// runtime's seccomp profile. Each of these capabilities is in the Pod
+// Security Standards' baseline, which the step container needs anyway.
+// It reaches nothing but its pod's emptyDir, and it opens every path of
+// a volume beneath the volume (os.Root): a symbolic link a step left
+// there leads it nowhere else.
+func sidecarSecurity(devices bool) *corev1.SecurityContext {
+	no, root := false, int64(0)
+	caps := []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"}
+	if devices {
+		caps = append(caps, "MKNOD")
+	}
+	yes := true
+	return &corev1.SecurityContext{
+		Privileged: &no, AllowPrivilegeEscalation: &no, RunAsNonRoot: &no, RunAsUser: &root, RunAsGroup: &root,
+		ReadOnlyRootFilesystem: &yes,
+		Capabilities:           &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: caps},
+		SeccompProfile:         &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// agentSecurity is the init container's context: the restricted profile.
 func agentSecurity() *corev1.SecurityContext {
 	no, yes, uid := false, true, int64(65532)
 	return &corev1.SecurityContext{
@@ -347,6 +378,7 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 	labels := ownership.Labels(t.Name(), opts.Installation)
 	labels[targets.VolumeHolderLabel] = "concourse"
 	meta := t.Config.Meta
+	size := opts.Steps.For(meta.Steps).HolderSize
 	no := false
 	seal, tokenHash := opts.seal(t.Name(), name, "")
 	pod := &corev1.Pod{
@@ -357,8 +389,8 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 			EnableServiceLinks:           &no,
 			NodeSelector:                 meta.NodeSelector,
 			Tolerations:                  meta.Tolerations,
-			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: stepVolume(opts.Steps.For(meta.Steps))}},
-			Containers:                   []corev1.Container{opts.sidecar(tokenHash)},
+			Volumes:                      []corev1.Volume{{Name: sharedVolume, VolumeSource: emptyDir(size)}},
+			Containers:                   []corev1.Container{opts.sidecar(tokenHash, meta.Steps.AllowPrivileged)},
 		},
 	}
 	for _, s := range meta.ImagePullSecrets {
@@ -368,9 +400,9 @@ func HolderPod(t *targets.Target, opts Options) *corev1.Pod {
 	// size limit rather than let the kubelet evict the holder, and every
 	// team's volumes with it. A step pod's sidecar gets no capacity: its
 	// step writes there too, unaccounted, and fills its own pod alone.
-	if limit := opts.Steps.For(meta.Steps).VolumeSizeLimit; !limit.IsZero() {
+	if !size.IsZero() {
 		sidecar := &pod.Spec.Containers[0]
-		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(limit.Value(), 10))
+		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(size.Value(), 10))
 	}
 	return pod
 }

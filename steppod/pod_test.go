@@ -69,11 +69,12 @@ func TestBuild(t *testing.T) {
 	assert.Contains(t, side.Env, corev1.EnvVar{Name: stepagent.TokenHashEnv, Value: ownership.TokenHash(token)},
 		"the sidecar holds the hash of its token")
 	assert.Equal(t, "/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
-	assert.True(t, *side.SecurityContext.RunAsNonRoot)
-	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788"}, side.Command, "the agent's own extract limits")
+	assert.Equal(t, sidecarSecurity(false), side.SecurityContext)
+	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788", "--owners"}, side.Command,
+		"the agent's own extract limits, every file with its owner")
 	limited := Build(tgt, spec,
 		Options{AgentImage: "reg/step-agent:1", Installation: "prod", Extract: tarsafe.Limits{Bytes: 1 << 30, Entries: 5000}})
-	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788", "--max-extract-bytes", "1073741824", "--max-extract-entries", "5000"},
+	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788", "--owners", "--max-extract-bytes", "1073741824", "--max-extract-entries", "5000"},
 		limited.Spec.Containers[1].Command)
 	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
 		require.Len(t, c.VolumeMounts, 1, c.Name)
@@ -117,8 +118,11 @@ func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return 
 // TestStepContainerSecurity: the step container runs with the runtime's
 // seccomp profile, no privilege escalation and the runtime's capabilities
 // minus NET_RAW; a privileged step, where its target allows it, runs
-// privileged and without those. The agent containers keep the
-// restricted profile either way.
+// privileged and without those. The init container keeps the restricted
+// profile either way; the volume sidecar runs as root with the four
+// capabilities that carry files as written (drop ALL, add CHOWN,
+// DAC_OVERRIDE, FOWNER, FSETID), and CAP_MKNOD with devices only where
+// the target allows privileged steps, no escalation, a read-only root.
 func TestStepContainerSecurity(t *testing.T) {
 	p := podOn(t, targets.StepPolicy{}, Defaults{}, wire.Resources{}, false)
 	sc := p.Spec.Containers[0].SecurityContext
@@ -134,9 +138,27 @@ func TestStepContainerSecurity(t *testing.T) {
 	assert.Equal(t, &corev1.SecurityContext{Privileged: ptrTo(true)}, sc,
 		"privileged and nothing else: Kubernetes refuses it with allowPrivilegeEscalation false")
 	for _, pod := range []*corev1.Pod{p, priv} {
-		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers[1]) {
+		for _, c := range pod.Spec.InitContainers {
 			assert.Equal(t, agentSecurity(), c.SecurityContext, c.Name)
 		}
+	}
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		caps []corev1.Capability
+		args []string
+	}{
+		{p, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"}, []string{"--owners"}},
+		{priv, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "MKNOD"}, []string{"--owners", "--devices"}},
+	} {
+		sc := tc.pod.Spec.Containers[1].SecurityContext
+		assert.Equal(t, int64(0), *sc.RunAsUser)
+		assert.False(t, *sc.RunAsNonRoot)
+		assert.False(t, *sc.AllowPrivilegeEscalation)
+		assert.False(t, *sc.Privileged)
+		assert.True(t, *sc.ReadOnlyRootFilesystem)
+		assert.Equal(t, &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}, sc.SeccompProfile)
+		assert.Equal(t, &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: tc.caps}, sc.Capabilities)
+		assert.Equal(t, tc.args, tc.pod.Spec.Containers[1].Command[4:])
 	}
 }
 
@@ -248,7 +270,7 @@ func TestAContainersPod(t *testing.T) {
 // and listens only then (kwok reports it ready as it runs); it runs once
 // started; a node that reports no container states says both by running.
 func TestSidecarListens(t *testing.T) {
-	side := Options{AgentImage: "agent:1"}.sidecar("hash")
+	side := Options{AgentImage: "agent:1"}.sidecar("hash", false)
 	assert.Nil(t, side.StartupProbe, "a startup probe is first run a period after the container starts")
 	probe := side.ReadinessProbe
 	require.NotNil(t, probe, "run by kubelet as soon as it sees the container running")

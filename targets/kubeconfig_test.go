@@ -110,10 +110,11 @@ func TestParse(t *testing.T) {
 			wantErr: []string{`namespace "Not_A_Label"`, `tags[1] "a" is repeated`, "tags[2] is empty", "maxActiveTasks must not be negative"}},
 		{name: "steps policy", config: kubeconfig("", "", ""),
 			yaml: "steps:\n  allowPrivileged: true\n  volumeSizeLimit: 20Gi\n  ephemeralStorageRequest: 0\n" +
-				"  defaultCPURequest: 250m\n  defaultMemoryRequest: 536870912\n",
+				"  defaultCPURequest: 250m\n  defaultMemoryRequest: 536870912\n  volumeHolder: {size: 50Gi}\n",
 			check: func(t *testing.T, c *Config) {
 				p := c.Meta.Steps
 				assert.True(t, p.AllowPrivileged)
+				assert.Equal(t, "50Gi", p.VolumeHolder.Size.String())
 				assert.Equal(t, "20Gi", p.VolumeSizeLimit.String())
 				require.NotNil(t, p.EphemeralStorageRequest, "0 is given: none on this target, not the gateway's")
 				assert.True(t, p.EphemeralStorageRequest.IsZero())
@@ -125,8 +126,9 @@ func TestParse(t *testing.T) {
 				assert.Equal(t, StepPolicy{}, c.Meta.Steps, "the gateway's defaults, nothing privileged")
 			}},
 		{name: "bad steps policy", config: kubeconfig("", "", ""),
-			yaml:    "steps:\n  volumeSizeLimit: -1Gi\n  defaultCPURequest: -1\n",
-			wantErr: []string{"steps.volumeSizeLimit must not be negative, got -1Gi", "steps.defaultCPURequest must not be negative"}},
+			yaml: "steps:\n  volumeSizeLimit: -1Gi\n  defaultCPURequest: -1\n  volumeHolder: {size: -1}\n",
+			wantErr: []string{"steps.volumeSizeLimit must not be negative, got -1Gi", "steps.defaultCPURequest must not be negative",
+				"steps.volumeHolder.size must not be negative"}},
 		{name: "steps policy unknown key", config: kubeconfig("", "", ""), yaml: "steps:\n  privileged: true\n",
 			wantErr: []string{"target.yaml", `unknown field "privileged"`}},
 		{name: "steps policy not a quantity", config: kubeconfig("", "", ""), yaml: "steps:\n  volumeSizeLimit: lots\n",

@@ -27,6 +27,17 @@ type StepPolicy struct {
 	// container's requests when the step names no cpu (memory).
 	DefaultCPURequest    *resource.Quantity `json:"defaultCPURequest,omitempty"`
 	DefaultMemoryRequest *resource.Quantity `json:"defaultMemoryRequest,omitempty"`
+	// VolumeHolder is the Concourse volume holder's own.
+	VolumeHolder VolumeHolderPolicy `json:"volumeHolder,omitzero"`
+}
+
+// VolumeHolderPolicy is `steps.volumeHolder`: the Concourse volume
+// holder's settings, apart from a step pod's.
+type VolumeHolderPolicy struct {
+	// Size is the sizeLimit of the holder's emptyDir, which holds every
+	// volume of the web node's on the target: its sidecar refuses a write
+	// past it (less a margin), so no request gets the holder evicted.
+	Size *resource.Quantity `json:"size,omitempty"`
 }
 
 // PrivilegedKey is the target.yaml key that allows privileged steps, as
@@ -41,6 +52,7 @@ func (p StepPolicy) validate() error {
 	}{
 		{"volumeSizeLimit", p.VolumeSizeLimit}, {"ephemeralStorageRequest", p.EphemeralStorageRequest},
 		{"defaultCPURequest", p.DefaultCPURequest}, {"defaultMemoryRequest", p.DefaultMemoryRequest},
+		{"volumeHolder.size", p.VolumeHolder.Size},
 	} {
 		if q.v != nil && q.v.Sign() < 0 {
 			errs = append(errs, fmt.Errorf("steps.%s must not be negative, got %s", q.key, q.v))

@@ -1,109 +1,76 @@
 package volumes
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"io"
-	"io/fs"
 	"os"
+	"sync"
+
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 )
 
 // copyTree copies the files of the folder from into the folder to, which
-// exists and is empty: folders and regular files with their modes,
-// symbolic links as links to the same target, never followed. It reads
-// through an os.Root of from, so it reads nothing outside from even if a
-// folder of it turns into a link meanwhile. Other files (devices, pipes,
-// sockets) are left out, as a stream-in leaves them out. It returns the
-// bytes of the files it copied, and stops when ctx ends. Each entry is
-// claimed of c before it is written; a file is copied as large as it was
-// when claimed.
-func copyTree(ctx context.Context, from, to string, c *claim) (int64, error) {
+// exists and is empty, as a stream-out of from into a stream-in of to
+// would, with the same archive and the same extractor (tarsafe) under
+// the server's limits: every file as written (type, mode bits, owner
+// with the server's Owners, hard links as links, symbolic links as
+// written, times, device nodes and FIFOs with its Devices, refused
+// naming the entry without). It reads through an os.Root of from, so it
+// reads nothing outside from even if a folder of it turns into a link
+// meanwhile. to takes from's own mode (and owner). It returns the bytes
+// of the files it copied, and stops when ctx ends. Each entry is claimed
+// of c before it is written.
+func (s *Server) copyTree(ctx context.Context, from, to string, c *claim) (int64, error) {
 	src, err := os.OpenRoot(from)
 	if err != nil {
 		return 0, err
 	}
 	defer src.Close()
-	dst, err := os.OpenRoot(to)
+	top, err := src.Lstat(".")
 	if err != nil {
 		return 0, err
 	}
-	defer dst.Close()
-	type folder struct {
-		name string
-		mode fs.FileMode
+	pr, pw := io.Pipe()
+	var wg sync.WaitGroup
+	wg.Go(func() { pw.CloseWithError(writeTar(pw, src, ".")) })
+	limits := s.extractLimits(c)
+	got, err := tarsafe.Extract(ctxReader{ctx, pr}, to, limits)
+	pr.CloseWithError(errCopied) // the writer may still be writing the archive's end
+	wg.Wait()
+	if err != nil {
+		return got.Bytes, err
 	}
-	var folders []folder
-	var copied int64
-	err = fs.WalkDir(src.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+	if limits.Owners {
+		hdr, err := tar.FileInfoHeader(top, "")
+		if err == nil {
+			err = os.Lchown(to, hdr.Uid, hdr.Gid)
+		}
 		if err != nil {
-			return err
+			return got.Bytes, err
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			folders = append(folders, folder{name, info.Mode()})
-			if name == "." {
-				return nil
-			}
-			if err := c.entry(name, info.Mode(), 0, ""); err != nil {
-				return err
-			}
-			return dst.Mkdir(name, 0o700)
-		case d.Type()&fs.ModeSymlink != 0:
-			target, err := src.Readlink(name)
-			if err == nil {
-				err = c.entry(name, info.Mode(), 0, target)
-			}
-			if err != nil {
-				return err
-			}
-			return dst.Symlink(target, name)
-		case d.Type().IsRegular():
-			if err := c.entry(name, info.Mode(), info.Size(), ""); err != nil {
-				return err
-			}
-			n, err := copyFile(src, dst, name, info.Mode(), info.Size())
-			copied += n
-			return err
-		}
-		return nil
-	})
-	// Folders take their modes last, deepest first: a read-only folder
-	// is written into before.
-	for i := len(folders) - 1; i >= 0 && err == nil; i-- {
-		err = dst.Chmod(folders[i].name, modeBits(folders[i].mode))
 	}
-	return copied, err
+	return got.Bytes, os.Chmod(to, modeBits(top.Mode()))
 }
 
-// copyFile copies one regular file with its mode, at most size bytes of
-// it; on Linux, io.Copy between two files asks the kernel to copy
-// (copy_file_range, also through a LimitedReader), which some
-// filesystems do by sharing blocks.
-func copyFile(src, dst *os.Root, name string, mode fs.FileMode, size int64) (int64, error) {
-	in, err := src.Open(name)
-	if err != nil {
+// errCopied ends a copy's archive once its extractor is done with it.
+var errCopied = errors.New("copied")
+
+// ctxReader reads r until ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	defer in.Close()
-	out, err := dst.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return 0, err
-	}
-	n, err := io.Copy(out, io.LimitReader(in, size))
-	if err == nil {
-		err = out.Chmod(modeBits(mode)) // not narrowed by the umask
-	}
-	return n, errors.Join(err, out.Close())
+	return c.r.Read(p)
 }
 
 // modeBits is what chmod sets of a mode.
-func modeBits(m fs.FileMode) fs.FileMode {
-	return m & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+func modeBits(m os.FileMode) os.FileMode {
+	return m & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky)
 }

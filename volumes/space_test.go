@@ -135,7 +135,7 @@ func TestCopyPastTheCapacityIsRefused(t *testing.T) {
 
 	resp, body = create(t, base, `{"handle":"copy","strategy":{"type":"cow","volume":"src"}}`)
 	assert.Equal(t, http.StatusInsufficientStorage, resp.StatusCode, "%s", body)
-	assert.Contains(t, string(body), `copy volume \"src\": no room for 7.0 MiB more`)
+	assert.Contains(t, string(body), `copy volume \"src\": tar entry \"b\": no room for 7.0 MiB more`)
 	assert.Contains(t, string(body), "capacity of 16.0 MiB (16777216 bytes)")
 	resp, _ = do(t, http.MethodGet, base+"/volumes/copy", nil, nil)
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "no volume made")

@@ -135,17 +135,7 @@ func (s *Server) land(base, sub, enc string, in io.Reader, c *claim) (int, error
 	if err := os.Chmod(tmp, 0o777); err != nil {
 		return http.StatusInternalServerError, err
 	}
-	s.mu.Lock()
-	limits := s.limits
-	s.mu.Unlock()
-	// A volume is mounted in a container, which resolves its links in
-	// its own root: an image's rootfs is full of absolute ones. The
-	// sidecar itself reads volumes only through an os.Root (writeTar).
-	limits.ForeignLinks = true
-	if c != nil {
-		limits.Reserve = c.reserve
-	}
-	if _, err := tarsafe.Extract(body, tmp, limits); err != nil {
+	if _, err := tarsafe.Extract(body, tmp, s.extractLimits(c)); err != nil {
 		// A refused entry is a bad archive for this volume; no room, or
 		// an entry the sidecar may not write, is final too.
 		return cmp.Or(finalStatus(err), http.StatusBadRequest), err
@@ -550,4 +540,20 @@ func (t *throttled) Write(p []byte) (int, error) {
 		p = p[len(chunk):]
 	}
 	return total, nil
+}
+
+// extractLimits are what one archive may write into a volume: the
+// server's limits, each entry claimed of c (nil: none counted).
+func (s *Server) extractLimits(c *claim) tarsafe.Limits {
+	s.mu.Lock()
+	limits := s.limits
+	s.mu.Unlock()
+	// A volume is mounted in a container, which resolves its links in
+	// its own root: an image's rootfs is full of absolute ones. The
+	// sidecar itself reads volumes only through an os.Root (writeTar).
+	limits.ForeignLinks = true
+	if c != nil {
+		limits.Reserve = c.reserve
+	}
+	return limits
 }

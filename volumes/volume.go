@@ -177,7 +177,7 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 			fail(w, http.StatusNotFound, "parent volume %q not found", parentHandle)
 			return
 		}
-		if copied, err = copyTree(r.Context(), parent, tmp, c); err != nil {
+		if copied, err = s.copyTree(r.Context(), parent, tmp, c); err != nil {
 			fail(w, writeStatus(err), "copy volume %q: %v", parentHandle, err)
 			return
 		}

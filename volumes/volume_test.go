@@ -12,11 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
@@ -573,4 +576,59 @@ func TestStreamInNeverFollowsLinksOut(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	assert.ElementsMatch(t, []string{"out", "up", "in", "inner"}, names, "no stream-in's temporary folder is left")
+}
+
+// TestCopyOnWriteCarriesFilesAsWritten: a cow copy carries what a
+// stream would, through the same extractor: hard links as links, setuid,
+// setgid and sticky modes, modification times, numeric owners (with the
+// server's Owners), and a FIFO with its Devices; without Devices the copy
+// is refused, naming the FIFO, and no volume is made.
+func TestCopyOnWriteCarriesFilesAsWritten(t *testing.T) {
+	s, base := start(t)
+	made(t, base, `{"handle":"p","strategy":{"type":"empty"}}`)
+	p := s.Path("p")
+	at := func(name string) string { return filepath.Join(p, name) }
+	require.NoError(t, os.WriteFile(at("a"), []byte("linked"), 0o644))
+	require.NoError(t, os.Link(at("a"), at("hard")))
+	require.NoError(t, os.WriteFile(at("suid"), []byte("s"), 0o755))
+	require.NoError(t, os.Chmod(at("suid"), 0o755|os.ModeSetuid))
+	require.NoError(t, os.Mkdir(at("sticky"), 0o777))
+	require.NoError(t, os.Chmod(at("sticky"), 0o777|os.ModeSticky))
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	require.NoError(t, os.WriteFile(at("old"), []byte("old"), 0o600))
+	require.NoError(t, os.Chtimes(at("old"), old, old))
+	// Root gives a file another owner; anyone else keeps its own.
+	owner := os.Getuid()
+	if owner == 0 {
+		owner = 1000
+	}
+	require.NoError(t, os.Lchown(at("old"), owner, owner))
+	require.NoError(t, syscall.Mkfifo(at("fifo"), 0o640))
+
+	resp, body := create(t, base, `{"handle":"refused","strategy":{"type":"cow","volume":"p"}}`)
+	assert.GreaterOrEqual(t, resp.StatusCode, 400, "%s", body)
+	assert.Contains(t, string(body), `tar entry \"fifo\": a FIFO`, "the entry it refused, and why")
+	assert.False(t, s.exists("refused"))
+
+	s.SetLimits(tarsafe.Limits{Owners: true, Devices: true})
+	resp, body = create(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"}}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	c := func(name string) string { return filepath.Join(s.Path("c"), name) }
+	var a, hard syscall.Stat_t
+	require.NoError(t, syscall.Stat(c("a"), &a))
+	require.NoError(t, syscall.Stat(c("hard"), &hard))
+	assert.Equal(t, a.Ino, hard.Ino, "a hard link as a link")
+	assert.EqualValues(t, 2, a.Nlink)
+	for name, mode := range map[string]os.FileMode{"suid": 0o755 | os.ModeSetuid, "sticky": os.ModeDir | 0o777 | os.ModeSticky,
+		"old": 0o600, "fifo": os.ModeNamedPipe | 0o640} {
+		fi, err := os.Lstat(c(name))
+		require.NoError(t, err, name)
+		assert.Equal(t, mode, fi.Mode(), name)
+	}
+	fi, err := os.Lstat(c("old"))
+	require.NoError(t, err)
+	assert.True(t, old.Equal(fi.ModTime()), "its modification time: %s", fi.ModTime())
+	st := fi.Sys().(*syscall.Stat_t)
+	assert.EqualValues(t, owner, st.Uid, "its owner")
+	assert.EqualValues(t, owner, st.Gid, "its group")
 }

@@ -122,10 +122,13 @@ func (f agentFlags) matches(scope mesh.AgentScope) error {
 	return nil
 }
 
-// extract is the validated extract limits.
+// extract is the validated extract limits. An agent run by root gives
+// every file streamed in the owner its archive names, as a step pod's
+// sidecar does; one run by a user writes them as its own (it could not
+// give them another owner).
 func (f agentFlags) extract() tarsafe.Limits {
 	q := resource.MustParse(f.extractSize)
-	return tarsafe.Limits{Bytes: q.Value(), Entries: f.extractEntries}
+	return tarsafe.Limits{Bytes: q.Value(), Entries: f.extractEntries, Owners: os.Geteuid() == 0}
 }
 
 func agentCommand(stderr io.Writer) *cobra.Command {

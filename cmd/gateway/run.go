@@ -310,6 +310,7 @@ func stepDefaults(cfg config.Config) steppod.Defaults {
 		EphemeralStorageRequest: size(cfg.StepEphemeralStorageRequest),
 		CPURequest:              resource.MustParse(cfg.StepDefaultCPURequest),
 		MemoryRequest:           size(cfg.StepDefaultMemoryRequest),
+		HolderSize:              size(cfg.VolumeHolderSize),
 	}
 }
 

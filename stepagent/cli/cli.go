@@ -30,8 +30,8 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
 // a Concourse volume holder's sidecar gets one (steppod.HolderPod).
-const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeSizeLimit " +
-	"in its target.yaml, else the gateway's step-volume-size-limit"
+const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeHolder.size " +
+	"in its target.yaml, else the gateway's volume-holder-size"
 
 // Main runs the command args name (args[0]) and returns its exit code,
 // having said on stderr what failed.
@@ -77,6 +77,10 @@ func dispatch(cmd string, args []string) error {
 	var limits tarsafe.Limits
 	fs.Int64Var(&limits.Bytes, "max-extract-bytes", 0, "volumes: bytes of file contents one stream-in may write (0: the default, 32 GiB)")
 	fs.IntVar(&limits.Entries, "max-extract-entries", 0, "volumes: files, folders and links one stream-in may write (0: the default, 1048576)")
+	fs.BoolVar(&limits.Owners, "owners", false, "volumes: give each file streamed in the numeric owner and group its archive names, "+
+		"and keep setuid and setgid (takes CAP_CHOWN, CAP_FOWNER, CAP_FSETID)")
+	fs.BoolVar(&limits.Devices, "devices", false, "volumes: write the device nodes and FIFOs an archive holds (a device takes CAP_MKNOD); "+
+		"without it they are refused, naming the entry")
 	capacity := fs.Int64("capacity", 0, "volumes: bytes the volumes may take on disk, counted as the kubelet counts an emptyDir; "+
 		"a write past it, less a margin, is refused (0: no bound). Only for a sidecar that alone writes its folder")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")

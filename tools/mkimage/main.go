@@ -22,6 +22,7 @@ import (
 	"os"
 	"path"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,35 @@ type options struct {
 	dirs []string
 	// files are more files: SRC:DEST, read-only and executable for all.
 	files []string
+	// entries are folders, files and hard links with the modes and
+	// owners given (-mkdir, -write, -hardlink), after everything else,
+	// in their order: what real images hold (a root-only /root, a
+	// setuid binary, hard links).
+	entries []*tar.Header
+	// contents are the -write files' contents, by name.
+	contents map[string][]byte
+}
+
+// entryFlag reads PATH:MODE:UID:GID[:REST] into a header of typ; rest
+// says whether REST is there (all that follows the fourth colon).
+func entryFlag(typ byte, s string, rest bool) (*tar.Header, string, error) {
+	n := 4
+	if rest {
+		n = 5
+	}
+	f := strings.SplitN(s, ":", n)
+	if len(f) != n || !path.IsAbs(f[0]) {
+		return nil, "", fmt.Errorf("want PATH:MODE:UID:GID%s with PATH absolute, got %q", map[bool]string{true: ":REST"}[rest], s)
+	}
+	var mode, uid, gid int64
+	if _, err := fmt.Sscanf(f[1]+" "+f[2]+" "+f[3], "%o %d %d", &mode, &uid, &gid); err != nil {
+		return nil, "", fmt.Errorf("%q: mode (octal), uid and gid: %w", s, err)
+	}
+	hdr := &tar.Header{Typeflag: typ, Name: strings.TrimPrefix(path.Clean(f[0]), "/"), Mode: mode, Uid: int(uid), Gid: int(gid), ModTime: epoch}
+	if rest {
+		return hdr, f[4], nil
+	}
+	return hdr, "", nil
 }
 
 func main() {
@@ -82,6 +112,41 @@ func main() {
 			return fmt.Errorf("want SRC:DEST with DEST absolute, got %q", s)
 		}
 		o.files = append(o.files, s)
+		return nil
+	})
+	o.contents = map[string][]byte{}
+	flag.Func("mkdir", "a folder, PATH:MODE:UID:GID (MODE octal, such as 0700); repeat for more", func(s string) error {
+		hdr, _, err := entryFlag(tar.TypeDir, s, false)
+		if err == nil {
+			hdr.Name += "/"
+			o.entries = append(o.entries, hdr)
+		}
+		return err
+	})
+	flag.Func("write", "a file, PATH:MODE:UID:GID:CONTENT (MODE octal, such as 4755 for setuid); repeat for more", func(s string) error {
+		hdr, content, err := entryFlag(tar.TypeReg, s, true)
+		if err == nil {
+			hdr.Size = int64(len(content))
+			o.contents[hdr.Name] = []byte(content)
+			o.entries = append(o.entries, hdr)
+		}
+		return err
+	})
+	flag.Func("hardlink", "a hard link, PATH:TARGET, both absolute, TARGET a file written before; repeat for more", func(s string) error {
+		p, target, ok := strings.Cut(s, ":")
+		if !ok || !path.IsAbs(p) || !path.IsAbs(target) {
+			return fmt.Errorf("want PATH:TARGET, both absolute, got %q", s)
+		}
+		hdr := &tar.Header{Typeflag: tar.TypeLink, Name: strings.TrimPrefix(path.Clean(p), "/"),
+			Linkname: strings.TrimPrefix(path.Clean(target), "/"), ModTime: epoch}
+		// A link's header carries its file's mode and owner, as GNU tar
+		// writes it: an extractor (containerd's) may apply them.
+		i := slices.IndexFunc(o.entries, func(e *tar.Header) bool { return e.Typeflag == tar.TypeReg && e.Name == hdr.Linkname })
+		if i < 0 {
+			return fmt.Errorf("hard link %q: %s is no file written before it", s, target)
+		}
+		hdr.Mode, hdr.Uid, hdr.Gid = o.entries[i].Mode, o.entries[i].Uid, o.entries[i].Gid
+		o.entries = append(o.entries, hdr)
 		return nil
 	})
 	o.created = epoch
@@ -198,7 +263,7 @@ func allAbs(paths []string) bool {
 
 // layerOf is a tar holding the binary and the other files, read-only and
 // executable for all, the links to the binary and the folders, owned by
-// root, at the fixed epoch.
+// root, then the entries as given, all at the fixed epoch.
 func layerOf(o options, content []byte) ([]byte, error) {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
@@ -237,6 +302,16 @@ func layerOf(o options, content []byte) ([]byte, error) {
 	for _, l := range o.links {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: rel(l), Linkname: path.Clean(o.path), Mode: 0o777, ModTime: epoch}); err != nil {
 			return nil, err
+		}
+	}
+	for _, hdr := range o.entries {
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(o.contents[hdr.Name]); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tw.Close(); err != nil {
