@@ -199,7 +199,10 @@ func (s *Server) downloadOutput(w http.ResponseWriter, r *http.Request) {
 	defer body.Close()
 	w.Header().Set("Content-Type", map[string]string{"raw": "application/x-tar", "gzip": "application/gzip", "zstd": "application/zstd"}[enc])
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.Copy(w, body); err != nil && r.Context().Err() == nil {
-		s.opts.Logger.Warn("output download cut", "handle", r.PathValue("handle"), "output", r.PathValue("name"), "error", err.Error())
+	if _, err := io.Copy(w, body); err != nil {
+		if r.Context().Err() == nil {
+			s.opts.Logger.Warn("output download cut", "handle", r.PathValue("handle"), "output", r.PathValue("name"), "error", err.Error())
+		}
+		panic(http.ErrAbortHandler) // the client sees it cut, not ended: a partial output never looks whole
 	}
 }

@@ -52,7 +52,7 @@ func (none) DestroyVolume(context.Context, string, string) error    { return Err
 
 // logCalls logs each call h answers at debug level: the API, method,
 // path (handles, no bodies), status and time taken (for a hijacked
-// process stream, until it ended).
+// process stream, until it ended; for an answer cut, until it was).
 func logCalls(log *slog.Logger, api string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !log.Enabled(r.Context(), slog.LevelDebug) {
@@ -61,9 +61,11 @@ func logCalls(log *slog.Logger, api string, h http.Handler) http.Handler {
 		}
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
+		defer func() { // also for an answer cut (http.ErrAbortHandler)
+			log.Debug("web node call", "api", api, "method", r.Method, "path", r.URL.Path, "status", sw.status,
+				"took", time.Since(start).Round(time.Microsecond))
+		}()
 		h.ServeHTTP(sw, r)
-		log.Debug("web node call", "api", api, "method", r.Method, "path", r.URL.Path, "status", sw.status,
-			"took", time.Since(start).Round(time.Microsecond))
 	})
 }
 

@@ -402,15 +402,28 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 // just running may not answer on its sidecar's port yet (the sidecar
 // starts after the step container, and its first process waits only for
 // it to start; kwok forwards a moment later). The first retries come
-// quickly, as the sidecar listens milliseconds after it starts.
+// quickly, as the sidecar listens milliseconds after it starts. A final
+// answer (a holder's full, an entry refused or unreadable) is the same
+// the next time: it is tried once. Each failure is logged, a final one
+// as a warning.
 func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 	deadline := time.Now().Add(holderAnswer)
 	wait := firstMoveRetry
-	for {
+	for try := 1; ; try++ {
 		res, err := c.Stream(ctx, req)
+		if err == nil {
+			return res, nil
+		}
 		remote, answered := errors.AsType[*streams.RemoteError](err)
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || answered && remote.Final() {
-			return res, err // an answer such as a holder's full (507) is the same the next time
+		final := answered && remote.Final()
+		level := slog.LevelDebug
+		if final {
+			level = slog.LevelWarn
+		}
+		c.logger().Log(ctx, level, "volume move failed", "target", req.From.Target, "from", req.From.Pod, "to", req.To.Pod,
+			"try", try, "final", final, "error", err.Error())
+		if final || ctx.Err() != nil || time.Now().After(deadline) {
+			return res, err
 		}
 		select {
 		case <-ctx.Done():
@@ -506,6 +519,11 @@ func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error 
 				req.From, req.To, what = inPod, inHolder, "out of"
 			}
 			res, err := c.streamRetrying(gctx, req)
+			if remote, ok := errors.AsType[*streams.RemoteError](err); ok && remote.Final() {
+				// What the user must change: the entry and why, not the
+				// way the copy went.
+				return fmt.Errorf("container %s: volume %s cannot be copied %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, remote)
+			}
 			if err != nil {
 				return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
 			}

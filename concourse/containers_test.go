@@ -1,10 +1,12 @@
 package concourse
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -132,32 +134,44 @@ func TestDrainWaitsForFollowedProcesses(t *testing.T) {
 }
 
 // A move the volume server refused for good (a holder past its capacity:
-// 507) fails at once, naming why; one that found no server yet (a pod's
-// sidecar a moment before it listens) is tried again.
+// 507; an entry its extractor refuses: 400; a file the sidecar may not
+// read: 422) fails at once, naming why, logged once as a warning; one
+// that found no server yet (a pod's sidecar a moment before it listens)
+// is tried again.
 func TestMovesStopAtAFinalAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		full := &streams.Error{Side: streams.SideDestination, Err: fmt.Errorf("stream-in holder/v: %w",
-			&streams.RemoteError{Code: http.StatusInsufficientStorage, Status: "507 Insufficient Storage", Message: "the volumes are past their capacity"})}
+		final := func(code int, status, msg string) error {
+			return &streams.Error{Side: streams.SideDestination, Err: fmt.Errorf("stream-in holder/v: %w",
+				&streams.RemoteError{Code: code, Status: status, Message: msg})}
+		}
 		for name, tt := range map[string]struct {
 			errs  []error
 			calls int
 			err   string
 		}{
-			"full":               {[]error{full, nil}, 1, "507 Insufficient Storage: the volumes are past their capacity"},
+			"full":               {[]error{final(http.StatusInsufficientStorage, "507 Insufficient Storage", "the volumes are past their capacity"), nil}, 1, "507 Insufficient Storage: the volumes are past their capacity"},
+			"refused":            {[]error{final(http.StatusBadRequest, "400 Bad Request", `stream-in: tar entry "f": a FIFO, and this folder takes no devices or FIFOs`), nil}, 1, `tar entry "f": a FIFO`},
+			"unreadable":         {[]error{final(http.StatusUnprocessableEntity, "422 Unprocessable Entity", `volume m0: tar entry "d700": openat: permission denied`), nil}, 1, `tar entry "d700": openat: permission denied`},
 			"not listening yet":  {[]error{errors.New("connection refused"), errors.New("connection refused"), nil}, 3, ""},
 			"no such volume yet": {[]error{&streams.RemoteError{Code: http.StatusNotFound, Status: "404 Not Found"}, nil}, 2, ""},
 		} {
 			calls := 0
-			c := &Containers{Stream: func(context.Context, streams.Request) (wire.StreamResult, error) {
-				calls++
-				return wire.StreamResult{}, tt.errs[calls-1]
-			}}
+			var logs bytes.Buffer
+			c := &Containers{Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+				Stream: func(context.Context, streams.Request) (wire.StreamResult, error) {
+					calls++
+					return wire.StreamResult{}, tt.errs[calls-1]
+				}}
 			_, err := c.streamRetrying(context.Background(), streams.Request{})
 			assert.Equal(t, tt.calls, calls, name)
+			failed := strings.Count(logs.String(), `"msg":"volume move failed"`)
+			assert.Equal(t, tt.calls-1+min(len(tt.err), 1), failed, "%s: each failure logged: %s", name, logs.String())
 			if tt.err == "" {
 				assert.NoError(t, err, name)
+				assert.NotContains(t, logs.String(), `"level":"WARN"`, name)
 			} else {
 				assert.ErrorContains(t, err, tt.err, name)
+				assert.Contains(t, logs.String(), `"level":"WARN","msg":"volume move failed"`, name)
 			}
 		}
 	})

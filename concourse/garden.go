@@ -342,11 +342,25 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 		return // the client went
 	}
 	if err != nil {
-		msg := err.Error()
+		msg := processError(err)
 		_ = send(transport.ProcessPayload{ProcessID: p.ID, Error: &msg})
 		return
 	}
 	_ = send(transport.ProcessPayload{ProcessID: p.ID, ExitStatus: &status})
+}
+
+// processError is a process's failure as the web node gets it, final:
+// its Garden client takes an error whose words end in "EOF" for a
+// dropped connection and attaches again (retryableProcess.Wait in
+// Concourse v8.2.5's atc/worker/gardenruntime/gclient), which would
+// follow the process and copy its volumes out again, without end (issue
+// 41: a cut stream-out, 74 tries in 90 s). jetway's answer never ends so.
+func processError(err error) string {
+	msg := err.Error()
+	if strings.HasSuffix(msg, "EOF") {
+		msg += " (jetway does not try again)"
+	}
+	return msg
 }
 
 // maxProcessMessage bounds one message a client sends on a process's

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -85,4 +86,16 @@ func TestProcessMessagesArriveWhole(t *testing.T) {
 	stop := errors.New("stop")
 	err = readMessages(bufio.NewReader(strings.NewReader("{}\n{}\n")), maxProcessMessage, func(transport.ProcessPayload) error { return stop })
 	assert.ErrorIs(t, err, stop, "a handler's error ends the reading")
+}
+
+// A process's failure reaches the web node as final: never in words its
+// Garden client takes for a dropped connection (ending in "EOF"), after
+// which it would attach again, and jetway copy the volumes out again,
+// without end.
+func TestProcessErrorsAreFinal(t *testing.T) {
+	cut := fmt.Errorf("container c: move volume v out of its pod (/out): source: %w", io.ErrUnexpectedEOF)
+	assert.Equal(t, "container c: move volume v out of its pod (/out): source: unexpected EOF (jetway does not try again)", processError(cut))
+	assert.False(t, strings.HasSuffix(processError(io.EOF), "EOF"))
+	refused := errors.New(`container c: volume v cannot be copied out of its pod (/out): 400 Bad Request: stream-in: tar entry "f": a FIFO`)
+	assert.Equal(t, refused.Error(), processError(refused), "other words as they are")
 }

@@ -733,7 +733,9 @@ func (h *Holder) forward(w http.ResponseWriter, r *http.Request, target string, 
 }
 
 // answerWith answers w with the holder's resp: its status, the headers
-// that say what the body is, the body.
+// that say what the body is, the body. A body that fails (the holder cut
+// its stream-out: a file it may not read) cuts w's too, so that a partial
+// volume never looks whole.
 func answerWith(w http.ResponseWriter, resp *http.Response) {
 	for _, k := range []string{"Content-Type", "Content-Encoding"} {
 		if v := resp.Header.Get(k); v != "" {
@@ -741,7 +743,9 @@ func answerWith(w http.ResponseWriter, resp *http.Response) {
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		panic(http.ErrAbortHandler)
+	}
 }
 
 func writeRaw(w http.ResponseWriter, code int, b []byte) {

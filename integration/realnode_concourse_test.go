@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +68,41 @@ func testRealNodeConcourseTask(t *testing.T, name string, mount steppod.AgentMou
 	got, err := os.ReadFile(filepath.Join(download, "copy"))
 	require.NoError(t, err, out)
 	assert.Equal(t, payload, string(got))
+}
+
+// TestRealNodeConcourseUncopyableOutput: a task whose output holds what
+// the copy back to the volume holder refuses, a FIFO on a target that
+// allows no privileged steps, fails its build at once (issue 41): fly
+// execute shows the entry and why, the build ends errored, and the copy
+// was tried once: not pushed again by a relay after the direct push was
+// refused, not again after a wait, not again when the web node attaches.
+func TestRealNodeConcourseUncopyableOutput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const name = "rn-uncopyable"
+	client := cwn.Client{ID: "jetway", Secret: "uncopyable-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t)})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	work := t.TempDir()
+	task := filepath.Join(work, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\noutputs: [{name: out}]\n"+
+		"run: {path: sh, args: [-ec, 'mkfifo out/f; echo made']}\n"))
+	download := filepath.Join(work, "out")
+	require.NoError(t, os.MkdirAll(download, 0o755))
+	fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer fcancel()
+	start := time.Now()
+	out, err := web.FlyContext(fctx, "execute", "-c", task, "-o", "out="+download)
+	require.NoError(t, fctx.Err(), "fly execute ends by itself, it does not hang: %s", out)
+	require.Error(t, err, out)
+	assert.Less(t, time.Since(start), 45*time.Second, "the whole build, its pod's start included")
+	assert.Contains(t, out, "made", "the task ran")
+	assert.Contains(t, out, `tar entry "f": a FIFO`, "the user sees the entry and why")
+	assert.Contains(t, out, "errored")
+
+	logs := g.logs.String()
+	assert.Equal(t, 1, strings.Count(logs, `"msg":"volume move failed"`), "the copy was tried once:\n%s", logs)
+	assert.NotContains(t, logs, `"msg":"direct stream failed; relaying"`, "no relay after the refused push")
 }

@@ -273,6 +273,7 @@ func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error)
 		return nil, err
 	}
 	hreq.Header.Set("Accept-Encoding", req.Encoding)
+	hreq.Header.Set(volumes.AcceptErrorTrailer, "true")
 	resp, err := s.client.Do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, err)
@@ -281,8 +282,29 @@ func (s *Streamer) open(ctx context.Context, req Request) (io.ReadCloser, error)
 		defer resp.Body.Close()
 		return nil, fmt.Errorf("stream-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
 	}
-	return resp.Body, nil
+	return &streamOutBody{resp: resp, from: req.From}, nil
 }
+
+// streamOutBody is a stream-out's body, which fails at its end if its
+// trailer says the volume server failed after it began (a file it may
+// not read): the archive stopped there, and must not look whole.
+type streamOutBody struct {
+	resp *http.Response
+	from wire.Endpoint
+}
+
+func (b *streamOutBody) Read(p []byte) (int, error) {
+	n, err := b.resp.Body.Read(p)
+	if errors.Is(err, io.EOF) {
+		if code, msg, failed := volumes.StreamOutFailure(b.resp.Trailer); failed {
+			err = fmt.Errorf("stream-out %s/%s: %w", b.from.Pod, b.from.Handle,
+				&RemoteError{Code: code, Status: strconv.Itoa(code) + " " + http.StatusText(code), Message: msg})
+		}
+	}
+	return n, err
+}
+
+func (b *streamOutBody) Close() error { return b.resp.Body.Close() }
 
 // put uploads body into the destination's stream-in.
 func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
@@ -314,8 +336,11 @@ func (e *RemoteError) Error() string { return e.Status + ": " + e.Message }
 
 // Final reports whether the answer will be the same if the request is
 // made again: a request the server refused for what it is (bad, not
-// allowed, too large, past the volumes' capacity), not for the moment it
-// came (a volume or a ticket not there yet, too many at once).
+// allowed, too large), or a copy it could not make for what the volume
+// or the archive holds (an entry the extractor refuses: 400, or past its
+// limits: 403; a file it may not read or write: 422,
+// volumes.StatusUnreadable; no room: 507), not for the moment it came (a
+// volume or a ticket not there yet, too many at once).
 func (e *RemoteError) Final() bool {
 	switch e.Code {
 	case http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:

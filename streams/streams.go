@@ -315,7 +315,10 @@ func (s *Streamer) run(ctx context.Context, req Request, dst *corev1.Pod, progre
 		if err == nil {
 			return res, nil
 		}
-		if ctx.Err() != nil {
+		// A push refused for what the volume or the archive holds is
+		// refused the same relayed: it fails the stream, once (a push's
+		// failure counts as its source's).
+		if remote, final := errors.AsType[*RemoteError](err); ctx.Err() != nil || final && remote.Final() {
 			return wire.StreamResult{Mode: ModeP2P}, &Error{Side: SideSource, Err: err}
 		}
 		s.opts.Logger.Warn("direct stream failed; relaying", "target", req.From.Target,

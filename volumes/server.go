@@ -7,7 +7,9 @@
 // and into it (raw, gzip, zstd or s2), and pushes a stream straight to
 // another server (stream-p2p-out). It serves only the holder of its
 // token. With a Capacity it refuses a write that would take its volumes
-// past it, before it writes a byte of it.
+// past it, before it writes a byte of it. A copy that fails for what a
+// volume or an archive holds answers a status that says it is final, and
+// the entry and why (failure.go), also once a stream-out began.
 //
 // The step agent serves it on port 7788 of every step pod, over the
 // pod's volumes; the local test clusters run it in-process behind each

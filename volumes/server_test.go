@@ -33,6 +33,9 @@ import (
 // lingers on the connection for half a second (closeWriteAndWait) before
 // it closes it, after the server is gone.
 func TestMain(m *testing.M) {
+	if root := os.Getenv(serveAsEnv); root != "" {
+		os.Exit(serveForParent(root)) // startUnprivileged's server
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("net/http.(*conn).closeWriteAndWait"))
 }
 
@@ -44,11 +47,16 @@ func start(t *testing.T) (*Server, string) {
 	return startIn(t, t.TempDir())
 }
 
+// testTokenHash is testToken's SHA-256, as a server takes it.
+func testTokenHash() string {
+	sum := sha256.Sum256([]byte(testToken))
+	return hex.EncodeToString(sum[:])
+}
+
 // startIn starts a server over root.
 func startIn(t *testing.T, root string) (*Server, string) {
 	t.Helper()
-	sum := sha256.Sum256([]byte(testToken))
-	s, err := Start(root, hex.EncodeToString(sum[:]))
+	s, err := Start(root, testTokenHash())
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Kill() })
 	return s, fmt.Sprintf("http://127.0.0.1:%d", s.Port())

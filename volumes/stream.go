@@ -1,6 +1,7 @@
 package volumes
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -65,8 +66,8 @@ func (s *Server) volume(w http.ResponseWriter, r *http.Request) (base, sub strin
 // temporary folder and moves it in place only once the whole stream
 // arrived, so a truncated stream never lands; nor does one past the
 // request's limit (baggageclaim's limit query), refused with a 403, nor
-// one past the volumes' capacity, refused with a 507 at the first entry
-// that does not fit.
+// one past the volumes' capacity (or the disk's), refused with a 507 at
+// the first entry that does not fit.
 func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	if !s.holds(r) && !s.useTicket(r) {
 		unauthorized(w)
@@ -135,10 +136,9 @@ func (s *Server) land(base, sub, enc string, in io.Reader, c *claim) (int, error
 		return http.StatusInternalServerError, err
 	}
 	if _, err := tarsafe.Extract(body, tmp, s.extractLimits(c)); err != nil {
-		if _, full := errors.AsType[*CapacityError](err); full {
-			return http.StatusInsufficientStorage, err
-		}
-		return http.StatusBadRequest, err
+		// A refused entry is a bad archive for this volume; no room, or
+		// an entry the sidecar may not write, is final too.
+		return cmp.Or(finalStatus(err), http.StatusBadRequest), err
 	}
 	// The tar ended; the encoded stream and the request body must end
 	// there too, completely: a cut connection fails here, not silently.
@@ -283,23 +283,35 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request) {
 	if rate := s.rate.Load(); rate > 0 {
 		sink = &throttled{ctx: r.Context(), w: w, rate: rate, start: time.Now()}
 	}
-	out, err := Encoder(enc, sink)
+	client := &failingWriter{w: sink}
+	out, err := Encoder(enc, client)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
 	}
+	trailer := r.Header.Get(AcceptErrorTrailer) != ""
+	if trailer {
+		w.Header().Set("Trailer", ErrorTrailer)
+	}
 	w.Header().Set("Content-Encoding", encodingName(enc))
 	w.WriteHeader(http.StatusOK)
-	if err := writeTar(out, vol, sub); err != nil {
-		panic(http.ErrAbortHandler) // cut the response: no clean end
+	err = writeTar(out, vol, sub)
+	if err == nil {
+		err = out.Close()
 	}
-	if err := out.Close(); err != nil {
-		panic(http.ErrAbortHandler)
+	switch {
+	case err == nil:
+	case !trailer || client.err != nil:
+		panic(http.ErrAbortHandler) // cut the response: no clean end
+	default: // the volume failed, not the client: say why
+		w.Header().Set(ErrorTrailer, errorTrailer(writeStatus(err), fmt.Sprintf("volume %s: %v", r.PathValue("handle"), err)))
 	}
 }
 
 // streamP2POut pushes the volume path straight to another server's
-// stream-in URL.
+// stream-in URL. A push that fails for what the volume holds, or that
+// the destination refuses for what the archive holds, answers that
+// failure's own status (failure.go); any other failure of the push, 502.
 func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	base, sub, ok := s.volume(w, r)
 	if !ok {
@@ -316,19 +328,25 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	pr, pw := io.Pipe()
 	written := make(chan struct{})
 	sent := &hashingWriter{w: pw, h: sha256.New()}
+	push := &failingWriter{w: sent}
+	var archiveErr error // the volume's failure, not the push's; read once written is closed
 	go func() {
 		defer close(written)
-		out, err := Encoder(enc, sent)
+		out, err := Encoder(enc, push)
 		if err == nil {
 			err = writeTar(out, vol, sub)
 		}
 		if err == nil {
 			err = out.Close()
 		}
+		if push.err == nil {
+			archiveErr = err
+		}
 		pw.CloseWithError(err)
 	}()
 	// Whatever the push's outcome, the writer stops once nobody reads.
-	defer func() { pr.Close(); <-written }()
+	stop := func() { pr.Close(); <-written }
+	defer stop()
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pr)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "streamInURL: %v", err)
@@ -339,18 +357,36 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		req.Header.Set("Authorization", a)
 	}
 	resp, err := s.Client.Do(req)
-	if err != nil {
-		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)
-		return
+	if err == nil {
+		defer resp.Body.Close()
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		fail(w, http.StatusBadGateway, "stream to %s: %s: %s", target, resp.Status, strings.TrimSpace(string(b)))
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		stop()
+		failPush(w, r.PathValue("handle"), target, resp, err, archiveErr)
 		return
 	}
 	// The destination took the whole stream: say what it was.
 	answer(w, http.StatusOK, P2PResult{Bytes: sent.n, SHA256: hex.EncodeToString(sent.h.Sum(nil))})
+}
+
+// failPush answers a push of volume handle to target that failed (err,
+// or the destination's answer resp): the destination's refusal of what
+// the archive holds as its own (passedOn), else the volume's own failure
+// (archiveErr: a file the server may not read), else a 502.
+func failPush(w http.ResponseWriter, handle, target string, resp *http.Response, err, archiveErr error) {
+	switch {
+	case resp != nil:
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if passedOn(resp.StatusCode) {
+			fail(w, resp.StatusCode, "the destination refused the push: %s", errorMessage(b))
+			return
+		}
+		fail(w, http.StatusBadGateway, "stream to %s: %s: %s", target, resp.Status, strings.TrimSpace(string(b)))
+	case archiveErr != nil:
+		fail(w, writeStatus(archiveErr), "volume %s: %v", handle, archiveErr)
+	default:
+		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)
+	}
 }
 
 // P2PResult is stream-p2p-out's answer: the encoded bytes the destination
@@ -427,7 +463,8 @@ func decoder(enc string, r io.Reader) (io.ReadCloser, error) {
 // owners, times, hard links within sub, devices and FIFOs). It reads
 // through vol, an os.Root, so no link leads it out of the volume (a step
 // may make any link in its volumes, and an image's rootfs holds absolute
-// ones): links are written as links, never followed.
+// ones): links are written as links, never followed. A failure names the
+// entry it met (entryError).
 func writeTar(w io.Writer, vol *os.Root, sub string) error {
 	tw := tarsafe.NewWriter(w)
 	top, err := vol.Lstat(sub)
@@ -437,24 +474,33 @@ func writeTar(w io.Writer, vol *os.Root, sub string) error {
 	if !top.IsDir() {
 		// One file: a tar of it alone, by its base name, as
 		// baggageclaim's `tar -C dir file` makes it.
-		err = tw.Add(vol, sub, filepath.Base(sub), top)
-	} else {
-		from := filepath.ToSlash(sub)
-		err = fs.WalkDir(vol.FS(), from, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || p == from {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			name := p
-			if from != "." {
-				name = strings.TrimPrefix(p, from+"/")
-			}
-			return tw.Add(vol, filepath.FromSlash(p), name, info)
-		})
+		name := filepath.Base(sub)
+		if err := tw.Add(vol, sub, name, top); err != nil {
+			return entryError(name, err)
+		}
+		return tw.Close()
 	}
+	from := filepath.ToSlash(sub)
+	err = fs.WalkDir(vol.FS(), from, func(p string, d fs.DirEntry, err error) error {
+		name := p
+		if from != "." {
+			name = strings.TrimPrefix(p, from+"/")
+		}
+		if err != nil {
+			return entryError(name, err) // a folder it may not read
+		}
+		if p == from {
+			return nil
+		}
+		info, err := d.Info()
+		if err == nil {
+			err = tw.Add(vol, filepath.FromSlash(p), name, info)
+		}
+		if err != nil {
+			return entryError(name, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}

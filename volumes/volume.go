@@ -129,16 +129,6 @@ func (s *Server) ensure(w http.ResponseWriter, req CreateRequest) {
 	answer(w, http.StatusCreated, s.describe(req.Handle, m))
 }
 
-// writeStatus is the status of a failed write: 507 if the volumes'
-// capacity refused it (a status the gateway passes on to the web node
-// with the message), else 500.
-func writeStatus(err error) int {
-	if _, full := errors.AsType[*CapacityError](err); full {
-		return http.StatusInsufficientStorage
-	}
-	return http.StatusInternalServerError
-}
-
 // makeVolume makes a new volume as its strategy says. It fills a temporary
 // folder of root/volumes and renames it into place, so a half-made
 // volume never shows; the lock is held only around that rename, not
