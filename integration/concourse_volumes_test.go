@@ -219,25 +219,13 @@ func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "holder-binding"
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, ns, 10*time.Second, running)
-	api := httptest.NewServer(g.holder.API(ns))
-	defer api.Close()
-	resp, err := http.Post(api.URL+"/volumes", "application/json", strings.NewReader(`{"handle":"v1","strategy":{"type":"empty"}}`))
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	listed, err := g.holder.List(ctx, ns)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"v1"}, listed)
+	g := holderWithAVolume(ctx, t, ns)
 
 	// As it is a moment after its create: sealed, its binding not written.
 	pods := clusters[1].Client.CoreV1().Pods(ns)
 	holder := steppod.HolderName("jetway")
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, ownership.BoundAnnotation)
-	_, err = pods.Patch(ctx, holder, k8stypes.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	_, err := pods.Patch(ctx, holder, k8stypes.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	require.NoError(t, err)
 	eventually(t, 10*time.Second, func() error {
 		listed, err := g.holder.List(ctx, ns)
@@ -261,23 +249,9 @@ func TestALostHolderIsReplaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "holder-lost"
-	dir := t.TempDir()
-	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{})
-	g.waitTarget(t, ns, 10*time.Second, running)
+	g := holderWithAVolume(ctx, t, ns)
 	api := httptest.NewServer(g.holder.API(ns))
 	defer api.Close()
-	create := func(handle string) {
-		t.Helper()
-		resp, err := http.Post(api.URL+"/volumes", "application/json", strings.NewReader(`{"handle":"`+handle+`","strategy":{"type":"empty"}}`))
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusCreated, resp.StatusCode)
-	}
-	create("v1")
-	listed, err := g.holder.List(ctx, ns)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"v1"}, listed)
 
 	pods := clusters[1].Client.CoreV1().Pods(ns)
 	holder := steppod.HolderName("jetway")
@@ -309,12 +283,29 @@ func TestALostHolderIsReplaced(t *testing.T) {
 	assert.Contains(t, g.logs.String(), "volume holder pod replaced")
 	assert.Contains(t, g.logs.String(), `"reason":"Evicted"`)
 
-	create("v2")
+	createVolume(t, api.URL, map[string]any{"handle": "v2", "strategy": map[string]string{"type": "empty"}})
 	resp, err := http.Get(api.URL + "/volumes/v1")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "the lost volume is gone")
-	listed, err = g.holder.List(ctx, ns)
+	listed, err := g.holder.List(ctx, ns)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"v2"}, listed)
+}
+
+// holderWithAVolume is a gateway whose target ns (on clusters[1]) has a
+// volume holder holding one volume, v1, made through the web node's API.
+func holderWithAVolume(ctx context.Context, t *testing.T, ns string) *gateway {
+	t.Helper()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api := httptest.NewServer(g.holder.API(ns))
+	defer api.Close()
+	createVolume(t, api.URL, map[string]any{"handle": "v1", "strategy": map[string]string{"type": "empty"}})
+	listed, err := g.holder.List(ctx, ns)
+	require.NoError(t, err)
+	require.Equal(t, []string{"v1"}, listed)
+	return g
 }
