@@ -284,14 +284,24 @@ func (h *Holder) replaceUnbound(ctx context.Context, t *targets.Target, p *corev
 	h.logger().Warn("volume holder pod deleted: it has the holder's name and seal but is not bound to jetway's create "+
 		"(planted with a copied seal, or made before pods were bound); a new one is made, without the files it held",
 		"target", t.Name(), "pod", p.Name, "uid", string(p.UID))
-	now, uid := int64(0), p.UID
-	dctx, dcancel := context.WithTimeout(ctx, holderCall)
-	defer dcancel()
-	err = t.Core.Pods(t.Namespace()).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("delete the unbound volume holder pod %s/%s: %w", t.Namespace(), p.Name, err)
+	if err := deleteHolder(ctx, t, p); err != nil {
+		return fmt.Errorf("the unbound volume holder: %w", err)
 	}
 	return h.makeHolder(ctx, t)
+}
+
+// deleteHolder deletes the holder pod p, that pod alone (its UID: a new
+// one another replica made meanwhile stays), at once; one already gone
+// is no error.
+func deleteHolder(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	now, uid := int64(0), p.UID
+	err := t.Core.Pods(t.Namespace()).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete the volume holder pod %s/%s: %w", t.Namespace(), p.Name, err)
+	}
+	return nil
 }
 
 // replaceLost deletes a volume holder pod that ended (lost) and makes a
@@ -303,17 +313,15 @@ func (h *Holder) replaceLost(ctx context.Context, t *targets.Target, lost *lostH
 		"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "phase", string(p.Status.Phase),
 		"reason", p.Status.Reason, "message", p.Status.Message)
 	h.Metrics.holderReplaced(lost.reason())
-	now, uid := int64(0), p.UID
-	dctx, cancel := context.WithTimeout(ctx, holderCall)
-	defer cancel()
-	err := t.Core.Pods(t.Namespace()).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("delete the volume holder pod %s/%s that ended: %w", t.Namespace(), p.Name, err)
+	if err := deleteHolder(ctx, t, p); err != nil {
+		return fmt.Errorf("the volume holder that ended: %w", err)
 	}
 	// The delete shows in the target's pod cache before a create of the
 	// same name can succeed.
-	err = t.AwaitPods(dctx, func(pods []*corev1.Pod) bool {
-		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
+	wctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	err := t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
+		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == p.UID })
 	})
 	if err != nil {
 		return fmt.Errorf("the volume holder pod %s/%s that ended is not gone: %w", t.Namespace(), p.Name, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,7 +221,7 @@ func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "holder-binding"
-	g := holderWithAVolume(ctx, t, ns)
+	g, _ := holderWithAVolume(ctx, t, ns)
 
 	// As it is a moment after its create: sealed, its binding not written.
 	pods := clusters[1].Client.CoreV1().Pods(ns)
@@ -244,14 +246,17 @@ func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 // again: the next sweep lists none of its volumes (so the web node marks
 // them missing and makes them again), deletes it and makes a new, empty
 // holder, and the web node's next create and lookups work; the one that
-// was lost answers 404.
+// was lost answers 404. Two replicas sweep at once: one new holder.
 func TestALostHolderIsReplaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "holder-lost"
-	g := holderWithAVolume(ctx, t, ns)
+	g, dir := holderWithAVolume(ctx, t, ns)
 	api := httptest.NewServer(g.holder.API(ns))
 	defer api.Close()
+	// A second replica sweeps the same target at the same moments.
+	b := startGateway(t, dir, gatewayOptions{identity: "replica-b"})
+	b.waitTarget(t, ns, 10*time.Second, running)
 
 	pods := clusters[1].Client.CoreV1().Pods(ns)
 	holder := steppod.HolderName("jetway")
@@ -264,12 +269,18 @@ func TestALostHolderIsReplaced(t *testing.T) {
 	require.NoError(t, err)
 
 	eventually(t, 30*time.Second, func() error {
-		listed, err := g.holder.List(ctx, ns)
-		if err != nil {
+		var lists [2][]string
+		var errs [2]error
+		var wg sync.WaitGroup
+		for i, r := range []*gateway{g, b} {
+			wg.Go(func() { lists[i], errs[i] = r.holder.List(ctx, ns) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs[:]...); err != nil {
 			return err
 		}
-		if len(listed) != 0 {
-			return errorf("listed %q of a holder that ended", listed)
+		if len(lists[0])+len(lists[1]) != 0 {
+			return errorf("listed %q of a holder that ended", lists)
 		}
 		p, err := pods.Get(ctx, holder, metav1.GetOptions{})
 		if err != nil {
@@ -288,14 +299,17 @@ func TestALostHolderIsReplaced(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "the lost volume is gone")
-	listed, err := g.holder.List(ctx, ns)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"v2"}, listed)
+	for _, r := range []*gateway{g, b} {
+		listed, err := r.holder.List(ctx, ns)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"v2"}, listed, "one new holder, which both replicas use")
+	}
 }
 
 // holderWithAVolume is a gateway whose target ns (on clusters[1]) has a
-// volume holder holding one volume, v1, made through the web node's API.
-func holderWithAVolume(ctx context.Context, t *testing.T, ns string) *gateway {
+// volume holder holding one volume, v1, made through the web node's API,
+// and its targets directory.
+func holderWithAVolume(ctx context.Context, t *testing.T, ns string) (*gateway, string) {
 	t.Helper()
 	dir := t.TempDir()
 	placeTarget(ctx, t, clusters[1], dir, ns, "{}\n", "")
@@ -307,5 +321,5 @@ func holderWithAVolume(ctx context.Context, t *testing.T, ns string) *gateway {
 	listed, err := g.holder.List(ctx, ns)
 	require.NoError(t, err)
 	require.Equal(t, []string{"v1"}, listed)
-	return g
+	return g, dir
 }
