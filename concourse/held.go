@@ -270,17 +270,17 @@ func cmpString(a, b string) string {
 // errVolumeLost: a volume's files were in a pod that is gone.
 var errVolumeLost = errors.New("volume lost")
 
-// lose destroys target's volume handle, whose files went with the pod
-// held names, and says so.
+// lose takes target's volume handle away, its files gone with the pod
+// held names: the holder says why to whoever asks for it after.
 func (h *Holder) lose(ctx context.Context, target, handle string, held volumes.Held, why string) error {
 	h.Metrics.held("lost")
-	err := fmt.Errorf("volume %s: its files were in the pod %s of container %s, which is %s: %w; the web node makes it again",
-		handle, held.Pod, held.Container, why, errVolumeLost)
+	reason := fmt.Sprintf("its files were in the pod %s of container %s, which is %s; the web node makes it again", held.Pod, held.Container, why)
 	h.logger().Warn("volume lost with its pod", "target", target, "volume", handle, "pod", held.Pod, "why", why)
-	if derr := h.Destroy(ctx, target, handle); derr != nil {
-		return errors.Join(err, derr)
+	body, _ := json.Marshal(volumes.LoseRequest{Why: reason})
+	if err := h.expect(ctx, target, http.MethodPost, "/volumes/"+url.PathEscape(handle)+"/lose", body, http.StatusNoContent); err != nil {
+		return err
 	}
-	return err
+	return fmt.Errorf("volume %s is lost: %s: %w", handle, reason, errVolumeLost)
 }
 
 // heldBy are the volumes of target's holder held by pod (its UID),

@@ -857,6 +857,8 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 		return v, fmt.Errorf("volume %s: %w", handle, err)
 	case resp.StatusCode == http.StatusNotFound:
 		return v, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
+	case resp.StatusCode == http.StatusGone: // lost with the pod that held it
+		return v, fmt.Errorf("%s: %w", answerError(resp.StatusCode, b), errVolumeLost)
 	case resp.StatusCode != http.StatusOK:
 		return v, fmt.Errorf("volume %s: %s", handle, answerError(resp.StatusCode, b))
 	}

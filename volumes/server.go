@@ -127,6 +127,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	mux.HandleFunc("PUT /volumes/{handle}/privileged", s.setPrivileged)
 	mux.HandleFunc("PUT /volumes/{handle}/held", s.hold)
 	mux.HandleFunc("GET /volumes/{handle}/check", s.check)
+	mux.HandleFunc("POST /volumes/{handle}/lose", s.lose)
 	mux.HandleFunc("POST /volumes/{handle}/settle", s.settle)
 	mux.HandleFunc("POST /tickets", s.ticket)
 	mux.HandleFunc(streamInRoute, s.streamIn)

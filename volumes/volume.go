@@ -177,7 +177,7 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	if parentHandle != "" {
 		parent, ok := s.resolve(parentHandle)
 		if !ok {
-			fail(w, http.StatusNotFound, "parent volume %q not found", parentHandle)
+			s.notFound(w, parentHandle, "parent volume")
 			return
 		}
 		if copied, err = s.copyTree(r.Context(), parent, tmp, c); err != nil {
@@ -325,7 +325,7 @@ func matches(have map[string]string, want map[string][]string) bool {
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (string, meta, bool) {
 	h := r.PathValue("handle")
 	if !s.exists(h) {
-		fail(w, http.StatusNotFound, "volume %q not found", h)
+		s.notFound(w, h, "volume")
 		return h, meta{}, false
 	}
 	m, err := s.readMeta(h)
@@ -359,6 +359,9 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	}
 	gone, charged, err := s.unlink(h)
 	if errors.Is(err, errNoVolume) {
+		if s.removeMeta(h) == nil { // a lost volume's, if it is one
+			s.space.forget(h, false)
+		}
 		fail(w, http.StatusNotFound, "volume %q not found", h)
 		return
 	}
