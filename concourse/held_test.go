@@ -12,8 +12,8 @@ import (
 // volume, an image's import or a body that is not a create.
 func TestParentOf(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"handle":"c","strategy":{"type":"cow","volume":"p"}}`:                             "p",
-		`{"handle":"c","strategy":{"type":"import","path":"/jetway/volumes/volumes/p"}}`:    "p",
+		`{"handle":"c","strategy":{"type":"cow","volume":"p"}}`:                              "p",
+		`{"handle":"c","strategy":{"type":"import","path":"/jetway/volumes/volumes/p"}}`:     "p",
 		`{"handle":"c","strategy":{"type":"import","path":"k8s-image://docker.io/busybox"}}`: "",
 		`{"handle":"c","strategy":{"type":"empty"}}`:                                         "",
 		`{"handle":"c"}`: "",
