@@ -1,0 +1,39 @@
+package cluster
+
+import (
+	"os"
+	"strings"
+)
+
+// Host clean-up helpers the real node's teardown uses, for other harnesses
+// that change the machine too (integration/concourse's stock worker).
+
+// KillProcesses SIGKILLs every process but this one whose command line
+// (its arguments joined by spaces) matches.
+func KillProcesses(match func(pid int, cmdline string) bool) { killProcesses(match) }
+
+// UnmountUnder detaches every mount at or below dir, deepest first.
+func UnmountUnder(dir string) { unmountUnder(dir) }
+
+// CgroupHierarchies are the folders of the machine's cgroup hierarchies
+// (each v1 controller's, and the v2 one of a hybrid machine).
+func CgroupHierarchies() []string { return cgroupHierarchies() }
+
+// NodeRunning reports whether a real node holds NodeLock on this machine
+// (in this process or another): the abstract socket is in /proc/net/unix.
+func NodeRunning() bool { return abstractSocketHeld(NodeLock) }
+
+// abstractSocketHeld reports whether a socket is bound to the abstract
+// name (written "@name") in this network namespace.
+func abstractSocketHeld(name string) bool {
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
+}
