@@ -518,6 +518,7 @@ func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error 
 			if !in {
 				req.From, req.To, what = inPod, inHolder, "out of"
 			}
+			start := time.Now()
 			res, err := c.streamRetrying(gctx, req)
 			if remote, ok := errors.AsType[*streams.RemoteError](err); ok && remote.Final() {
 				// What the user must change: the entry and why, not the
@@ -527,7 +528,7 @@ func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error 
 			if err != nil {
 				return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
 			}
-			c.Metrics.moved(in, res.Bytes)
+			c.Metrics.moved(in, res.Bytes, time.Since(start))
 			c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", in, "bytes", res.Bytes, "sha256", res.SHA256)
 			return nil
 		})
