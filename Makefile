@@ -319,10 +319,16 @@ bench-concourse: tools concourse-bins
 # node on a jetway worker and through jetway's own step API, alternating
 # build by build (BENCH_PIPELINE_BUILDS each, after one to warm up): time
 # per build and per step, their ratio, and the volume copies and moves a
-# build made. As root (the real node).
+# build made. Then a task writing an N-byte artifact read by the next
+# (BENCH_ARTIFACT_MIB, default 16,1024), through one web node on a stock
+# Concourse containerd worker and on a jetway target on the real node,
+# alternating (BENCH_ARTIFACT_BUILDS each, default 5,3): build times, their
+# ratio, jetway's bytes moved per build and its transfer rate against the
+# node's own cp. As root (the real node, the stock worker).
 .PHONY: bench-pipeline
 bench-pipeline: tools concourse-bins image node-images
 	$(GO) test -run '^$$' -bench '^BenchmarkConcoursePipeline$$' -benchtime 1x -timeout 40m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourseArtifacts$$' -benchtime 1x -timeout 60m -v ./integration/bench/
 
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a

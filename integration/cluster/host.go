@@ -37,3 +37,12 @@ func abstractSocketHeld(name string) bool {
 	}
 	return false
 }
+
+// NodeKubeletDir is the real node's kubelet root, which holds its pods'
+// emptyDir volumes; "" for a cluster without a real node.
+func (c *Cluster) NodeKubeletDir() string {
+	if c.node == nil {
+		return ""
+	}
+	return c.node.path("kubelet")
+}
