@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"os"
+	"slices"
 	"strings"
+	"time"
 )
 
 // Host clean-up helpers the real node's teardown uses, for other harnesses
@@ -18,6 +20,21 @@ func UnmountUnder(dir string) { unmountUnder(dir) }
 // CgroupHierarchies are the folders of the machine's cgroup hierarchies
 // (each v1 controller's, and the v2 one of a hybrid machine).
 func CgroupHierarchies() []string { return cgroupHierarchies() }
+
+// KillCgroup SIGKILLs every process in the cgroup root (a path in each
+// hierarchy) and below, again until none is left or 2 s have passed.
+func KillCgroup(root string) {
+	for range 20 {
+		if killCgroupProcesses(root) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// RemoveCgroup removes the cgroup root and every cgroup below it, in every
+// hierarchy, deepest first.
+func RemoveCgroup(root string) { removeCgroups(root) }
 
 // NodeRunning reports whether a real node holds NodeLock on this machine
 // (in this process or another): the abstract socket is in /proc/net/unix.
@@ -45,4 +62,17 @@ func (c *Cluster) NodeKubeletDir() string {
 		return ""
 	}
 	return c.node.path("kubelet")
+}
+
+// MissingPackages are the packages, sorted, of the programs (path:
+// package) that are not there.
+func MissingPackages(programs map[string]string) []string {
+	var missing []string
+	for path, pkg := range programs {
+		if _, err := os.Stat(path); err != nil && !slices.Contains(missing, pkg) {
+			missing = append(missing, pkg)
+		}
+	}
+	slices.Sort(missing)
+	return missing
 }

@@ -239,43 +239,19 @@ func (s *StockWorker) Logs(n int) string {
 // lockStock takes StockLock, waiting while another stock worker runs,
 // and cleans up after a holder that died without its Stop.
 func lockStock(ctx context.Context) (net.Listener, error) {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		l, err := net.Listen("unix", StockLock)
-		if err == nil {
-			if prev, _ := os.ReadFile(StockHolder); len(strings.TrimSpace(string(prev))) > 0 {
-				if h, err := loadStockHost(strings.TrimSpace(string(prev))); err == nil {
-					stopStockContainers(ctx)
-					h.restore()
-				}
-			}
-			return l, nil
+	return cluster.LockMachine(ctx, StockLock, StockHolder, "another stock worker", func(prev string) {
+		if h, err := loadStockHost(prev); err == nil {
+			stopStockContainers(ctx)
+			h.restore()
 		}
-		if !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("lock %s: %w", StockLock, err)
-		}
-		select {
-		case <-ctx.Done():
-			holder, _ := os.ReadFile(StockHolder)
-			return nil, fmt.Errorf("another stock worker runs on this machine (its folder: %s): %w", strings.TrimSpace(string(holder)), ctx.Err())
-		case <-tick.C:
-		}
-	}
+	})
 }
 
 // stockPrerequisites names everything missing at once, and returns the
 // init binary's path.
 func stockPrerequisites(init string) (string, error) {
 	var problems []error
-	var missing []string
-	for path, pkg := range stockPrograms {
-		if _, err := os.Stat(path); err != nil && !slices.Contains(missing, pkg) {
-			missing = append(missing, pkg)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
+	if missing := cluster.MissingPackages(stockPrograms); len(missing) > 0 {
 		problems = append(problems, fmt.Errorf("%w: the stock worker needs Debian's %s (make tools installs them)", ErrMissing, strings.Join(missing, ", ")))
 	}
 	if init == "" {

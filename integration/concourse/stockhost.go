@@ -10,12 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )
@@ -119,18 +115,13 @@ func (h stockHost) restore() {
 	cluster.KillProcesses(func(_ int, cmdline string) bool {
 		return strings.Contains(cmdline, StockSocket) || (h.Dir != "" && strings.Contains(cmdline, h.Dir))
 	})
-	for range 20 {
-		if killStockCgroups() == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	cluster.KillCgroup(stockCgroup)
 	for _, d := range append([]string{h.Dir}, stockStateDirs...) {
 		if d != "" {
 			cluster.UnmountUnder(d)
 		}
 	}
-	removeStockCgroups()
+	cluster.RemoveCgroup(stockCgroup)
 	deleteStockBridge()
 	h.restoreTables()
 	nodeRuns := cluster.NodeRunning()
@@ -199,50 +190,6 @@ func stopStockContainers(ctx context.Context) {
 	}
 	for id := range strings.FieldsSeq(ctr("containers", "ls", "-q")) {
 		ctr("containers", "delete", id)
-	}
-}
-
-// killStockCgroups SIGKILLs every process in the garden cgroups and
-// returns how many it found.
-func killStockCgroups() int {
-	found := 0
-	for _, h := range cluster.CgroupHierarchies() {
-		_ = filepath.WalkDir(filepath.Join(h, stockCgroup), func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil
-			}
-			b, _ := os.ReadFile(path)
-			for f := range strings.FieldsSeq(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					found++
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-			return nil
-		})
-	}
-	return found
-}
-
-// removeStockCgroups removes the garden cgroups, deepest first.
-func removeStockCgroups() {
-	for _, h := range cluster.CgroupHierarchies() {
-		var dirs []string
-		_ = filepath.WalkDir(filepath.Join(h, stockCgroup), func(path string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		slices.Reverse(dirs)
-		for _, d := range dirs {
-			for range 20 {
-				if err := unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
 	}
 }
 
