@@ -153,7 +153,7 @@ func (h stockHost) restore() {
 // loads back those that changed.
 func (h stockHost) restoreTables() {
 	now, err := nftTables()
-	if err != nil {
+	if err != nil || h.Tables == nil { // nil: never recorded, nothing to compare
 		return
 	}
 	for name, rules := range now {
