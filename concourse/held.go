@@ -217,6 +217,7 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 		To:       wire.Endpoint{Target: target, Pod: holder, Handle: tmp, Path: "."},
 		Encoding: volumes.Raw,
 	}, Caller: streams.Caller{Admin: true}}
+	start := time.Now()
 	res, err := h.streamRetrying(ctx, req)
 	if err == nil {
 		body, _ = json.Marshal(volumes.SettleRequest{From: tmp, UID: held.UID})
@@ -238,7 +239,7 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 		return fmt.Errorf("volume %s: copy it out of the pod %s of container %s: %w", handle, held.Pod, held.Container, err)
 	}
 	if res.Bytes >= 0 {
-		h.Metrics.moved(false, res.Bytes)
+		h.Metrics.moved(false, res.Bytes, time.Since(start))
 		h.Metrics.held("settled")
 		h.logger().Debug("volume moved", "target", target, "volume", handle, "into_pod", false, "bytes", res.Bytes, "sha256", res.SHA256)
 	}

@@ -394,6 +394,7 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 			return nil, err
 		}
 	}
+	start := time.Now()
 	resp, err := send.call(ctx, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
@@ -407,7 +408,7 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
 	}
 	if n, _ := strconv.ParseInt(resp.Header.Get("X-Jetway-Copied-Bytes"), 10, 64); n > 0 {
-		h.Metrics.copied(n)
+		h.Metrics.copied(n, time.Since(start))
 	}
 	return b, nil
 }

@@ -100,16 +100,11 @@ func BenchmarkConcoursePipeline(b *testing.B) {
 	}
 }
 
-// benchStepNames are the five steps, by their names in the pipeline.
-var benchStepNames = []string{"src", "one", "two", "cached", "target"}
-
-func runPipelineBench(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	bed := newStepsBed(ctx, b, realNode)
-	defer bed.stop()
+// concourseBed starts a web node whose components run every second (not
+// 10) and a gateway over bed registering its target as the web node's
+// worker (over the REST API), and waits until fly lists it running.
+func concourseBed(b *testing.B, bed *stepsBed) (*cwn.WebNode, *gatewayProc) {
 	client0 := cwn.Client{ID: "jetway", Secret: "bench-s3cret"}
-	// The web node's components (its scheduler) run every second, not 10.
 	web := cwn.ForTest(b, cwn.Options{Clients: []cwn.Client{client0}, GCInterval: time.Second})
 	secret, types := filepath.Join(b.TempDir(), "secret"), filepath.Join(b.TempDir(), "types.yml")
 	check(b, writeFile(secret, []byte(client0.Secret)))
@@ -128,7 +123,6 @@ func runPipelineBench(b *testing.B) {
 		flags = append(flags, "--log-level", "debug")
 	}
 	gw := bed.gateway(b, "", flags...)
-	defer gw.stop(b)
 	waitFor(b, time.Minute, func() error {
 		for _, w := range web.Workers(b) {
 			if w.Name == stepsTarget && w.State == "running" {
@@ -137,6 +131,19 @@ func runPipelineBench(b *testing.B) {
 		}
 		return fmt.Errorf("worker %s not running yet", stepsTarget)
 	})
+	return web, gw
+}
+
+// benchStepNames are the five steps, by their names in the pipeline.
+var benchStepNames = []string{"src", "one", "two", "cached", "target"}
+
+func runPipelineBench(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	bed := newStepsBed(ctx, b, realNode)
+	defer bed.stop()
+	web, gw := concourseBed(b, bed)
+	defer gw.stop(b)
 	fly := func(args ...string) string {
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer fcancel()
@@ -389,16 +396,27 @@ func apiBuild(ctx context.Context, b *testing.B, c *client.Client, i int) map[st
 
 // metrics are the gateway's counters now, by name (summed over labels).
 func (g *gatewayProc) metrics(b *testing.B) map[string]float64 {
+	got := map[string]float64{}
+	for s, v := range g.series(b) {
+		name, _, _ := strings.Cut(s, "{")
+		got[name] += v
+	}
+	return got
+}
+
+// series are the gateway's metrics now, by series: the name and its
+// labels as /metrics writes them (name{label="value"}).
+func (g *gatewayProc) series(b *testing.B) map[string]float64 {
 	resp, err := http.Get(g.base + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
 	got := map[string]float64{}
-	name := regexp.MustCompile(`^([a-z_]+)(\{[^}]*\})? (\S+)$`)
+	line := regexp.MustCompile(`^([a-z_]+(\{[^}]*\})?) (\S+)$`)
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if m := name.FindStringSubmatch(sc.Text()); m != nil {
+		if m := line.FindStringSubmatch(sc.Text()); m != nil {
 			v, _ := strconv.ParseFloat(m[3], 64)
 			got[m[1]] += v
 		}
