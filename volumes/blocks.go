@@ -136,12 +136,16 @@ func (sp *space) link(add func() error) error {
 	return add()
 }
 
-// contentBytes is what the contents of a file of one link were charged
-// when written (its size in whole blocks), or its blocks if fewer: what
-// removing it gives back. The fewer, so that the account never counts
-// less than the disk holds.
+// contentBytes is what a file's contents were charged when written (its
+// size in whole blocks), or its blocks if fewer: what removing its last
+// link gives back. The fewer, so that the account never counts less than
+// the disk holds.
 func (sp *space) contentBytes(info fs.FileInfo) int64 {
-	return min(roundUp(info.Size(), sp.block), diskBytes(info, nil))
+	n := roundUp(info.Size(), sp.block)
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		n = min(n, int64(st.Blocks)*512)
+	}
+	return n
 }
 
 // removeFolder removes the folder dir and all it holds, as os.RemoveAll,

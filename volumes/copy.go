@@ -130,6 +130,9 @@ func (s *Server) linkTree(ctx context.Context, from, to string, c *claim) (copie
 	return l.done, l.folder(".")
 }
 
+// linkat is unix.Linkat (tests make it fail as a full inode does).
+var linkat = unix.Linkat
+
 // linker is one linkTree.
 type linker struct {
 	ctx      context.Context
@@ -216,7 +219,7 @@ func (l *linker) entry(sd, dd *os.File, p string) error {
 	}
 	base := path.Base(p)
 	err = l.sp.link(func() error {
-		return unix.Linkat(int(sd.Fd()), base, int(dd.Fd()), base, 0)
+		return linkat(int(sd.Fd()), base, int(dd.Fd()), base, 0)
 	})
 	switch {
 	case errors.Is(err, syscall.EXDEV), errors.Is(err, syscall.EMLINK), errors.Is(err, syscall.EPERM):

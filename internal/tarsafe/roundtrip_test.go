@@ -294,3 +294,60 @@ func TestExtractMakesNoNodeThroughALink(t *testing.T) {
 	entries, _ := os.ReadDir(outside)
 	assert.Empty(t, entries)
 }
+
+// TestExtractNeverChangesAFileInPlace: extracting over files that have
+// other links (a volume holder's cow volumes share every file with their
+// parent) writes new files and links: the other names keep their
+// content, mode, owner and time, whether an entry writes a file over,
+// changes only its mode, owner and time, or puts a link, a folder or a
+// hard link in its place. An extractor that opened an existing file to
+// write, or chmod, chown or chtimes'd it, would change them.
+func TestExtractNeverChangesAFileInPlace(t *testing.T) {
+	needRoot(t)
+	dir, other := t.TempDir(), t.TempDir()
+	names := []string{"over", "attrs", "link", "folder", "hard", "target"}
+	for _, name := range names {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("shared "+name), 0o644))
+		require.NoError(t, os.Chtimes(filepath.Join(dir, name), when, when))
+		require.NoError(t, os.Link(filepath.Join(dir, name), filepath.Join(other, name)))
+	}
+	// What each name is, whatever else links it.
+	alone := func(dir string) map[string]entry {
+		got := snapshot(t, dir)
+		for name, e := range got {
+			e.SameAs = ""
+			got[name] = e
+		}
+		return got
+	}
+	before := alone(other)
+	later := when.Add(time.Hour)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(h *tar.Header, content string) {
+		h.Size, h.ModTime = int64(len(content)), later
+		require.NoError(t, tw.WriteHeader(h))
+		_, err := tw.Write([]byte(content))
+		require.NoError(t, err)
+	}
+	add(&tar.Header{Name: "over", Typeflag: tar.TypeReg, Mode: 0o644}, "new content")
+	add(&tar.Header{Name: "attrs", Typeflag: tar.TypeReg, Mode: 0o4700, Uid: 1000, Gid: 1000}, "shared attrs")
+	add(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: "over"}, "")
+	add(&tar.Header{Name: "folder", Typeflag: tar.TypeDir, Mode: 0o700}, "")
+	add(&tar.Header{Name: "target", Typeflag: tar.TypeReg, Mode: 0o600}, "shared target")
+	add(&tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "target"}, "")
+	require.NoError(t, tw.Close())
+	_, err := tarsafe.Extract(&buf, dir, everything)
+	require.NoError(t, err)
+
+	assert.Equal(t, before, alone(other), "the other names are as they were")
+	got := snapshot(t, dir)
+	assert.Equal(t, "new content", got["over"].Content)
+	assert.Equal(t, "urwx------ 1000:1000", got["attrs"].modeOwner())
+	assert.Equal(t, "over", got["link"].Link)
+	assert.True(t, got["folder"].Mode.IsDir())
+	assert.Equal(t, lstat(t, filepath.Join(dir, "target")).Ino, lstat(t, filepath.Join(dir, "hard")).Ino)
+	for _, name := range names {
+		assert.EqualValues(t, 1, lstat(t, filepath.Join(other, name)).Nlink, "%s: its link in dir went", name)
+	}
+}
