@@ -15,6 +15,7 @@ type Metrics struct {
 	destroys      *prometheus.CounterVec
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
+	linkedCopies  prometheus.Counter
 	refusals      prometheus.Counter
 	podRefusals   *prometheus.CounterVec
 	containers    *prometheus.CounterVec
@@ -54,11 +55,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind", "result"}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copies_total",
-			Help: "Copy-on-write volumes the web node made that were real copies of their parent's files in the volume holder.",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made for which the volume holder copied bytes of their parent's files: those it could not hard-link (on another filesystem, or with too many links).",
 		}),
 		copiedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copied_bytes_total",
-			Help: "Bytes those copies wrote.",
+			Help: "Bytes of files those copies copied.",
+		}),
+		linkedCopies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_volume_linked_copies_total",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made that share their parent's files by hard links in the volume holder: no byte copied for those. A volume with files of both kinds counts here and in jetway_concourse_volume_copies_total.",
 		}),
 		refusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_refused_connections_total",
@@ -93,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_holders_replaced_total",
 		Help: "Volume holder pods replaced because they ended, by reason: evicted, or failed (its node lost, its container ended); the volumes each held were lost.",
 	}, []string{"reason"})
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.linkedCopies, m.refusals,
 		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized, m.holders)
 	return m
 }
@@ -151,13 +156,19 @@ func (m *Metrics) destroyed(kind, result string) {
 	}
 }
 
-// copied counts a volume made by copying n bytes.
-func (m *Metrics) copied(n int64) {
+// copied counts a volume made of a copy of n bytes of its parent's files
+// and links to linked of them.
+func (m *Metrics) copied(n int64, linked int) {
 	if m == nil {
 		return
 	}
-	m.copies.Inc()
-	m.copiedBytes.Add(float64(n))
+	if n > 0 {
+		m.copies.Inc()
+		m.copiedBytes.Add(float64(n))
+	}
+	if linked > 0 {
+		m.linkedCopies.Inc()
+	}
 }
 
 // refused counts a connection refused at a worker's listener.
