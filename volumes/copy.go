@@ -110,9 +110,10 @@ func modeBits(m os.FileMode) os.FileMode {
 // not take as it is goes through it, as copyTree's would: copied, or
 // refused naming it; so does a file that cannot be linked (on another
 // filesystem, or with too many links), copied with its attributes. It
-// reads and writes through os.Roots and folders opened in them, and
-// follows no link. Each entry is claimed of c before it is written, and
-// counts against the server's entry limit.
+// reads and writes through os.Roots and folders opened in them, so no
+// link leads it out of either folder, and links what it found a file,
+// never what a link points to. Each entry is claimed of c before it is
+// written, and counts against the server's entry limit.
 func (s *Server) linkTree(ctx context.Context, from, to string, c *claim) (copied, error) {
 	src, err := os.OpenRoot(from)
 	if err != nil {
@@ -130,7 +131,8 @@ func (s *Server) linkTree(ctx context.Context, from, to string, c *claim) (copie
 	return l.done, l.folder(".")
 }
 
-// linkat is unix.Linkat (tests make it fail as a full inode does).
+// linkat is unix.Linkat (tests make it fail as for a file of too many
+// links).
 var linkat = unix.Linkat
 
 // linker is one linkTree.
