@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
 // holderLike makes s serve as a volume holder's sidecar does: files with
@@ -32,63 +33,6 @@ func holderLike(t *testing.T, s *Server) {
 	require.Zero(t, os.Geteuid(), "a holder's sidecar runs as root: these tests give files other owners")
 	s.SetLimits(tarsafe.Limits{Owners: true, Devices: true})
 	s.SetLinkCopies(true)
-}
-
-// linkTime is the modification time of what writeTree writes.
-var linkTime = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
-
-// writeTree writes into dir what a task may leave in a volume: root-only
-// and read-only folders, files owned by uid 1000, setuid, setgid and
-// sticky modes, a file with two names, links inside and out, empty
-// folders, a FIFO, each dated.
-func writeTree(t testing.TB, dir string) {
-	t.Helper()
-	at := func(name string) string { return filepath.Join(dir, filepath.FromSlash(name)) }
-	mkdir := func(name string, mode fs.FileMode) {
-		require.NoError(t, os.Mkdir(at(name), 0o700))
-		require.NoError(t, os.Chmod(at(name), mode))
-	}
-	file := func(name string, mode fs.FileMode) {
-		require.NoError(t, os.WriteFile(at(name), []byte("content of "+name), 0o600))
-		require.NoError(t, os.Chmod(at(name), mode))
-	}
-	mkdir("d700", 0o700)
-	file("d700/f600", 0o600)
-	file("owned", 0o644)
-	require.NoError(t, os.Chown(at("owned"), 1000, 1000))
-	file("suid", 0o755|fs.ModeSetuid)
-	file("sgid", 0o755|fs.ModeSetgid)
-	mkdir("sticky", 0o777|fs.ModeSticky)
-	mkdir("setgid-dir", 0o2775)
-	require.NoError(t, os.Chmod(at("setgid-dir"), 0o775|fs.ModeSetgid))
-	mkdir("hard", 0o755)
-	file("hard/a", 0o640)
-	require.NoError(t, os.Link(at("hard/a"), at("hard/b")))
-	require.NoError(t, os.Symlink("d700/f600", at("inside")))
-	require.NoError(t, os.Symlink("/etc/passwd", at("outside")))
-	require.NoError(t, os.Symlink("owned", at("link-owned")))
-	require.NoError(t, os.Lchown(at("link-owned"), 1000, 1000))
-	mkdir("empty", 0o755)
-	mkdir("nested", 0o750)
-	mkdir("nested/empty", 0o711)
-	require.NoError(t, unix.Mkfifo(at("fifo"), 0o640))
-	mkdir("ro", 0o700)
-	file("ro/file", 0o444)
-	require.NoError(t, os.Chmod(at("ro"), 0o500))
-	// Times last, entries before their folders; one file older.
-	var names []string
-	require.NoError(t, filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
-		names = append(names, p)
-		return err
-	}))
-	for i := len(names) - 1; i > 0; i-- {
-		when := linkTime
-		if filepath.Base(names[i]) == "f600" {
-			when = linkTime.Add(-time.Hour)
-		}
-		ts := unix.NsecToTimespec(when.UnixNano())
-		require.NoError(t, unix.UtimesNanoAt(unix.AT_FDCWD, names[i], []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW))
-	}
 }
 
 // streamedOut is volume handle as its stream-out carries it: each entry
@@ -129,12 +73,12 @@ func TestLinkCopyCarriesEveryEntry(t *testing.T) {
 	s, base := start(t)
 	holderLike(t, s)
 	made(t, base, `{"handle":"p","strategy":{"type":"empty"}}`)
-	writeTree(t, s.Path("p"))
+	tarsafetest.WriteTree(t, s.Path("p"))
 
 	resp, body := create(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"}}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 	assert.Equal(t, "0", resp.Header.Get(CopiedBytesHeader), "no byte copied")
-	assert.Equal(t, "8", resp.Header.Get(LinkedEntriesHeader), "six files, a file's second name, the FIFO")
+	assert.Equal(t, "9", resp.Header.Get(LinkedEntriesHeader), "seven files, a file's second name, the FIFO")
 
 	want := streamedOut(t, base, "p")
 	assert.Equal(t, want, streamedOut(t, base, "c"))
@@ -175,10 +119,10 @@ func TestLinkCopiesStayApart(t *testing.T) {
 	s, base := start(t)
 	holderLike(t, s)
 	made(t, base, `{"handle":"p","strategy":{"type":"empty"}}`)
-	writeTree(t, s.Path("p"))
+	tarsafetest.WriteTree(t, s.Path("p"))
 	made(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"}}`)
 
-	later := linkTime.Add(24 * time.Hour)
+	later := tarsafetest.When.Add(24 * time.Hour)
 	changes := func(who string) []byte {
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
@@ -248,14 +192,14 @@ func TestLinkCopyCopiesWhatItCannotLink(t *testing.T) {
 		require.NoError(t, unix.Statfs(shm, &a))
 		require.NoError(t, unix.Statfs(s.root, &b))
 		require.NotEqual(t, a.Fsid, b.Fsid, "/dev/shm is another filesystem than the test's folder")
-		writeTree(t, shm)
+		tarsafetest.WriteTree(t, shm)
 		require.NoError(t, os.MkdirAll(filepath.Dir(s.Path("elsewhere")), 0o755))
 		require.NoError(t, os.Symlink(shm, s.Path("elsewhere")))
 
 		resp, body := create(t, base, `{"handle":"copied","strategy":{"type":"cow","volume":"elsewhere"}}`)
 		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 		var size int64
-		for _, name := range []string{"d700/f600", "owned", "suid", "sgid", "hard/a", "ro/file"} {
+		for _, name := range []string{"d700/f600", "owned", "suid", "sgid", "suid-1000", "hard/a", "ro/file"} {
 			size += int64(len("content of " + name))
 		}
 		assert.Equal(t, strconv.FormatInt(size, 10), resp.Header.Get(CopiedBytesHeader))
@@ -266,7 +210,7 @@ func TestLinkCopyCopiesWhatItCannotLink(t *testing.T) {
 
 	t.Run("too many links", func(t *testing.T) {
 		made(t, base, `{"handle":"p","strategy":{"type":"empty"}}`)
-		writeTree(t, s.Path("p"))
+		tarsafetest.WriteTree(t, s.Path("p"))
 		defer func(l func(int, string, int, string, int) error) { linkat = l }(linkat)
 		linkat = func(olddirfd int, oldpath string, newdirfd int, newpath string, flags int) error {
 			if oldpath == "owned" {
@@ -277,7 +221,7 @@ func TestLinkCopyCopiesWhatItCannotLink(t *testing.T) {
 		resp, body := create(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"}}`)
 		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 		assert.Equal(t, strconv.Itoa(len("content of owned")), resp.Header.Get(CopiedBytesHeader))
-		assert.Equal(t, "7", resp.Header.Get(LinkedEntriesHeader), "all but owned")
+		assert.Equal(t, "8", resp.Header.Get(LinkedEntriesHeader), "all but owned")
 		assert.Equal(t, streamedOut(t, base, "p"), streamedOut(t, base, "c"))
 		assert.NotEqual(t, inodeAt(t, filepath.Join(s.Path("p"), "owned")), inodeAt(t, filepath.Join(s.Path("c"), "owned")))
 	})
