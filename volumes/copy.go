@@ -2,7 +2,6 @@ package volumes
 
 import (
 	"archive/tar"
-	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -113,7 +112,8 @@ func modeBits(m os.FileMode) os.FileMode {
 // reads and writes through os.Roots and folders opened in them, so no
 // link leads it out of either folder, and links what it found a file,
 // never what a link points to. Each entry is claimed of c before it is
-// written, and counts against the server's entry limit.
+// written, and counts against the server's limits (what it copies
+// against its bytes).
 func (s *Server) linkTree(ctx context.Context, from, to string, c *claim) (copied, error) {
 	src, err := os.OpenRoot(from)
 	if err != nil {
@@ -126,8 +126,6 @@ func (s *Server) linkTree(ctx context.Context, from, to string, c *claim) (copie
 	}
 	defer dst.Close()
 	l := &linker{ctx: ctx, sp: s.space, src: src, dst: dst, to: to, c: c, lim: s.extractLimits(c), copies: map[inode]string{}}
-	l.lim.Entries = cmp.Or(max(l.lim.Entries, 0), tarsafe.DefaultMaxEntries)
-	l.lim.Bytes = cmp.Or(max(l.lim.Bytes, 0), tarsafe.DefaultMaxBytes)
 	return l.done, l.folder(".")
 }
 
@@ -193,10 +191,11 @@ func (l *linker) entry(sd, dd *os.File, p string) error {
 	if err != nil {
 		return entryError(p, err)
 	}
-	if l.entries++; l.entries > l.lim.Entries {
-		return &tarsafe.LimitError{Limit: "entries", Max: int64(l.lim.Entries), Entry: p}
-	}
 	mode := info.Mode()
+	l.entries++
+	if err := l.lim.Admit(&tar.Header{Name: p, Typeflag: typeflagOf(mode)}, l.entries, 0); err != nil {
+		return err
+	}
 	switch {
 	case mode&fs.ModeSocket != 0:
 		return nil // no file to carry: a stream leaves it out too
@@ -211,7 +210,9 @@ func (l *linker) entry(sd, dd *os.File, p string) error {
 		return l.folder(p)
 	case mode&fs.ModeSymlink != 0:
 		return l.symlink(dd, p, info)
-	case !l.linkable(mode):
+	case !l.lim.Owners:
+		// The extractor gives a file to the server, without setuid and
+		// setgid: a link would keep its owner and bits.
 		return l.copy(p, info)
 	}
 	// A file shares its inode, whose contents are charged already: only
@@ -233,14 +234,6 @@ func (l *linker) entry(sd, dd *os.File, p string) error {
 	}
 	l.done.linked++
 	return nil
-}
-
-// linkable reports whether an entry may be shared as it is, being what
-// the extractor would make of it: with Owners (without, the extractor
-// gives a file to the server and drops its setuid and setgid), a
-// regular file, or a device or FIFO where those are taken.
-func (l *linker) linkable(mode fs.FileMode) bool {
-	return l.lim.Owners && (mode.IsRegular() || l.lim.Devices)
 }
 
 // symlink makes the symbolic link p, as the parent's is written, with
@@ -298,12 +291,9 @@ func (l *linker) copy(p string, info fs.FileInfo) error {
 		}
 		return nil
 	}
-	size := int64(0)
-	if info.Mode().IsRegular() {
-		size = info.Size()
-	}
-	if size > l.lim.Bytes-l.done.bytes {
-		return &tarsafe.LimitError{Limit: "bytes", Max: l.lim.Bytes, Entry: p}
+	hdr := &tar.Header{Name: p, Typeflag: typeflagOf(info.Mode()), Size: info.Size()}
+	if err := l.lim.Admit(hdr, l.entries, l.done.bytes); err != nil {
+		return err
 	}
 	pr, pw := io.Pipe()
 	var wg sync.WaitGroup

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -360,4 +361,37 @@ func BenchmarkCopyVolume(b *testing.B) {
 	b.ReportMetric(float64(copying)/float64(b.N)/1e6, "ms/copy")
 	b.ReportMetric(float64(linking)/float64(b.N)/1e6, "ms/links")
 	b.ReportMetric(float64(copying)/float64(linking), "copy/links")
+}
+
+// TestSettlingALinkCopyFreesOnlyItsOwnFiles: a cow volume of links that
+// a pod held and then settled loses its old files: those it shared with
+// its parent stay on the disk and in the account, its own file goes from
+// both; once all is destroyed, the account is back where it began.
+func TestSettlingALinkCopyFreesOnlyItsOwnFiles(t *testing.T) {
+	const mib = 1 << 20
+	s, base := startWith(t, t.TempDir(), 64*mib)
+	holderLike(t, s)
+	empty := s.space.usedBytes()
+	volume(t, base, "p")
+	resp, body := streamInto(t, base, "p", ".", archiveOf(t, "shared", 4*mib))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	made(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"p"}}`)
+	resp, body = streamInto(t, base, "c", ".", archiveOf(t, "own", 2*mib))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	resp, body = do(t, http.MethodPut, base+"/volumes/c/held", nil, strings.NewReader(`{"pod":"p","uid":"u","mount":"m"}`))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+
+	made(t, base, `{"handle":"copy","strategy":{"type":"empty"}}`)
+	resp, body = streamInto(t, base, "copy", ".", archiveOf(t, "written", mib))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	resp, body = do(t, http.MethodPost, base+"/volumes/c/settle", nil, strings.NewReader(`{"from":"copy","uid":"u"}`))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	assert.Equal(t, map[string]int64{".": -1, "written": mib}, landedIn(t, s, "c"))
+	accountHolds(t, s, 64<<10)
+
+	for _, h := range []string{"p", "c"} {
+		resp, _ = do(t, http.MethodDelete, base+"/volumes/"+h, nil, nil)
+		require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	}
+	assert.Equal(t, empty, s.space.usedBytes())
 }

@@ -21,6 +21,9 @@ type Volume struct {
 	// or its parent's for a cow: the server records it and reads nothing
 	// there.
 	ImportPath string `json:"import_path,omitempty"`
+	// Held: the volume's files are in a step pod's mount, not yet copied
+	// back (held.go).
+	Held *Held `json:"held,omitempty"`
 }
 
 // CreateRequest is the body of POST /volumes: baggageclaim's
@@ -70,7 +73,7 @@ func (s *Server) exists(handle string) bool {
 
 func (s *Server) describe(handle string, m meta) Volume {
 	return Volume{Handle: handle, Path: s.Path(handle), Properties: m.Properties,
-		Privileged: m.Privileged, ImportPath: m.ImportPath}
+		Privileged: m.Privileged, ImportPath: m.ImportPath, Held: m.Held}
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -262,12 +265,21 @@ func (s *Server) commit(handle, tmp string, m meta, c *claim) error {
 // forgetMade takes the volume handle, which did not come to be, out of
 // the account, and removes tmp, its files, at once.
 func (s *Server) forgetMade(handle, tmp string) {
-	charged := s.space.forget(handle, true)
-	_, contents, err := s.space.removeFolder(tmp)
+	_ = s.removeGone(tmp, s.space.forget(handle, true))
+}
+
+// removeGone removes the folder gone, of a volume taken away, and gives
+// back what it took: the contents of the files whose last link it
+// removed, and what the volume was charged for its folders, names and
+// links (charged) once all of it is gone; what stays is charged until a
+// restart's sweep.
+func (s *Server) removeGone(gone string, charged int64) error {
+	_, contents, err := s.space.removeFolder(gone)
 	if err == nil {
 		s.space.free(charged)
 	}
 	s.space.free(contents)
+	return err
 }
 
 // resolve is the folder holding a volume's files, through the link a
@@ -367,25 +379,24 @@ func (s *Server) getPrivileged(w http.ResponseWriter, r *http.Request) {
 // lock is not held while a big volume's files go.
 func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	h := r.PathValue("handle")
+	held := false
+	if m, err := s.readMeta(h); err == nil && m.Held != nil {
+		held = true
+	}
 	gone, charged, err := s.unlink(h)
 	if errors.Is(err, errNoVolume) {
 		fail(w, http.StatusNotFound, "volume %q not found", h)
 		return
 	}
 	if gone != "" {
-		// The files' contents it removed the last link of go; the
-		// folders and links it was charged, once all is gone (what stays
-		// is charged until a restart's sweep).
-		_, contents, rerr := s.space.removeFolder(gone)
-		if rerr == nil {
-			s.space.free(charged)
-		}
-		s.space.free(contents)
-		err = errors.Join(err, rerr)
+		err = errors.Join(err, s.removeGone(gone, charged))
 	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "destroy volume %q: %v", h, err)
 		return
+	}
+	if held {
+		w.Header().Set(HeldHeader, "true")
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
