@@ -18,6 +18,7 @@ type Metrics struct {
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
 	copySeconds   prometheus.Histogram
+	linkedCopies  prometheus.Counter
 	refusals      prometheus.Counter
 	podRefusals   *prometheus.CounterVec
 	containers    *prometheus.CounterVec
@@ -64,11 +65,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind", "result"}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copies_total",
-			Help: "Copy-on-write volumes the web node made that were real copies of their parent's files in the volume holder.",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made for which the volume holder copied bytes of their parent's files: those it could not hard-link (on another filesystem, or with too many links).",
 		}),
 		copiedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copied_bytes_total",
-			Help: "Bytes those copies wrote.",
+			Help: "Bytes of files those copies copied.",
+		}),
+		linkedCopies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_volume_linked_copies_total",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made that share their parent's files by hard links in the volume holder: no byte copied for those. A volume with files of both kinds counts here and in jetway_concourse_volume_copies_total.",
 		}),
 		copySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetway_concourse_volume_copy_seconds",
@@ -118,7 +123,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
 	}, []string{"outcome"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
-		m.refusals, m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
+		m.linkedCopies, m.refusals, m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
 	return m
 }
 
@@ -183,14 +188,20 @@ func (m *Metrics) held(outcome string) {
 	m.holds.WithLabelValues(outcome).Inc()
 }
 
-// copied counts a volume made by copying n bytes, which took took.
-func (m *Metrics) copied(n int64, took time.Duration) {
+// copied counts a volume made of a copy of n bytes of its parent's files
+// and links to linked of them, which took took.
+func (m *Metrics) copied(n int64, linked int, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.copies.Inc()
-	m.copiedBytes.Add(float64(n))
-	m.copySeconds.Observe(took.Seconds())
+	if n > 0 {
+		m.copies.Inc()
+		m.copiedBytes.Add(float64(n))
+		m.copySeconds.Observe(took.Seconds())
+	}
+	if linked > 0 {
+		m.linkedCopies.Inc()
+	}
 }
 
 // refused counts a connection refused at a worker's listener.

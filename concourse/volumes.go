@@ -407,9 +407,9 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	if resp.StatusCode != http.StatusCreated {
 		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
 	}
-	if n, _ := strconv.ParseInt(resp.Header.Get("X-Jetway-Copied-Bytes"), 10, 64); n > 0 {
-		h.Metrics.copied(n, time.Since(start))
-	}
+	n, _ := strconv.ParseInt(resp.Header.Get(volumes.CopiedBytesHeader), 10, 64)
+	linked, _ := strconv.Atoi(resp.Header.Get(volumes.LinkedEntriesHeader))
+	h.Metrics.copied(n, linked, time.Since(start))
 	return b, nil
 }
 

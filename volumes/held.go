@@ -72,9 +72,7 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request) {
 	h := r.PathValue("handle")
 	gone, charged, err := s.swap(h, req.From, req.UID)
 	if gone != "" {
-		if rerr := os.RemoveAll(gone); rerr == nil {
-			s.space.free(charged)
-		}
+		_ = s.removeGone(gone, charged)
 	}
 	var code int
 	switch {
@@ -165,9 +163,7 @@ func (s *Server) lose(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if gone != "" {
-		if rerr := os.RemoveAll(gone); rerr == nil {
-			s.space.free(charged)
-		}
+		err = errors.Join(err, s.removeGone(gone, charged))
 	}
 	if err == nil {
 		s.forgetLost()

@@ -93,7 +93,8 @@ var benchImageRepo = strings.TrimSuffix(cluster.BusyboxImage, ":1")
 // an API build's, from the first submit to the last step's end. It
 // reports each path's median per build and per step, their ratio (the
 // goal: Concourse through jetway at most 1.15x), and the volume copies
-// and moves a Concourse build made (jetway_concourse_volume_*).
+// (of bytes, and of links) and moves a Concourse build made
+// (jetway_concourse_volume_*).
 func BenchmarkConcoursePipeline(b *testing.B) {
 	for range b.N {
 		runPipelineBench(b)
@@ -162,7 +163,7 @@ func runPipelineBench(b *testing.B) {
 	c, err := client.New(client.Options{URL: gw.base})
 	check(b, err)
 	cc, api := map[string][]time.Duration{}, map[string][]time.Duration{}
-	var copies, moves, movedBytes float64
+	var copies, linked, moves, movedBytes float64
 	for i := range pipelineBuilds + 1 { // the first of each warms the image and the caches
 		m0 := gw.metrics(b)
 		out := fly("trigger-job", "-j", "bench/bench", "--watch")
@@ -192,6 +193,7 @@ func runPipelineBench(b *testing.B) {
 			api[name] = append(api[name], d)
 		}
 		copies += m1["jetway_concourse_volume_copies_total"] - m0["jetway_concourse_volume_copies_total"]
+		linked += m1["jetway_concourse_volume_linked_copies_total"] - m0["jetway_concourse_volume_linked_copies_total"]
 		moves += m1["jetway_concourse_volume_moves_total"] - m0["jetway_concourse_volume_moves_total"]
 		movedBytes += m1["jetway_concourse_volume_moved_bytes_total"] - m0["jetway_concourse_volume_moved_bytes_total"]
 		b.Logf("build %d: through Concourse %s, through jetway's API %s", i, took["build"].Round(time.Millisecond), tookAPI["build"].Round(time.Millisecond))
@@ -206,6 +208,7 @@ func runPipelineBench(b *testing.B) {
 	ccRest, apiRest := med(cc, "build-without-get"), med(api, "build-without-get")
 	b.ReportMetric(ccRest.Seconds()/apiRest.Seconds(), "concourse/api-without-get")
 	b.ReportMetric(copies/n, "copies/build")
+	b.ReportMetric(linked/n, "linked-copies/build")
 	b.ReportMetric(moves/n, "moves/build")
 	b.ReportMetric(movedBytes/n, "moved-B/build")
 	for _, name := range benchStepNames {
@@ -215,9 +218,9 @@ func runPipelineBench(b *testing.B) {
 	b.Logf("an image's get used as a task's image: with its layers %s and %.0f bytes moved out of its pod, without (skip_download) %s and %.0f bytes",
 		layers.with.Round(time.Millisecond), layers.withBytes, layers.without.Round(time.Millisecond), layers.withoutBytes)
 	b.ReportMetric(layers.with.Seconds()/layers.without.Seconds(), "get-with/without-layers")
-	b.Logf("median build: through Concourse %s, through jetway's API %s: %.2fx; without the get %s and %s: %.2fx; per build %.1f volume copies, %.1f moves of %.0f bytes",
+	b.Logf("median build: through Concourse %s, through jetway's API %s: %.2fx; without the get %s and %s: %.2fx; per build %.1f volume copies of bytes and %.1f of links, %.1f moves of %.0f bytes",
 		ccBuild.Round(time.Millisecond), apiBuild.Round(time.Millisecond), ccBuild.Seconds()/apiBuild.Seconds(),
-		ccRest.Round(time.Millisecond), apiRest.Round(time.Millisecond), ccRest.Seconds()/apiRest.Seconds(), copies/n, moves/n, movedBytes/n)
+		ccRest.Round(time.Millisecond), apiRest.Round(time.Millisecond), ccRest.Seconds()/apiRest.Seconds(), copies/n, linked/n, moves/n, movedBytes/n)
 }
 
 // imagesPipeline has two jobs, each a get of the node's busybox image

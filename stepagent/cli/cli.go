@@ -25,7 +25,7 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES]
+  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES] [--link-copies]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
@@ -83,6 +83,8 @@ func dispatch(cmd string, args []string) error {
 		"without it they are refused, naming the entry")
 	capacity := fs.Int64("capacity", 0, "volumes: bytes the volumes may take on disk, counted as the kubelet counts an emptyDir; "+
 		"a write past it, less a margin, is refused (0: no bound). Only for a sidecar that alone writes its folder")
+	linkCopies := fs.Bool("link-copies", false, "volumes: make a cow volume, and an import of another volume, of hard links to its parent's files, "+
+		"not copies. Only for a sidecar that alone writes its folder: a process writing a file in place would write every volume linking it")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -142,7 +144,7 @@ func dispatch(cmd string, args []string) error {
 	case "supervise":
 		return stepagent.Supervise(root)
 	case "volumes":
-		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: capacityOrigin})
+		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: capacityOrigin}, *linkCopies)
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
@@ -184,7 +186,7 @@ func prepare(root string, n int) error {
 }
 
 // serveVolumes runs the volume sidecar until TERM or INT.
-func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity) error {
+func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity, linkCopies bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hash := os.Getenv(stepagent.TokenHashEnv)
@@ -196,6 +198,7 @@ func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Cap
 		return err
 	}
 	s.SetLimits(limits)
+	s.SetLinkCopies(linkCopies)
 	fmt.Fprintf(os.Stderr, "step-agent: serving volumes of %s on %s\n", root, addr)
 	<-ctx.Done()
 	return s.Kill()
