@@ -66,7 +66,8 @@ jobs:
 // TestRealNodeConcourseMovesEachByteOnce (issue 41, item 2): through a
 // real web node and fly on the real node, a build whose middle task has
 // a 1 GiB input and a 1 GiB output moves each byte into a pod once per
-// task that reads it and out of a pod once per volume read: 2 GiB in
+// task that reads it, out of a pod once per volume read, and not at all
+// within the holder (a copy of an input there is made of links): 2 GiB in
 // (the copy's input, the check's input) and 2 GiB out (the writer's
 // output, the copy's output), where copying every writable mount back
 // after each process moved 4 GiB out. The copies of inputs are never
@@ -117,6 +118,7 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 	assert.InDelta(t, 2*size+slack/2, in, slack/2, "into the pods: the copy's input and the check's, once each")
 	assert.InDelta(t, 2*size+slack/2, moved, slack/2, "out of the pods: the writer's output and the copy's, once each")
 	assert.Equal(t, 2.0, delta(series[2]), "two volumes copied out: those read")
+	assert.Zero(t, delta(series[3]), "the copies of inputs in the holder are links: no byte copied")
 	t.Logf("moved in %.0f MiB, out %.0f MiB; copied in the holder %.0f MiB", in/(1<<20), moved/(1<<20), delta(series[3])/(1<<20))
 
 	// The web node destroys the build's containers and then its volumes:
