@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
+	"strings"
 	"time"
 
 	"code.cloudfoundry.org/garden"
@@ -206,7 +208,7 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 	if why := podGone(t, held); why != "" {
 		return h.lose(ctx, target, handle, held, why)
 	}
-	tmp := handle + "-settle-" + rand.Text()[:8]
+	tmp := handle + settlingMark + rand.Text()[:8]
 	body, _ := json.Marshal(volumes.CreateRequest{Handle: tmp, Strategy: &volumes.Strategy{Type: volumes.StrategyEmpty}})
 	if _, err := h.create(ctx, target, body); err != nil {
 		return fmt.Errorf("volume %s: copy it out of the pod %s: %w", handle, held.Pod, err)
@@ -244,6 +246,32 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 		h.logger().Debug("volume moved", "target", target, "volume", handle, "into_pod", false, "bytes", res.Bytes, "sha256", res.SHA256)
 	}
 	return nil
+}
+
+// settlingMark names the copy made to settle a volume: <handle><mark><random>.
+const settlingMark = "-settle-"
+
+// settlingOf is the volume the volume handle is a copy of, made to settle
+// it, if it is one.
+func settlingOf(handle string) (string, bool) {
+	i := strings.LastIndex(handle, settlingMark)
+	return handle[:max(i, 0)], i > 0
+}
+
+// reportable are the volumes of vols the sweep reports to the web node:
+// all but the copies being made to settle a held volume, which the web
+// node, not knowing them, would destroy mid-copy. Once the volume is
+// settled or destroyed, a copy left over (its gateway stopped) is
+// reported, and the web node destroys it.
+func reportable(vols []volumes.Volume) []volumes.Volume {
+	held := map[string]bool{}
+	for _, v := range vols {
+		held[v.Handle] = v.Held != nil
+	}
+	return slices.DeleteFunc(slices.Clone(vols), func(v volumes.Volume) bool {
+		of, ok := settlingOf(v.Handle)
+		return ok && held[of]
+	})
 }
 
 // podGone says why the pod held names is gone, or "" if it may still

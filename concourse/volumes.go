@@ -505,7 +505,7 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 		return nil, err
 	}
 	handles := make([]string, 0, len(vols))
-	for _, v := range vols {
+	for _, v := range reportable(vols) {
 		if v.Held != nil && t != nil {
 			if why := podGone(t, *v.Held); why != "" {
 				_ = h.lose(ctx, target, v.Handle, *v.Held, why)
