@@ -505,6 +505,10 @@ func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error 
 		g.Go(func() error {
 			handle := path.Base(bm.SrcPath)
 			v, err := c.Holder.Volume(gctx, ct.Target, handle)
+			if errors.Is(err, errVolumeNotFound) && heldPath(bm.SrcPath) {
+				return fmt.Errorf("container %s: volume %s (%s) is not in target %s's volume holder pod %s: it went with "+
+					"the holder (deleted, evicted or lost); the web node makes it again: %w", ct.Handle(), handle, bm.DstPath, ct.Target, holder, err)
+			}
 			if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
 				return nil
 			}
