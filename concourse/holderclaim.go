@@ -75,30 +75,60 @@ func (h *Holder) listWithout(ctx context.Context, target string, err error) erro
 	return err
 }
 
-// remakeAway makes a new pod for t's holder whose volumes wait on its
-// claim (away), and answers what the caller tells the web node: nil when
+// remakeAway answers what List tells the web node of t's holder whose
+// pod is gone while it keeps its volumes on a claim (away): nil when
 // there is no claim either (no volume was ever made, or they went with
-// an emptyDir holder), else away (the volumes are there, not listed yet).
+// an emptyDir holder), else away (the volumes are there, not listed
+// yet), having made a new pod on the claim.
 func (h *Holder) remakeAway(ctx context.Context, t *targets.Target, away *awayHolder) error {
-	ctx, cancel := context.WithTimeout(ctx, holderCall)
-	defer cancel()
-	_, err := t.Core.PersistentVolumeClaims(t.Namespace()).Get(ctx, away.name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err != nil:
-		return fmt.Errorf("the volume holder's claim %s/%s: %w", t.Namespace(), away.name, err)
+	exists, err := h.claimExists(ctx, t, away.name)
+	if err != nil || !exists {
+		return err
 	}
-	made, err := h.makeHolder(ctx, t)
+	if err := h.makeAgain(ctx, t, away); err != nil {
+		return err
+	}
+	return away
+}
+
+// makeAway makes the pod of t's holder that keeps its volumes on a claim
+// and has none (away): its first, or a new one on the claim it had.
+func (h *Holder) makeAway(ctx context.Context, t *targets.Target, away *awayHolder) error {
+	exists, err := h.claimExists(ctx, t, away.name)
 	if err != nil {
 		return err
 	}
+	if exists {
+		return h.makeAgain(ctx, t, away)
+	}
+	_, err = h.makeHolder(ctx, t)
+	return err
+}
+
+// makeAgain makes a new pod for t's holder on the claim it had, logged
+// and counted when this gateway made it.
+func (h *Holder) makeAgain(ctx context.Context, t *targets.Target, away *awayHolder) error {
+	made, err := h.makeHolder(ctx, t)
 	if made {
 		h.logger().Warn("volume holder pod made again: it was gone; the volumes on its claim wait for it",
 			"target", t.Name(), "pod", away.name, "claim", away.name)
 		h.Metrics.holderReplaced("deleted", volumesKept)
 	}
-	return away
+	return err
+}
+
+// claimExists reports whether t has the holder's claim name.
+func (h *Holder) claimExists(ctx context.Context, t *targets.Target, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	_, err := t.Core.PersistentVolumeClaims(t.Namespace()).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("the volume holder's claim %s/%s: %w", t.Namespace(), name, err)
+	}
+	return true, nil
 }
 
 // ensureClaim makes t's holder's claim if it keeps its volumes on one and

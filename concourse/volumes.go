@@ -234,7 +234,7 @@ func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Opt
 	case errors.As(err, &lost):
 		err = h.replaceLost(ctx, t, lost)
 	case errors.As(err, &away):
-		err = h.remakeAway(ctx, t, away)
+		err = h.makeAway(ctx, t, away)
 	case errors.Is(err, errHolderToMake):
 		_, err = h.makeHolder(ctx, t)
 	case err == nil:
