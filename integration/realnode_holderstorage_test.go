@@ -210,12 +210,19 @@ func holderBuilds(ctx context.Context, t *testing.T, name, targetYAML string) (*
 }
 
 // taskArgs are fly's arguments to execute a busybox task running
-// script with input in from work, and the args given.
+// script with input in from work, and the args given (an input they
+// name, -i NAME=DIR, is one of the task's).
 func taskArgs(t *testing.T, work, script string, args ...string) []string {
 	t.Helper()
+	inputs := "{name: in}"
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-i" {
+			inputs += ", {name: " + strings.SplitN(args[i+1], "=", 2)[0] + "}"
+		}
+	}
 	task := filepath.Join(work, "task-"+strings.ToLower(rand.Text()[:6])+".yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\n"+
-		"inputs: [{name: in}]\noutputs: [{name: out}]\nrun: {path: sh, args: [-ec, "+yamlQuote(script)+"]}\n"))
+		"inputs: ["+inputs+"]\noutputs: [{name: out}]\nrun: {path: sh, args: [-ec, "+yamlQuote(script)+"]}\n"))
 	return append([]string{"execute", "-c", task, "-i", "in=" + filepath.Join(work, "in")}, args...)
 }
 
