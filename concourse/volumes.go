@@ -175,6 +175,8 @@ func (e *lostHolder) Error() string {
 	}
 	if e.pod.Status.Message != "" {
 		why += ": " + e.pod.Status.Message
+	} else if c := disruption(e.pod); c != nil {
+		why += ": " + c.Reason + ": " + c.Message
 	}
 	if claim := steppod.HolderClaimName(e.pod); claim != "" {
 		return fmt.Sprintf("the volume holder pod %s ended (%s): it is made again, and the volumes on its claim %s wait for it",
@@ -195,12 +197,30 @@ func (e *lostHolder) Unwrap() error {
 // kept reports whether its volumes are kept on a claim.
 func (e *lostHolder) kept() bool { return steppod.HolderClaimName(e.pod) != "" }
 
-// reason is why it ended, for the metric: evicted, or failed.
+// reason is why it ended, for the metric: evicted, or failed. The
+// kubelet's eviction says Evicted, or a DisruptionTarget condition, but
+// what stays of it on a holder may be neither: its sidecar ends 0 on
+// TERM, and the kubelet on the real node left an emptyDir's holder it
+// evicted past its limit Succeeded, with no reason (TestRealNodeConcourseHolderPastItsLimit).
+// The sidecar never ends by itself, and a deleted pod is no lost one
+// (holderPod): a holder that ended Succeeded was ended by its kubelet,
+// evicted (or its node shut down).
 func (e *lostHolder) reason() string {
-	if e.pod.Status.Reason == "Evicted" {
+	if e.pod.Status.Reason == "Evicted" || e.pod.Status.Phase == corev1.PodSucceeded || disruption(e.pod) != nil {
 		return "evicted"
 	}
 	return "failed"
+}
+
+// disruption is p's DisruptionTarget condition (the kubelet's eviction,
+// its node's shutdown), or nil.
+func disruption(p *corev1.Pod) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // podSender sends to target's volume holder pod.
@@ -341,7 +361,10 @@ func deleteHolder(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
 func (h *Holder) replaceLost(ctx context.Context, t *targets.Target, lost *lostHolder) error {
 	p := lost.pod
 	attrs := []any{"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "phase", string(p.Status.Phase),
-		"reason", p.Status.Reason, "message", p.Status.Message}
+		"reason", p.Status.Reason, "message", p.Status.Message, "as", lost.reason()}
+	if c := disruption(p); c != nil {
+		attrs = append(attrs, "disruption", c.Reason+": "+c.Message)
+	}
 	if lost.kept() {
 		h.logger().Warn("volume holder pod replaced: it ended; the volumes on its claim wait for the new one",
 			append(attrs, "claim", steppod.HolderClaimName(p))...)

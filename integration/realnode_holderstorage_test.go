@@ -312,8 +312,8 @@ func TestRealNodeConcourseHolderPastItsLimit(t *testing.T) {
 	writeFile(t, filepath.Join(big, "big"), randomBytes(t, 24<<20))
 	out, err := flyTask(ctx, t, web, work, "ls in", "-i", "big="+big)
 	require.Error(t, err, out)
-	assert.Contains(t, out, "capacity of 16.0 MiB (16777216 bytes)", "the user sees the capacity")
-	assert.Contains(t, out, "steps.volumeHolder.size")
+	assert.Contains(t, out+err.Error(), "capacity of 16.0 MiB (16777216 bytes)", "the user sees the capacity")
+	assert.Contains(t, out+err.Error(), "steps.volumeHolder.size")
 	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
 	require.NoError(t, err)
 	usage, err := rn.EmptyDirUsage(first.UID, first.Spec.Volumes[0].Name)
@@ -340,7 +340,7 @@ func TestRealNodeConcourseHolderPastItsLimit(t *testing.T) {
 		}
 		return nil
 	})
-	assert.Contains(t, g.logs.String(), `"reason":"Evicted"`)
+	assert.Contains(t, g.logs.String(), `"as":"evicted"`)
 	out, err = flyTask(ctx, t, web, work, "cat in/payload")
 	require.NoError(t, err, out)
 	p, err = pods.Get(ctx, holder, metav1.GetOptions{})
