@@ -49,6 +49,7 @@ func (none) Containers(context.Context, string) ([]string, error)   { return nil
 func (none) Volumes(context.Context, string) ([]string, error)      { return nil, nil }
 func (none) DestroyContainer(context.Context, string, string) error { return ErrNotOurs }
 func (none) DestroyVolume(context.Context, string, string) error    { return ErrNotOurs }
+func (none) Release(context.Context, string) error                  { return nil }
 
 // logCalls logs each call h answers at debug level: the API, method,
 // path (handles, no bodies), status and time taken (for a hijacked

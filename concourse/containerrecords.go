@@ -79,6 +79,11 @@ type Container struct {
 type containerState struct {
 	// MovedIn: the volumes its bind mounts name were moved into its pod.
 	MovedIn bool `json:"moved_in,omitempty"`
+	// Holds: its pod holds volumes its processes wrote (held.go).
+	Holds bool `json:"holds,omitempty"`
+	// Kept: when the web node destroyed it while its pod held volumes;
+	// gone to the web node since, its pod kept until Pods.Release.
+	Kept time.Time `json:"kept,omitzero"`
 }
 
 // HasProcess reports whether a process of id was run in the container.

@@ -18,6 +18,7 @@ import (
 	"github.com/jetway-ci/jetway/steppod"
 	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
+	"github.com/jetway-ci/jetway/volumes"
 	"github.com/jetway-ci/jetway/wire"
 )
 
@@ -41,10 +42,6 @@ type Containers struct {
 	Holder *Holder
 	// Agents make the containers of the agents' workers (nil: none).
 	Agents *Agents
-	// Stream copies a volume between two pods of a target
-	// (streams.Streamer.Stream): the volumes a container's bind mounts name
-	// are moved into its pod, and back out after each process.
-	Stream func(ctx context.Context, req streams.Request) (wire.StreamResult, error)
 	// ResourceTypes are the base resource types the workers offer: an
 	// import of one of their images runs as that image.
 	ResourceTypes []wire.ResourceType
@@ -177,7 +174,11 @@ func (c *Containers) recordAndMake(ctx context.Context, ct *Container, build fun
 // Lookup is target's container handle: garden.ContainerNotFoundError if
 // the web node made none of that handle (or destroyed it).
 func (c *Containers) Lookup(ctx context.Context, target, handle string) (*Container, error) {
-	return c.Records.Get(ctx, target, handle)
+	ct, err := c.Records.Get(ctx, target, handle)
+	if err == nil && !ct.state.Kept.IsZero() {
+		return nil, garden.ContainerNotFoundError{Handle: handle} // destroyed; its pod kept for its volumes
+	}
+	return ct, err
 }
 
 // List is the handles of target's containers whose properties include
@@ -190,6 +191,9 @@ func (c *Containers) List(ctx context.Context, target string, filter garden.Prop
 	handles := []string{}
 next:
 	for _, ct := range all {
+		if !ct.state.Kept.IsZero() {
+			continue
+		}
 		for k, v := range filter {
 			if have, ok := ct.properties[k]; !ok || have != v {
 				continue next
@@ -226,6 +230,12 @@ func (c *Containers) Destroy(ctx context.Context, target, handle string) error {
 	defer cancel()
 	ct, err := c.Records.Get(ctx, target, handle)
 	if err != nil {
+		return err
+	}
+	if kept, err := c.Records.keep(ctx, ct); kept || err != nil {
+		if err == nil {
+			c.Metrics.container("destroyed")
+		}
 		return err
 	}
 	w, err := c.workerOf(ct)
@@ -406,11 +416,11 @@ func destroyPods(ctx context.Context, t *targets.Target, key ownership.Key, hand
 // answer (a holder's full, an entry refused or unreadable) is the same
 // the next time: it is tried once. Each failure is logged, a final one
 // as a warning.
-func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+func (h *Holder) streamRetrying(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 	deadline := time.Now().Add(holderAnswer)
 	wait := firstMoveRetry
 	for try := 1; ; try++ {
-		res, err := c.Stream(ctx, req)
+		res, err := h.Stream(ctx, req)
 		if err == nil {
 			return res, nil
 		}
@@ -420,7 +430,7 @@ func (c *Containers) streamRetrying(ctx context.Context, req streams.Request) (w
 		if final {
 			level = slog.LevelWarn
 		}
-		c.logger().Log(ctx, level, "volume move failed", "target", req.From.Target, "from", req.From.Pod, "to", req.To.Pod,
+		h.logger().Log(ctx, level, "volume move failed", "target", req.From.Target, "from", req.From.Pod, "to", req.To.Pod,
 			"try", try, "final", final, "error", err.Error())
 		if final || ctx.Err() != nil || time.Now().After(deadline) {
 			return res, err
@@ -467,15 +477,15 @@ func (c *Containers) moveIn(ctx context.Context, ct *Container) error {
 	})
 }
 
-// moveOut copies the container's writable mounts back into the volumes
-// they came from, after a process: the web node reads outputs, caches and
-// a get's files from those volumes.
+// moveOut leaves what the container's process wrote in its pod's
+// writable mounts, and records there that their volumes are held by the
+// pod (held.go): they are copied back when first read.
 func (c *Containers) moveOut(ctx context.Context, ct *Container) error { return c.move(ctx, ct, false) }
 
-// move copies the volumes of ct's bind mounts in or out, as its worker
+// move moves the volumes of ct's bind mounts in or out, as its worker
 // keeps them (worker.moveVolumes).
 func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
-	if c.Stream == nil || c.Holder == nil {
+	if c.Holder == nil || c.Holder.Stream == nil {
 		return nil
 	}
 	w, err := c.workerOf(ct)
@@ -485,29 +495,29 @@ func (c *Containers) move(ctx context.Context, ct *Container, in bool) error {
 	return w.moveVolumes(ctx, ct, in)
 }
 
-// movePod copies each bind mount's volume into ct's pod (in), or each
-// writable one back (out), at most moveParallel at once, but for a mount
-// other mounts are nested in (a task's build dir, whose inputs, outputs
-// and caches are mounts of their own, and which the web node never reads
-// again) and the web node's /scratch (a new empty volume each time, never
-// read again). A mount whose source is no volume of the holder (a path
-// of the web node's worker host) is left empty.
-func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error {
+// movePod copies each bind mount's volume into ct's pod, at most
+// moveParallel at once, but the web node's /scratch (a new empty volume
+// each time). A volume another pod holds is copied out of it first
+// (Holder.settle). A mount whose source is no volume of the holder
+// (a path of the web node's worker host) is left empty.
+func (c *Containers) movePod(ctx context.Context, ct *Container) error {
 	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
 	defer cancel()
 	holder := steppod.HolderName(c.Pod().Installation)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(moveParallel)
 	for i, bm := range ct.Spec.BindMounts {
-		if bm.DstPath == scratchPath || (!in && (bm.Mode == garden.BindMountModeRO || holdsMounts(ct.Spec.BindMounts, bm))) {
+		if bm.DstPath == scratchPath {
 			continue
 		}
 		g.Go(func() error {
 			handle := path.Base(bm.SrcPath)
+			if err := c.Holder.settle(gctx, ct.Target, handle); err != nil {
+				return fmt.Errorf("container %s: volume %s (%s): %w", ct.Handle(), handle, bm.DstPath, err)
+			}
 			v, err := c.Holder.Volume(gctx, ct.Target, handle)
-			if errors.Is(err, errVolumeNotFound) && heldPath(bm.SrcPath) {
-				return fmt.Errorf("container %s: volume %s (%s) is not in target %s's volume holder pod %s: it went with "+
-					"the holder (deleted, evicted or lost); the web node makes it again: %w", ct.Handle(), handle, bm.DstPath, ct.Target, holder, err)
+			if err := c.wentWithHolder(ct, bm, err); err != nil {
+				return err
 			}
 			if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
 				return nil
@@ -515,24 +525,22 @@ func (c *Containers) movePod(ctx context.Context, ct *Container, in bool) error 
 			if err != nil {
 				return err
 			}
-			inHolder := wire.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."}
-			inPod := wire.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."}
-			req := streams.Request{StreamRequest: wire.StreamRequest{From: inHolder, To: inPod, Encoding: "raw"}, Caller: streams.Caller{Admin: true}}
-			what := "into"
-			if !in {
-				req.From, req.To, what = inPod, inHolder, "out of"
-			}
-			res, err := c.streamRetrying(gctx, req)
+			req := streams.Request{StreamRequest: wire.StreamRequest{
+				From:     wire.Endpoint{Target: ct.Target, Pod: holder, Handle: handle, Path: "."},
+				To:       wire.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."},
+				Encoding: volumes.Raw,
+			}, Caller: streams.Caller{Admin: true}}
+			res, err := c.Holder.streamRetrying(gctx, req)
 			if remote, ok := errors.AsType[*streams.RemoteError](err); ok && remote.Final() {
 				// What the user must change: the entry and why, not the
 				// way the copy went.
-				return fmt.Errorf("container %s: volume %s cannot be copied %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, remote)
+				return fmt.Errorf("container %s: volume %s cannot be copied into its pod (%s): %w", ct.Handle(), handle, bm.DstPath, remote)
 			}
 			if err != nil {
-				return fmt.Errorf("container %s: move volume %s %s its pod (%s): %w", ct.Handle(), handle, what, bm.DstPath, err)
+				return fmt.Errorf("container %s: move volume %s into its pod (%s): %w", ct.Handle(), handle, bm.DstPath, err)
 			}
-			c.Metrics.moved(in, res.Bytes)
-			c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", in, "bytes", res.Bytes, "sha256", res.SHA256)
+			c.Metrics.moved(true, res.Bytes)
+			c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", true, "bytes", res.Bytes, "sha256", res.SHA256)
 			return nil
 		})
 	}

@@ -157,7 +157,7 @@ func TestMovesStopAtAFinalAnswer(t *testing.T) {
 		} {
 			calls := 0
 			var logs bytes.Buffer
-			c := &Containers{Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			c := &Holder{Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 				Stream: func(context.Context, streams.Request) (wire.StreamResult, error) {
 					calls++
 					return wire.StreamResult{}, tt.errs[calls-1]

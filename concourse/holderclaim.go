@@ -7,6 +7,7 @@ import (
 	"path"
 	"strings"
 
+	"code.cloudfoundry.org/garden"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -281,6 +282,20 @@ func (h *Holder) whyNotRunning(ctx context.Context, t *targets.Target, name stri
 func sizeOf(c *corev1.PersistentVolumeClaim) string {
 	q := steppod.ClaimSize(c)
 	return q.String()
+}
+
+// wentWithHolder is the error of ct's mount bm whose volume its holder
+// does not have (err, of Holder.Volume, is errVolumeNotFound) though its
+// source is a path of a holder's volume: it went with the holder
+// (deleted, evicted, lost), and the step fails naming it rather than run
+// on, or end, without it. nil for any other err or mount.
+func (c *Containers) wentWithHolder(ct *Container, bm garden.BindMount, err error) error {
+	if !errors.Is(err, errVolumeNotFound) || !heldPath(bm.SrcPath) {
+		return nil
+	}
+	return fmt.Errorf("container %s: volume %s (%s) is not in target %s's volume holder pod %s: it went with "+
+		"the holder (deleted, evicted or lost); the web node makes it again: %w",
+		ct.Handle(), path.Base(bm.SrcPath), bm.DstPath, ct.Target, steppod.HolderName(c.Pod().Installation), err)
 }
 
 // heldPath reports whether a bind mount's source is a path of a volume in

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
+
+	"code.cloudfoundry.org/garden"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +41,9 @@ type Holdings interface {
 	Volumes(ctx context.Context, target string) ([]string, error)
 	// DestroyVolume destroys a volume the web node named.
 	DestroyVolume(ctx context.Context, target, handle string) error
+	// Release ends what the web node destroyed but jetway still keeps
+	// for it (held.go), once it may: at each sweep.
+	Release(ctx context.Context, target string) error
 }
 
 // ErrNotOurs: the web node named something to destroy that jetway did not
@@ -60,6 +67,9 @@ type Pods struct {
 	Records *ContainerRecords
 	// Agents hold the containers of the agents' workers (nil: none).
 	Agents *Agents
+	// KeepGrace is how long a destroyed container's pod is kept for the
+	// volumes it holds (default DefaultKeepGrace).
+	KeepGrace time.Duration
 }
 
 // Containers lists the target's containers: those recorded, and the
@@ -75,16 +85,23 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if h.Records != nil {
-		recorded, err := h.Records.List(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range recorded {
+	if h.Records == nil {
+		return sortedHandles(handles), nil
+	}
+	recorded, err := h.Records.List(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	// A kept container is gone to the web node: its pod is not reported.
+	kept := map[string]bool{}
+	for _, c := range recorded {
+		if c.state.Kept.IsZero() {
 			handles = append(handles, c.Handle())
+		} else {
+			kept[c.Handle()] = true
 		}
 	}
-	return sortedHandles(handles), nil
+	return slices.DeleteFunc(sortedHandles(handles), func(h string) bool { return kept[h] }), nil
 }
 
 // DestroyContainer deletes the sealed pods of handle (on an agent, its
@@ -94,6 +111,16 @@ func (h Pods) DestroyContainer(ctx context.Context, target, handle string) error
 	w, err := h.worker(target)
 	if err != nil || w == nil {
 		return err
+	}
+	if h.Records != nil {
+		ct, err := h.Records.Get(ctx, target, handle)
+		if err == nil {
+			if kept, err := h.Records.keep(ctx, ct); kept || err != nil {
+				return err
+			}
+		} else if !errors.As(err, new(garden.ContainerNotFoundError)) {
+			return err
+		}
 	}
 	err = w.destroyContainer(ctx, handle)
 	if h.Records != nil && (err == nil || errors.Is(err, ErrNotOurs)) {

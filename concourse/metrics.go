@@ -23,6 +23,7 @@ type Metrics struct {
 	movedBytes    *prometheus.CounterVec
 	oversized     prometheus.Counter
 	holders       *prometheus.CounterVec
+	holds         *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -79,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"call", "result"})
 	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_volume_moves_total",
-		Help: "Volumes moved between the volume holder and a container's pod: into the pod before its first process (direction in), its writable mounts back after each process (out).",
+		Help: "Volumes copied between the volume holder and a container's pod: into the pod before its first process (direction in), and out of the pod that holds one when it is first read, or when its container is released (out).",
 	}, []string{"direction"})
 	m.movedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_volume_moved_bytes_total",
@@ -93,8 +94,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_holders_replaced_total",
 		Help: "Volume holder pods replaced, by reason: evicted, or failed (its node lost, its container ended), deleted (one whose volumes are on a claim, made again), storage (its storage setting changed); and whether the volumes it held were lost (an emptyDir's) or kept (on its claim).",
 	}, []string{"reason", "volumes"})
+	m.holds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_volume_holds_total",
+		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
+	}, []string{"outcome"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized, m.holders)
+		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized, m.holders, m.holds)
 	return m
 }
 
@@ -149,6 +154,14 @@ func (m *Metrics) destroyed(kind, result string) {
 	if m != nil {
 		m.destroys.WithLabelValues(kind, result).Inc()
 	}
+}
+
+// held counts a volume held by a pod, settled, dropped or lost (held.go).
+func (m *Metrics) held(outcome string) {
+	if m == nil {
+		return
+	}
+	m.holds.WithLabelValues(outcome).Inc()
 }
 
 // copied counts a volume made by copying n bytes.

@@ -56,6 +56,9 @@ func (r *Registrar) sweeps(ctx context.Context, w wire.Worker, registered <-chan
 		run = func(ctx context.Context, command string) ([]byte, error) { return r.opts.Web.Command(ctx, command, w) }
 	}
 	for {
+		if err := r.opts.Holdings.Release(ctx, w.Name); err != nil && ctx.Err() == nil {
+			r.opts.Logger.Warn("kept containers not released; the next sweep tries again", "target", w.Name, "error", err.Error())
+		}
 		for _, k := range r.kinds() {
 			if err := r.sweep(ctx, w.Name, k, run); err != nil && ctx.Err() == nil {
 				r.opts.Logger.Warn("sweep with the web node failed", "target", w.Name, "kind", k.name, "error", err.Error())

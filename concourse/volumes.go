@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,8 +26,10 @@ import (
 	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steppod"
+	"github.com/jetway-ci/jetway/streams"
 	"github.com/jetway-ci/jetway/targets"
 	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // A web node's volumes live in one pod per target, its volume holder
@@ -56,13 +59,18 @@ type Holder struct {
 	// BindGrace is how long a holder pod sealed but not bound is given to
 	// be bound by the gateway that made it (default holderBindGrace).
 	BindGrace time.Duration
-	Metrics   *Metrics
-	Logger    *slog.Logger
+	// Stream copies a volume between two pods of a target
+	// (streams.Streamer.Stream): into a container's pod before its first
+	// process, and out of a pod that holds a volume (held.go).
+	Stream  func(ctx context.Context, req streams.Request) (wire.StreamResult, error)
+	Metrics *Metrics
+	Logger  *slog.Logger
 
-	mu      sync.Mutex
-	ctx     context.Context // Start's, for the async creates; nil before
-	wg      sync.WaitGroup
-	futures map[string]*future // async creates, by target and handle
+	settling singleflight.Group // settles under way, by target and handle
+	mu       sync.Mutex
+	ctx      context.Context // Start's, for the async creates; nil before
+	wg       sync.WaitGroup
+	futures  map[string]*future // async creates, by target and handle
 }
 
 // future is an async create: done is closed once vol or err is set.
@@ -450,6 +458,11 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	if err != nil {
 		return nil, err
 	}
+	if parent := parentOf(body); parent != "" {
+		if err := h.settle(ctx, target, parent); err != nil {
+			return nil, err
+		}
+	}
 	resp, err := send.call(ctx, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
@@ -466,6 +479,25 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 		h.Metrics.copied(n)
 	}
 	return b, nil
+}
+
+// parentOf is the volume a create request copies, if it names one: a
+// cow's parent, or the volume an import's path is in (the web node keeps
+// a task's cache so).
+func parentOf(body []byte) string {
+	var req volumes.CreateRequest
+	if json.Unmarshal(body, &req) != nil || req.Strategy == nil {
+		return ""
+	}
+	switch req.Strategy.Type {
+	case volumes.StrategyCOW:
+		return req.Strategy.Volume
+	case volumes.StrategyImport:
+		if p := req.Strategy.Path; path.IsAbs(p) {
+			return path.Base(path.Clean(p))
+		}
+	}
+	return ""
 }
 
 // asyncCreateWait bounds how long an async create's answer waits for the
@@ -529,7 +561,35 @@ func (h *Holder) future(target, handle string, drop bool) *future {
 }
 
 // List returns the handles of target's volumes: none without a holder.
+// A volume held by a pod that is gone is lost: it is destroyed, and not
+// reported, so that the web node makes it again.
 func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
+	vols, err := h.list(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	t, err := listed(h.Targets, target)
+	if err != nil {
+		return nil, err
+	}
+	handles := make([]string, 0, len(vols))
+	for _, v := range vols {
+		if v.Held != nil && t != nil {
+			if why := podGone(t, *v.Held); why != "" {
+				_ = h.lose(ctx, target, v.Handle, *v.Held, why)
+				continue
+			}
+		}
+		handles = append(handles, v.Handle)
+	}
+	return handles, nil
+}
+
+// list lists target's volumes as its holder describes them: none without
+// a holder, or with an emptyDir's that ended (its volumes went with it: a
+// new one is made now rather than at the web node's next create); an
+// error while a claim's holder is away (listWithout).
+func (h *Holder) list(ctx context.Context, target string) ([]volumes.Volume, error) {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	send, err := h.volumes(target)
@@ -548,17 +608,11 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
 	}
-	var vols []struct {
-		Handle string `json:"handle"`
-	}
+	var vols []volumes.Volume
 	if err := json.Unmarshal(b, &vols); err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
 	}
-	handles := make([]string, 0, len(vols))
-	for _, v := range vols {
-		handles = append(handles, v.Handle)
-	}
-	return handles, nil
+	return vols, nil
 }
 
 // Destroy destroys a volume of target's holder; a volume already gone is
@@ -581,6 +635,9 @@ func (h *Holder) Destroy(ctx context.Context, target, handle string) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotFound {
 		return fmt.Errorf("volume %s: %s", handle, answerError(resp.StatusCode, b))
+	}
+	if resp.Header.Get(volumes.HeldHeader) != "" {
+		h.Metrics.held("dropped") // never copied back
 	}
 	return nil
 }
@@ -658,11 +715,26 @@ func (h *Holder) API(target string) http.Handler {
 		"GET /volumes/{handle}", "DELETE /volumes/{handle}",
 		"PUT /volumes/{handle}/properties/{property}",
 		"GET /volumes/{handle}/privileged", "PUT /volumes/{handle}/privileged",
-		"PUT /volumes/{handle}/stream-in",
 	} {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) { h.pass(w, r, target, missing) })
 	}
+	// What reads or writes a volume's files finds them in the holder.
+	settled := func(w http.ResponseWriter, r *http.Request) bool {
+		err := h.settle(r.Context(), target, r.PathValue("handle"))
+		if err != nil {
+			httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
+		}
+		return err == nil
+	}
+	mux.HandleFunc("PUT /volumes/{handle}/stream-in", func(w http.ResponseWriter, r *http.Request) {
+		if settled(w, r) {
+			h.pass(w, r, target, missing)
+		}
+	})
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", func(w http.ResponseWriter, r *http.Request) {
+		if !settled(w, r) {
+			return
+		}
 		resp, ok := h.forward(w, r, target, missing)
 		if !ok {
 			return
@@ -853,6 +925,9 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 // limit bytes: errVolumeNotFound-wrapped if the volume or the file is
 // missing.
 func (h *Holder) ReadFile(ctx context.Context, target, handle, path string, limit int64) ([]byte, error) {
+	if err := h.settle(ctx, target, handle); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	send, err := h.volumes(target)

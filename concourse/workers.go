@@ -159,10 +159,14 @@ func (clusterWorker) user(u string) string {
 	return u
 }
 
-// moveVolumes copies between the target's volume holder and the pod's
-// mounts, which are copies.
+// moveVolumes copies the volumes from the target's volume holder into the
+// pod's mounts (in), and leaves them held by the pod after a process
+// (out).
 func (w clusterWorker) moveVolumes(ctx context.Context, ct *Container, in bool) error {
-	return w.c.movePod(ctx, ct, in)
+	if in {
+		return w.c.movePod(ctx, ct)
+	}
+	return w.c.hold(ctx, w.t, ct)
 }
 
 // volumes are kept by the target's volume holder pod.

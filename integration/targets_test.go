@@ -143,6 +143,9 @@ type gatewayOptions struct {
 	sweep time.Duration
 	// holderBindGrace is the volume holder's BindGrace; default its own.
 	holderBindGrace time.Duration
+	// keepGrace is how long a destroyed container's pod is kept for the
+	// volumes it holds (concourse.Pods.KeepGrace); default its own.
+	keepGrace time.Duration
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -403,20 +406,20 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	}
 	holder := &concourse.Holder{Targets: registry, Pod: func() steppod.Options { return podOpts },
 		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Metrics: metrics,
+		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+			return streamer.Stream(ctx, req, nil)
+		},
 		Logger: logger.With("component", "concourse")}
 	stateClient, err := kubernetes.NewForConfig(o.state.rest)
 	require.NoError(t, err)
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}
 	containers := &concourse.Containers{Targets: registry, Records: records, Pod: func() steppod.Options { return podOpts },
-		Holder: holder, Agents: agentWorkers, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse"),
-		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
-			return streamer.Stream(ctx, req, nil)
-		}}
+		Holder: holder, Agents: agentWorkers, ResourceTypes: o.resourceTypes, Metrics: metrics, Logger: logger.With("component", "concourse")}
 	if o.concourse != nil {
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Holdings: concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder, Records: records,
-				Agents: agentWorkers},
+				Agents: agentWorkers, KeepGrace: o.keepGrace},
 			VolumeAPI: holder.API, SweepInterval: o.sweep,
 			Containers:    containers,
 			ResourceTypes: o.resourceTypes,

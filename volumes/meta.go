@@ -24,6 +24,8 @@ type meta struct {
 	Properties map[string]string `json:"properties"`
 	Privileged bool              `json:"privileged,omitempty"`
 	ImportPath string            `json:"import_path,omitempty"`
+	// Held: the volume's files are in a step pod's mount (held.go).
+	Held *Held `json:"held,omitempty"`
 }
 
 // Bounds of what one request may ask to keep, so that a request cannot

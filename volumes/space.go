@@ -449,3 +449,20 @@ func (sp *space) usedBytes() int64 {
 	defer sp.mu.Unlock()
 	return sp.used
 }
+
+// swap charges handle the files from is charged, and takes from out of
+// the account: from's folder is handle's now. It returns what handle's
+// old files were charged, to free once they are gone.
+func (sp *space) swap(handle, from string) int64 {
+	if sp == nil {
+		return 0
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	c, f := sp.of(handle), sp.of(from)
+	old := c.files
+	c.files = f.files
+	sp.used -= f.meta
+	delete(sp.vols, from)
+	return old
+}

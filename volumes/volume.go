@@ -21,6 +21,9 @@ type Volume struct {
 	// or its parent's for a cow: the server records it and reads nothing
 	// there.
 	ImportPath string `json:"import_path,omitempty"`
+	// Held: the volume's files are in a step pod's mount, not yet copied
+	// back (held.go).
+	Held *Held `json:"held,omitempty"`
 }
 
 // CreateRequest is the body of POST /volumes: baggageclaim's
@@ -65,7 +68,7 @@ func (s *Server) exists(handle string) bool {
 
 func (s *Server) describe(handle string, m meta) Volume {
 	return Volume{Handle: handle, Path: s.Path(handle), Properties: m.Properties,
-		Privileged: m.Privileged, ImportPath: m.ImportPath}
+		Privileged: m.Privileged, ImportPath: m.ImportPath, Held: m.Held}
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -350,6 +353,10 @@ func (s *Server) getPrivileged(w http.ResponseWriter, r *http.Request) {
 // lock is not held while a big volume's files go.
 func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	h := r.PathValue("handle")
+	held := false
+	if m, err := s.readMeta(h); err == nil && m.Held != nil {
+		held = true
+	}
 	gone, charged, err := s.unlink(h)
 	if errors.Is(err, errNoVolume) {
 		fail(w, http.StatusNotFound, "volume %q not found", h)
@@ -365,6 +372,9 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "destroy volume %q: %v", h, err)
 		return
+	}
+	if held {
+		w.Header().Set(HeldHeader, "true")
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -476,15 +476,15 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		podOptions := func() steppod.Options { return pod }
 		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics,
+			Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+				return streamer.Stream(ctx, req, nil)
+			},
 			Logger: logger.With("component", "concourse")}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
 			Agents: agentWorkers}
 		volumeAPI = holder.API
 		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder, Agents: agentWorkers,
-			Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
-				return streamer.Stream(ctx, req, nil)
-			},
 			ResourceTypes: types, Metrics: metrics, Logger: logger}
 	}
 	return concourse.New(concourse.Options{

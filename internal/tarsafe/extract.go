@@ -122,14 +122,9 @@ func Extract(r io.Reader, dir string, lim Limits) (Extracted, error) {
 		if err != nil {
 			return done, err
 		}
-		if done.Entries++; done.Entries > lim.Entries {
-			return done, &LimitError{Limit: "entries", Max: int64(lim.Entries), Entry: hdr.Name}
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			hdr.Size = 0 // only a regular file has content, whatever the header says
-		}
-		if hdr.Size > lim.Bytes-done.Bytes {
-			return done, &LimitError{Limit: "bytes", Max: lim.Bytes, Entry: hdr.Name}
+		done.Entries++
+		if err := lim.admit(hdr, done.Entries, done.Bytes); err != nil {
+			return done, err
 		}
 		if lim.Reserve != nil {
 			if err := lim.Reserve(hdr); err != nil {
@@ -144,6 +139,43 @@ func Extract(r io.Reader, dir string, lim Limits) (Extracted, error) {
 			done.Bytes += hdr.Size
 		}
 	}
+}
+
+// Admit refuses what Extract under l refuses of the entry hdr by its
+// header alone, as the n-th entry of its archive after bytes bytes of
+// files' contents: an archive past a limit, a device node or FIFO without
+// Devices. It needs no folder (a sender checks what it would send);
+// Extract refuses more, from the archive's other entries and the folder.
+func (l Limits) Admit(hdr *tar.Header, n int, bytes int64) error {
+	h := *hdr
+	return l.withDefaults().admit(&h, n, bytes)
+}
+
+// admit is Admit with l's defaults set; it zeroes the size of what is no
+// regular file, whatever its header says.
+func (l Limits) admit(hdr *tar.Header, n int, bytes int64) error {
+	if n > l.Entries {
+		return &LimitError{Limit: "entries", Max: int64(l.Entries), Entry: hdr.Name}
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		hdr.Size = 0 // only a regular file has content
+	}
+	if hdr.Size > l.Bytes-bytes {
+		return &LimitError{Limit: "bytes", Max: l.Bytes, Entry: hdr.Name}
+	}
+	if err := l.refuseNode(hdr.Typeflag); err != nil {
+		return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+	}
+	return nil
+}
+
+// refuseNode refuses a device node or FIFO without Devices.
+func (l Limits) refuseNode(typeflag byte) error {
+	kind := map[byte]string{tar.TypeChar: "a character device", tar.TypeBlock: "a block device", tar.TypeFifo: "a FIFO"}[typeflag]
+	if kind == "" || l.Devices {
+		return nil
+	}
+	return fmt.Errorf("%s, and this folder takes no devices or FIFOs", kind)
 }
 
 // extractor is one archive's extraction into root.
@@ -317,9 +349,8 @@ func (x *extractor) symlink(name string, hdr *tar.Header) error {
 }
 
 func (x *extractor) node(name string, hdr *tar.Header) error {
-	if !x.lim.Devices {
-		kind := map[byte]string{tar.TypeChar: "a character device", tar.TypeBlock: "a block device", tar.TypeFifo: "a FIFO"}[hdr.Typeflag]
-		return fmt.Errorf("%s, and this folder takes no devices or FIFOs", kind)
+	if err := x.lim.refuseNode(hdr.Typeflag); err != nil {
+		return err
 	}
 	if err := x.replace(name); err != nil {
 		return err
