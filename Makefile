@@ -79,12 +79,22 @@ CONCOURSE_PACKAGES  := postgresql
 export JETWAY_CONCOURSE_BIN := $(CONCOURSE_BIN)
 export JETWAY_FLY_BIN       := $(FLY_BIN)
 
+# The stock Concourse worker the benchmarks compare jetway with
+# (integration/concourse/stock.go, ../shared/concourse/STOCK-WORKER.md):
+# `concourse worker --runtime containerd` with Debian's containerd 1.6,
+# runc and CNI plugins, iptables and nft, and Concourse's container init,
+# built static from CONCOURSE_INIT_SRC (Concourse v8.2.5's cmd/init/init.c)
+# into bin/concourse-init; `make tools` installs the packages when missing.
+CONCOURSE_INIT_SRC ?= $(CURDIR)/../shared/concourse/init.c
+STOCK_PACKAGES     := containerd runc containernetworking-plugins busybox-static iptables nftables iproute2 gcc libc6-dev
+export JETWAY_CONCOURSE_INIT := $(BIN)/concourse-init
+
 # Clusters started by tests keep their files here, so that after the tests
 # integration/leftovers.sh can prove no process of theirs is still running.
 export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
 export JETWAY_BIN_DIR     := $(BIN)
 
-.PHONY: all build image node-images node-packages concourse-packages concourse-bins tools test vet demo clean-tools kubelet-cluster
+.PHONY: all build image node-images node-packages concourse-packages stock-packages concourse-bins tools test vet demo clean-tools kubelet-cluster
 
 all: build
 
@@ -190,10 +200,11 @@ kubelet-cluster: tools image node-images
 
 # tools builds the pinned control-plane binaries the integration clusters
 # run, and kubelet for the real test node, and installs the Debian
-# packages the real node and the Concourse web node need when missing.
-# Each binary is rebuilt only when missing or when its pinning go.mod
+# packages the real node, the Concourse web node and the stock worker
+# need when missing, and builds the stock worker's init. Each binary is
+# rebuilt only when missing or when its pinning go.mod (or source)
 # changes.
-tools: $(TOOLS) node-packages concourse-packages
+tools: $(TOOLS) node-packages concourse-packages stock-packages $(BIN)/concourse-init
 
 # apt-install installs the Debian packages $(1) that are missing, as root;
 # otherwise it says what to install, for $(2).
@@ -207,6 +218,13 @@ endef
 
 node-packages:
 	$(call apt-install,$(NODE_PACKAGES),the real test node)
+
+stock-packages:
+	$(call apt-install,$(STOCK_PACKAGES),the stock Concourse worker)
+
+$(BIN)/concourse-init: $(CONCOURSE_INIT_SRC) | stock-packages
+	@mkdir -p $(BIN)
+	gcc -O2 -static -o $@ $<
 
 # concourse-packages installs PostgreSQL; Debian's package would make and
 # start a cluster of its own on port 5432, which nothing here uses.
@@ -269,7 +287,7 @@ $(KWOK_DATA) &: $(BIN)/kwok
 	chmod u+w $(BIN)/kwok-data/*
 
 clean-tools:
-	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage $(NODE_IMAGES)
+	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage $(NODE_IMAGES) $(BIN)/concourse-init
 
 # bench-targets: a real gateway over 1,000 targets on 3 local clusters at a
 # 10 s health interval for 2 minutes (BENCH_TARGETS / BENCH_DURATION shrink it).
@@ -301,10 +319,16 @@ bench-concourse: tools concourse-bins
 # node on a jetway worker and through jetway's own step API, alternating
 # build by build (BENCH_PIPELINE_BUILDS each, after one to warm up): time
 # per build and per step, their ratio, and the volume copies and moves a
-# build made. As root (the real node).
+# build made. Then a task writing an N-byte artifact read by the next
+# (BENCH_ARTIFACT_MIB, default 16,1024), through one web node on a stock
+# Concourse containerd worker and on a jetway target on the real node,
+# alternating (BENCH_ARTIFACT_BUILDS each, default 5,3): build times, their
+# ratio, jetway's bytes moved per build and its transfer rate against the
+# node's own cp. As root (the real node, the stock worker).
 .PHONY: bench-pipeline
 bench-pipeline: tools concourse-bins image node-images
 	$(GO) test -run '^$$' -bench '^BenchmarkConcoursePipeline$$' -benchtime 1x -timeout 40m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourseArtifacts$$' -benchtime 1x -timeout 60m -v ./integration/bench/
 
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a

@@ -530,6 +530,7 @@ func (c *Containers) movePod(ctx context.Context, ct *Container) error {
 				To:       wire.Endpoint{Target: ct.Target, Pod: ct.Pod, Handle: mountVolume(i), Path: "."},
 				Encoding: volumes.Raw,
 			}, Caller: streams.Caller{Admin: true}}
+			start := time.Now()
 			res, err := c.Holder.streamRetrying(gctx, req)
 			if remote, ok := errors.AsType[*streams.RemoteError](err); ok && remote.Final() {
 				// What the user must change: the entry and why, not the
@@ -539,7 +540,7 @@ func (c *Containers) movePod(ctx context.Context, ct *Container) error {
 			if err != nil {
 				return fmt.Errorf("container %s: move volume %s into its pod (%s): %w", ct.Handle(), handle, bm.DstPath, err)
 			}
-			c.Metrics.moved(true, res.Bytes)
+			c.Metrics.moved(true, res.Bytes, time.Since(start))
 			c.logger().Debug("volume moved", "container", ct.Handle(), "volume", handle, "into_pod", true, "bytes", res.Bytes, "sha256", res.SHA256)
 			return nil
 		})

@@ -220,6 +220,7 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 		To:       wire.Endpoint{Target: target, Pod: holder, Handle: tmp, Path: "."},
 		Encoding: volumes.Raw,
 	}, Caller: streams.Caller{Admin: true}}
+	start := time.Now()
 	res, err := h.streamRetrying(ctx, req)
 	if err == nil {
 		body, _ = json.Marshal(volumes.SettleRequest{From: tmp, UID: held.UID})
@@ -241,7 +242,7 @@ func (h *Holder) settleNow(ctx context.Context, target, handle string) error {
 		return fmt.Errorf("volume %s: copy it out of the pod %s of container %s: %w", handle, held.Pod, held.Container, err)
 	}
 	if res.Bytes >= 0 {
-		h.Metrics.moved(false, res.Bytes)
+		h.Metrics.moved(false, res.Bytes, time.Since(start))
 		h.Metrics.held("settled")
 		h.logger().Debug("volume moved", "target", target, "volume", handle, "into_pod", false, "bytes", res.Bytes, "sha256", res.SHA256)
 	}
@@ -273,17 +274,17 @@ func cmpString(a, b string) string {
 // errVolumeLost: a volume's files were in a pod that is gone.
 var errVolumeLost = errors.New("volume lost")
 
-// lose destroys target's volume handle, whose files went with the pod
-// held names, and says so.
+// lose takes target's volume handle away, its files gone with the pod
+// held names: the holder says why to whoever asks for it after.
 func (h *Holder) lose(ctx context.Context, target, handle string, held volumes.Held, why string) error {
 	h.Metrics.held("lost")
-	err := fmt.Errorf("volume %s: its files were in the pod %s of container %s, which is %s: %w; the web node makes it again",
-		handle, held.Pod, held.Container, why, errVolumeLost)
+	reason := fmt.Sprintf("its files were in the pod %s of container %s, which is %s; the web node makes it again", held.Pod, held.Container, why)
 	h.logger().Warn("volume lost with its pod", "target", target, "volume", handle, "pod", held.Pod, "why", why)
-	if derr := h.Destroy(ctx, target, handle); derr != nil {
-		return errors.Join(err, derr)
+	body, _ := json.Marshal(volumes.LoseRequest{Why: reason})
+	if err := h.expect(ctx, target, http.MethodPost, "/volumes/"+url.PathEscape(handle)+"/lose", body, http.StatusNoContent); err != nil {
+		return err
 	}
-	return err
+	return fmt.Errorf("volume %s is lost: %s: %w", handle, reason, errVolumeLost)
 }
 
 // heldBy are the volumes of target's holder held by pod (its UID),

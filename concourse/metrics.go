@@ -1,6 +1,8 @@
 package concourse
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -15,16 +17,24 @@ type Metrics struct {
 	destroys      *prometheus.CounterVec
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
+	copySeconds   prometheus.Histogram
+	linkedCopies  prometheus.Counter
 	refusals      prometheus.Counter
 	podRefusals   *prometheus.CounterVec
 	containers    *prometheus.CounterVec
 	garden        *prometheus.CounterVec
 	moves         *prometheus.CounterVec
 	movedBytes    *prometheus.CounterVec
+	moveSeconds   *prometheus.HistogramVec
 	oversized     prometheus.Counter
 	holders       *prometheus.CounterVec
 	holds         *prometheus.CounterVec
 }
+
+// transferBuckets are the copies' and moves' durations' buckets, 10 ms
+// to about 3 minutes: an empty volume's move to a GiB's copy on a slow
+// disk.
+var transferBuckets = prometheus.ExponentialBuckets(0.01, 4, 8)
 
 // NewMetrics registers the metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -55,11 +65,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind", "result"}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copies_total",
-			Help: "Copy-on-write volumes the web node made that were real copies of their parent's files in the volume holder.",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made for which the volume holder copied bytes of their parent's files: those it could not hard-link (on another filesystem, or with too many links).",
 		}),
 		copiedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_volume_copied_bytes_total",
-			Help: "Bytes those copies wrote.",
+			Help: "Bytes of files those copies copied.",
+		}),
+		linkedCopies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetway_concourse_volume_linked_copies_total",
+			Help: "Copy-on-write volumes (and imports of another volume) the web node made that share their parent's files by hard links in the volume holder: no byte copied for those. A volume with files of both kinds counts here and in jetway_concourse_volume_copies_total.",
+		}),
+		copySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetway_concourse_volume_copy_seconds",
+			Help:    "Time each of those copies took: the web node's volume create, from the gateway's call to the holder's answer.",
+			Buckets: transferBuckets,
 		}),
 		refusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetway_concourse_refused_connections_total",
@@ -86,6 +105,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_moved_bytes_total",
 		Help: "Bytes those moves carried (tar, unencoded).",
 	}, []string{"direction"})
+	m.moveSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "jetway_concourse_volume_move_seconds",
+		Help:    "Time each of those moves took, from its stream's start to its end (its retries included).",
+		Buckets: transferBuckets,
+	}, []string{"direction"})
 	m.oversized = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "jetway_concourse_garden_oversized_messages_total",
 		Help: "Messages on a Garden process's connection (stdin, window size, signal) past their cap of 8 MiB: each closed its client's connection.",
@@ -98,8 +122,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_holds_total",
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
 	}, []string{"outcome"})
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.refusals,
-		m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.oversized, m.holders, m.holds)
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
+		m.linkedCopies, m.refusals, m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
 	return m
 }
 
@@ -164,13 +188,20 @@ func (m *Metrics) held(outcome string) {
 	m.holds.WithLabelValues(outcome).Inc()
 }
 
-// copied counts a volume made by copying n bytes.
-func (m *Metrics) copied(n int64) {
+// copied counts a volume made of a copy of n bytes of its parent's files
+// and links to linked of them, which took took.
+func (m *Metrics) copied(n int64, linked int, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.copies.Inc()
-	m.copiedBytes.Add(float64(n))
+	if n > 0 {
+		m.copies.Inc()
+		m.copiedBytes.Add(float64(n))
+		m.copySeconds.Observe(took.Seconds())
+	}
+	if linked > 0 {
+		m.linkedCopies.Inc()
+	}
 }
 
 // refused counts a connection refused at a worker's listener.
@@ -219,7 +250,8 @@ func (m *Metrics) gardenCall(call string, err error) {
 	m.garden.WithLabelValues(call, result).Inc()
 }
 
-func (m *Metrics) moved(in bool, n int64) {
+// moved counts a move of n bytes in or out of a pod, which took took.
+func (m *Metrics) moved(in bool, n int64, took time.Duration) {
 	if m == nil {
 		return
 	}
@@ -229,6 +261,7 @@ func (m *Metrics) moved(in bool, n int64) {
 	}
 	m.moves.WithLabelValues(dir).Inc()
 	m.movedBytes.WithLabelValues(dir).Add(float64(n))
+	m.moveSeconds.WithLabelValues(dir).Observe(took.Seconds())
 }
 
 // oversizedMessage counts a process connection closed for a message past

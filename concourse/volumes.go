@@ -463,6 +463,7 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 			return nil, err
 		}
 	}
+	start := time.Now()
 	resp, err := send.call(ctx, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
 	if err != nil {
 		return nil, fmt.Errorf("volume holder of %s: %w", target, err)
@@ -475,9 +476,9 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	if resp.StatusCode != http.StatusCreated {
 		return nil, fmt.Errorf("volume holder of %s: %s", target, answerError(resp.StatusCode, b))
 	}
-	if n, _ := strconv.ParseInt(resp.Header.Get("X-Jetway-Copied-Bytes"), 10, 64); n > 0 {
-		h.Metrics.copied(n)
-	}
+	n, _ := strconv.ParseInt(resp.Header.Get(volumes.CopiedBytesHeader), 10, 64)
+	linked, _ := strconv.Atoi(resp.Header.Get(volumes.LinkedEntriesHeader))
+	h.Metrics.copied(n, linked, time.Since(start))
 	return b, nil
 }
 
@@ -912,6 +913,8 @@ func (h *Holder) Volume(ctx context.Context, target, handle string) (volumes.Vol
 		return v, fmt.Errorf("volume %s: %w", handle, err)
 	case resp.StatusCode == http.StatusNotFound:
 		return v, fmt.Errorf("volume %s: %w", handle, errVolumeNotFound)
+	case resp.StatusCode == http.StatusGone: // lost with the pod that held it
+		return v, fmt.Errorf("%s: %w", answerError(resp.StatusCode, b), errVolumeLost)
 	case resp.StatusCode != http.StatusOK:
 		return v, fmt.Errorf("volume %s: %s", handle, answerError(resp.StatusCode, b))
 	}

@@ -9,13 +9,36 @@
 #  - unless a real node holds the machine's lock (an abstract unix socket,
 #    the network namespace's, so a run in a container with a /run of its
 #    own sees it too): the real node's bridge, a veth on it, or its
-#    cgroups (integration/cluster/node.go).
+#    cgroups (integration/cluster/node.go);
+#  - unless a stock Concourse worker holds its lock (@jetway-stock-worker):
+#    its bridge concourse0 and its veths, its garden cgroups, its
+#    containerd's socket (integration/concourse/stockhost.go).
 set -u
 dir=${JETWAY_CLUSTER_DIR:?JETWAY_CLUSTER_DIR must name the clusters folder}
 bridge=jetway0
 cgroup=jetway-node
 lock=@jetway-node
 status=0
+# leftover_bridge deletes the bridge $1 and its veths, if there, saying so.
+leftover_bridge() {
+	ip link show "$1" >/dev/null 2>&1 || return 0
+	for veth in $(ip -o link show master "$1" | awk -F': ' '{ split($2, n, "@"); print n[1] }'); do
+		echo "leftover veth $veth" >&2
+		ip link del "$veth" 2>/dev/null
+	done
+	echo "leftover bridge $1" >&2
+	ip link del "$1" 2>/dev/null
+	status=1
+}
+# leftover_cgroups removes the cgroup $1 in every hierarchy, saying so.
+leftover_cgroups() {
+	for d in /sys/fs/cgroup/*/"$1"; do
+		[ -d "$d" ] || continue
+		echo "leftover cgroup $d" >&2
+		find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+		status=1
+	done
+}
 for f in /proc/[0-9]*/cmdline; do
 	pid=${f#/proc/}
 	pid=${pid%/cmdline}
@@ -34,21 +57,16 @@ for m in $mounts; do
 	status=1
 done
 if ! awk -v l="$lock" '$NF == l { found = 1 } END { exit !found }' /proc/net/unix; then
-	if ip link show "$bridge" >/dev/null 2>&1; then
-		for veth in $(ip -o link show master "$bridge" | awk -F': ' '{ split($2, n, "@"); print n[1] }'); do
-			echo "leftover veth $veth" >&2
-			ip link del "$veth" 2>/dev/null
-		done
-		echo "leftover bridge $bridge" >&2
-		ip link del "$bridge" 2>/dev/null
+	leftover_bridge "$bridge"
+	leftover_cgroups "$cgroup"
+fi
+if ! awk '$NF == "@jetway-stock-worker" { found = 1 } END { exit !found }' /proc/net/unix; then
+	leftover_bridge concourse0
+	leftover_cgroups garden
+	if [ -e /run/containerd/containerd.sock ]; then
+		echo "leftover socket /run/containerd/containerd.sock" >&2
 		status=1
 	fi
-	for d in /sys/fs/cgroup/*/"$cgroup"; do
-		[ -d "$d" ] || continue
-		echo "leftover cgroup $d" >&2
-		find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
-		status=1
-	done
 fi
 [ $status = 0 ] && echo "no cluster process, mount, bridge or cgroup left behind"
 exit $status

@@ -20,7 +20,8 @@ import (
 // TestRealNodeVolumeHolderStaysWithinItsLimit: a volume holder on a
 // target whose volume holder size is 16Mi (steps.volumeHolder.size), asked through the gateway's
 // worker volume API as a web node asks it to take more than that (a
-// stream-in of 24 MiB; a cow copy of 10 MiB next to 10 MiB), answers an
+// stream-in of 24 MiB; 10 MiB written into a cow copy, made of links, of
+// 10 MiB), answers an
 // error naming the limit and where it is set, and takes nothing of it:
 // right after each refusal its emptyDir takes less than the sizeLimit on
 // the node's disk, as the kubelet counts it, so the kubelet has nothing
@@ -75,11 +76,15 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 
 	code, msg = streamIn("up", "ten", randomBytes(t, 10<<20))
 	require.Equal(t, http.StatusNoContent, code, msg)
+	// A copy is made of links: it takes no room for its files. What is
+	// written into it does.
 	code, msg = create(`{"handle":"copy","strategy":{"type":"cow","volume":"up"}}`)
-	assert.Equal(t, http.StatusInternalServerError, code, msg)
-	assert.Contains(t, msg, `volume holder of rn-full: copy volume "up": tar entry "ten": no room for 10.0 MiB more`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	code, msg = streamIn("copy", "more", randomBytes(t, 10<<20))
+	assert.Equal(t, http.StatusInsufficientStorage, code, msg)
+	assert.Contains(t, msg, `tar entry "more": no room for 10.0 MiB more`)
 	assert.Contains(t, msg, "capacity of 16.0 MiB (16777216 bytes)")
-	withinItsLimit("the refused copy")
+	withinItsLimit("the refused write into the copy")
 
 	// The holder serves on: a new volume, a file in and out.
 	code, msg = create(`{"handle":"small","strategy":{"type":"empty"}}`)

@@ -55,7 +55,7 @@ jobs:
 - name: files
   plan:
   - task: make
-    config:
+    config: &make
       platform: linux
       rootfs_uri: docker:///jetway.test/busybox#1
       outputs: [{name: tree}, {name: expect}]
@@ -74,6 +74,16 @@ jobs:
           diff expect/stat /tmp/got
           test "$(stat -c %i tree/a)" = "$(stat -c %i tree/hard)"
           echo "root-only: $(cat tree/d700/key)"
+- name: intercept
+  plan:
+  - task: make
+    config: *make
+  - task: keep
+    config:
+      platform: linux
+      rootfs_uri: docker:///jetway.test/busybox#1
+      inputs: [{name: tree}, {name: expect}]
+      run: {path: sh, args: [-ec, 'echo kept for fly intercept; exit 1']}
 - name: cache
   plan:
   - task: own
@@ -133,6 +143,15 @@ func TestRealNodeConcourseCarriesFilesAsWritten(t *testing.T) {
 	assert.Contains(t, out, "tree/old regular file 644 0 0 1 981173106", "a modification time")
 	assert.Contains(t, out, "tree/fifo fifo 644 0 0 1 ", "a FIFO")
 	assert.Contains(t, out, "succeeded")
+
+	// fly intercept into the next task's container (kept: its build
+	// failed) sees the tree as the task did.
+	out, err := web.FlyContext(ctx, "trigger-job", "-j", "files/intercept", "--watch")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "kept for fly intercept")
+	out = fly(time.Minute, "intercept", "-j", "files/intercept", "-s", "keep", "--",
+		"sh", "-ec", "cd /tmp/build/*; "+filesStat+" > /tmp/got; diff expect/stat /tmp/got; echo same as written")
+	assert.Contains(t, out, "same as written")
 
 	// The cache of a task that is not root, its own in the next build.
 	out = fly(3*time.Minute, "trigger-job", "-j", "files/cache", "--watch")

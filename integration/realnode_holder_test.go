@@ -24,7 +24,8 @@ import (
 // gateway, on a target on the real node: the first create makes the
 // volume holder, a real container (the sidecar as root with four capabilities and a read-only
 // root, its emptyDir the only place it writes); an upload streams in
-// over the kubelet's port-forward, a cow copies it (counted), a single
+// over the kubelet's port-forward, a cow shares its file by a hard link
+// (counted as a linked copy, with no byte copied), a single
 // file streams out whole, properties filter the list, and a missing path
 // answers the body the web node expects.
 func TestRealNodeVolumeHolder(t *testing.T) {
@@ -78,8 +79,9 @@ func TestRealNodeVolumeHolder(t *testing.T) {
 
 	code, body = call(http.MethodPost, "/volumes", `{"handle":"copy","strategy":{"type":"cow","volume":"up"}}`)
 	require.Equal(t, http.StatusCreated, code, body)
-	assert.Equal(t, 1.0, metricValue(t, g, "jetway_concourse_volume_copies_total"))
-	assert.GreaterOrEqual(t, metricValue(t, g, "jetway_concourse_volume_copied_bytes_total"), float64(len(payload)))
+	assert.Equal(t, 1.0, metricValue(t, g, "jetway_concourse_volume_linked_copies_total"))
+	assert.Equal(t, 0.0, metricValue(t, g, "jetway_concourse_volume_copies_total"))
+	assert.Equal(t, 0.0, metricValue(t, g, "jetway_concourse_volume_copied_bytes_total"))
 
 	code, body = call(http.MethodPut, "/volumes/copy/stream-out?path=payload", "", "Accept-Encoding", "gzip")
 	require.Equal(t, http.StatusOK, code, body)

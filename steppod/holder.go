@@ -116,11 +116,13 @@ func HolderPod(t *targets.Target, opts Options, claim *corev1.PersistentVolumeCl
 	}
 	// Its sidecar alone writes its emptyDir (its claim): it refuses a
 	// write past the size limit rather than let the kubelet evict the
-	// holder, and every team's volumes with it (or fill the claim). A
-	// step pod's sidecar gets no capacity: its step writes there too,
-	// unaccounted, and fills its own pod alone.
+	// holder, and every team's volumes with it (or fill the claim); its
+	// cow volumes share their parent's files by hard links, which only
+	// the sidecar writes, never in place. A step pod's sidecar gets
+	// neither: its step writes there too.
+	sidecar := &pod.Spec.Containers[0]
+	sidecar.Command = append(sidecar.Command, "--link-copies")
 	if !size.IsZero() {
-		sidecar := &pod.Spec.Containers[0]
 		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(size.Value(), 10))
 		if origin != "" {
 			sidecar.Command = append(sidecar.Command, "--capacity-of", origin)

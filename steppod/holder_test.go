@@ -21,7 +21,9 @@ import (
 // the target's steps.volumeHolder.size), its own setting and not a
 // step's, as its capacity, so that it refuses a write past it rather
 // than be evicted; without a size limit, none. A step pod's sidecar gets
-// none: its step writes the emptyDir too.
+// none: its step writes the emptyDir too. The holder's sidecar, which
+// alone writes its volumes, makes cow volumes of hard links; a step
+// pod's does not.
 func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 	key, err := ownership.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
@@ -45,6 +47,7 @@ func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 			p, err := HolderPod(tgt, Options{AgentImage: "reg/step-agent:1", Installation: "prod", Steps: tt.defaults, Key: key}, nil)
 			require.NoError(t, err)
 			cmd := strings.Join(p.Spec.Containers[0].Command, " ")
+			assert.Contains(t, cmd, " --link-copies")
 			if tt.want == "" {
 				assert.Nil(t, p.Spec.Volumes[0].EmptyDir.SizeLimit)
 				assert.NotContains(t, cmd, "--capacity")
@@ -56,6 +59,7 @@ func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 	}
 	step := podOn(t, targets.StepPolicy{}, defaults, wire.Resources{}, false)
 	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--capacity")
+	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--link-copies")
 }
 
 // TestHolderOnAClaim: a target whose volume holder keeps its volumes on a

@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // A volume a step pod's process wrote is not copied back into the server
@@ -70,9 +72,7 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request) {
 	h := r.PathValue("handle")
 	gone, charged, err := s.swap(h, req.From, req.UID)
 	if gone != "" {
-		if rerr := os.RemoveAll(gone); rerr == nil {
-			s.space.free(charged)
-		}
+		_ = s.removeGone(gone, charged)
 	}
 	var code int
 	switch {
@@ -134,6 +134,73 @@ func (s *Server) swap(handle, from, uid string) (string, int64, error) {
 		return gone, charged, err
 	}
 	return gone, charged, nil
+}
+
+// LoseRequest is the body of POST /volumes/{handle}/lose: why the
+// volume's files are gone.
+type LoseRequest struct {
+	Why string `json:"why"`
+}
+
+// lostFor is how long a lost volume's metadata says why it is gone: the
+// web node, told at its next sweep that the volume is missing, stops
+// using it well before.
+const lostFor = time.Hour
+
+// lose takes the request's volume away, held by a pod that is gone: its
+// files go, and its metadata stays a while to say why, so that whoever
+// asks for it learns (410 Gone) what became of it.
+func (s *Server) lose(w http.ResponseWriter, r *http.Request) {
+	var req LoseRequest
+	if err := decode(w, r, &req); err != nil || req.Why == "" {
+		fail(w, http.StatusBadRequest, `body must be {"why": "..."}: %v`, err)
+		return
+	}
+	h := r.PathValue("handle")
+	gone, charged, err := s.unlink(h)
+	if errors.Is(err, errNoVolume) {
+		fail(w, http.StatusNotFound, "volume %q not found", h)
+		return
+	}
+	if gone != "" {
+		err = errors.Join(err, s.removeGone(gone, charged))
+	}
+	if err == nil {
+		s.forgetLost()
+		err = s.writeMeta(h, meta{Lost: req.Why})
+	}
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "lose volume %q: %v", h, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// forgetLost removes what lost volumes' metadata is older than lostFor.
+func (s *Server) forgetLost() {
+	entries, _ := os.ReadDir(filepath.Join(s.root, "meta"))
+	for _, e := range entries {
+		h, ok := strings.CutSuffix(e.Name(), ".json")
+		if info, err := e.Info(); !ok || err != nil || time.Since(info.ModTime()) < lostFor || s.exists(h) {
+			continue
+		}
+		if m, err := s.readMeta(h); err == nil && m.Lost != "" {
+			_ = s.removeMeta(h)
+			s.space.forget(h, false)
+		}
+	}
+}
+
+// notFound answers that what names handle is not found, or 410 Gone with
+// why if it is a volume lost with its pod.
+func (s *Server) notFound(w http.ResponseWriter, handle, what string) {
+	if validHandle(handle) {
+		if m, err := s.readMeta(handle); err == nil && m.Lost != "" {
+			fail(w, http.StatusGone, "%s %q is lost: %s", what, handle, m.Lost)
+			return
+		}
+	}
+	fail(w, http.StatusNotFound, "%s %q not found", what, handle)
 }
 
 // CheckedHeader, on the answer to a check, says the bytes of the files'

@@ -129,3 +129,34 @@ func TestCheckRefusesWhatAStreamInWould(t *testing.T) {
 	resp, _ = do(t, http.MethodGet, base+"/volumes/none/check", nil, nil)
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 }
+
+// TestALostVolumeSaysWhy: a volume lost with the pod that held it is no
+// more (not listed, its files gone, the account given back), and asking
+// for it, or copying it, answers 410 with why; a destroy forgets it.
+func TestALostVolumeSaysWhy(t *testing.T) {
+	s, base := startWith(t, t.TempDir(), 64<<20)
+	empty := s.space.usedBytes()
+	volume(t, base, "v")
+	resp, body := streamInto(t, base, "v", ".", archiveOf(t, "f", 1<<20))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+	resp, body = do(t, http.MethodPost, base+"/volumes/v/lose", nil, strings.NewReader(`{"why":"its pod p is deleted"}`))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", body)
+
+	_, err := os.Lstat(s.Path("v"))
+	assert.True(t, os.IsNotExist(err), "its files are gone")
+	resp, body = do(t, http.MethodGet, base+"/volumes", nil, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "[]", strings.TrimSpace(string(body)))
+	resp, body = do(t, http.MethodGet, base+"/volumes/v", nil, nil)
+	assert.Equal(t, http.StatusGone, resp.StatusCode)
+	assert.Equal(t, `{"error":"volume \"v\" is lost: its pod p is deleted"}`, string(body))
+	resp, body = create(t, base, `{"handle":"c","strategy":{"type":"cow","volume":"v"}}`)
+	assert.Equal(t, http.StatusGone, resp.StatusCode)
+	assert.Contains(t, string(body), `parent volume \"v\" is lost: its pod p is deleted`)
+
+	resp, _ = do(t, http.MethodDelete, base+"/volumes/v", nil, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = do(t, http.MethodGet, base+"/volumes/v", nil, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "forgotten once destroyed")
+	assert.Equal(t, empty, s.space.usedBytes(), "everything given back")
+}

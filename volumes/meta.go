@@ -26,6 +26,9 @@ type meta struct {
 	ImportPath string            `json:"import_path,omitempty"`
 	// Held: the volume's files are in a step pod's mount (held.go).
 	Held *Held `json:"held,omitempty"`
+	// Lost: the volume's files went with the pod that held them, and why
+	// (held.go); the volume is no more, its metadata says so a while.
+	Lost string `json:"lost,omitempty"`
 }
 
 // Bounds of what one request may ask to keep, so that a request cannot

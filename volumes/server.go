@@ -45,6 +45,9 @@ type Server struct {
 	// Client is used by stream-p2p-out; tests point its dialer at loopback.
 	Client *http.Client
 	rate   atomic.Int64 // bytes per second of a new stream-out; 0: no limit
+	// linkCopies: a copy of a volume shares its files by hard links
+	// (SetLinkCopies).
+	linkCopies atomic.Bool
 
 	served   chan struct{} // closed when Serve returned
 	mu       sync.Mutex
@@ -90,6 +93,15 @@ func (s *Server) SetLimits(l tarsafe.Limits) {
 	s.limits = l
 }
 
+// SetLinkCopies makes a cow volume, and an import of another volume,
+// share its parent's files by hard links rather than copy them: it costs
+// what the parent's folders and names take, not its bytes (copy.go).
+// Only for a server that alone writes its volumes' files (a volume
+// holder's sidecar): the server itself never writes a file in place,
+// but a process that did (a step's, in a step pod or on an agent's
+// machine) would write every volume linking it.
+func (s *Server) SetLinkCopies(on bool) { s.linkCopies.Store(on) }
+
 // Start serves on a new loopback port, storing volumes under root, to
 // whoever holds the token whose SHA-256 tokenHash is (hex).
 func Start(root, tokenHash string) (*Server, error) {
@@ -127,6 +139,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	mux.HandleFunc("PUT /volumes/{handle}/privileged", s.setPrivileged)
 	mux.HandleFunc("PUT /volumes/{handle}/held", s.hold)
 	mux.HandleFunc("GET /volumes/{handle}/check", s.check)
+	mux.HandleFunc("POST /volumes/{handle}/lose", s.lose)
 	mux.HandleFunc("POST /volumes/{handle}/settle", s.settle)
 	mux.HandleFunc("POST /tickets", s.ticket)
 	mux.HandleFunc(streamInRoute, s.streamIn)

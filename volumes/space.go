@@ -19,10 +19,15 @@ import (
 // target.
 //
 // It counts as the kubelet counts an emptyDir: the blocks of every file,
-// folder and link under the root. The server measures them once as it
-// starts, then charges each write before it makes it and gives back what
-// it removes, so it must be the only writer of its root (a volume
-// holder's sidecar is; a step pod's is not: its step writes there too).
+// folder and link under the root, a file with several links once. The
+// server measures them once as it starts, then charges each write before
+// it makes it and gives back what it removes, so it must be the only
+// writer of its root (a volume holder's sidecar is; a step pod's is not:
+// its step writes there too). A volume is charged its folders, names and
+// links; files' contents are charged as they are written, and given back
+// only when their last link goes, as their blocks are: a cow volume of
+// hard links takes its parent's contents no second time, and keeps them
+// on the disk when its parent is destroyed (SetLinkCopies).
 type Capacity struct {
 	// Bytes the volumes may take; 0: no bound and no accounting.
 	Bytes int64
@@ -89,9 +94,15 @@ type space struct {
 	mu   sync.Mutex
 	used int64              // bytes charged: the start's walk, and every change since
 	vols map[string]*charge // by handle
+
+	// links is held while a file's links are counted and one removed,
+	// or one added (unlink, link).
+	links sync.Mutex
 }
 
-// charge is what one volume is charged: its files and its metadata.
+// charge is what one volume is charged: its folders, names and links
+// (files; not its files' contents, which other volumes may share), and
+// its metadata.
 type charge struct{ files, meta int64 }
 
 // newSpace measures what root holds, for a server of capacity c; nil
@@ -115,13 +126,15 @@ func newSpace(root string, c Capacity) (*space, error) {
 }
 
 // measure charges what root holds, as the kubelet counts it, each
-// volume's folder and metadata to the volume.
+// volume's folders, links and metadata to the volume (its files'
+// contents to no volume: their last link frees them).
 func (sp *space) measure(root string) error {
-	return walkDisk(root, func(p string, n int64) {
+	return walkDisk(root, func(p string, n int64, file bool) {
 		sp.used += n
 		rel, _ := filepath.Rel(root, p)
 		parts := strings.SplitN(filepath.ToSlash(rel), "/", 3)
 		switch {
+		case file && parts[0] == "volumes":
 		case len(parts) >= 2 && parts[0] == "volumes" && validHandle(parts[1]):
 			sp.of(parts[1]).files += n
 		case len(parts) == 2 && parts[0] == "meta" && strings.HasSuffix(parts[1], ".json"):
@@ -142,13 +155,13 @@ func DiskUsage(root string) (int64, error) {
 		return 0, err
 	}
 	var n int64
-	err := walkDisk(root, func(_ string, b int64) { n += b })
+	err := walkDisk(root, func(_ string, b int64, _ bool) { n += b })
 	return n, err
 }
 
 // walkDisk tells visit what each file, folder and link under root takes
-// on its disk (DiskUsage).
-func walkDisk(root string, visit func(path string, n int64)) error {
+// on its disk (DiskUsage), and whether it is a regular file.
+func walkDisk(root string, visit func(path string, n int64, file bool)) error {
 	seen := map[uint64]bool{}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -164,7 +177,7 @@ func walkDisk(root string, visit func(path string, n int64)) error {
 		if err != nil {
 			return err
 		}
-		visit(p, diskBytes(info, seen))
+		visit(p, diskBytes(info, seen), info.Mode().IsRegular())
 		return nil
 	})
 }
@@ -253,27 +266,30 @@ func (sp *space) claim(handle string) *claim {
 // A claim is what one change takes of the space. A nil *claim takes
 // nothing.
 type claim struct {
-	sp     *space
-	handle string
-	vol    *charge // the volume's charge as the change began; nil: a new volume
-	n      int64   // bytes taken
-	dir    string  // the folder of the last entry: folders an entry makes past it are charged
+	sp       *space
+	handle   string
+	vol      *charge // the volume's charge as the change began; nil: a new volume
+	n        int64   // bytes taken for folders, names and links
+	contents int64   // bytes taken for files' contents
+	dir      string  // the folder of the last entry: folders an entry makes past it are charged
 }
 
-// take takes n bytes, or refuses them if they do not fit: the change
-// stops there, writing none of them.
-func (c *claim) take(n int64) error {
-	if c == nil || n <= 0 {
+// take takes n bytes for folders, names and links and contents for
+// files' contents, or refuses them if they do not fit: the change stops
+// there, writing none of them.
+func (c *claim) take(n, contents int64) error {
+	if c == nil || n+contents <= 0 {
 		return nil
 	}
 	sp := c.sp
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if err := sp.fits(n); err != nil {
+	if err := sp.fits(n + contents); err != nil {
 		return err
 	}
-	sp.used += n
+	sp.used += n + contents
 	c.n += n
+	c.contents += contents
 	return nil
 }
 
@@ -283,7 +299,7 @@ func (c *claim) folders(n int) error {
 	if c == nil {
 		return nil
 	}
-	return c.take(int64(n) * (c.sp.block + nameBytes(maxName)))
+	return c.take(int64(n)*(c.sp.block+nameBytes(maxName)), 0)
 }
 
 // maxName is the longest name a folder holds (ext4's, xfs's).
@@ -311,17 +327,18 @@ func (c *claim) entry(name string, mode fs.FileMode, size int64, link string) er
 	block := c.sp.block
 	dir := path.Dir(name)
 	n := newFolders(c.dir, dir, block) + nameBytes(len(path.Base(name)))
+	var contents int64
 	c.dir = dir
 	switch {
 	case mode.IsDir():
 		n += block
 		c.dir = name
 	case mode.IsRegular():
-		n += roundUp(size, block)
+		contents = roundUp(size, block)
 	case mode&fs.ModeSymlink != 0 && len(link) >= inlineLink:
 		n += block
 	}
-	return c.take(n)
+	return c.take(n, contents)
 }
 
 // reserve is entry for a tar header (tarsafe.Limits.Reserve).
@@ -352,10 +369,12 @@ func newFolders(prev, dir string, block int64) int64 {
 	return n
 }
 
-// keep charges what the claim took, less freed (bytes its change removed
-// from the volume), to its volume, made if the change made it. A volume
-// removed meanwhile took what was written with it: the claim is given
-// back.
+// keep charges what the claim took for folders, names and links, less
+// freed (what its change removed of them), to its volume, made if the
+// change made it; what it took for contents stays charged until their
+// last link goes. A volume removed meanwhile took what was written with
+// it: the claim is given back, but for the contents, which that
+// removal measured (removeAll).
 func (c *claim) keep(freed int64) {
 	if c == nil {
 		return
@@ -366,7 +385,7 @@ func (c *claim) keep(freed int64) {
 	vol := sp.vols[c.handle]
 	if vol != c.vol {
 		sp.used -= c.n
-		c.n = 0
+		c.n, c.contents = 0, 0
 		return
 	}
 	if vol == nil {
@@ -375,19 +394,25 @@ func (c *claim) keep(freed int64) {
 	freed = min(max(freed, 0), vol.files+c.n)
 	vol.files += c.n - freed
 	sp.used -= freed
-	c.n = 0
+	c.n, c.contents = 0, 0
 }
 
 // drop gives back what the claim took and did not keep: its change
-// failed, and what it wrote is removed.
+// failed, and what it wrote is removed (os.RemoveAll: a half-written
+// file is given back whole). If its volume was removed meanwhile, that
+// removal measured the contents (keep).
 func (c *claim) drop() {
 	if c == nil {
 		return
 	}
-	c.sp.mu.Lock()
-	defer c.sp.mu.Unlock()
-	c.sp.used -= c.n
-	c.n = 0
+	sp := c.sp
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.used -= c.n
+	if sp.vols[c.handle] == c.vol {
+		sp.used -= c.contents
+	}
+	c.n, c.contents = 0, 0
 }
 
 // missingFolders counts the folders of the path dir (in vol) that are
@@ -404,24 +429,17 @@ func missingFolders(vol *os.Root, dir string) int {
 	return n
 }
 
-// removed measures what removing name from vol frees, for a claim's
-// change that replaces it: its blocks, but none of a file that has other
-// links (its blocks stay). Without a claim it measures nothing.
-func (c *claim) removed(vol *os.Root, name string) int64 {
+// remove removes name of vol, and all it holds, for the claim's change,
+// which replaces it: the contents of files whose last link it removed
+// are given back at once, and what it freed of the volume's folders and
+// links is returned, for keep. Without a claim it measures nothing.
+func (c *claim) remove(vol *os.Root, name string) (int64, error) {
 	if c == nil {
-		return 0
+		return 0, vol.RemoveAll(name)
 	}
-	var n int64
-	_ = fs.WalkDir(vol.FS(), filepath.ToSlash(name), func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // not there, or gone: nothing to count
-		}
-		if info, err := d.Info(); err == nil {
-			n += diskBytes(info, nil)
-		}
-		return nil
-	})
-	return n
+	n, contents, err := c.sp.removeAll(vol, name)
+	c.sp.free(contents)
+	return n, err
 }
 
 // folderBytes is what a claim charged for a folder's own block.

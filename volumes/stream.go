@@ -159,8 +159,7 @@ func (s *Server) land(base, sub, enc string, in io.Reader, c *claim) (int, error
 	case fi.IsDir():
 		freed, err = mergeInto(vol, landed, sub, c)
 	default: // a file or a link: replaced
-		freed = c.removed(vol, sub)
-		if err = vol.Remove(sub); err == nil {
+		if freed, err = c.remove(vol, sub); err == nil {
 			err = vol.Rename(landed, sub)
 		}
 	}
@@ -203,8 +202,9 @@ func mergeInto(vol *os.Root, src, dst string, c *claim) (int64, error) {
 				continue
 			}
 		}
-		freed += c.removed(vol, to)
-		if err := vol.RemoveAll(to); err != nil {
+		n, err := c.remove(vol, to)
+		freed += n
+		if err != nil {
 			return freed, err
 		}
 		if err := vol.Rename(from, to); err != nil {

@@ -52,9 +52,14 @@ const (
 	StrategyImport = "import"
 )
 
-// CopiedBytesHeader, on the answer to a cow create, is the bytes of the
-// files it copied.
-const CopiedBytesHeader = "X-Jetway-Copied-Bytes"
+// Headers of the answer to a create that copies a volume (a cow, an
+// import of another volume): the bytes of the files it copied, and the
+// entries it shared with the parent by hard links (SetLinkCopies), which
+// it did not copy.
+const (
+	CopiedBytesHeader   = "X-Jetway-Copied-Bytes"
+	LinkedEntriesHeader = "X-Jetway-Linked-Entries"
+)
 
 // exists reports whether handle is a volume: a folder or a link to one
 // under root/volumes. Names starting with a dot are the server's own.
@@ -166,7 +171,7 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 			_ = os.RemoveAll(tmp)
 		}
 	}()
-	var copied int64
+	var done copied
 	// A copy-on-write copies its parent; so does an import of another
 	// volume's path (a web node keeps a task's cache so: an import of
 	// the cache the task wrote).
@@ -177,10 +182,10 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	if parentHandle != "" {
 		parent, ok := s.resolve(parentHandle)
 		if !ok {
-			fail(w, http.StatusNotFound, "parent volume %q not found", parentHandle)
+			s.notFound(w, parentHandle, "parent volume")
 			return
 		}
-		if copied, err = s.copyTree(r.Context(), parent, tmp, c); err != nil {
+		if done, err = s.copyVolume(r.Context(), parent, tmp, c); err != nil {
 			fail(w, writeStatus(err), "copy volume %q: %v", parentHandle, err)
 			return
 		}
@@ -206,7 +211,8 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	}
 	committed = true
 	if parentHandle != "" {
-		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(copied, 10))
+		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(done.bytes, 10))
+		w.Header().Set(LinkedEntriesHeader, strconv.Itoa(done.linked))
 	}
 	answer(w, http.StatusCreated, s.describe(h, m))
 }
@@ -246,14 +252,34 @@ func (s *Server) commit(handle, tmp string, m meta, c *claim) error {
 	defer s.vols.Unlock()
 	c.keep(0)
 	if err := s.writeMeta(handle, m); err != nil {
-		s.space.free(s.space.forget(handle, true)) // tmp goes at once
+		s.forgetMade(handle, tmp)
 		return err
 	}
 	if err := os.Rename(tmp, s.Path(handle)); err != nil {
-		s.space.free(s.space.forget(handle, true))
+		s.forgetMade(handle, tmp)
 		return errors.Join(err, s.removeMeta(handle))
 	}
 	return nil
+}
+
+// forgetMade takes the volume handle, which did not come to be, out of
+// the account, and removes tmp, its files, at once.
+func (s *Server) forgetMade(handle, tmp string) {
+	_ = s.removeGone(tmp, s.space.forget(handle, true))
+}
+
+// removeGone removes the folder gone, of a volume taken away, and gives
+// back what it took: the contents of the files whose last link it
+// removed, and what the volume was charged for its folders, names and
+// links (charged) once all of it is gone; what stays is charged until a
+// restart's sweep.
+func (s *Server) removeGone(gone string, charged int64) error {
+	_, contents, err := s.space.removeFolder(gone)
+	if err == nil {
+		s.space.free(charged)
+	}
+	s.space.free(contents)
+	return err
 }
 
 // resolve is the folder holding a volume's files, through the link a
@@ -325,7 +351,7 @@ func matches(have map[string]string, want map[string][]string) bool {
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (string, meta, bool) {
 	h := r.PathValue("handle")
 	if !s.exists(h) {
-		fail(w, http.StatusNotFound, "volume %q not found", h)
+		s.notFound(w, h, "volume")
 		return h, meta{}, false
 	}
 	m, err := s.readMeta(h)
@@ -359,15 +385,14 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
 	}
 	gone, charged, err := s.unlink(h)
 	if errors.Is(err, errNoVolume) {
+		if s.removeMeta(h) == nil { // a lost volume's, if it is one
+			s.space.forget(h, false)
+		}
 		fail(w, http.StatusNotFound, "volume %q not found", h)
 		return
 	}
 	if gone != "" {
-		rerr := os.RemoveAll(gone)
-		if rerr == nil {
-			s.space.free(charged) // what stays is charged until a restart's sweep
-		}
-		err = errors.Join(err, rerr)
+		err = errors.Join(err, s.removeGone(gone, charged))
 	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "destroy volume %q: %v", h, err)
@@ -383,8 +408,8 @@ var errNoVolume = errors.New("no such volume")
 
 // unlink takes the volume handle away, with its metadata: a link is
 // removed, a folder moved into a temporary folder, returned for the
-// caller to remove even with an error, with the bytes its files are
-// charged, to free once they are gone.
+// caller to remove even with an error, with the bytes its folders, names
+// and links are charged, to free once they are gone.
 func (s *Server) unlink(handle string) (string, int64, error) {
 	s.vols.Lock()
 	defer s.vols.Unlock()

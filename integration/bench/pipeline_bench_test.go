@@ -93,23 +93,19 @@ var benchImageRepo = strings.TrimSuffix(cluster.BusyboxImage, ":1")
 // an API build's, from the first submit to the last step's end. It
 // reports each path's median per build and per step, their ratio (the
 // goal: Concourse through jetway at most 1.15x), and the volume copies
-// and moves a Concourse build made (jetway_concourse_volume_*).
+// (of bytes, and of links) and moves a Concourse build made
+// (jetway_concourse_volume_*).
 func BenchmarkConcoursePipeline(b *testing.B) {
 	for range b.N {
 		runPipelineBench(b)
 	}
 }
 
-// benchStepNames are the five steps, by their names in the pipeline.
-var benchStepNames = []string{"src", "one", "two", "cached", "target"}
-
-func runPipelineBench(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	bed := newStepsBed(ctx, b, realNode)
-	defer bed.stop()
+// concourseBed starts a web node whose components run every second (not
+// 10) and a gateway over bed registering its target as the web node's
+// worker (over the REST API), and waits until fly lists it running.
+func concourseBed(b *testing.B, bed *stepsBed) (*cwn.WebNode, *gatewayProc) {
 	client0 := cwn.Client{ID: "jetway", Secret: "bench-s3cret"}
-	// The web node's components (its scheduler) run every second, not 10.
 	web := cwn.ForTest(b, cwn.Options{Clients: []cwn.Client{client0}, GCInterval: time.Second})
 	secret, types := filepath.Join(b.TempDir(), "secret"), filepath.Join(b.TempDir(), "types.yml")
 	check(b, writeFile(secret, []byte(client0.Secret)))
@@ -128,7 +124,6 @@ func runPipelineBench(b *testing.B) {
 		flags = append(flags, "--log-level", "debug")
 	}
 	gw := bed.gateway(b, "", flags...)
-	defer gw.stop(b)
 	waitFor(b, time.Minute, func() error {
 		for _, w := range web.Workers(b) {
 			if w.Name == stepsTarget && w.State == "running" {
@@ -137,6 +132,19 @@ func runPipelineBench(b *testing.B) {
 		}
 		return fmt.Errorf("worker %s not running yet", stepsTarget)
 	})
+	return web, gw
+}
+
+// benchStepNames are the five steps, by their names in the pipeline.
+var benchStepNames = []string{"src", "one", "two", "cached", "target"}
+
+func runPipelineBench(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	bed := newStepsBed(ctx, b, realNode)
+	defer bed.stop()
+	web, gw := concourseBed(b, bed)
+	defer gw.stop(b)
 	fly := func(args ...string) string {
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer fcancel()
@@ -155,7 +163,7 @@ func runPipelineBench(b *testing.B) {
 	c, err := client.New(client.Options{URL: gw.base})
 	check(b, err)
 	cc, api := map[string][]time.Duration{}, map[string][]time.Duration{}
-	var copies, moves, movedBytes float64
+	var copies, linked, moves, movedBytes float64
 	for i := range pipelineBuilds + 1 { // the first of each warms the image and the caches
 		m0 := gw.metrics(b)
 		out := fly("trigger-job", "-j", "bench/bench", "--watch")
@@ -185,6 +193,7 @@ func runPipelineBench(b *testing.B) {
 			api[name] = append(api[name], d)
 		}
 		copies += m1["jetway_concourse_volume_copies_total"] - m0["jetway_concourse_volume_copies_total"]
+		linked += m1["jetway_concourse_volume_linked_copies_total"] - m0["jetway_concourse_volume_linked_copies_total"]
 		moves += m1["jetway_concourse_volume_moves_total"] - m0["jetway_concourse_volume_moves_total"]
 		movedBytes += m1["jetway_concourse_volume_moved_bytes_total"] - m0["jetway_concourse_volume_moved_bytes_total"]
 		b.Logf("build %d: through Concourse %s, through jetway's API %s", i, took["build"].Round(time.Millisecond), tookAPI["build"].Round(time.Millisecond))
@@ -199,6 +208,7 @@ func runPipelineBench(b *testing.B) {
 	ccRest, apiRest := med(cc, "build-without-get"), med(api, "build-without-get")
 	b.ReportMetric(ccRest.Seconds()/apiRest.Seconds(), "concourse/api-without-get")
 	b.ReportMetric(copies/n, "copies/build")
+	b.ReportMetric(linked/n, "linked-copies/build")
 	b.ReportMetric(moves/n, "moves/build")
 	b.ReportMetric(movedBytes/n, "moved-B/build")
 	for _, name := range benchStepNames {
@@ -208,9 +218,9 @@ func runPipelineBench(b *testing.B) {
 	b.Logf("an image's get used as a task's image: with its layers %s and %.0f bytes moved out of its pod, without (skip_download) %s and %.0f bytes",
 		layers.with.Round(time.Millisecond), layers.withBytes, layers.without.Round(time.Millisecond), layers.withoutBytes)
 	b.ReportMetric(layers.with.Seconds()/layers.without.Seconds(), "get-with/without-layers")
-	b.Logf("median build: through Concourse %s, through jetway's API %s: %.2fx; without the get %s and %s: %.2fx; per build %.1f volume copies, %.1f moves of %.0f bytes",
+	b.Logf("median build: through Concourse %s, through jetway's API %s: %.2fx; without the get %s and %s: %.2fx; per build %.1f volume copies of bytes and %.1f of links, %.1f moves of %.0f bytes",
 		ccBuild.Round(time.Millisecond), apiBuild.Round(time.Millisecond), ccBuild.Seconds()/apiBuild.Seconds(),
-		ccRest.Round(time.Millisecond), apiRest.Round(time.Millisecond), ccRest.Seconds()/apiRest.Seconds(), copies/n, moves/n, movedBytes/n)
+		ccRest.Round(time.Millisecond), apiRest.Round(time.Millisecond), ccRest.Seconds()/apiRest.Seconds(), copies/n, linked/n, moves/n, movedBytes/n)
 }
 
 // imagesPipeline has two jobs, each a get of the node's busybox image
@@ -389,16 +399,27 @@ func apiBuild(ctx context.Context, b *testing.B, c *client.Client, i int) map[st
 
 // metrics are the gateway's counters now, by name (summed over labels).
 func (g *gatewayProc) metrics(b *testing.B) map[string]float64 {
+	got := map[string]float64{}
+	for s, v := range g.series(b) {
+		name, _, _ := strings.Cut(s, "{")
+		got[name] += v
+	}
+	return got
+}
+
+// series are the gateway's metrics now, by series: the name and its
+// labels as /metrics writes them (name{label="value"}).
+func (g *gatewayProc) series(b *testing.B) map[string]float64 {
 	resp, err := http.Get(g.base + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
 	got := map[string]float64{}
-	name := regexp.MustCompile(`^([a-z_]+)(\{[^}]*\})? (\S+)$`)
+	line := regexp.MustCompile(`^([a-z_]+(\{[^}]*\})?) (\S+)$`)
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if m := name.FindStringSubmatch(sc.Text()); m != nil {
+		if m := line.FindStringSubmatch(sc.Text()); m != nil {
 			v, _ := strconv.ParseFloat(m[3], 64)
 			got[m[1]] += v
 		}

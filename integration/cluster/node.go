@@ -136,14 +136,7 @@ func (n *node) socket() string             { return n.path("c.sock") }
 
 // checkNodePackages names the missing programs and their packages.
 func checkNodePackages() error {
-	var missing []string
-	for path, pkg := range nodePackages {
-		if _, err := os.Stat(path); err != nil && !slices.Contains(missing, pkg) {
-			missing = append(missing, pkg)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
+	if missing := MissingPackages(nodePackages); len(missing) > 0 {
 		return fmt.Errorf("%w: the real node needs Debian's %s (make tools installs them)", ErrNoTools, strings.Join(missing, ", "))
 	}
 	if os.Geteuid() != 0 {
@@ -155,24 +148,38 @@ func checkNodePackages() error {
 // lockNode takes the machine's node lock, waiting while another node
 // runs, and cleans up after a holder that died without its teardown.
 func lockNode(ctx context.Context) (net.Listener, error) {
+	return LockMachine(ctx, NodeLock, NodeHolder, "another real node", func(prev string) {
+		var st nodeState
+		if b, err := os.ReadFile(filepath.Join(prev, "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
+			(&node{dir: st.Dir, state: st}).teardown()
+		}
+	})
+}
+
+// LockMachine takes the machine-wide lock, an abstract unix socket
+// (written "@name"), waiting while another process holds it. It belongs
+// to the network namespace, so a run in a container with a /run of its
+// own still sees it, and the kernel frees it when its holder dies. holder
+// is the file the lock's holder records its folder in: when it names one,
+// the last holder died without its clean-up, and recover gets that
+// folder before LockMachine returns. who names the holder in the error
+// when ctx ends first.
+func LockMachine(ctx context.Context, lock, holder, who string, recover func(prev string)) (net.Listener, error) {
 	for {
-		l, err := net.Listen("unix", NodeLock)
+		l, err := net.Listen("unix", lock)
 		if err == nil {
-			if prev, _ := os.ReadFile(NodeHolder); len(bytes.TrimSpace(prev)) > 0 {
-				var st nodeState
-				if b, err := os.ReadFile(filepath.Join(string(bytes.TrimSpace(prev)), "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
-					(&node{dir: st.Dir, state: st}).teardown()
-				}
+			if prev, _ := os.ReadFile(holder); len(bytes.TrimSpace(prev)) > 0 {
+				recover(string(bytes.TrimSpace(prev)))
 			}
 			return l, nil
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("lock %s: %w", NodeLock, err)
+			return nil, fmt.Errorf("lock %s: %w", lock, err)
 		}
 		select {
 		case <-ctx.Done():
-			holder, _ := os.ReadFile(NodeHolder)
-			return nil, fmt.Errorf("another real node runs on this machine (its folder: %s): %w", strings.TrimSpace(string(holder)), ctx.Err())
+			prev, _ := os.ReadFile(holder)
+			return nil, fmt.Errorf("%s runs on this machine (its folder: %s): %w", who, strings.TrimSpace(string(prev)), ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -608,15 +615,10 @@ func (n *node) teardown() {
 	killProcesses(func(pid int, cmdline string) bool {
 		return strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, n.dir)
 	})
-	for range 20 {
-		if killCgroupProcesses() == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	KillCgroup(NodeCgroupRoot)
 	unmountUnder(n.dir)
 	deleteBridge()
-	removeCgroups()
+	removeCgroups(NodeCgroupRoot)
 	for s, v := range n.state.Sysctls {
 		_ = os.WriteFile("/proc/sys/"+s, []byte(v), 0o644)
 	}
@@ -645,12 +647,12 @@ func killProcesses(match func(pid int, cmdline string) bool) {
 	}
 }
 
-// killCgroupProcesses SIGKILLs every process in the node's cgroups and
-// returns how many it found.
-func killCgroupProcesses() int {
+// killCgroupProcesses SIGKILLs every process in the cgroup root and
+// below, in every hierarchy, and returns how many it found.
+func killCgroupProcesses(root string) int {
 	found := 0
 	for _, h := range cgroupHierarchies() {
-		_ = filepath.WalkDir(filepath.Join(h, NodeCgroupRoot), func(path string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(h, root), func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 				return nil
 			}
@@ -705,12 +707,12 @@ func deleteBridge() {
 	_ = exec.Command("ip", "link", "del", NodeBridge).Run()
 }
 
-// removeCgroups removes NodeCgroupRoot and every cgroup below it, in
+// removeCgroups removes the cgroup root and every cgroup below it, in
 // every hierarchy, deepest first.
-func removeCgroups() {
+func removeCgroups(root string) {
 	for _, h := range cgroupHierarchies() {
 		var dirs []string
-		_ = filepath.WalkDir(filepath.Join(h, NodeCgroupRoot), func(path string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(h, root), func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, path)
 			}

@@ -2,7 +2,9 @@
 // private PostgreSQL cluster (Debian's package), `concourse web` with its
 // ATC API and TSA on loopback, keys made by `concourse generate-key`, and
 // fly logged in as a local user of team main. jetway's registration is
-// tested against it, unmodified (docs/testing.md, issue 28).
+// tested against it, unmodified (docs/testing.md, issue 28). It also
+// starts a stock Concourse containerd worker registered with it
+// (stock.go), the reference jetway's benchmarks compare with (issue 41).
 package concourse
 
 import (

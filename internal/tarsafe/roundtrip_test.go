@@ -15,9 +15,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
+	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
 )
 
 // everything extracts all a tree may hold: owners, devices, foreign links.
@@ -155,56 +155,11 @@ func extractAll(t *testing.T, archive []byte, dir string) {
 	require.NoError(t, err)
 }
 
-// when is the time of every entry of the tree (whole seconds: a tar's).
-var when = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+// when is the time of the tree's entries.
+var when = tarsafetest.When
 
 // makeTree writes what a task may leave in a volume into dir.
-func makeTree(t *testing.T, dir string) {
-	t.Helper()
-	at := func(name string) string { return filepath.Join(dir, filepath.FromSlash(name)) }
-	mkdir := func(name string, mode fs.FileMode) {
-		require.NoError(t, os.Mkdir(at(name), 0o700))
-		require.NoError(t, os.Chmod(at(name), mode))
-	}
-	file := func(name string, mode fs.FileMode) {
-		require.NoError(t, os.WriteFile(at(name), []byte("content of "+name), 0o600))
-		require.NoError(t, os.Chmod(at(name), mode))
-	}
-	mkdir("d700", 0o700)
-	file("d700/f600", 0o600)
-	file("owned", 0o644)
-	require.NoError(t, os.Chown(at("owned"), 1000, 1000))
-	file("suid", 0o755|fs.ModeSetuid)
-	file("sgid", 0o755|fs.ModeSetgid)
-	file("suid-1000", 0o750)
-	require.NoError(t, os.Chown(at("suid-1000"), 1000, 1000))
-	require.NoError(t, os.Chmod(at("suid-1000"), 0o750|fs.ModeSetuid|fs.ModeSetgid))
-	mkdir("sticky", 0o777|fs.ModeSticky)
-	mkdir("hard", 0o755)
-	file("hard/a", 0o640)
-	require.NoError(t, os.Link(at("hard/a"), at("hard/b")))
-	require.NoError(t, os.Symlink("d700/f600", at("inside")))
-	require.NoError(t, os.Symlink("/etc/passwd", at("outside")))
-	require.NoError(t, os.Symlink("owned", at("link-owned")))
-	require.NoError(t, os.Lchown(at("link-owned"), 1000, 1000))
-	mkdir("empty", 0o755)
-	mkdir("nested", 0o750)
-	mkdir("nested/empty", 0o711)
-	require.NoError(t, unix.Mkfifo(at("fifo"), 0o640))
-	mkdir("ro", 0o700)
-	file("ro/file", 0o444)
-	require.NoError(t, os.Chmod(at("ro"), 0o500))
-	// Times last, entries before their folders.
-	var names []string
-	require.NoError(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		names = append(names, p)
-		return err
-	}))
-	ts := []unix.Timespec{unix.NsecToTimespec(when.UnixNano()), unix.NsecToTimespec(when.UnixNano())}
-	for i := len(names) - 1; i > 0; i-- {
-		require.NoError(t, unix.UtimesNanoAt(unix.AT_FDCWD, names[i], ts, unix.AT_SYMLINK_NOFOLLOW))
-	}
-}
+func makeTree(t *testing.T, dir string) { tarsafetest.WriteTree(t, dir) }
 
 // entry is what a test compares of a file.
 type entry struct {
@@ -293,4 +248,61 @@ func TestExtractMakesNoNodeThroughALink(t *testing.T) {
 	assert.ErrorContains(t, err, `tar entry "a/p": `)
 	entries, _ := os.ReadDir(outside)
 	assert.Empty(t, entries)
+}
+
+// TestExtractNeverChangesAFileInPlace: extracting over files that have
+// other links (a volume holder's cow volumes share every file with their
+// parent) writes new files and links: the other names keep their
+// content, mode, owner and time, whether an entry writes a file over,
+// changes only its mode, owner and time, or puts a link, a folder or a
+// hard link in its place. An extractor that opened an existing file to
+// write, or chmod, chown or chtimes'd it, would change them.
+func TestExtractNeverChangesAFileInPlace(t *testing.T) {
+	needRoot(t)
+	dir, other := t.TempDir(), t.TempDir()
+	names := []string{"over", "attrs", "link", "folder", "hard", "target"}
+	for _, name := range names {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("shared "+name), 0o644))
+		require.NoError(t, os.Chtimes(filepath.Join(dir, name), when, when))
+		require.NoError(t, os.Link(filepath.Join(dir, name), filepath.Join(other, name)))
+	}
+	// What each name is, whatever else links it.
+	alone := func(dir string) map[string]entry {
+		got := snapshot(t, dir)
+		for name, e := range got {
+			e.SameAs = ""
+			got[name] = e
+		}
+		return got
+	}
+	before := alone(other)
+	later := when.Add(time.Hour)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(h *tar.Header, content string) {
+		h.Size, h.ModTime = int64(len(content)), later
+		require.NoError(t, tw.WriteHeader(h))
+		_, err := tw.Write([]byte(content))
+		require.NoError(t, err)
+	}
+	add(&tar.Header{Name: "over", Typeflag: tar.TypeReg, Mode: 0o644}, "new content")
+	add(&tar.Header{Name: "attrs", Typeflag: tar.TypeReg, Mode: 0o4700, Uid: 1000, Gid: 1000}, "shared attrs")
+	add(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: "over"}, "")
+	add(&tar.Header{Name: "folder", Typeflag: tar.TypeDir, Mode: 0o700}, "")
+	add(&tar.Header{Name: "target", Typeflag: tar.TypeReg, Mode: 0o600}, "shared target")
+	add(&tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "target"}, "")
+	require.NoError(t, tw.Close())
+	_, err := tarsafe.Extract(&buf, dir, everything)
+	require.NoError(t, err)
+
+	assert.Equal(t, before, alone(other), "the other names are as they were")
+	got := snapshot(t, dir)
+	assert.Equal(t, "new content", got["over"].Content)
+	assert.Equal(t, "urwx------ 1000:1000", got["attrs"].modeOwner())
+	assert.Equal(t, "over", got["link"].Link)
+	assert.True(t, got["folder"].Mode.IsDir())
+	assert.Equal(t, lstat(t, filepath.Join(dir, "target")).Ino, lstat(t, filepath.Join(dir, "hard")).Ino)
+	for _, name := range names {
+		assert.EqualValues(t, 1, lstat(t, filepath.Join(other, name)).Nlink, "%s: its link in dir went", name)
+	}
 }

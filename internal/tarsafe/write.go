@@ -16,12 +16,26 @@ import (
 // names), modification time (in seconds, truncated), symbolic links as
 // written, device nodes and FIFOs (whoever extracts decides whether it
 // takes them), and a regular file with more than one link as a hard link
-// to the name it was first written by (by device and inode). A socket is
-// no file to carry: it is left out, as GNU tar does.
+// to the name it was first written by (by device and inode): its content
+// the first time the archive meets it, a link after, whatever links it
+// has outside the tree (a volume holder's cow volumes share every file
+// with their parent). A socket is no file to carry: it is left out, as
+// GNU tar does.
+//
+// It remembers the name of at most maxLinked such files: past them, a
+// file with more links is written whole each time it is met, a right
+// archive, only larger. A name and an inode take about 100 bytes, and
+// no extractor with the default limits takes an archive of more
+// entries, so the bound holds the Writer to what Extract itself keeps
+// of such an archive (its record of the files it wrote).
 type Writer struct {
 	tw    *tar.Writer
 	first map[inode]string // each file with more links: the name first written
 }
+
+// maxLinked is how many files with more links a Writer remembers: the
+// entries an extractor takes by default.
+var maxLinked = DefaultMaxEntries
 
 // NewWriter writes to w; Close ends the archive (not w).
 func NewWriter(w io.Writer) *Writer {
@@ -74,7 +88,9 @@ func (w *Writer) Add(t Tree, p, name string, info fs.FileInfo) error {
 				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
 				return w.tw.WriteHeader(hdr)
 			}
-			w.first[id] = hdr.Name
+			if len(w.first) < maxLinked {
+				w.first[id] = hdr.Name
+			}
 		}
 	}
 	if err := w.tw.WriteHeader(hdr); err != nil || !mode.IsRegular() {

@@ -25,7 +25,7 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES [--capacity-of claim]]
+  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES [--capacity-of claim]] [--link-copies]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
@@ -90,6 +90,8 @@ func dispatch(cmd string, args []string) error {
 		"a write past it, less a margin, is refused (0: no bound). Only for a sidecar that alone writes its folder")
 	capacityOf := fs.String("capacity-of", "", "volumes: what --capacity is, for the error that refuses a write: "+
 		"claim (a PersistentVolumeClaim's size); empty: an emptyDir's size limit")
+	linkCopies := fs.Bool("link-copies", false, "volumes: make a cow volume, and an import of another volume, of hard links to its parent's files, "+
+		"not copies. Only for a sidecar that alone writes its folder: a process writing a file in place would write every volume linking it")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -157,7 +159,7 @@ func dispatch(cmd string, args []string) error {
 		default:
 			return fmt.Errorf("%w: --capacity-of %q: want claim, or none", errUsage, *capacityOf)
 		}
-		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: origin})
+		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: origin}, *linkCopies)
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
@@ -199,7 +201,7 @@ func prepare(root string, n int) error {
 }
 
 // serveVolumes runs the volume sidecar until TERM or INT.
-func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity) error {
+func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity, linkCopies bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hash := os.Getenv(stepagent.TokenHashEnv)
@@ -211,6 +213,7 @@ func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Cap
 		return err
 	}
 	s.SetLimits(limits)
+	s.SetLinkCopies(linkCopies)
 	fmt.Fprintf(os.Stderr, "step-agent: serving volumes of %s on %s\n", root, addr)
 	<-ctx.Done()
 	return s.Kill()

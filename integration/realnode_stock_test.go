@@ -1,0 +1,98 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/integration/cluster"
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/wire"
+)
+
+// TestRealNodeStockWorker: a stock Concourse v8.2.5 worker (`concourse
+// worker --runtime containerd`, the reference jetway is benchmarked
+// against) registers through the same web node's TSA as a jetway target
+// on the real node beside it; one pipeline runs its artifact job on each,
+// by tags: a task writes 4 MiB into an output and the next reads and
+// checks it, on the stock worker in a Garden container (its pid 1 is
+// Concourse's init) with the busybox rootfs folder, on jetway in the
+// node's busybox image. Once stopped, the stock worker leaves nothing on
+// the machine: no bridge, no garden cgroup, no process or mount of its,
+// no containerd socket, the nft tables as they were.
+func TestRealNodeStockWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "stock-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	const name = "rn-stock"
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		targetYAML: "tags: [jetway]\n"})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	tablesBefore := nftTables(t)
+	stock := cwn.StockForTest(t, web, cwn.StockOptions{})
+	flyWorker(t, web, stock.Name, time.Minute, func(w wire.Worker, found bool) bool {
+		return found && w.State == "running" && len(w.Tags) == 1 && w.Tags[0] == cwn.StockTag
+	})
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(cwn.ArtifactPipeline(4<<20,
+		cwn.ArtifactJob{Name: "stock", Tags: []string{cwn.StockTag}, RootfsURI: "raw://" + stock.Rootfs},
+		cwn.ArtifactJob{Name: "jetway", Tags: []string{"jetway"}, RootfsURI: "docker:///" + strings.TrimSuffix(cluster.BusyboxImage, ":1") + "#1"})))
+	fly := func(args ...string) string {
+		t.Helper()
+		fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		require.NoError(t, err, out)
+		return out
+	}
+	fly("set-pipeline", "-n", "-p", "artifacts", "-c", pipeline)
+	fly("unpause-pipeline", "-p", "artifacts")
+	for _, job := range []string{"stock", "jetway"} {
+		out := fly("trigger-job", "-j", "artifacts/"+job, "--watch")
+		assert.Contains(t, out, "made 4194304 bytes", job)
+		assert.Contains(t, out, cwn.ArtifactMarker, job)
+		assert.Contains(t, out, "succeeded", job)
+		if job == "stock" {
+			assert.Contains(t, out, "pid 1: /tmp/gdn-init", "a Garden container")
+		} else {
+			assert.NotContains(t, out, "gdn-init", "a pod")
+		}
+	}
+
+	stock.Stop()
+	for _, h := range cluster.CgroupHierarchies() {
+		assert.NoDirExists(t, filepath.Join(h, "garden"))
+	}
+	assert.Error(t, exec.Command("ip", "link", "show", cwn.StockBridge).Run(), "the bridge is gone")
+	assert.NoFileExists(t, cwn.StockSocket)
+	assert.NoDirExists(t, "/var/lib/cni/networks/concourse")
+	assert.Equal(t, tablesBefore, nftTables(t), "nft tables")
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), stock.Dir)
+	assert.NotContains(t, string(mounts), "/run/containerd/io.containerd.runtime")
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		assert.False(t, strings.Contains(cmd, cwn.StockSocket) || strings.Contains(cmd, stock.Dir), "left running: %s", cmd)
+	}
+}
+
+// nftTables is `nft list ruleset`: every table and its rules.
+func nftTables(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "ruleset").Output()
+	require.NoError(t, err)
+	return string(out)
+}

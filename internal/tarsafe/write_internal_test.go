@@ -1,0 +1,61 @@
+package tarsafe
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWriterRemembersAtMostMaxLinkedFiles: files with more links (here,
+// each linked from outside the tree, as a cow volume's are) are written
+// whole the first time and as links after; past maxLinked remembered
+// files, a file with more links is written whole each time, so the
+// archive stays right and the Writer's memory bounded.
+func TestWriterRemembersAtMostMaxLinkedFiles(t *testing.T) {
+	defer func(n int) { maxLinked = n }(maxLinked)
+	maxLinked = 2
+	tree, outside := t.TempDir(), t.TempDir()
+	for _, name := range []string{"a", "b", "c"} {
+		require.NoError(t, os.WriteFile(filepath.Join(tree, name), []byte(name), 0o644))
+		require.NoError(t, os.Link(filepath.Join(tree, name), filepath.Join(outside, name)))
+		require.NoError(t, os.Link(filepath.Join(tree, name), filepath.Join(tree, name+"2")))
+	}
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	require.NoError(t, filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == tree {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil {
+			err = w.Add(Host{}, p, d.Name(), info)
+		}
+		return err
+	}))
+	require.NoError(t, w.Close())
+	assert.Len(t, w.first, 2)
+
+	got := map[string]string{}
+	tr := tar.NewReader(&buf)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		body, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		got[hdr.Name] = string(body)
+		if hdr.Typeflag == tar.TypeLink {
+			got[hdr.Name] = "-> " + hdr.Linkname
+		}
+	}
+	assert.Equal(t, map[string]string{"a": "a", "a2": "-> a", "b": "b", "b2": "-> b", "c": "c", "c2": "c"}, got)
+}
