@@ -516,6 +516,9 @@ func (c *Containers) movePod(ctx context.Context, ct *Container) error {
 				return fmt.Errorf("container %s: volume %s (%s): %w", ct.Handle(), handle, bm.DstPath, err)
 			}
 			v, err := c.Holder.Volume(gctx, ct.Target, handle)
+			if err := c.wentWithHolder(ct, bm, err); err != nil {
+				return err
+			}
 			if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
 				return nil
 			}

@@ -67,6 +67,9 @@ func (c *Containers) hold(ctx context.Context, t *targets.Target, ct *Container)
 		}
 		handle := path.Base(bm.SrcPath)
 		v, err := c.Holder.Volume(ctx, ct.Target, handle)
+		if err := c.wentWithHolder(ct, bm, err); err != nil {
+			return err
+		}
 		if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != bm.SrcPath) {
 			continue // not the holder's: left in the pod, as a stock worker's host path would be
 		}

@@ -116,8 +116,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	})
 	m.holders = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_volume_holders_replaced_total",
-		Help: "Volume holder pods replaced because they ended, by reason: evicted, or failed (its node lost, its container ended); the volumes each held were lost.",
-	}, []string{"reason"})
+		Help: "Volume holder pods replaced, by reason: evicted, or failed (its node lost, its container ended), deleted (one whose volumes are on a claim, made again), storage (its storage setting changed); and whether the volumes it held were lost (an emptyDir's) or kept (on its claim).",
+	}, []string{"reason", "volumes"})
 	m.holds = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_volume_holds_total",
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
@@ -219,12 +219,19 @@ func (m *Metrics) podRefused(why string) {
 	}
 }
 
-// holderReplaced counts a volume holder replaced because it ended.
-func (m *Metrics) holderReplaced(reason string) {
+// holderReplaced counts a volume holder replaced, for reason, its
+// volumes lost or kept (volumesLost, volumesKept).
+func (m *Metrics) holderReplaced(reason, volumes string) {
 	if m != nil {
-		m.holders.WithLabelValues(reason).Inc()
+		m.holders.WithLabelValues(reason, volumes).Inc()
 	}
 }
+
+// What became of a replaced holder's volumes (the metric's volumes label).
+const (
+	volumesLost = "lost"
+	volumesKept = "kept"
+)
 
 func (m *Metrics) container(event string) {
 	if m != nil {

@@ -139,13 +139,17 @@ func (h *Holder) volumes(target string) (volumeSender, error) {
 }
 
 // holderPod is the name of cluster target t's volume holder pod if there
-// is one and it is jetway's: errHolderToMake if there is none, an
-// unboundHolder if it is sealed but not bound, errNoHolder for a pod of
-// that name jetway did not seal (which is never used).
+// is one and it is jetway's: errHolderToMake if there is none (an
+// awayHolder if its volumes are kept on a claim), an unboundHolder if it
+// is sealed but not bound, errNoHolder for a pod of that name jetway did
+// not seal (which is never used), a lostHolder if it ended.
 func (h *Holder) holderPod(t *targets.Target, opts steppod.Options) (string, error) {
 	name := steppod.HolderName(opts.Installation)
 	p := t.CachedPod(name)
 	if p == nil || p.DeletionTimestamp != nil {
+		if class, _ := steppod.HolderStorage(t, opts); class != "" {
+			return name, &awayHolder{namespace: t.Namespace(), name: name}
+		}
 		return name, errHolderToMake
 	}
 	switch why := opts.Key.Verdict(t.Name(), p); why {
@@ -165,10 +169,11 @@ func (h *Holder) holderPod(t *targets.Target, opts steppod.Options) (string, err
 }
 
 // lostHolder: the volume holder pod ended (evicted past its emptyDir's
-// limit or for its node's pressure, its node lost): it never runs again,
-// and the volumes it held went with it. It is a worker without volumes
-// (errNoHolder): the sweep reports none, so the web node marks them
-// missing and makes them again; the sweep and the next create replace it.
+// limit or for its node's pressure, its node lost): it never runs again.
+// The sweep and the next create replace it. With an emptyDir the volumes
+// it held went with it: it is a worker without volumes (errNoHolder), the
+// sweep reports none, so the web node marks them missing and makes them
+// again. With a claim (kept) they wait on the claim for the new holder.
 type lostHolder struct{ pod *corev1.Pod }
 
 func (e *lostHolder) Error() string {
@@ -178,18 +183,52 @@ func (e *lostHolder) Error() string {
 	}
 	if e.pod.Status.Message != "" {
 		why += ": " + e.pod.Status.Message
+	} else if c := disruption(e.pod); c != nil {
+		why += ": " + c.Reason + ": " + c.Message
+	}
+	if claim := steppod.HolderClaimName(e.pod); claim != "" {
+		return fmt.Sprintf("the volume holder pod %s ended (%s): it is made again, and the volumes on its claim %s wait for it",
+			e.pod.Name, why, claim)
 	}
 	return fmt.Sprintf("the volume holder pod %s ended (%s): the volumes it held are gone", e.pod.Name, why)
 }
 
-func (e *lostHolder) Unwrap() error { return errNoHolder }
+// Unwrap is errNoHolder (no volume) for an emptyDir's holder; one whose
+// volumes are kept on a claim is not without volumes, only away.
+func (e *lostHolder) Unwrap() error {
+	if e.kept() {
+		return nil
+	}
+	return errNoHolder
+}
 
-// reason is why it ended, for the metric: evicted, or failed.
+// kept reports whether its volumes are kept on a claim.
+func (e *lostHolder) kept() bool { return steppod.HolderClaimName(e.pod) != "" }
+
+// reason is why it ended, for the metric: evicted, or failed. The
+// kubelet's eviction says Evicted, or a DisruptionTarget condition, but
+// what stays of it on a holder may be neither: its sidecar ends 0 on
+// TERM, and the kubelet on the real node left an emptyDir's holder it
+// evicted past its limit Succeeded, with no reason (TestRealNodeConcourseHolderPastItsLimit).
+// The sidecar never ends by itself, and a deleted pod is no lost one
+// (holderPod): a holder that ended Succeeded was ended by its kubelet,
+// evicted (or its node shut down).
 func (e *lostHolder) reason() string {
-	if e.pod.Status.Reason == "Evicted" {
+	if e.pod.Status.Reason == "Evicted" || e.pod.Status.Phase == corev1.PodSucceeded || disruption(e.pod) != nil {
 		return "evicted"
 	}
 	return "failed"
+}
+
+// disruption is p's DisruptionTarget condition (the kubelet's eviction,
+// its node's shutdown), or nil.
+func disruption(p *corev1.Pod) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // podSender sends to target's volume holder pod.
@@ -216,13 +255,18 @@ func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Opt
 	name, err := h.holderPod(t, opts)
 	var unbound *unboundHolder
 	var lost *lostHolder
+	var away *awayHolder
 	switch {
 	case errors.As(err, &unbound):
 		err = h.replaceUnbound(ctx, t, unbound.pod)
 	case errors.As(err, &lost):
 		err = h.replaceLost(ctx, t, lost)
+	case errors.As(err, &away):
+		err = h.makeAway(ctx, t, away)
 	case errors.Is(err, errHolderToMake):
-		err = h.makeHolder(ctx, t)
+		_, err = h.makeHolder(ctx, t)
+	case err == nil:
+		err = h.replaceChanged(ctx, t, opts, name)
 	}
 	if err != nil {
 		return err
@@ -236,33 +280,38 @@ func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Opt
 		return i >= 0 && steppod.SidecarListens(pods[i]) && key.Bound(t.Name(), pods[i])
 	})
 	if err != nil {
-		p := t.CachedPod(name)
-		phase := "not listed"
-		if p != nil {
-			phase = string(p.Status.Phase)
-		}
-		return fmt.Errorf("the volume holder pod %s/%s does not run and listen (%s): %w", t.Namespace(), name, phase, err)
+		err = fmt.Errorf("the volume holder pod %s/%s does not run and listen (%s): %w", t.Namespace(), name, h.whyNotRunning(ctx, t, name), err)
+		h.logger().Warn("volume holder not running", "target", t.Name(), "pod", name, "error", err.Error())
+		return err
 	}
 	return nil
 }
 
-// makeHolder makes target's volume holder and binds it; one another replica
-// made first is left to it.
-func (h *Holder) makeHolder(ctx context.Context, t *targets.Target) error {
+// makeHolder makes target's volume holder (its claim first, when it
+// keeps its volumes on one) and binds it, and reports whether it made
+// it; one another replica made first is left to it.
+func (h *Holder) makeHolder(ctx context.Context, t *targets.Target) (bool, error) {
 	opts := h.Pod()
-	pod := steppod.HolderPod(t, opts)
+	claim, err := h.ensureClaim(ctx, t, opts)
+	if err != nil {
+		return false, err
+	}
+	pod, err := steppod.HolderPod(t, opts, claim)
+	if err != nil {
+		return false, fmt.Errorf("the volume holder of %s: %w", t.Name(), err)
+	}
 	pods := t.Core.Pods(t.Namespace())
 	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
 	switch {
 	case apierrors.IsAlreadyExists(err):
-		return nil
+		return false, nil
 	case err != nil:
-		return fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), pod.Name, err)
+		return false, fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), pod.Name, err)
 	}
 	if _, err := ownership.Bind(ctx, pods, opts.Key, t.Name(), created); err != nil {
-		return fmt.Errorf("the volume holder: %w", err)
+		return false, fmt.Errorf("the volume holder: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // holderBindGrace is how long a holder pod that is sealed but not bound
@@ -295,7 +344,8 @@ func (h *Holder) replaceUnbound(ctx context.Context, t *targets.Target, p *corev
 	if err := deleteHolder(ctx, t, p); err != nil {
 		return fmt.Errorf("the unbound volume holder: %w", err)
 	}
-	return h.makeHolder(ctx, t)
+	_, err = h.makeHolder(ctx, t)
+	return err
 }
 
 // deleteHolder deletes the holder pod p, that pod alone (its UID: a new
@@ -313,28 +363,47 @@ func deleteHolder(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
 }
 
 // replaceLost deletes a volume holder pod that ended (lost) and makes a
-// new one, empty. Another gateway may replace it first: the delete is of
-// that pod alone (its UID), and a new one made meanwhile is left to it.
+// new one: empty, or on the same claim. Another gateway may replace it
+// first: the delete is of that pod alone (its UID), and a new one made
+// meanwhile is left to it.
 func (h *Holder) replaceLost(ctx context.Context, t *targets.Target, lost *lostHolder) error {
 	p := lost.pod
-	h.logger().Warn("volume holder pod replaced: it ended, and the volumes it held are gone; the web node makes them again",
-		"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "phase", string(p.Status.Phase),
-		"reason", p.Status.Reason, "message", p.Status.Message)
-	h.Metrics.holderReplaced(lost.reason())
-	if err := deleteHolder(ctx, t, p); err != nil {
+	attrs := []any{"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "phase", string(p.Status.Phase),
+		"reason", p.Status.Reason, "message", p.Status.Message, "as", lost.reason()}
+	if c := disruption(p); c != nil {
+		attrs = append(attrs, "disruption", c.Reason+": "+c.Message)
+	}
+	if lost.kept() {
+		h.logger().Warn("volume holder pod replaced: it ended; the volumes on its claim wait for the new one",
+			append(attrs, "claim", steppod.HolderClaimName(p))...)
+		h.Metrics.holderReplaced(lost.reason(), volumesKept)
+	} else {
+		h.logger().Warn("volume holder pod replaced: it ended, and the volumes it held are gone; the web node makes them again", attrs...)
+		h.Metrics.holderReplaced(lost.reason(), volumesLost)
+	}
+	if err := h.remake(ctx, t, p); err != nil {
 		return fmt.Errorf("the volume holder that ended: %w", err)
 	}
-	// The delete shows in the target's pod cache before a create of the
-	// same name can succeed.
+	return nil
+}
+
+// remake deletes the holder pod p (that pod alone) and, once the target's
+// pod cache shows it gone (before that, a create of the same name
+// fails), makes a new holder.
+func (h *Holder) remake(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+	if err := deleteHolder(ctx, t, p); err != nil {
+		return err
+	}
 	wctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	err := t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
 		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == p.UID })
 	})
 	if err != nil {
-		return fmt.Errorf("the volume holder pod %s/%s that ended is not gone: %w", t.Namespace(), p.Name, err)
+		return fmt.Errorf("the volume holder pod %s/%s is not gone: %w", t.Namespace(), p.Name, err)
 	}
-	return h.makeHolder(ctx, t)
+	_, err = h.makeHolder(ctx, t)
+	return err
 }
 
 func (h *Holder) logger() *slog.Logger {
@@ -518,29 +587,15 @@ func (h *Holder) List(ctx context.Context, target string) ([]string, error) {
 }
 
 // list lists target's volumes as its holder describes them: none without
-// a holder, or with one that ended (its volumes went with it: a new one
-// is made now rather than at the web node's next create).
+// a holder, or with an emptyDir's that ended (its volumes went with it: a
+// new one is made now rather than at the web node's next create); an
+// error while a claim's holder is away (listWithout).
 func (h *Holder) list(ctx context.Context, target string) ([]volumes.Volume, error) {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
 	send, err := h.volumes(target)
-	var unbound *unboundHolder
-	var lost *lostHolder
-	switch {
-	case errors.As(err, &lost):
-		if t, terr := h.Targets.Target(target); terr == nil {
-			if err := h.replaceLost(ctx, t, lost); err != nil {
-				h.logger().Warn("volume holder not replaced; the next sweep or create tries again", "target", target, "error", err.Error())
-			}
-		}
-		return nil, nil
-	case errors.Is(err, errNoHolder), errors.As(err, &unbound):
-		// A pod not bound to jetway's create (made a moment ago and being
-		// bound, or planted) never got a request: none of the web node's
-		// volumes is in it.
-		return nil, nil
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, h.listWithout(ctx, target, err)
 	}
 	resp, err := send(ctx, http.MethodGet, "/volumes", nil, nil, nil)
 	if err != nil {

@@ -88,7 +88,8 @@ type Config struct {
 	StepEphemeralStorageRequest Bytes  `mapstructure:"step-ephemeral-storage-request" help:"ephemeral-storage request of a step's container (its writable layer and logs) (0: none)"`
 	StepDefaultCPURequest       string `mapstructure:"step-default-cpu-request" help:"cpu request of a step that asks for no cpu (a quantity: 100m, 1) (0: none)"`
 	StepDefaultMemoryRequest    Bytes  `mapstructure:"step-default-memory-request" help:"memory request of a step that asks for no memory (0: none)"`
-	VolumeHolderSize            Bytes  `mapstructure:"volume-holder-size" help:"size limit of a Concourse volume holder's emptyDir, which keeps every volume of the web node's on a target: its sidecar refuses a write past it, so no upload gets it evicted (0: none; a target's steps.volumeHolder.size wins)"`
+	VolumeHolderSize            Bytes  `mapstructure:"volume-holder-size" help:"size limit of a Concourse volume holder's emptyDir (or its claim's size with volume-holder-storage-class), which keeps every volume of the web node's on a target: its sidecar refuses a write past it, so no upload gets it evicted (0: none; a target's steps.volumeHolder.size wins)"`
+	VolumeHolderStorageClass    string `mapstructure:"volume-holder-storage-class" help:"StorageClass of a PersistentVolumeClaim (ReadWriteOnce, volume-holder-size big) that keeps a Concourse volume holder's volumes instead of an emptyDir, so that a holder made again keeps them; empty: an emptyDir (a target's steps.volumeHolder.storage wins; docs/concourse.md)"`
 
 	// Step state (docs/steps.md, "Ownership"): where the installation's
 	// step records, gateway Leases and placer Lease live.
@@ -294,6 +295,14 @@ func (c Config) Validate() error {
 		if size.b < 0 {
 			add(size.key, "must not be negative, got %s", size.b)
 		}
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(c.VolumeHolderStorageClass) {
+		if c.VolumeHolderStorageClass != "" {
+			add("volume-holder-storage-class", "%q is not a StorageClass name: %s", c.VolumeHolderStorageClass, msg)
+		}
+	}
+	if c.VolumeHolderStorageClass != "" && c.VolumeHolderSize == 0 {
+		add("volume-holder-size", "must be more than 0 with volume-holder-storage-class: it is the claim's size")
 	}
 	if q, err := resource.ParseQuantity(c.StepDefaultCPURequest); err != nil || q.Sign() < 0 {
 		add("step-default-cpu-request", "%q is not a cpu quantity like 100m or 1 (0: none)", c.StepDefaultCPURequest)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -100,7 +101,13 @@ func TestCountsFollowStepPodsThroughARestart(t *testing.T) {
 // a target that never passes a check.
 func placeTarget(ctx context.Context, t *testing.T, c *cluster.Cluster, dir, name, targetYAML, server string) {
 	t.Helper()
-	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: name, Rules: targets.RBACRules(targets.Required)})
+	placeTargetGranting(ctx, t, c, dir, name, targetYAML, server, targets.Required)
+}
+
+// placeTargetGranting is placeTarget with the target's Role granting perms.
+func placeTargetGranting(ctx context.Context, t *testing.T, c *cluster.Cluster, dir, name, targetYAML, server string, perms []targets.Permission) {
+	t.Helper()
+	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: name, Rules: targets.RBACRules(perms)})
 	require.NoError(t, err)
 	kubeconfig := tg.Kubeconfig
 	if server != "" {
@@ -122,7 +129,11 @@ func placeTarget(ctx context.Context, t *testing.T, c *cluster.Cluster, dir, nam
 func targetGateway(ctx context.Context, t *testing.T, c *cluster.Cluster, name, targetYAML string, o gatewayOptions) *gateway {
 	t.Helper()
 	dir := t.TempDir()
-	placeTarget(ctx, t, c, dir, name, targetYAML, "")
+	perms := targets.Required
+	if o.claims {
+		perms = append(slices.Clip(perms), targets.ClaimPermissions...)
+	}
+	placeTargetGranting(ctx, t, c, dir, name, targetYAML, "", perms)
 	g := startGateway(t, dir, o)
 	g.waitTarget(t, name, 10*time.Second, running)
 	return g

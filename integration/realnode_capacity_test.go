@@ -1,14 +1,9 @@
 package integration
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -39,48 +34,8 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 	rn := startRealNode(t)
 	g := targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {size: 16Mi}}\n",
 		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar")})
-	api := httptest.NewServer(g.holder.API(name))
-	defer api.Close()
-	// call sends a request as the web node's volume client does, and
-	// returns the status and the error message its client reads from the
-	// body ({"error": ...}), or the body.
-	call := func(method, path string, body io.Reader, hdr ...string) (int, string) {
-		t.Helper()
-		req, err := http.NewRequestWithContext(ctx, method, api.URL+path, body)
-		require.NoError(t, err)
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			return resp.StatusCode, e.Error
-		}
-		return resp.StatusCode, string(b)
-	}
-	create := func(body string) (int, string) {
-		return call(http.MethodPost, "/volumes", strings.NewReader(body), "Content-Type", "application/json")
-	}
-	// The web node's client asks each stream-in with its limit (none: 0)
-	// in MB, "%f".
-	streamIn := func(handle string, files ...any) (int, string) {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for i := 0; i+1 < len(files); i += 2 {
-			content := files[i+1].([]byte)
-			require.NoError(t, tw.WriteHeader(&tar.Header{Name: files[i].(string), Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(content))}))
-			_, err := tw.Write(content)
-			require.NoError(t, err)
-		}
-		require.NoError(t, tw.Close())
-		return call(http.MethodPut, "/volumes/"+handle+"/stream-in?limit=0.000000&path=.", &buf, "Content-Encoding", "raw")
-	}
+	api := newHolderAPI(ctx, t, g, name)
+	create, streamIn := api.create, api.streamIn
 	holderName := steppod.HolderName("jetway")
 	holder := func() *corev1.Pod {
 		t.Helper()
@@ -136,14 +91,7 @@ func TestRealNodeVolumeHolderStaysWithinItsLimit(t *testing.T) {
 	require.Equal(t, http.StatusCreated, code, msg)
 	code, msg = streamIn("small", "note", []byte("still here\n"))
 	require.Equal(t, http.StatusNoContent, code, msg)
-	code, body := call(http.MethodPut, "/volumes/small/stream-out?path=note", nil, "Accept-Encoding", "raw")
-	require.Equal(t, http.StatusOK, code, body)
-	tr := tar.NewReader(strings.NewReader(body))
-	_, err := tr.Next()
-	require.NoError(t, err)
-	got, err := io.ReadAll(tr)
-	require.NoError(t, err)
-	assert.Equal(t, "still here\n", string(got))
+	assert.Equal(t, "still here\n", string(api.readFile("small", "note")))
 	withinItsLimit("the later calls")
 }
 

@@ -127,6 +127,9 @@ type gatewayOptions struct {
 	// targetYAML is the real node's target's target.yaml (nodeGateway);
 	// default "{}".
 	targetYAML string
+	// claims: the target's Role (targetGateway) grants
+	// targets.ClaimPermissions too, for a volume holder on a claim.
+	claims bool
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steppod.Defaults

@@ -47,9 +47,13 @@ type Options struct {
 	// AwaitTimeout bounds how long a decision waits for the target's cache
 	// to show it, so the next list does; default 5s.
 	AwaitTimeout time.Duration
-	Logger       *slog.Logger
-	Metrics      *Metrics
-	Now          func() time.Time
+	// Claims names the PersistentVolumeClaims jetway may have made in a
+	// target's namespace (its Concourse volume holder's, where it keeps
+	// its volumes on one), deleted when it is retired. Nil: none.
+	Claims  func(t *targets.Target) []string
+	Logger  *slog.Logger
+	Metrics *Metrics
+	Now     func() time.Time
 }
 
 // Controller drives the targets' lifecycle. The registry calls Reconcile
@@ -190,6 +194,9 @@ func (c *Controller) retire(k *kube, log *slog.Logger) action {
 		if err := c.deleteOwned(ctx, k); err != nil {
 			return false, err
 		}
+		if err := c.deleteClaims(ctx, k); err != nil {
+			return false, err
+		}
 		if left, err := c.leftovers(ctx, k); err != nil || len(left) > 0 {
 			return false, errors.Join(err, fmt.Errorf("retire %s: still present: %v", k.t.Name(), left))
 		}
@@ -263,6 +270,11 @@ func (c *Controller) leftovers(ctx context.Context, k *kube) ([]string, error) {
 				left = append(left, "lease/"+l.Name)
 			}
 		}
+		claims, err := c.claimsLeft(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		left = append(left, claims...)
 		if len(left) == 0 {
 			return nil, nil
 		}

@@ -37,6 +37,13 @@ type Defaults struct {
 	// and its sidecar's capacity: every volume of the web node's on the
 	// target, so its own setting, not a step's.
 	HolderSize resource.Quantity
+	// HolderStorageClass is the StorageClass of the claim that keeps a
+	// Concourse volume holder's volumes instead of an emptyDir (""
+	// none); the claim is HolderSize big. After For, the target's.
+	HolderStorageClass string
+	// HolderClaimSize is the size of that claim, set by For: the
+	// target's steps.volumeHolder.storage.size, else HolderSize.
+	HolderClaimSize resource.Quantity
 }
 
 // For is d with what the target's policy sets instead.
@@ -47,13 +54,22 @@ func (d Defaults) For(p targets.StepPolicy) Defaults {
 		}
 		return def.DeepCopy()
 	}
-	return Defaults{
+	out := Defaults{
 		VolumeSizeLimit:         pick(d.VolumeSizeLimit, p.VolumeSizeLimit),
 		EphemeralStorageRequest: pick(d.EphemeralStorageRequest, p.EphemeralStorageRequest),
 		CPURequest:              pick(d.CPURequest, p.DefaultCPURequest),
 		MemoryRequest:           pick(d.MemoryRequest, p.DefaultMemoryRequest),
 		HolderSize:              pick(d.HolderSize, p.VolumeHolder.Size),
+		HolderStorageClass:      p.VolumeHolder.StorageClass(d.HolderStorageClass),
 	}
+	if out.HolderStorageClass != "" {
+		var size *resource.Quantity
+		if p.VolumeHolder.Storage != nil {
+			size = p.VolumeHolder.Storage.Size
+		}
+		out.HolderClaimSize = pick(out.HolderSize, size)
+	}
+	return out
 }
 
 // stepSecurity is the step container's security context. The step's image

@@ -48,7 +48,11 @@ const (
 // checker runs health checks.
 type checker struct {
 	required []Permission
-	now      func() time.Time
+	// holderClass is the gateway's volume-holder-storage-class: a target
+	// whose holder keeps its volumes on a claim is asked for
+	// ClaimPermissions too.
+	holderClass string
+	now         func() time.Time
 }
 
 // check probes readiness, reads the server version when it is not known,
@@ -93,7 +97,7 @@ func (c *checker) review(ctx context.Context, t *Target) ([]Permission, error) {
 		return nil, err
 	}
 	var missing []Permission
-	for _, p := range c.required {
+	for _, p := range RequiredFor(t, c.required, c.holderClass) {
 		if !rules.Status.Incomplete && p.grantedBy(rules.Status.ResourceRules) {
 			continue
 		}
@@ -156,14 +160,15 @@ func classify(ctx context.Context, err error) (error, string) {
 
 // Check checks one target once, with the same probe and reviews as the
 // registry: what `gateway check` runs before a Secret is mounted.
-func Check(ctx context.Context, cfg *Config, timeout time.Duration) Health {
+// holderClass is the gateway's volume-holder-storage-class.
+func Check(ctx context.Context, cfg *Config, timeout time.Duration, holderClass string) Health {
 	t, err := NewTarget(cfg, "")
 	if err != nil {
 		return Health{At: time.Now(), Err: err, Reason: ReasonInvalid}
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c := checker{required: Required, now: time.Now}
+	c := checker{required: Required, holderClass: holderClass, now: time.Now}
 	return c.check(ctx, t, "")
 }
 

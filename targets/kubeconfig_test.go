@@ -129,6 +129,19 @@ func TestParse(t *testing.T) {
 			yaml: "steps:\n  volumeSizeLimit: -1Gi\n  defaultCPURequest: -1\n  volumeHolder: {size: -1}\n",
 			wantErr: []string{"steps.volumeSizeLimit must not be negative, got -1Gi", "steps.defaultCPURequest must not be negative",
 				"steps.volumeHolder.size must not be negative"}},
+		{name: "holder storage", config: kubeconfig("", "", ""), yaml: "steps:\n  volumeHolder: {storage: {class: fast-ssd, size: 50Gi}}\n",
+			check: func(t *testing.T, c *Config) {
+				h := c.Meta.Steps.VolumeHolder
+				assert.Equal(t, "fast-ssd", h.StorageClass("standard"), "the target's class wins")
+				assert.Equal(t, "50Gi", h.Storage.Size.String())
+			}},
+		{name: "holder storage: an emptyDir here", config: kubeconfig("", "", ""), yaml: "steps:\n  volumeHolder: {storage: {}}\n",
+			check: func(t *testing.T, c *Config) {
+				assert.Empty(t, c.Meta.Steps.VolumeHolder.StorageClass("standard"), "storage: {} is an emptyDir, whatever the gateway's")
+			}},
+		{name: "bad holder storage", config: kubeconfig("", "", ""), yaml: "steps:\n  volumeHolder: {storage: {class: Fast_SSD, size: 0}}\n",
+			wantErr: []string{`steps.volumeHolder.storage.class "Fast_SSD" is not a StorageClass name`,
+				"steps.volumeHolder.storage.size must be more than 0"}},
 		{name: "steps policy unknown key", config: kubeconfig("", "", ""), yaml: "steps:\n  privileged: true\n",
 			wantErr: []string{"target.yaml", `unknown field "privileged"`}},
 		{name: "steps policy not a quantity", config: kubeconfig("", "", ""), yaml: "steps:\n  volumeSizeLimit: lots\n",

@@ -61,6 +61,28 @@ var Required = []Permission{
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "delete"},
 }
 
+// ClaimPermissions are what a target whose Concourse volume holder keeps
+// its volumes on a PersistentVolumeClaim (steps.volumeHolder.storage, or
+// the gateway's volume-holder-storage-class) needs besides Required: the
+// claim is made, read as the holder is made again, and deleted when the
+// target is retired or goes back to an emptyDir. Only such a target is
+// asked for them (RequiredFor).
+var ClaimPermissions = []Permission{
+	{Resource: "persistentvolumeclaims", Verb: "create"},
+	{Resource: "persistentvolumeclaims", Verb: "get"},
+	{Resource: "persistentvolumeclaims", Verb: "delete"},
+}
+
+// RequiredFor is what t needs of required (Required, or what a test
+// asks): ClaimPermissions too when its volume holder keeps its volumes on
+// a claim, holderClass being the gateway's volume-holder-storage-class.
+func RequiredFor(t *Target, required []Permission, holderClass string) []Permission {
+	if t.Config.Meta.Steps.VolumeHolder.StorageClass(holderClass) == "" {
+		return required
+	}
+	return append(slices.Clip(required), ClaimPermissions...)
+}
+
 // RBACRules returns the Role rules that grant perms: what an operator binds
 // to jetway's service account (docs and tests use it).
 func RBACRules(perms []Permission) []rbacv1.PolicyRule {

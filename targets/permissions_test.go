@@ -53,3 +53,30 @@ func TestAccessReviewUsesSubresourceField(t *testing.T) {
 	assert.Equal(t, "portforward", a.Subresource)
 	assert.Equal(t, "ci", a.Namespace)
 }
+
+// TestClaimPermissionsOnlyWithStorage: a target is asked for
+// persistentvolumeclaims only when its volume holder keeps its volumes on
+// a claim: its own steps.volumeHolder.storage, or the gateway's class
+// where it says nothing; storage: {} opts out of the gateway's.
+func TestClaimPermissionsOnlyWithStorage(t *testing.T) {
+	target := func(storage *HolderStorage) *Target {
+		return &Target{Config: &Config{Meta: Metadata{Steps: StepPolicy{VolumeHolder: VolumeHolderPolicy{Storage: storage}}}}}
+	}
+	claims := func(perms []Permission) []string {
+		var out []string
+		for _, p := range perms {
+			if p.Resource == "persistentvolumeclaims" {
+				out = append(out, p.Verb)
+			}
+		}
+		return out
+	}
+	assert.Empty(t, claims(RequiredFor(target(nil), Required, "")), "an emptyDir")
+	assert.Equal(t, []string{"create", "get", "delete"}, claims(RequiredFor(target(&HolderStorage{Class: "fast"}), Required, "")))
+	assert.Equal(t, []string{"create", "get", "delete"}, claims(RequiredFor(target(nil), Required, "standard")), "the gateway's class")
+	assert.Empty(t, claims(RequiredFor(target(&HolderStorage{}), Required, "standard")), "storage: {} on this target")
+	assert.Len(t, Required, len(RequiredFor(target(nil), Required, "")), "Required itself unchanged")
+	with := RequiredFor(target(nil), Required, "standard")
+	assert.Empty(t, claims(Required), "appending did not write into Required")
+	assert.Len(t, with, len(Required)+len(ClaimPermissions))
+}

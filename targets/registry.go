@@ -87,10 +87,16 @@ type RegistryOptions struct {
 	Concurrency int
 	// StallAfter is how many consecutive failed checks stall a running target.
 	StallAfter int
-	// Required permissions; default Required.
+	// Required permissions; default Required. A target whose volume
+	// holder keeps its volumes on a claim is asked for ClaimPermissions
+	// too (RequiredFor).
 	Required []Permission
-	Logger   *slog.Logger
-	Metrics  *Metrics
+	// HolderStorageClass is the gateway's volume-holder-storage-class:
+	// the targets that do not say otherwise keep their holders' volumes
+	// on a claim of that class ("": an emptyDir).
+	HolderStorageClass string
+	Logger             *slog.Logger
+	Metrics            *Metrics
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// VersionRefresh re-reads the server version of a healthy target this
@@ -167,7 +173,7 @@ func NewRegistry(opts RegistryOptions) *Registry {
 	if opts.VersionRefresh <= 0 {
 		opts.VersionRefresh = 10 * time.Minute
 	}
-	c := checker{required: opts.Required, now: opts.Now}
+	c := checker{required: opts.Required, holderClass: opts.HolderStorageClass, now: opts.Now}
 	r := &Registry{
 		opts:    opts,
 		probe:   c.check,

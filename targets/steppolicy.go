@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // StepPolicy is the `steps:` section of a target's target.yaml: what its
@@ -38,7 +39,38 @@ type VolumeHolderPolicy struct {
 	// volume of the web node's on the target: its sidecar refuses a write
 	// past it (less a margin), so no request gets the holder evicted.
 	Size *resource.Quantity `json:"size,omitempty"`
+	// Storage keeps the holder's volumes on a PersistentVolumeClaim of
+	// its own instead of an emptyDir, so that a holder made again (its
+	// pod deleted, evicted, drained to another node) has them still.
+	// Left out: the gateway's volume-holder-storage-class; a class of ""
+	// (`storage: {}`): an emptyDir on this target whatever the gateway's.
+	Storage *HolderStorage `json:"storage,omitempty"`
 }
+
+// HolderStorage is `steps.volumeHolder.storage`: the claim that keeps a
+// Concourse volume holder's volumes.
+type HolderStorage struct {
+	// Class is the claim's StorageClass; "": no claim, an emptyDir.
+	Class string `json:"class,omitempty"`
+	// Size is the claim's size, and so the holder's capacity; left out:
+	// the holder's size (steps.volumeHolder.size, else the gateway's
+	// volume-holder-size).
+	Size *resource.Quantity `json:"size,omitempty"`
+}
+
+// StorageClass is the StorageClass of the claim the holder keeps its
+// volumes on, gatewayClass (the gateway's volume-holder-storage-class)
+// unless the target says otherwise: "" for an emptyDir.
+func (p VolumeHolderPolicy) StorageClass(gatewayClass string) string {
+	if p.Storage != nil {
+		return p.Storage.Class
+	}
+	return gatewayClass
+}
+
+// HolderStorageKey is the target.yaml key of the holder's claim, as
+// messages name it.
+const HolderStorageKey = "steps.volumeHolder.storage"
 
 // PrivilegedKey is the target.yaml key that allows privileged steps, as
 // messages name it.
@@ -52,11 +84,28 @@ func (p StepPolicy) validate() error {
 	}{
 		{"volumeSizeLimit", p.VolumeSizeLimit}, {"ephemeralStorageRequest", p.EphemeralStorageRequest},
 		{"defaultCPURequest", p.DefaultCPURequest}, {"defaultMemoryRequest", p.DefaultMemoryRequest},
-		{"volumeHolder.size", p.VolumeHolder.Size},
+		{"volumeHolder.size", p.VolumeHolder.Size}, {"volumeHolder.storage.size", p.VolumeHolder.storageSize()},
 	} {
 		if q.v != nil && q.v.Sign() < 0 {
 			errs = append(errs, fmt.Errorf("steps.%s must not be negative, got %s", q.key, q.v))
 		}
 	}
+	if st := p.VolumeHolder.Storage; st != nil {
+		if st.Class != "" {
+			for _, msg := range validation.IsDNS1123Subdomain(st.Class) {
+				errs = append(errs, fmt.Errorf("%s.class %q is not a StorageClass name: %s", HolderStorageKey, st.Class, msg))
+			}
+		}
+		if st.Size != nil && st.Size.Sign() == 0 && st.Class != "" {
+			errs = append(errs, fmt.Errorf("%s.size must be more than 0: a claim has a size", HolderStorageKey))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+func (p VolumeHolderPolicy) storageSize() *resource.Quantity {
+	if p.Storage == nil {
+		return nil
+	}
+	return p.Storage.Size
 }

@@ -17,8 +17,9 @@ import (
 
 func checkCommand() *cobra.Command {
 	var (
-		pol     targets.Policy
-		timeout time.Duration
+		pol         targets.Policy
+		timeout     time.Duration
+		holderClass string
 	)
 	cmd := &cobra.Command{
 		Use:   "check DIR",
@@ -38,13 +39,15 @@ func checkCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&pol.AllowInsecureTLS, "allow-insecure-tls", false, "accept insecure-skip-tls-verify")
 	cmd.Flags().BoolVar(&pol.AllowExternalFiles, "allow-external-files", false, "accept files outside DIR")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "bound on each target's check")
+	cmd.Flags().StringVar(&holderClass, "volume-holder-storage-class", "", "the gateway's volume-holder-storage-class: "+
+		"the targets that keep their volume holder's volumes on a claim of it are checked for persistentvolumeclaims too")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		src := targets.NewSource(targets.SourceOptions{Dir: args[0], Policy: pol}, nil)
 		results, _, err := src.Read()
 		if err != nil {
 			return usageError{err}
 		}
-		rows := checkAll(cmd.Context(), results, timeout)
+		rows := checkAll(cmd.Context(), results, timeout, holderClass)
 		if bad := printChecks(cmd.OutOrStdout(), rows); bad > 0 {
 			return fmt.Errorf("%d of %d targets unusable", bad, len(rows))
 		}
@@ -82,7 +85,7 @@ func (r checkRow) result() string {
 
 // checkAll checks the valid targets concurrently and returns a row for
 // every entry, sorted by name.
-func checkAll(ctx context.Context, results map[string]targets.Result, timeout time.Duration) []checkRow {
+func checkAll(ctx context.Context, results map[string]targets.Result, timeout time.Duration, holderClass string) []checkRow {
 	rows := make([]checkRow, 0, len(results))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -92,7 +95,7 @@ func checkAll(ctx context.Context, results map[string]targets.Result, timeout ti
 			continue
 		}
 		wg.Go(func() {
-			h := targets.Check(ctx, res.Config, timeout)
+			h := targets.Check(ctx, res.Config, timeout, holderClass)
 			mu.Lock()
 			defer mu.Unlock()
 			rows = append(rows, checkRow{name: name, namespace: res.Config.Meta.Namespace,

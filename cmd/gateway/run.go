@@ -95,8 +95,11 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Installation: cfg.Installation,
 		LandTimeout:  cfg.LandTimeout,
 		UserAgent:    "jetway/" + id,
-		Logger:       logger.With("component", "targets"),
-		Metrics:      targets.NewMetrics(reg),
+		// A target whose holder keeps its volumes on a claim is asked
+		// for persistentvolumeclaims too.
+		HolderStorageClass: cfg.VolumeHolderStorageClass,
+		Logger:             logger.With("component", "targets"),
+		Metrics:            targets.NewMetrics(reg),
 	})
 	var stepper *steps.Manager // made below; its owners collect their own pods
 	controller := lifecycle.New(lifecycle.Options{
@@ -104,6 +107,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 		Registry: registry,
 		GCGrace:  cfg.GCGrace,
 		Owned:    func(p *corev1.Pod) bool { return stepper != nil && stepper.Owned(p) },
+		Claims:   holderClaims(cfg),
 		Logger:   logger.With("component", "lifecycle"),
 		Metrics:  lifecycle.NewMetrics(reg),
 	})
@@ -311,6 +315,18 @@ func stepDefaults(cfg config.Config) steppod.Defaults {
 		CPURequest:              resource.MustParse(cfg.StepDefaultCPURequest),
 		MemoryRequest:           size(cfg.StepDefaultMemoryRequest),
 		HolderSize:              size(cfg.VolumeHolderSize),
+		HolderStorageClass:      cfg.VolumeHolderStorageClass,
+	}
+}
+
+// holderClaims names the claim a target's Concourse volume holder keeps
+// its volumes on, where it keeps them on one: retire deletes it.
+func holderClaims(cfg config.Config) func(t *targets.Target) []string {
+	return func(t *targets.Target) []string {
+		if t.Config.Meta.Steps.VolumeHolder.StorageClass(cfg.VolumeHolderStorageClass) == "" {
+			return nil
+		}
+		return []string{steppod.HolderName(cfg.Installation)}
 	}
 }
 

@@ -279,7 +279,7 @@ func checkNew(ctx context.Context, w io.Writer, name string, res targets.Result,
 	deadline := time.Now().Add(wait)
 	var rows []checkRow
 	for {
-		rows = checkAll(ctx, map[string]targets.Result{name: res}, 10*time.Second)
+		rows = checkAll(ctx, map[string]targets.Result{name: res}, 10*time.Second, "")
 		if rows[0].problem == "" || time.Now().After(deadline) {
 			break
 		}

@@ -40,7 +40,7 @@ func BenchmarkCheckPaths(b *testing.B) {
 	client := kubernetes.NewForConfigOrDie(rc)
 
 	jetway := func() {
-		if h := targets.Check(ctx, cfg, 5*time.Second); !h.OK() {
+		if h := targets.Check(ctx, cfg, 5*time.Second, ""); !h.OK() {
 			b.Fatalf("check: %s", h.Describe())
 		}
 	}

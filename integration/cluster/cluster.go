@@ -269,9 +269,13 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--bind-address=127.0.0.1",
 		"--secure-port="+strconv.Itoa(kcmPort),
 		"--leader-elect=false",
-		// node-lifecycle lifts the not-ready taint new nodes get at admission.
+		// node-lifecycle lifts the not-ready taint new nodes get at admission;
+		// the persistent volume binder binds claims to volumes (a volume
+		// holder's claim), the protection controllers let a claim or a
+		// volume no pod uses go once deleted.
 		"--controllers=serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"+
-			"garbage-collector-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller",
+			"garbage-collector-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller,"+
+			"persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller",
 		"--root-ca-file="+p.path("ca.crt"),
 		"--service-account-private-key-file="+p.path("sa.key"),
 		"--use-service-account-credentials=false",

@@ -133,14 +133,15 @@ func NewNonce() string {
 // Seal is the seal of pod on target for team ("" for admins alone).
 func (k Key) Seal(target, pod, team string) string { return k.mac("seal", target, pod, team) }
 
-// Sealed reports whether p, a pod of target, carries the seal of its name
-// and team label: whether jetway may delete it. Whether it may trust it
-// is Bound.
-func (k Key) Sealed(target string, p *corev1.Pod) bool {
+// Sealed reports whether o, a pod of target (or another object jetway
+// makes sealed, such as a volume holder's claim), carries the seal of its
+// name and team label: whether jetway may delete it. Whether it may
+// trust a pod is Bound.
+func (k Key) Sealed(target string, o metav1.Object) bool {
 	if k.IsZero() {
 		return false
 	}
-	return equal(p.Annotations[SealAnnotation], k.Seal(target, p.Name, p.Labels[TeamLabel]))
+	return equal(o.GetAnnotations()[SealAnnotation], k.Seal(target, o.GetName(), o.GetLabels()[TeamLabel]))
 }
 
 // binding is the BoundAnnotation of p on target: its seal's parts, its

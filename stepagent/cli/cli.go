@@ -25,13 +25,18 @@ const usage = `usage: step-agent COMMAND [--run NAME] [flags]
   run [--spec-bytes S] [--inputs-bytes B] [--offset O --events E] [--skip N|all]
   tail [--offset O --events E] [--skip N|all]
   abort | forget --run NAME | serve | serve-daemon | supervise
-  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES] [--link-copies]
+  install DEST [VOLUME...] | pid1 | volumes [--listen ADDR] [--max-extract-bytes N] [--max-extract-entries N] [--capacity BYTES [--capacity-of claim]] [--link-copies]
     (volumes serves the holder of the token whose SHA-256 $JETWAY_VOLUMES_TOKEN_SHA256 holds)`
 
 // capacityOrigin is where a volume sidecar's --capacity comes from: only
-// a Concourse volume holder's sidecar gets one (steppod.HolderPod).
-const capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeHolder.size " +
-	"in its target.yaml, else the gateway's volume-holder-size"
+// a Concourse volume holder's sidecar gets one (steppod.HolderPod); with
+// --capacity-of claim, its PersistentVolumeClaim's size.
+const (
+	capacityOrigin = "the size limit of the volume holder's emptyDir: the target's steps.volumeHolder.size " +
+		"in its target.yaml, else the gateway's volume-holder-size"
+	claimCapacityOrigin = "the size of the volume holder's PersistentVolumeClaim: the target's steps.volumeHolder.storage.size " +
+		"in its target.yaml, else its steps.volumeHolder.size, else the gateway's volume-holder-size, as the claim was made"
+)
 
 // Main runs the command args name (args[0]) and returns its exit code,
 // having said on stderr what failed.
@@ -83,6 +88,8 @@ func dispatch(cmd string, args []string) error {
 		"without it they are refused, naming the entry")
 	capacity := fs.Int64("capacity", 0, "volumes: bytes the volumes may take on disk, counted as the kubelet counts an emptyDir; "+
 		"a write past it, less a margin, is refused (0: no bound). Only for a sidecar that alone writes its folder")
+	capacityOf := fs.String("capacity-of", "", "volumes: what --capacity is, for the error that refuses a write: "+
+		"claim (a PersistentVolumeClaim's size); empty: an emptyDir's size limit")
 	linkCopies := fs.Bool("link-copies", false, "volumes: make a cow volume, and an import of another volume, of hard links to its parent's files, "+
 		"not copies. Only for a sidecar that alone writes its folder: a process writing a file in place would write every volume linking it")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
@@ -144,7 +151,15 @@ func dispatch(cmd string, args []string) error {
 	case "supervise":
 		return stepagent.Supervise(root)
 	case "volumes":
-		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: capacityOrigin}, *linkCopies)
+		origin := capacityOrigin
+		switch *capacityOf {
+		case "":
+		case "claim":
+			origin = claimCapacityOrigin
+		default:
+			return fmt.Errorf("%w: --capacity-of %q: want claim, or none", errUsage, *capacityOf)
+		}
+		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: origin}, *linkCopies)
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
