@@ -173,7 +173,7 @@ vet:
 # behind.
 test: tools concourse-bins vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
-	status=0; $(GO) test -race -count=1 -timeout 40m ./... || status=$$?; \
+	status=0; $(GO) test -race -count=1 -timeout 60m ./... || status=$$?; \
 	bash integration/leftovers.sh || status=1; \
 	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status
 
