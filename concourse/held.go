@@ -2,6 +2,7 @@ package concourse
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -287,16 +288,9 @@ func podGone(t *targets.Target, held volumes.Held) string {
 	case string(p.UID) != held.UID:
 		return "replaced by another pod of its name"
 	case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
-		return "ended: " + cmpString(p.Status.Reason, string(p.Status.Phase))
+		return "ended: " + cmp.Or(p.Status.Reason, string(p.Status.Phase))
 	}
 	return ""
-}
-
-func cmpString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // errVolumeLost: a volume's files were in a pod that is gone.
