@@ -169,11 +169,15 @@ vet:
 
 # test runs every unit and integration test with the race detector, building
 # the cluster tools first if they are missing and the images (their test
-# reads them), checking Concourse's binaries are there, then fails if any control-plane process of the run is left
-# behind.
+# reads them), checking Concourse's binaries are there, then fails if any
+# control-plane process of the run is left behind. testreport prints what
+# plain go test would, keeps every line in bin/test.log, and ends with the
+# slowest tests and, when the suite times out, the tests still running.
 test: tools concourse-bins vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
-	status=0; $(GO) test -race -count=1 -timeout 60m ./... || status=$$?; \
+	$(GO) build -o $(BIN)/testreport ./integration/cmd/testreport
+	status=0; { $(GO) test -json -race -count=1 -timeout 60m ./... 2>&1 || echo "FAIL: go test exited $$?"; } \
+		| $(BIN)/testreport -log $(BIN)/test.log || status=1; \
 	bash integration/leftovers.sh || status=1; \
 	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status
 
