@@ -110,10 +110,12 @@ type Config struct {
 	// web node, through its TSA (concourse-tsa) or its REST API
 	// (concourse-url with a client), one of the two. With the TSA,
 	// concourse-url is where the web node's worker version is read.
-	ConcourseTSA           string `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
-	ConcourseTSAPublicKey  string `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
-	ConcourseWorkerKey     string `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
-	ConcourseResourceTypes string `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
+	ConcourseTSA           string        `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
+	ConcourseTSAPublicKey  string        `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
+	ConcourseWorkerKey     string        `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
+	ConcourseSweepInterval time.Duration `mapstructure:"concourse-sweep-interval" help:"how often each registered worker runs its garbage collection rounds with the web node: reports its containers and volumes, destroys what the web node no longer wants, releases kept pods (a stock worker's --sweep-interval)"`
+	ConcourseKeepGrace     time.Duration `mapstructure:"concourse-keep-grace" help:"how long the pod of a container the web node destroyed is kept for the volumes it still holds (written by its processes, not yet read): past it they are copied into the volume holder and the pod is deleted (docs/concourse.md)"`
+	ConcourseResourceTypes string        `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
 	// Registering over the REST API instead, where the web node reaches
 	// the gateway directly.
 	ConcourseURL              string   `mapstructure:"concourse-url" help:"external URL of the Concourse web node: with concourse-client-id, concourse-client-secret-file and concourse-worker-address, the targets register through its REST API instead of its TSA; with concourse-tsa, jetway reads the web node's worker version there first and registers nothing it would never use (docs/concourse.md); empty: none"`
@@ -172,6 +174,12 @@ func Default() Config {
 		VolumeHolderSize: 20 << 30,
 
 		MeshStallAfter: 30 * time.Second,
+
+		// concourse.DefaultKeepGrace: time for the next step of a build
+		// to read what the last one wrote, straight from its pod.
+		ConcourseKeepGrace: 3 * time.Minute,
+		// concourse.DefaultSweepInterval, a stock worker's.
+		ConcourseSweepInterval: 30 * time.Second,
 
 		PlacementStrategy:      selection.Chain{selection.VolumeLocality},
 		CheckPlacementStrategy: selection.Chain{selection.Random},
@@ -265,6 +273,12 @@ func (c Config) Validate() error {
 	}
 	if c.LandTimeout <= 0 {
 		add("land-timeout", "must be positive, got %s", c.LandTimeout)
+	}
+	if c.ConcourseSweepInterval < time.Second {
+		add("concourse-sweep-interval", "must be at least 1s, got %s", c.ConcourseSweepInterval)
+	}
+	if c.ConcourseKeepGrace <= 0 {
+		add("concourse-keep-grace", "must be positive, got %s", c.ConcourseKeepGrace)
 	}
 	if c.GCGrace < 0 {
 		add("gc-grace", "must not be negative, got %s", c.GCGrace)

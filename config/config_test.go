@@ -195,6 +195,8 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 			want: []string{"max-streams: must not be negative (0: no bound), got -1"}},
 		{name: "no stall timeout", mutate: func(c *Config) { c.StreamStallTimeout = 0 },
 			want: []string{"stream-stall-timeout: must be positive, got 0s"}},
+		{name: "no keep grace", mutate: func(c *Config) { c.ConcourseKeepGrace, c.ConcourseSweepInterval = 0, time.Millisecond },
+			want: []string{"concourse-keep-grace: must be positive, got 0s", "concourse-sweep-interval: must be at least 1s, got 1ms"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

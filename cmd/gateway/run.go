@@ -482,7 +482,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 			Logger: logger.With("component", "concourse")}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
-			Agents: agentWorkers}
+			Agents: agentWorkers, KeepGrace: cfg.ConcourseKeepGrace}
 		volumeAPI = holder.API
 		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder, Agents: agentWorkers,
 			ResourceTypes: types, Metrics: metrics, Logger: logger}
@@ -499,6 +499,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 		Registers:     registers,
 		Lifecycle:     lc,
 		ResourceTypes: types,
+		SweepInterval: cfg.ConcourseSweepInterval,
 		// A graceful stop lets the web node's running processes end.
 		Drain:   cfg.ShutdownTimeout,
 		Logger:  logger,
