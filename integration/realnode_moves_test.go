@@ -83,7 +83,7 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 	client := cwn.Client{ID: "jetway", Secret: "moves-s3cret"}
 	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: 2 * time.Second})
 	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 3 * time.Minute})
+		keepGrace: 3 * time.Minute, sweep: 2 * time.Second})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 	fly := func(within time.Duration, args ...string) (string, error) {
 		fctx, fcancel := context.WithTimeout(ctx, within)

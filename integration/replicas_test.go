@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,11 +53,16 @@ func (r *replica) start(t *testing.T) {
 	r.all = append(r.all, r.proc)
 }
 
-// logged counts the lines of every process of the replica with msg.
-func (r *replica) logged(msg string) int {
+// logged counts the lines of every process of the replica with msg and
+// each of the strings and.
+func (r *replica) logged(msg string, and ...string) int {
 	n := 0
 	for _, p := range r.all {
-		n += strings.Count(p.logs.String(), `"msg":"`+msg+`"`)
+		for line := range strings.Lines(p.logs.String()) {
+			if strings.Contains(line, `"msg":"`+msg+`"`) && !slices.ContainsFunc(and, func(s string) bool { return !strings.Contains(line, s) }) {
+				n++
+			}
+		}
 	}
 	return n
 }
