@@ -176,7 +176,7 @@ vet:
 test: tools concourse-bins vet image node-images
 	rm -rf "$$JETWAY_CLUSTER_DIR"
 	$(GO) build -o $(BIN)/testreport ./integration/cmd/testreport
-	status=0; { $(GO) test -json -race -count=1 -timeout 60m ./... 2>&1 || echo "FAIL: go test exited $$?"; } \
+	status=0; { $(GO) test -json -race -count=1 -timeout 75m ./... 2>&1 || echo "FAIL: go test exited $$?"; } \
 		| $(BIN)/testreport -log $(BIN)/test.log || status=1; \
 	bash integration/leftovers.sh || status=1; \
 	rm -rf "$$JETWAY_CLUSTER_DIR"; exit $$status

@@ -4,12 +4,14 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,4 +111,17 @@ func findLeaks() error {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// needDisk fails t at once unless the file system of the clusters'
+// folder (the real node's pods and images) has bytes free: a test that
+// moves GiBs on a disk without room would wedge the node (its kubelet
+// evicts at 1% free) and wait out every bound after it.
+func needDisk(t *testing.T, bytes uint64) {
+	t.Helper()
+	dir := cmp.Or(os.Getenv("JETWAY_CLUSTER_DIR"), os.TempDir())
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(dir, &st), "free space under %s", dir)
+	free := st.Bavail * uint64(st.Bsize)
+	require.GreaterOrEqual(t, free, bytes, "this test needs %d MiB free under %s; it has %d MiB", bytes>>20, dir, free>>20)
 }

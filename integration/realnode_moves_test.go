@@ -21,14 +21,14 @@ import (
 
 // movesPipeline: a task writes SIZE random bytes, the next copies them
 // into an output of its own, the last checks them: a 1 GiB input and a
-// 1 GiB output for the task in the middle. Job lose waits between the
-// write and the read, for the test to delete the writer's pod.
+// 1 GiB output for the task in the middle. Job lose writes 1 MiB and
+// waits before reading it, for the test to delete the writer's pod.
 const movesPipeline = `
 jobs:
 - name: moves
   plan:
   - task: write
-    config: &write
+    config:
       platform: linux
       rootfs_uri: docker:///jetway.test/busybox#1
       outputs: [{name: big}]
@@ -49,7 +49,11 @@ jobs:
 - name: lose
   plan:
   - task: write
-    config: *write
+    config:
+      platform: linux
+      rootfs_uri: docker:///jetway.test/busybox#1
+      outputs: [{name: big}]
+      run: {path: sh, args: [-ec, 'head -c 1048576 /dev/urandom > big/data; sha256sum big/data | cut -d" " -f1 > big/sum; echo written']}
   - task: wait
     config:
       platform: linux
@@ -77,9 +81,10 @@ jobs:
 // before the volume is read fails the step that reads it, naming the
 // pod, is not reported at the next sweep, and the next build succeeds.
 func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
+	const name, size = "rn-moves", 1 << 30
+	needDisk(t, 8*size) // at most: the writer's output, its copy in the holder, the copy's input and output, and theirs
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	const name, size = "rn-moves", 1 << 30
 	client := cwn.Client{ID: "jetway", Secret: "moves-s3cret"}
 	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: 2 * time.Second})
 	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),

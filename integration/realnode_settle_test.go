@@ -67,7 +67,7 @@ jobs:
 func TestRealNodeConcourseSettleOutlivesAKilledReplica(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	const name, size = "rn-settle", 512 << 20 // ~3 s to copy on this machine: time to kill mid-copy
+	const name, size = "rn-settle", 256 << 20 // over a second to copy on this machine: time to kill mid-copy
 	rn := startRealNode(t)
 	web := cwn.ForTest(t, cwn.Options{HeartbeatInterval: 2 * time.Second, GCInterval: time.Second})
 	dir := t.TempDir()

@@ -4,7 +4,7 @@
 // tests, the failed ones, and for a package that timed out the tests that
 // were still running. `make test` pipes the suite through it because CI
 // shows only the tail of a run: the summary is what is left to read when
-// a 60-minute suite times out, and it names the test that held it.
+// the suite hits its -timeout, and it names the test that held it.
 //
 //	go test -json ./... | testreport -log bin/test.log
 //
