@@ -291,6 +291,65 @@ func TestRealNodeConcourseHolderDeletedMidBuild(t *testing.T) {
 	assert.NotEqual(t, first.UID, p.UID, "a new holder")
 }
 
+// TestRealNodeConcourseHolderKilledMidBuild: the volume holder's sidecar
+// SIGKILLed (as an OOM kill would) while a build's task runs: the kubelet
+// starts it again in the same pod, on the same emptyDir, and nothing is
+// lost: the task's output is copied out once the holder answers again,
+// fly execute downloads it whole, and the holder is neither replaced nor
+// made again; the next build runs on it.
+func TestRealNodeConcourseHolderKilledMidBuild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const name = "rn-holder-killed"
+	web, g, work := holderBuilds(ctx, t, name, "{}\n")
+	rn := startRealNode(t)
+	holder := steppod.HolderName("jetway")
+	pods := rn.Client.CoreV1().Pods(name)
+
+	out := filepath.Join(work, "out")
+	done := flyAsync(ctx, web, 3*time.Minute, taskArgs(t, work, "echo started; sleep 8; cp in/payload out/", "-o", "out="+out)...)
+	eventually(t, 90*time.Second, func() error {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, p := range list.Items {
+			if p.Name != holder && p.Status.Phase == corev1.PodRunning {
+				return nil
+			}
+		}
+		return errorf("the task's pod does not run yet")
+	})
+	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, rn.KillContainer(ctx, name, holder, first.Spec.Containers[0].Name))
+
+	var res flyResult
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		t.Fatal("fly execute does not end")
+	}
+	require.NoError(t, res.err, res.out)
+	assert.Contains(t, res.out, "started")
+	want, err := os.ReadFile(filepath.Join(work, "in", "payload"))
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(out, "payload"))
+	require.NoError(t, err)
+	assert.Equal(t, string(want), string(got), "the output, copied out after the holder came back")
+
+	p, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, first.UID, p.UID, "the same holder")
+	require.Len(t, p.Status.ContainerStatuses, 1)
+	assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount, "its sidecar started again once")
+	assert.NotContains(t, scrape(t, g.reg), "jetway_concourse_volume_holders_replaced_total{", "not replaced, for any reason")
+
+	res2, err := flyTask(ctx, t, web, work, "cat in/payload")
+	require.NoError(t, err, res2)
+	assert.Contains(t, res2, strings.TrimSpace(string(want)))
+}
+
 // TestRealNodeConcourseHolderPastItsLimit: a volume holder of 16Mi
 // (steps.volumeHolder.size). An upload bigger than that through fly is
 // refused, naming the capacity, and takes nothing: the holder's emptyDir

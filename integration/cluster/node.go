@@ -770,21 +770,9 @@ func tarFile(r io.Reader, name string) ([]byte, error) {
 // is in effect for a container that has no shell to print it (the step
 // agent's).
 func (c *Cluster) ContainerProcess(ctx context.Context, namespace, pod, container, file string) (string, error) {
-	if c.node == nil {
-		return "", errors.New("not a real node")
-	}
-	p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	id, err := c.containerID(ctx, namespace, pod, container)
 	if err != nil {
 		return "", err
-	}
-	var id string
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == container {
-			_, id, _ = strings.Cut(cs.ContainerID, "://")
-		}
-	}
-	if id == "" {
-		return "", fmt.Errorf("pod %s/%s has no container %s running", namespace, pod, container)
 	}
 	out, err := c.node.ctr(ctx, "tasks", "ls")
 	if err != nil {
@@ -797,4 +785,34 @@ func (c *Cluster) ContainerProcess(ctx context.Context, namespace, pod, containe
 		}
 	}
 	return "", fmt.Errorf("container %s of %s/%s (%s) has no task", container, namespace, pod, id)
+}
+
+// KillContainer SIGKILLs the processes of a container of a pod on the
+// real node, as the kernel's OOM killer or a crash would end them: the
+// kubelet then starts the container again in the same pod.
+func (c *Cluster) KillContainer(ctx context.Context, namespace, pod, container string) error {
+	id, err := c.containerID(ctx, namespace, pod, container)
+	if err != nil {
+		return err
+	}
+	_, err = c.node.ctr(ctx, "tasks", "kill", "--all", "--signal", "SIGKILL", id)
+	return err
+}
+
+// containerID is the containerd ID of a running container of a pod.
+func (c *Cluster) containerID(ctx context.Context, namespace, pod, container string) (string, error) {
+	if c.node == nil {
+		return "", errors.New("not a real node")
+	}
+	p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container && cs.State.Running != nil {
+			_, id, _ := strings.Cut(cs.ContainerID, "://")
+			return id, nil
+		}
+	}
+	return "", fmt.Errorf("pod %s/%s has no container %s running", namespace, pod, container)
 }
