@@ -143,6 +143,9 @@ type gatewayOptions struct {
 	sweep time.Duration
 	// holderBindGrace is the volume holder's BindGrace; default its own.
 	holderBindGrace time.Duration
+	// holderReady is how long a volume call waits for a holder to run
+	// (the holder's Ready); default its own.
+	holderReady time.Duration
 	// keepGrace is how long a destroyed container's pod is kept for the
 	// volumes it holds (concourse.Pods.KeepGrace); default its own.
 	keepGrace time.Duration
@@ -405,7 +408,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		agentWorkers = &concourse.Agents{Joined: api.MeshAgents(node), Client: node.BulkClient()}
 	}
 	holder := &concourse.Holder{Targets: registry, Pod: func() steppod.Options { return podOpts },
-		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Metrics: metrics,
+		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Ready: o.holderReady, Metrics: metrics,
 		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
 			return streamer.Stream(ctx, req, nil)
 		},
