@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -19,10 +20,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
@@ -287,6 +290,71 @@ func TestRealNodeHolderStorageChanges(t *testing.T) {
 	})
 	assert.Equal(t, 2.0, metricValue(t, g, replaced))
 	assert.Contains(t, g.logs.String(), "volume holder pod replaced: its storage is now an emptyDir; its claim is deleted")
+}
+
+// TestRealNodeHolderOnAClaimOutlivesADrain: a drain of the node of a
+// holder on a node-local claim, as kubectl drain does it (the node
+// cordoned, the holder evicted through the Eviction API): the new holder
+// waits, Pending, on the same claim while the node is cordoned, and the
+// lists meanwhile fail (so no sweep reports the volumes gone); once the
+// node is uncordoned, the volumes are there, whole.
+func TestRealNodeHolderOnAClaimOutlivesADrain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const name = "rn-claim-drain"
+	rn := startRealNode(t)
+	class, _ := staticStorage(ctx, t, rn, "64Mi")
+	g := targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {storage: {class: "+class+", size: 32Mi}}}\n",
+		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar"), claims: true, holderReady: 5 * time.Second})
+	api := newHolderAPI(ctx, t, g, name)
+	code, msg := api.create(`{"handle":"kept","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	payload := randomBytes(t, 1<<20)
+	code, msg = api.streamIn("kept", "payload", payload)
+	require.Equal(t, http.StatusNoContent, code, msg)
+
+	holder := steppod.HolderName("jetway")
+	pods := rn.Client.CoreV1().Pods(name)
+	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	nodes := rn.Client.CoreV1().Nodes()
+	cordon := func(on bool) {
+		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+		_, err := nodes.Patch(context.Background(), rn.NodeName(), ktypes.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		require.NoError(t, err)
+	}
+	cordon(true)
+	t.Cleanup(func() { cordon(false) }) // whatever happens: the suite's other tests need the node
+	require.NoError(t, pods.EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: holder, Namespace: name}}))
+
+	// A list (the sweep's) makes the holder again; it fails while the
+	// new one waits, so nothing is reported gone.
+	eventually(t, time.Minute, func() error {
+		listed, lerr := g.holder.List(ctx, name)
+		p, err := pods.Get(ctx, holder, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.UID == first.UID || p.Status.Phase != corev1.PodPending {
+			return errorf("no new holder waiting yet (%s, %s)", p.UID, p.Status.Phase)
+		}
+		if lerr == nil {
+			return errorf("a list answered %v while the holder waits", listed)
+		}
+		return nil
+	})
+
+	cordon(false)
+	eventually(t, 2*time.Minute, func() error {
+		listed, err := g.holder.List(ctx, name)
+		if err != nil {
+			return err
+		}
+		require.Contains(t, listed, "kept", "a list without it tells the web node it is gone")
+		return nil
+	})
+	assert.Equal(t, payload, api.readFile("kept", "payload"), "the new holder has the volume, whole")
+	assert.Equal(t, 1.0, metricValue(t, g, `jetway_concourse_volume_holders_replaced_total{reason="deleted",volumes="kept"}`))
 }
 
 // holderBuilds is a real web node with a target name on the real node
