@@ -108,6 +108,7 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 		`jetway_concourse_volume_moves_total{direction="out"}`, `jetway_concourse_volume_copied_bytes_total`,
 		`jetway_concourse_volume_holds_total{outcome="held"}`, `jetway_concourse_volume_holds_total{outcome="settled"}`,
 		`jetway_concourse_volume_holds_total{outcome="dropped"}`, `jetway_concourse_volume_holds_total{outcome="lost"}`,
+		`jetway_concourse_volume_move_seconds_sum{direction="in"}`, `jetway_concourse_volume_move_seconds_sum{direction="out"}`,
 	}
 	before := map[string]float64{}
 	for _, s := range series {
@@ -125,6 +126,9 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 	assert.Equal(t, 2.0, delta(series[2]), "two volumes copied out: those read")
 	assert.Zero(t, delta(series[3]), "the copies of inputs in the holder are links: no byte copied")
 	t.Logf("moved in %.0f MiB, out %.0f MiB; copied in the holder %.0f MiB", in/(1<<20), moved/(1<<20), delta(series[3])/(1<<20))
+	// A pod's mounts move in at once: the small ones' seconds count too.
+	secIn, secOut := delta(series[8]), delta(series[9])
+	t.Logf("moves took %.1f s in (%.0f MiB/s), %.1f s out (%.0f MiB/s)", secIn, in/secIn/(1<<20), secOut, moved/secOut/(1<<20))
 
 	// The web node destroys the build's containers and then its volumes:
 	// the copies of the inputs (and nothing else) are dropped unread, and

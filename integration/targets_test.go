@@ -727,6 +727,8 @@ func TestTargetStallsDuringOutage(t *testing.T) {
 	g.waitTarget(t, "down", 10*time.Second, running)
 }
 
+// scrape is g's series, one a line as the text format writes them:
+// gauges, counters, and a histogram's _sum and _count.
 func scrape(t *testing.T, g prometheus.Gatherer) string {
 	t.Helper()
 	rr := &bytes.Buffer{}
@@ -747,6 +749,10 @@ func scrape(t *testing.T, g prometheus.Gatherer) string {
 				rr.WriteString(mf.GetName() + labels + " " + ftoa(m.GetGauge().GetValue()) + "\n")
 			case m.GetCounter() != nil:
 				rr.WriteString(mf.GetName() + labels + " " + ftoa(m.GetCounter().GetValue()) + "\n")
+			case m.GetHistogram() != nil:
+				h := m.GetHistogram()
+				rr.WriteString(mf.GetName() + "_sum" + labels + " " + ftoa(h.GetSampleSum()) + "\n")
+				rr.WriteString(mf.GetName() + "_count" + labels + " " + ftoa(float64(h.GetSampleCount())) + "\n")
 			}
 		}
 	}

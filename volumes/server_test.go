@@ -62,7 +62,7 @@ func startIn(t *testing.T, root string) (*Server, string) {
 	return s, fmt.Sprintf("http://127.0.0.1:%d", s.Port())
 }
 
-func do(t *testing.T, method, url string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
+func do(t testing.TB, method, url string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, body)
 	require.NoError(t, err)
@@ -78,7 +78,7 @@ func do(t *testing.T, method, url string, hdr map[string]string, body io.Reader)
 	return resp, b
 }
 
-func volume(t *testing.T, base, handle string) {
+func volume(t testing.TB, base, handle string) {
 	resp, body := do(t, http.MethodPost, base+"/volumes", nil, strings.NewReader(`{"handle":"`+handle+`"}`))
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 }
@@ -332,7 +332,7 @@ func TestStreamInRefusesHostileArchives(t *testing.T) {
 
 // ticketFor registers ticket at the server for one stream-in into handle's
 // path.
-func ticketFor(t *testing.T, base, ticket, handle, path string) {
+func ticketFor(t testing.TB, base, ticket, handle, path string) {
 	t.Helper()
 	sum := sha256.Sum256([]byte(ticket))
 	body, _ := json.Marshal(TicketRequest{SHA256: hex.EncodeToString(sum[:]), Handle: handle, Path: path})

@@ -1,6 +1,7 @@
 package volumes
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -334,7 +335,14 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 		defer close(written)
 		out, err := Encoder(enc, push)
 		if err == nil {
-			err = writeTar(out, vol, sub)
+			// The tar's headers and small files go in writes of up
+			// to 64 KiB, not one each; a larger write (a file's
+			// contents, 1 MiB at a time) passes as it is.
+			buf := bufio.NewWriterSize(out, 64<<10)
+			err = writeTar(buf, vol, sub)
+			if err == nil {
+				err = buf.Flush()
+			}
 		}
 		if err == nil {
 			err = out.Close()
@@ -347,7 +355,7 @@ func (s *Server) streamP2POut(w http.ResponseWriter, r *http.Request) {
 	// Whatever the push's outcome, the writer stops once nobody reads.
 	stop := func() { pr.Close(); <-written }
 	defer stop()
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pr)
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPut, target, pushBody{pr})
 	if err != nil {
 		fail(w, http.StatusBadRequest, "streamInURL: %v", err)
 		return
@@ -387,6 +395,23 @@ func failPush(w http.ResponseWriter, handle, target string, resp *http.Response,
 	default:
 		fail(w, http.StatusBadGateway, "stream to %s: %v", target, err)
 	}
+}
+
+// pushChunk is the chunk a push sends its stream in: the HTTP client
+// takes each whole from the writer (pushBody), which then reads and
+// hashes the next while the client sends it; 1 MiB, as the archive
+// copies files' contents (BenchmarkMove).
+const pushChunk = 1 << 20
+
+// pushBody is a push's request body: the HTTP client copies it through
+// a buffer of pushChunk (its own is 32 KiB), so that a write of the
+// archive's is taken in one read.
+type pushBody struct{ r io.Reader }
+
+func (b pushBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func (b pushBody) WriteTo(w io.Writer) (int64, error) {
+	return io.CopyBuffer(w, b.r, make([]byte, pushChunk))
 }
 
 // P2PResult is stream-p2p-out's answer: the encoded bytes the destination

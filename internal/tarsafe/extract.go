@@ -295,7 +295,7 @@ func (x *extractor) file(name string, r io.Reader, hdr *tar.Header) error {
 	}
 	// The header's size bounds the copy: tar's reader ends the entry
 	// there.
-	_, err = io.Copy(f, r)
+	_, err = copyContents(f, r)
 	if err = errors.Join(err, f.Close()); err != nil {
 		return err
 	}

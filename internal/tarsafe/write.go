@@ -101,7 +101,11 @@ func (w *Writer) Add(t Tree, p, name string, info fs.FileInfo) error {
 		return err
 	}
 	defer f.Close()
-	if _, err := io.CopyN(w.tw, f, hdr.Size); err != nil {
+	n, err := copyContents(w.tw, io.LimitReader(f, hdr.Size))
+	if err == nil && n < hdr.Size {
+		err = fmt.Errorf("%w: %d bytes of %d", io.ErrUnexpectedEOF, n, hdr.Size)
+	}
+	if err != nil {
 		return fmt.Errorf("tar %s: %w", p, err)
 	}
 	return nil

@@ -59,3 +59,38 @@ func TestWriterRemembersAtMostMaxLinkedFiles(t *testing.T) {
 	}
 	assert.Equal(t, map[string]string{"a": "a", "a2": "-> a", "b": "b", "b2": "-> b", "c": "c", "c2": "c"}, got)
 }
+
+// TestWriterTakesAFileAtItsSize: a file's content is the size its Lstat
+// said, read through buffers of copyBufferSize: one that grew since is
+// cut there, one that shrank is an error naming it.
+func TestWriterTakesAFileAtItsSize(t *testing.T) {
+	dir := t.TempDir()
+	size := int64(2*copyBufferSize + 100)
+	content := bytes.Repeat([]byte("0123456789abcdef"), int(size/16)+1)[:size]
+	for name, change := range map[string]int64{"grew": 4096, "shrank": -copyBufferSize} {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, name)
+			require.NoError(t, os.WriteFile(p, content, 0o644))
+			info, err := os.Lstat(p)
+			require.NoError(t, err)
+			require.NoError(t, os.Truncate(p, size+change))
+			var buf bytes.Buffer
+			w := NewWriter(&buf)
+			err = w.Add(Host{}, p, name, info)
+			if change < 0 {
+				require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+				assert.Contains(t, err.Error(), p)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, w.Close())
+			tr := tar.NewReader(&buf)
+			hdr, err := tr.Next()
+			require.NoError(t, err)
+			got, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			assert.Equal(t, size, hdr.Size)
+			assert.Equal(t, content, got)
+		})
+	}
+}
