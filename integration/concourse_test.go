@@ -663,6 +663,18 @@ type flyResult struct {
 }
 
 // flyAsync runs fly with args, for at most within, while the test goes
+
+// flyOK runs fly with args within the time given, which must succeed,
+// and returns what it printed.
+func flyOK(ctx context.Context, t *testing.T, web *cwn.WebNode, within time.Duration, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	out, err := web.FlyContext(ctx, args...)
+	require.NoError(t, err, out)
+	return out
+}
+
 // on; its result comes on the channel.
 func flyAsync(ctx context.Context, web *cwn.WebNode, within time.Duration, args ...string) <-chan flyResult {
 	done := make(chan flyResult, 1)

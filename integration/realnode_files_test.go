@@ -121,11 +121,7 @@ func TestRealNodeConcourseCarriesFilesAsWritten(t *testing.T) {
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 	fly := func(within time.Duration, args ...string) string {
 		t.Helper()
-		fctx, fcancel := context.WithTimeout(ctx, within)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		require.NoError(t, err, out)
-		return out
+		return flyOK(ctx, t, web, within, args...)
 	}
 
 	work := t.TempDir()

@@ -135,6 +135,27 @@ func staticStorage(ctx context.Context, t *testing.T, c *cluster.Cluster, size s
 	return name, dir
 }
 
+// claimHolder starts a gateway with target name on the real node, its
+// volume holder on a claim of a static hostPath volume (staticStorage),
+// and makes volume "kept" there holding payload; it returns the holder's
+// pod and the volume's folder on the node.
+func claimHolder(ctx context.Context, t *testing.T, name string, o gatewayOptions) (g *gateway, api holderAPI, first *corev1.Pod, dir string, payload []byte) {
+	t.Helper()
+	rn := startRealNode(t)
+	class, dir := staticStorage(ctx, t, rn, "64Mi")
+	o.agentImage, o.claims = rn.NodeImage("step-agent-image.tar"), true
+	g = targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {storage: {class: "+class+", size: 32Mi}}}\n", o)
+	api = newHolderAPI(ctx, t, g, name)
+	code, msg := api.create(`{"handle":"kept","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	payload = randomBytes(t, 1<<20)
+	code, msg = api.streamIn("kept", "payload", payload)
+	require.Equal(t, http.StatusNoContent, code, msg)
+	first, err := rn.Client.CoreV1().Pods(name).Get(ctx, steppod.HolderName("jetway"), metav1.GetOptions{})
+	require.NoError(t, err)
+	return g, api, first, dir, payload
+}
+
 // TestRealNodeHolderOnAClaimKeepsItsVolumes: a target whose volume holder
 // keeps its volumes on a claim (steps.volumeHolder.storage: a static
 // hostPath volume of a no-provisioner class): the first create makes the
@@ -148,28 +169,16 @@ func TestRealNodeHolderOnAClaimKeepsItsVolumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const name = "rn-claim"
+	g, api, first, dir, payload := claimHolder(ctx, t, name, gatewayOptions{})
 	rn := startRealNode(t)
-	class, dir := staticStorage(ctx, t, rn, "64Mi")
-	g := targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {storage: {class: "+class+", size: 32Mi}}}\n",
-		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar"), claims: true})
-	api := newHolderAPI(ctx, t, g, name)
-
-	code, msg := api.create(`{"handle":"kept","strategy":{"type":"empty"}}`)
-	require.Equal(t, http.StatusCreated, code, msg)
-	payload := randomBytes(t, 1<<20)
-	code, msg = api.streamIn("kept", "payload", payload)
-	require.Equal(t, http.StatusNoContent, code, msg)
-
 	holder := steppod.HolderName("jetway")
 	pods := rn.Client.CoreV1().Pods(name)
-	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
-	require.NoError(t, err)
 	assert.Equal(t, holder, steppod.HolderClaimName(first), "the holder mounts its claim, no emptyDir")
 	assert.Contains(t, strings.Join(first.Spec.Containers[0].Command, " "), "--capacity 33554432 --capacity-of claim", "the claim's size")
 	claim, err := rn.Client.CoreV1().PersistentVolumeClaims(name).Get(ctx, holder, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, corev1.ClaimBound, claim.Status.Phase)
-	assert.Equal(t, class, claim.Spec.VolumeName)
+	assert.Equal(t, *claim.Spec.StorageClassName, claim.Spec.VolumeName, "bound to its class's one volume (staticStorage names both alike)")
 	got, err := os.ReadFile(filepath.Join(dir, "volumes", "kept", "payload"))
 	require.NoError(t, err, "the volume is on the claim's volume")
 	assert.Equal(t, payload, got)
@@ -302,21 +311,10 @@ func TestRealNodeHolderOnAClaimOutlivesADrain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const name = "rn-claim-drain"
+	g, api, first, _, payload := claimHolder(ctx, t, name, gatewayOptions{holderReady: 5 * time.Second})
 	rn := startRealNode(t)
-	class, _ := staticStorage(ctx, t, rn, "64Mi")
-	g := targetGateway(ctx, t, rn, name, "steps: {volumeHolder: {storage: {class: "+class+", size: 32Mi}}}\n",
-		gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar"), claims: true, holderReady: 5 * time.Second})
-	api := newHolderAPI(ctx, t, g, name)
-	code, msg := api.create(`{"handle":"kept","strategy":{"type":"empty"}}`)
-	require.Equal(t, http.StatusCreated, code, msg)
-	payload := randomBytes(t, 1<<20)
-	code, msg = api.streamIn("kept", "payload", payload)
-	require.Equal(t, http.StatusNoContent, code, msg)
-
 	holder := steppod.HolderName("jetway")
 	pods := rn.Client.CoreV1().Pods(name)
-	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
-	require.NoError(t, err)
 	nodes := rn.Client.CoreV1().Nodes()
 	cordon := func(on bool) {
 		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)

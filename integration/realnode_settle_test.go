@@ -85,11 +85,7 @@ func TestRealNodeConcourseSettleOutlivesAKilledReplica(t *testing.T) {
 
 	fly := func(within time.Duration, args ...string) string {
 		t.Helper()
-		fctx, fcancel := context.WithTimeout(ctx, within)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		require.NoError(t, err, out)
-		return out
+		return flyOK(ctx, t, web, within, args...)
 	}
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
 	yaml := strings.NewReplacer("MIRROR", rn.RegistryMirror(), "SIZE", strconv.Itoa(size)).Replace(settlePipeline)
