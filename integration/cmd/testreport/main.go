@@ -102,7 +102,12 @@ func (r *report) line(b []byte) {
 	}
 	k := key{e.Package, e.Test}
 	switch e.Action {
-	case "output", "build-output":
+	case "build-output": // a compile error, go vet's report: printed as it comes
+		io.WriteString(r.out, e.Output)
+		io.WriteString(r.log, e.Output)
+	case "build-fail":
+		r.failed = true
+	case "output":
 		io.WriteString(r.log, e.Output)
 		out := append(r.running[k], e.Output)
 		if len(out) > keptLines {

@@ -26,6 +26,8 @@ func TestReportPrintsFailuresAndNamesWhatTimedOut(t *testing.T) {
 		`{"Action":"output","Package":"` + pkg + `","Output":"goroutine 1 [running]:\n"}`,
 		`{"Action":"fail","Package":"` + pkg + `","Elapsed":3600}`,
 		`# github.com/jetway-ci/jetway/broken`,
+		`{"ImportPath":"github.com/jetway-ci/jetway/api [github.com/jetway-ci/jetway/api.test]","Action":"build-output","Output":"api/x_test.go:3:1: syntax error\n"}`,
+		`{"ImportPath":"github.com/jetway-ci/jetway/api [github.com/jetway-ci/jetway/api.test]","Action":"build-fail"}`,
 	}, "\n")
 	var out, log bytes.Buffer
 	r := newReport(&out, &log)
@@ -39,6 +41,7 @@ func TestReportPrintsFailuresAndNamesWhatTimedOut(t *testing.T) {
 	assert.Contains(t, got, "the holder answered 500", "a failed test's output is printed")
 	assert.NotContains(t, got, "=== RUN   TestFast", "a passed test's output is not")
 	assert.Contains(t, got, "# github.com/jetway-ci/jetway/broken", "lines that are not JSON pass through")
+	assert.Contains(t, got, "api/x_test.go:3:1: syntax error\n", "a build's output is printed")
 	summary := got[strings.Index(got, "=== slowest tests"):]
 	assert.Contains(t, summary, "     42s  integration TestBroken\n=== never ended: integration TestHangs")
 	assert.Contains(t, summary, "=== timed out: "+pkg+"\npanic: test timed out after 1h0m0s\nrunning tests:\n\tTestHangs (58m2s)\n=== failed\n")
