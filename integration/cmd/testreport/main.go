@@ -1,7 +1,8 @@
 // Command testreport reads `go test -json` on stdin and prints what plain
 // `go test` would (each failed test's output, a line per package), writes
 // every line of output to a log file, and ends with a summary: the slowest
-// tests, the failed ones, and for a package that timed out the tests that
+// tests, the failed ones with the lines that say why (not the logs they
+// dump after), and for a package that timed out the tests that
 // were still running. `make test` pipes the suite through it because CI
 // shows only the tail of a run: the summary is what is left to read when
 // the suite hits its -timeout, and it names the test that held it.
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -38,6 +40,20 @@ type event struct {
 // test that logs without end (a goroutine dump is ~10k lines) keeps its
 // last lines, which hold why it failed.
 const keptLines = 2000
+
+// whyLines bounds the lines of a failed test the summary repeats under its
+// name: t.Error's own lines and testify's block, not the logs a test dumps
+// after them, which would push them out of the tail CI shows.
+const whyLines = 40
+
+// location matches the line t.Log or t.Error starts with ("    x_test.go:12: ").
+var location = regexp.MustCompile(`^ +[\w.-]+\.go:\d+: `)
+
+// why reports whether a line of a test's output says why it failed: a
+// t.Error line, or a line of testify's block (indented, then a tab).
+func why(l string) bool {
+	return location.MatchString(l) || strings.HasPrefix(strings.TrimLeft(l, " "), "\t")
+}
 
 func main() {
 	logPath := flag.String("log", "", "file to write every line of output to")
@@ -74,11 +90,13 @@ type key struct{ pkg, test string }
 type result struct {
 	key
 	elapsed time.Duration
+	why     []string // for a failed test, why: see whyLines
 }
 
 type report struct {
 	out, log io.Writer
 	running  map[key][]string // output of each test (and package) not yet ended
+	why      map[key][]string // why each failed test failed, by top-level test
 	done     []result         // top-level tests that passed or failed
 	fails    []result
 	timeouts []string // "running tests:" blocks of packages that timed out
@@ -86,7 +104,7 @@ type report struct {
 }
 
 func newReport(out, log io.Writer) *report {
-	return &report{out: out, log: log, running: map[key][]string{}}
+	return &report{out: out, log: log, running: map[key][]string{}, why: map[key][]string{}}
 }
 
 func (r *report) line(b []byte) {
@@ -132,8 +150,20 @@ func (r *report) end(k key, e event, failed bool) {
 			r.failed = true
 			r.out.Write([]byte(strings.Join(out, "")))
 		}
-		if !strings.Contains(k.test, "/") {
-			res := result{k, elapsed}
+		// A failed subtest's reasons go to its top-level test, which
+		// ends after it.
+		top, _, sub := strings.Cut(k.test, "/")
+		if failed {
+			tk := key{k.pkg, top}
+			for _, l := range out {
+				if len(r.why[tk]) < whyLines && why(l) {
+					r.why[tk] = append(r.why[tk], l)
+				}
+			}
+		}
+		if !sub {
+			res := result{key: k, elapsed: elapsed, why: r.why[k]}
+			delete(r.why, k)
 			r.done = append(r.done, res)
 			if failed {
 				r.fails = append(r.fails, res)
@@ -194,6 +224,7 @@ func (r *report) summary(n int, logPath string) {
 		fmt.Fprintf(r.out, "=== failed\n")
 		for _, res := range r.fails {
 			fmt.Fprintf(r.out, "%8s  %s %s\n", res.elapsed.Round(time.Second), short(res.pkg), res.test)
+			io.WriteString(r.out, strings.Join(res.why, ""))
 		}
 	}
 	if logPath != "" {

@@ -17,7 +17,15 @@ func TestReportPrintsFailuresAndNamesWhatTimedOut(t *testing.T) {
 		`{"Action":"output","Package":"` + pkg + `","Test":"TestFast","Output":"=== RUN   TestFast\n"}`,
 		`{"Action":"pass","Package":"` + pkg + `","Test":"TestFast","Elapsed":1.5}`,
 		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"    broken_test.go:9: the holder answered 500\n"}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"    broken_test.go:12: \n"}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"        \tError Trace:\t/x/broken_test.go:12\n"}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"        \tError:      \tNot equal\n"}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"    gateway_test.go:469: gateway replica-a logs:\n"}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestBroken","Output":"        {\"msg\":\"serving http\"}\n"}`,
 		`{"Action":"fail","Package":"` + pkg + `","Test":"TestBroken","Elapsed":42}`,
+		`{"Action":"output","Package":"` + pkg + `","Test":"TestSub/one","Output":"    sub_test.go:5: one broke\n"}`,
+		`{"Action":"fail","Package":"` + pkg + `","Test":"TestSub/one","Elapsed":1}`,
+		`{"Action":"fail","Package":"` + pkg + `","Test":"TestSub","Elapsed":2}`,
 		`{"Action":"output","Package":"` + pkg + `","Test":"TestHangs","Output":"=== RUN   TestHangs\n"}`,
 		`{"Action":"output","Package":"` + pkg + `","Output":"panic: test timed out after 1h0m0s\n"}`,
 		`{"Action":"output","Package":"` + pkg + `","Output":"running tests:\n"}`,
@@ -43,7 +51,16 @@ func TestReportPrintsFailuresAndNamesWhatTimedOut(t *testing.T) {
 	assert.Contains(t, got, "# github.com/jetway-ci/jetway/broken", "lines that are not JSON pass through")
 	assert.Contains(t, got, "api/x_test.go:3:1: syntax error\n", "a build's output is printed")
 	summary := got[strings.Index(got, "=== slowest tests"):]
-	assert.Contains(t, summary, "     42s  integration TestBroken\n=== never ended: integration TestHangs")
+	assert.Contains(t, summary, "=== never ended: integration TestHangs\n")
+	assert.Contains(t, summary, "     42s  integration TestBroken\n"+
+		"    broken_test.go:9: the holder answered 500\n"+
+		"    broken_test.go:12: \n"+
+		"        \tError Trace:\t/x/broken_test.go:12\n"+
+		"        \tError:      \tNot equal\n"+
+		"    gateway_test.go:469: gateway replica-a logs:\n"+
+		"      2s  integration TestSub\n"+
+		"    sub_test.go:5: one broke\n"+
+		"=== every line", "a failed test's reasons, not the logs it dumps, end the summary")
 	assert.Contains(t, summary, "=== timed out: "+pkg+"\npanic: test timed out after 1h0m0s\nrunning tests:\n\tTestHangs (58m2s)\n=== failed\n")
 	assert.NotContains(t, summary, "TestFast", "one slowest test asked for")
 	assert.Contains(t, summary, "=== every line of output: bin/test.log")
