@@ -91,6 +91,9 @@ const (
 	holderPoll   = 200 * time.Millisecond
 	holderAnswer = 30 * time.Second // for a new holder's port-forward to work
 	holderCall   = 30 * time.Second // a list or a destroy
+	// holderGone bounds the wait for a replaced holder pod to be stopped
+	// by its kubelet (a second's grace, then the kubelet's own pace).
+	holderGone   = 20 * time.Second
 	holderCreate = 10 * time.Minute // a create, which may copy a volume
 )
 
@@ -341,21 +344,31 @@ func (h *Holder) replaceUnbound(ctx context.Context, t *targets.Target, p *corev
 	h.logger().Warn("volume holder pod deleted: it has the holder's name and seal but is not bound to jetway's create "+
 		"(planted with a copied seal, or made before pods were bound); a new one is made, without the files it held",
 		"target", t.Name(), "pod", p.Name, "uid", string(p.UID))
-	if err := deleteHolder(ctx, t, p); err != nil {
+	if err := h.remake(ctx, t, p); err != nil {
 		return fmt.Errorf("the unbound volume holder: %w", err)
 	}
-	_, err = h.makeHolder(ctx, t)
-	return err
+	return nil
 }
 
 // deleteHolder deletes the holder pod p, that pod alone (its UID: a new
-// one another replica made meanwhile stays), at once; one already gone
-// is no error.
-func deleteHolder(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
+// one another replica made meanwhile stays); one already gone is no
+// error. It gets a second's grace (its sidecar ends on TERM), not
+// forced, also when it ended: its object goes only once its kubelet
+// stopped it, and a pod of the same name must not be made before. The
+// kubelet finds the pod it port-forwards to by name, among those it runs,
+// so the new pod's requests could reach the old pod's sidecar, which
+// refuses the new pod's token; and a forced delete leaves the kubelet
+// (kwok too) deleting the pod of that name after the new one is made.
+// force is for a pod whose kubelet did not stop it within holderGone
+// (unreachable: it runs nothing a request could reach).
+func deleteHolder(ctx context.Context, t *targets.Target, p *corev1.Pod, force bool) error {
 	ctx, cancel := context.WithTimeout(ctx, holderCall)
 	defer cancel()
-	now, uid := int64(0), p.UID
-	err := t.Core.Pods(t.Namespace()).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now, Preconditions: &metav1.Preconditions{UID: &uid}})
+	grace, uid := int64(1), p.UID
+	if force {
+		grace = 0
+	}
+	err := t.Core.Pods(t.Namespace()).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete the volume holder pod %s/%s: %w", t.Namespace(), p.Name, err)
 	}
@@ -388,21 +401,34 @@ func (h *Holder) replaceLost(ctx context.Context, t *targets.Target, lost *lostH
 }
 
 // remake deletes the holder pod p (that pod alone) and, once the target's
-// pod cache shows it gone (before that, a create of the same name
-// fails), makes a new holder.
+// pod cache shows it gone (deleteHolder says why it must be), makes a new
+// holder. One still there after holderGone (its kubelet unreachable: it
+// runs nothing any request could reach) is deleted by force.
 func (h *Holder) remake(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
-	if err := deleteHolder(ctx, t, p); err != nil {
+	gone := func(wait time.Duration) error {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		return t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
+			return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == p.UID })
+		})
+	}
+	if err := deleteHolder(ctx, t, p, false); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, holderCall)
-	defer cancel()
-	err := t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
-		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == p.UID })
-	})
-	if err != nil {
-		return fmt.Errorf("the volume holder pod %s/%s is not gone: %w", t.Namespace(), p.Name, err)
+	if err := gone(holderGone); err != nil && ctx.Err() == nil {
+		h.logger().Warn("volume holder pod not gone after its grace: deleted by force (its kubelet may be unreachable)",
+			"target", t.Name(), "pod", p.Name, "uid", string(p.UID), "waited", holderGone.String())
+		if err := deleteHolder(ctx, t, p, true); err != nil {
+			return err
+		}
+		if err := gone(holderCall); err != nil {
+			return fmt.Errorf("the volume holder pod %s/%s is not gone: %w", t.Namespace(), p.Name, err)
+		}
 	}
-	_, err = h.makeHolder(ctx, t)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	_, err := h.makeHolder(ctx, t)
 	return err
 }
 
