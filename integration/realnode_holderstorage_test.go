@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
@@ -226,6 +227,78 @@ func TestRealNodeHolderClaimPending(t *testing.T) {
 	p, err := rn.Client.CoreV1().Pods(name).Get(ctx, holder, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, corev1.PodPending, p.Status.Phase)
+}
+
+// TestRealNodeHolderStorageChanges: a target's holder setting changed
+// from an emptyDir to a claim and back. Each change replaces the running
+// holder at the next create, counted with reason storage: the emptyDir's
+// volumes are gone with it; going back, the claim is deleted with the
+// volumes on it.
+func TestRealNodeHolderStorageChanges(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const name = "rn-claim-switch"
+	rn := startRealNode(t)
+	class, dir := staticStorage(ctx, t, rn, "64Mi")
+	g := targetGateway(ctx, t, rn, name, "{}\n", gatewayOptions{agentImage: rn.NodeImage("step-agent-image.tar"), claims: true})
+	api := newHolderAPI(ctx, t, g, name)
+	holder := steppod.HolderName("jetway")
+	pods := rn.Client.CoreV1().Pods(name)
+	claims := rn.Client.CoreV1().PersistentVolumeClaims(name)
+	storage := func(yaml, want string) {
+		t.Helper()
+		writeFile(t, filepath.Join(g.dir, name, "target.yaml"), []byte(yaml))
+		eventually(t, time.Minute, func() error {
+			tg, err := g.registry.Target(name)
+			if err != nil {
+				return err
+			}
+			if got := tg.Config.Meta.Steps.VolumeHolder.StorageClass(""); got != want {
+				return errorf("the target's holder storage class is %q, want %q", got, want)
+			}
+			return nil
+		})
+	}
+	replaced := `jetway_concourse_volume_holders_replaced_total{reason="storage",volumes="lost"}`
+
+	code, msg := api.create(`{"handle":"in-empty-dir","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	first, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Empty(t, steppod.HolderClaimName(first), "an emptyDir's holder")
+
+	storage("steps: {volumeHolder: {storage: {class: "+class+", size: 32Mi}}}\n", class)
+	code, msg = api.create(`{"handle":"on-claim","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	second, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotEqual(t, first.UID, second.UID, "replaced")
+	assert.Equal(t, holder, steppod.HolderClaimName(second), "on its claim")
+	assert.DirExists(t, filepath.Join(dir, "volumes", "on-claim"))
+	listed, err := g.holder.List(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"on-claim"}, listed, "the emptyDir's volume went with it")
+	assert.Equal(t, 1.0, metricValue(t, g, replaced))
+	assert.Contains(t, g.logs.String(), "volume holder pod replaced: its storage is now a claim")
+
+	storage("{}\n", "")
+	code, msg = api.create(`{"handle":"in-empty-dir-again","strategy":{"type":"empty"}}`)
+	require.Equal(t, http.StatusCreated, code, msg)
+	third, err := pods.Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotEqual(t, second.UID, third.UID, "replaced")
+	assert.Empty(t, steppod.HolderClaimName(third), "an emptyDir's holder again")
+	listed, err = g.holder.List(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"in-empty-dir-again"}, listed)
+	eventually(t, time.Minute, func() error {
+		if _, err := claims.Get(ctx, holder, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return errorf("the claim is still there (%v)", err)
+		}
+		return nil
+	})
+	assert.Equal(t, 2.0, metricValue(t, g, replaced))
+	assert.Contains(t, g.logs.String(), "volume holder pod replaced: its storage is now an emptyDir; its claim is deleted")
 }
 
 // TestRealNodeHolderOnAClaimOutlivesADrain: a drain of the node of a
