@@ -114,6 +114,56 @@ func TestPlantedPodsGetNothing(t *testing.T) {
 	assert.NotContains(t, g.logs.String(), "secret-token", "a check's source reaches no log")
 }
 
+// TestAnUnboundPodInAStepsWayIsGoneBeforeTheStepsPod: a pod with a step's
+// name, labels and seal but not bound to jetway's create (its maker
+// stopped first, or it was planted with a copied seal) is deleted with a
+// second's grace, not forced, and the step's pod is made only once it is
+// gone. Forced, its object goes at once while its containers may run on
+// (a planted pod may ask for an hour's grace and trap TERM), and the
+// kubelet finds the pod it execs into by name among the pods it runs: the
+// step's exec, its spec and inputs, could reach the planted pod.
+func TestAnUnboundPodInAStepsWayIsGoneBeforeTheStepsPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := clusters[0]
+	const ns = "unbound-in-way"
+	dir := t.TempDir()
+	placeTarget(ctx, t, c, dir, ns, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{})
+	g.waitTarget(t, ns, 10*time.Second, running)
+
+	name := steppod.Name("", "deploy")
+	labels := ownership.Labels(ns, "jetway")
+	labels[steps.HandleLabel] = "deploy"
+	plant(ctx, t, ns, name, "busybox", labels, jetwayAnnotations(ns, name, ""))
+	planted, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	require.NoError(t, err)
+	w, err := c.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name,
+		ResourceVersion: planted.ResourceVersion})
+	require.NoError(t, err)
+	defer w.Stop()
+
+	g.run(t, shStep("deploy", "echo deployed"))
+	var grace *int64
+	deleted := false
+	for ev := range w.ResultChan() {
+		p, ok := ev.Object.(*corev1.Pod)
+		require.True(t, ok, "a watch event of %T", ev.Object)
+		if p.UID == planted.UID {
+			if p.DeletionTimestamp != nil && grace == nil {
+				grace = p.DeletionGracePeriodSeconds
+			}
+			deleted = deleted || ev.Type == "DELETED"
+			continue
+		}
+		require.True(t, deleted, "the step's pod (uid %s) was made while the unbound one (uid %s) was still there", p.UID, planted.UID)
+		break
+	}
+	require.NotNil(t, grace, "the unbound pod was deleted at once (forced), never seen terminating")
+	assert.Equal(t, int64(1), *grace, "its grace")
+	assert.Equal(t, 1.0, metricValue(t, g, `jetway_steps_rejected_total{reason="unbound"}`))
+}
+
 // TestGatewaysStartingTogetherShareOnePodKey: gateways of an installation
 // starting at once against a state namespace without a pod key make one,
 // and all read the same, with the state namespace's permissions alone.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -265,11 +266,18 @@ func (g *gateway) deletePod(ctx context.Context, t *targets.Target, name string)
 }
 
 // deleteUnbound deletes p, a pod sealed but not bound that is in a step's
-// way (never used: jetway uses only bound pods), at once (no grace: it
-// runs nothing of jetway's), as it was read: made this gateway's first
-// (its owner label, as for every pod a gateway deletes), then deleted at
-// that version. A Conflict says it changed since it was read (its maker
-// bound it, say): read it again. Gone already is done.
+// way (never used: jetway uses only bound pods), as it was read: made this
+// gateway's first (its owner label, as for every pod a gateway deletes),
+// then deleted at that version, and returns once it is gone. A Conflict
+// says it changed since it was read (its maker bound it, say): read it
+// again. Gone already is done.
+//
+// It gets a second's grace, not forced: forced, its object goes at once
+// while its containers may run on (a planted pod may ask for an hour's
+// grace and trap TERM), and a pod of its name made meanwhile is not safe:
+// the kubelet finds the pod it execs and port-forwards into by name among
+// the pods it runs. Only one still there unboundGone later (its kubelet
+// unreachable: it runs nothing a request could reach) is forced.
 func (g *gateway) deleteUnbound(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
 	pods := t.Core.Pods(t.Namespace())
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": p.UID, "resourceVersion": p.ResourceVersion,
@@ -283,17 +291,43 @@ func (g *gateway) deleteUnbound(ctx context.Context, t *targets.Target, p *corev
 	case err != nil:
 		return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
 	}
-	uid, rv, now := mine.UID, mine.ResourceVersion, int64(0)
-	err = pods.Delete(pctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now,
-		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-	switch {
-	case apierrors.IsNotFound(err):
+	uid, rv := mine.UID, mine.ResourceVersion
+	del := func(grace int64) error {
+		err := pods.Delete(pctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace,
+			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
+		}
 		return nil
-	case err != nil:
-		return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
+	}
+	if err := del(1); err != nil {
+		return err
 	}
 	g.opts.Metrics.podDeleted()
-	return nil
+	if err := awaitGone(ctx, t, uid, unboundGone); err != nil && ctx.Err() == nil {
+		g.opts.Logger.Warn("pod in the step's way not gone after its grace: deleted by force (its kubelet may be unreachable)",
+			"target", t.Name(), "pod", p.Name, "uid", string(uid), "waited", unboundGone.String())
+		rv = "" // its deletion changed it
+		if err := del(0); err != nil {
+			return err
+		}
+		return awaitGone(ctx, t, uid, 30*time.Second)
+	}
+	return ctx.Err()
+}
+
+// unboundGone bounds the wait for an unbound pod in a step's way to be
+// stopped by its kubelet after its second's grace.
+const unboundGone = 20 * time.Second
+
+// awaitGone waits until t's pod cache shows no pod of uid, for at most
+// wait.
+func awaitGone(ctx context.Context, t *targets.Target, uid types.UID, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
+		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
+	})
 }
 
 // relabel makes a step pod name this gateway as its owner, at the version
