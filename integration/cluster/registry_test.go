@@ -22,9 +22,7 @@ import (
 // a wrong password, a registry's 401 with a Basic challenge. /v2/ and the
 // public repositories stay open.
 func TestRegistryPrivateRepository(t *testing.T) {
-	r, err := loadRegistry(t.TempDir(), nil)
-	require.NoError(t, err)
-	writeImageTarball(t, filepath.Join(t.TempDir(), "img.tar"), r)
+	r := testRegistry(t)
 	digest, layer := digestOf(r.manifests["busybox:1"]), digestOf(testLayer(t))
 
 	get := func(path, user, password string) *httptest.ResponseRecorder {
@@ -63,11 +61,12 @@ func TestRegistryPrivateRepository(t *testing.T) {
 	}
 }
 
-// writeImageTarball writes a `docker save`-style tarball of one image,
-// jetway.test/busybox:1 with testLayer, and loads it into r.
-func writeImageTarball(t *testing.T, path string, r *registry) {
+// testRegistry is a registry that holds one image, jetway.test/busybox:1
+// of testLayer, loaded from a `docker save`-style tarball.
+func testRegistry(t *testing.T) *registry {
 	t.Helper()
-	f, err := os.Create(path)
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "img.tar"))
 	require.NoError(t, err)
 	writeTar(t, f, map[string]string{
 		"manifest.json": `[{"Config":"config.json","RepoTags":["jetway.test/busybox:1"],"Layers":["layer.tar.gz"]}]`,
@@ -75,7 +74,9 @@ func writeImageTarball(t *testing.T, path string, r *registry) {
 		"layer.tar.gz":  string(testLayer(t)),
 	})
 	require.NoError(t, f.Close())
-	require.NoError(t, r.load(path))
+	r, err := loadRegistry(dir, []string{"img.tar"})
+	require.NoError(t, err)
+	return r
 }
 
 // testLayer is a gzipped layer of one file, etc/hello.

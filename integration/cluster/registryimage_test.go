@@ -23,9 +23,7 @@ import (
 // them, or with a wrong password, check and in fail saying what the
 // registry answered, and the password is never in what they print.
 func TestRegistryImageStandIn(t *testing.T) {
-	r, err := loadRegistry(t.TempDir(), nil)
-	require.NoError(t, err)
-	writeImageTarball(t, filepath.Join(t.TempDir(), "img.tar"), r)
+	r := testRegistry(t)
 	srv := httptest.NewServer(r)
 	defer srv.Close()
 	digest := digestOf(r.manifests["busybox:1"])
