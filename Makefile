@@ -129,7 +129,8 @@ image: $(BIN)/mkimage
 # for the benchmarks) and a test resource type's scripts in /opt/resource;
 # and the same busybox with a stand-in for Concourse's registry-image
 # resource in /opt/resource (integration/testdata/registry-image), which
-# reads the images the harness's registry serves.
+# reads the images the harness's registry serves, with the source's
+# username and password when it has them.
 node-images: $(NODE_IMAGES)
 
 $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
@@ -157,7 +158,7 @@ $(BIN)/busybox-image.tar: $(BIN)/mkimage integration/cmd/stamp/main.go $(wildcar
 
 $(BIN)/registry-image-image.tar: $(BIN)/mkimage $(wildcard integration/testdata/registry-image/*) | node-packages
 	$(MKIMAGE) -binary /bin/busybox -path /bin/busybox -user 0:0 -dir /tmp -cmd sh \
-		$(foreach f,check in out,-file integration/testdata/registry-image/$(f):/opt/resource/$(f)) \
+		$(foreach f,check in out registry.sh,-file integration/testdata/registry-image/$(f):/opt/resource/$(f)) \
 		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
 		-ref $(REGISTRY_IMAGE_REF) -title "registry-image (jetway's test stand-in)" -o $@
 

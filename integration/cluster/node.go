@@ -78,7 +78,11 @@ const (
 	// can name an image by its digest. Every other manifest under it is
 	// unknown (a pull that cannot succeed: ErrImagePull, "not found"), but
 	// those under NodeRegistry/busy/, which answer 429 Too Many Requests
-	// (a pull that may succeed later).
+	// (a pull that may succeed later). Under NodeRegistry/private/ it
+	// serves the same images again, only to a pull with PrivateUser and
+	// PrivatePassword (an imagePullSecrets Secret keyed by NodeRegistry;
+	// containerd sends a pull's credentials to the hosts.toml server too,
+	// as kubelet names no server address with them).
 	NodeRegistry = "registry.jetway.test"
 )
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"archive/tar"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -21,14 +22,39 @@ const (
 	layerType    = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 )
 
+// The credentials NodeRegistry asks for under PrivateRepository: HTTP
+// Basic auth, as a registry behind a login answers. A pod pulls from there
+// with an imagePullSecrets Secret of type kubernetes.io/dockerconfigjson
+// keyed by NodeRegistry; a registry-image source with these as its
+// username and password.
+const (
+	PrivateUser     = "jetway-puller"
+	PrivatePassword = "jetway-test-pull-secret"
+)
+
+// PrivateRepository is the repository prefix under which NodeRegistry
+// serves every image it holds again, but only to a client that sends
+// PrivateUser and PrivatePassword: NodeRegistry/private/busybox@sha256:…
+// is busybox's manifest.
+const PrivateRepository = "private/"
+
 // registry is the registry the harness serves as NodeRegistry on the
 // node's bridge. It holds the node's images (NodeImages), each under its
 // name without its host (jetway.test/busybox:1 is NodeRegistry/busybox:1),
 // by tag and by the digest of the manifest it serves, so a pod's image
-// `NodeRegistry/busybox@sha256:…` is pulled for real. Every other
-// manifest is unknown, but those under NodeRegistry/busy/, which answer
-// 429 Too Many Requests (a pull that may succeed later). The images are
-// small and fixed (a few MiB), so it holds them in memory.
+// `NodeRegistry/busybox@sha256:…` is pulled for real. It serves:
+//
+//   - /v2/, open to all (containerd probes it);
+//   - the images' manifests by tag and by digest, and their blobs;
+//   - the same again under PrivateRepository (NodeRegistry/private/…),
+//     each request only with HTTP Basic auth of PrivateUser and
+//     PrivatePassword, else 401 Unauthorized with a Basic challenge of
+//     realm NodeRegistry and the registry error UNAUTHORIZED;
+//   - 429 Too Many Requests for every manifest under NodeRegistry/busy/
+//     (a pull that may succeed later);
+//   - 404 for every other manifest (a pull that cannot succeed).
+//
+// The images are small and fixed (a few MiB), so it holds them in memory.
 type registry struct {
 	manifests map[string][]byte // "busybox:1" and "busybox@sha256:…"
 	blobs     map[string][]byte // by digest: configs and layers
@@ -169,6 +195,14 @@ func (r *registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			_, _ = w.Write(b)
 		}
 	}
+	if rest, ok := strings.CutPrefix(p, "/v2/"+PrivateRepository); ok {
+		if !privateAuthorized(req) {
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf("Basic realm=%q", NodeRegistry))
+			fail(http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
+			return
+		}
+		p = "/v2/" + rest
+	}
 	switch {
 	case p == "/v2/":
 		w.Header().Set("Content-Type", "application/json")
@@ -197,4 +231,12 @@ func (r *registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		fail(http.StatusNotFound, "NAME_UNKNOWN", "repository name not known to registry")
 	}
+}
+
+// privateAuthorized tells whether req carries PrivateUser and
+// PrivatePassword.
+func privateAuthorized(req *http.Request) bool {
+	user, password, ok := req.BasicAuth()
+	return ok && subtle.ConstantTimeCompare([]byte(user), []byte(PrivateUser)) == 1 &&
+		subtle.ConstantTimeCompare([]byte(password), []byte(PrivatePassword)) == 1
 }
