@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -223,6 +224,9 @@ type Spec struct {
 	// named Volume (under stepagent.VolumesDir), so that its files can be
 	// streamed in and out.
 	Mounts []Mount
+	// PullSecrets are pull secrets of this pod alone, besides the
+	// target's (a container's image's credentials from its pipeline).
+	PullSecrets []string
 }
 
 // Mount is one bind mount of a Concourse container.
@@ -285,7 +289,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 		step.VolumeMounts = append(step.VolumeMounts, corev1.VolumeMount{Name: sharedVolume, MountPath: m.Path,
 			SubPath: stepagent.VolumesDir + "/" + m.Volume, ReadOnly: m.ReadOnly})
 	}
-	for _, name := range meta.ImagePullSecrets {
+	for _, name := range append(slices.Clip(meta.ImagePullSecrets), spec.PullSecrets...) {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 	}
 	return pod

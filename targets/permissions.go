@@ -59,6 +59,11 @@ var Required = []Permission{
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "create"},
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "update"},
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "delete"},
+	// A Concourse container whose image a get fetched with its source's
+	// registry credentials gets a pull secret of its own, owned by its
+	// pod (deleted with it by the garbage collector): create alone, jetway
+	// reads no Secret of the namespace.
+	{Resource: "secrets", Verb: "create"},
 }
 
 // ClaimPermissions are what a target whose Concourse volume holder keeps
