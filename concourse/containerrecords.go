@@ -73,6 +73,10 @@ type Container struct {
 	// processes are the IDs of the processes run in it, in order.
 	processes []string
 	state     containerState
+	// pull is the credential its image is pulled with, between Create's
+	// resolving the image and making the pod: never recorded (the pod's
+	// own pull secret holds it, and goes with the pod).
+	pull *pullCredential
 }
 
 // containerState is what jetway did to a container.

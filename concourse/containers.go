@@ -270,24 +270,26 @@ func (c *Containers) target(target string) (*targets.Target, steppod.Options, er
 }
 
 // image is the image the pod of spec runs: what its rootfs names, read as
-// docs/concourse.md says.
-func (c *Containers) image(ctx context.Context, target string, spec garden.ContainerSpec) (string, error) {
+// docs/concourse.md says; and the credentials to pull it with, if a
+// registry-image get's source gave them (pullcreds.go).
+func (c *Containers) image(ctx context.Context, target string, spec garden.ContainerSpec) (string, *pullCredential, error) {
 	rootfs := spec.Image.URI
 	if rootfs == "" {
 		rootfs = spec.RootFSPath
 	}
 	if spec.Image.Username != "" || spec.Image.Password != "" {
-		return "", fmt.Errorf("image %s: jetway does not take a registry's credentials from the web node: "+
+		return "", nil, fmt.Errorf("image %s: jetway does not take a registry's credentials from the web node: "+
 			"give the target's namespace an image pull secret (imagePullSecrets in its target.yaml)", rootfs)
 	}
 	scheme, rest, _ := strings.Cut(rootfs, "://")
 	switch scheme {
 	case "docker":
-		return dockerImage(rootfs, rest)
+		ref, err := dockerImage(rootfs, rest)
+		return ref, nil, err
 	case "raw":
 		return c.rawImage(ctx, target, rootfs, rest)
 	}
-	return "", fmt.Errorf("image %q: jetway runs docker:///REPOSITORY#TAG, an image_resource or image: from a registry-image get, "+
+	return "", nil, fmt.Errorf("image %q: jetway runs docker:///REPOSITORY#TAG, an image_resource or image: from a registry-image get, "+
 		"or a base resource type; not this", rootfs)
 }
 
@@ -307,26 +309,26 @@ func dockerImage(rootfs, rest string) (string, error) {
 // registry-image get's volume, runs the repository and digest that get
 // wrote beside rootfs/; raw://P, a copy of a base type's import, runs the
 // image the operator mapped the type to.
-func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (string, error) {
+func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (string, *pullCredential, error) {
 	if c.Holder == nil {
-		return "", fmt.Errorf("image %s: this gateway keeps no volumes (no state namespace)", rootfs)
+		return "", nil, fmt.Errorf("image %s: this gateway keeps no volumes (no state namespace)", rootfs)
 	}
 	dir, imageDir := strings.CutSuffix(p, "/rootfs")
 	handle := path.Base(dir)
 	v, err := c.Holder.Volume(ctx, target, handle)
 	if errors.Is(err, errVolumeNotFound) || (err == nil && v.Path != dir) {
-		return "", fmt.Errorf("image %s: worker %s has no volume at %s", rootfs, target, dir)
+		return "", nil, fmt.Errorf("image %s: worker %s has no volume at %s", rootfs, target, dir)
 	}
 	if err != nil {
-		return "", fmt.Errorf("image %s: %w", rootfs, err)
+		return "", nil, fmt.Errorf("image %s: %w", rootfs, err)
 	}
 	if !imageDir {
 		for _, rt := range c.ResourceTypes {
 			if v.ImportPath == rt.Image {
-				return rt.Image, nil
+				return rt.Image, nil, nil
 			}
 		}
-		return "", fmt.Errorf("image %s: volume %s is no base resource type's import (imported from %q): "+
+		return "", nil, fmt.Errorf("image %s: volume %s is no base resource type's import (imported from %q): "+
 			"jetway runs a volume as an image only if it is a registry-image get's (image_resource, or image: from a get)", rootfs, handle, v.ImportPath)
 	}
 	read := func(name string) (string, error) {
@@ -337,13 +339,17 @@ func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (st
 	if err == nil {
 		var digest string
 		if digest, err = read("digest"); err == nil && repo != "" && strings.HasPrefix(digest, "sha256:") {
-			return repo + "@" + digest, nil
+			cred, err := c.volumeCredential(ctx, target, handle, repo, digest)
+			if err != nil {
+				return "", nil, fmt.Errorf("image %s: %w", rootfs, err)
+			}
+			return repo + "@" + digest, cred, nil
 		}
 	}
 	if err != nil && !errors.Is(err, errVolumeNotFound) {
-		return "", fmt.Errorf("image %s: %w", rootfs, err)
+		return "", nil, fmt.Errorf("image %s: %w", rootfs, err)
 	}
-	return "", fmt.Errorf("image %s: volume %s has no repository and sha256 digest files beside rootfs/, so it is no registry-image get's: "+
+	return "", nil, fmt.Errorf("image %s: volume %s has no repository and sha256 digest files beside rootfs/, so it is no registry-image get's: "+
 		"Kubernetes runs images from a registry only, so a rootfs built in a task cannot run here; "+
 		"push it to a registry and use a registry-image get of it", rootfs, handle)
 }

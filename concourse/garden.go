@@ -298,6 +298,9 @@ func (g *gardenServer) serveProcess(w http.ResponseWriter, r *http.Request, p *P
 		err := readMessages(br.Reader, maxProcessMessage, func(msg transport.ProcessPayload) error {
 			switch {
 			case msg.Source != nil && msg.Data != nil:
+				if p.tap != nil {
+					p.tap.write([]byte(*msg.Data))
+				}
 				return writeStdin(stdinW, stepagent.KindStdin, []byte(*msg.Data))
 			case msg.Source != nil:
 				_ = writeStdin(stdinW, stepagent.KindStdinEnd, nil)

@@ -50,6 +50,10 @@ type Process struct {
 	ct   *Container
 	w    worker // ct's
 	c    *Containers
+	// tap keeps the stdin of a registry-image in, whose credentials are
+	// kept in its pod volume tapVolume once it ends 0 (pullcreds.go).
+	tap       *stdinTap
+	tapVolume string
 }
 
 // Run records a new process of spec in target's container handle and
@@ -99,7 +103,12 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 			return nil, err
 		}
 	}
-	return c.process(ct, id, raw)
+	p, err := c.process(ct, id, raw)
+	if err != nil {
+		return nil, err
+	}
+	p.tap, p.tapVolume = c.credentialTap(ct, processSpec{Path: spec.Path, Args: spec.Args})
+	return p, nil
 }
 
 // Attach is target's container handle's process id, to be followed from
@@ -219,6 +228,9 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 	}
 	if err != nil {
 		return 0, err
+	}
+	if p.tap != nil && st.ExitStatus == 0 {
+		p.c.keepCredential(ctx, p)
 	}
 	// What the process wrote is read by the web node from the volumes:
 	// back out before the exit status says it is there.

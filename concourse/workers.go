@@ -99,7 +99,7 @@ func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSp
 		return nil, fmt.Errorf("worker %s does not run privileged containers: its target's policy does not allow them (%s in its target.yaml)",
 			w.t.Name(), targets.PrivilegedKey)
 	}
-	image, err := w.c.image(ctx, w.t.Name(), spec)
+	image, pull, err := w.c.image(ctx, w.t.Name(), spec)
 	if err != nil {
 		return nil, err
 	}
@@ -107,21 +107,31 @@ func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSp
 		return nil, err
 	}
 	ct := newContainer(w.t.Name(), spec)
-	ct.Pod, ct.Image = steppod.Name(w.t.Config.Meta.Team, "concourse-"+spec.Handle), image
+	ct.Pod, ct.Image, ct.pull = steppod.Name(w.t.Config.Meta.Team, "concourse-"+spec.Handle), image, pull
 	return ct, nil
 }
 
 func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 	mounts, _ := podMounts(ct.Spec.BindMounts) // checked by newContainer
-	pod := steppod.Build(w.t, steppod.Spec{
+	spec := steppod.Spec{
 		Name: ct.Pod, Type: "concourse", Team: w.t.Config.Meta.Team, Image: ct.Image,
 		Labels:    map[string]string{ContainerLabel: ct.Handle()},
 		Resources: resources(ct.Spec.Limits), Privileged: ct.Spec.Privileged, Mounts: mounts,
-	}, w.opts)
+	}
+	if ct.pull != nil {
+		spec.PullSecrets = []string{ct.Pod} // makePullSecret's
+	}
+	pod := steppod.Build(w.t, spec, w.opts)
 	pods := w.t.Core.Pods(w.t.Namespace())
 	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("make the pod %s/%s of container %s: %w", w.t.Namespace(), ct.Pod, ct.Handle(), err)
+	}
+	if ct.pull != nil {
+		if err := makePullSecret(ctx, w.t, created, *ct.pull); err != nil {
+			_ = deletePod(context.WithoutCancel(ctx), w.t, created)
+			return fmt.Errorf("container %s: %w", ct.Handle(), err)
+		}
 	}
 	if _, err := ownership.Bind(ctx, pods, w.opts.Key, w.t.Name(), created); err != nil {
 		_ = deletePod(context.WithoutCancel(ctx), w.t, created) // never used: unbound, it would get nothing
