@@ -21,6 +21,7 @@ type Metrics struct {
 	linkedCopies  prometheus.Counter
 	refusals      prometheus.Counter
 	podRefusals   *prometheus.CounterVec
+	pullCreds     *prometheus.CounterVec
 	containers    *prometheus.CounterVec
 	garden        *prometheus.CounterVec
 	moves         *prometheus.CounterVec
@@ -89,6 +90,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_pods_refused_total",
 		Help: "Times jetway refused to use a pod under the name of a volume holder or of a container's pod, by reason: unsealed (no seal of jetway's), unbound (sealed, but not bound to the UID jetway's create returned: planted with a copied seal, or made before pods were bound).",
 	}, []string{"reason"})
+	m.pullCreds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_pull_credentials_total",
+		Help: "Registry credentials from the pipeline, by event: kept (written beside a get's output), not_kept (writing them failed: the image pulls without them), used (a container's pod got a pull secret of them), refused (a credential file jetway did not write, or for another image).",
+	}, []string{"event"})
 	m.containers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_containers_total",
 		Help: "Containers the web node made (event created) and destroyed (destroyed) on jetway's workers: their pods.",
@@ -123,7 +128,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
 	}, []string{"outcome"})
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
-		m.linkedCopies, m.refusals, m.podRefusals, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
+		m.linkedCopies, m.refusals, m.podRefusals, m.pullCreds, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
 	return m
 }
 
@@ -213,6 +218,14 @@ func (m *Metrics) refused() {
 }
 
 // podRefused counts a pod jetway refused to use (ownership.Key.Verdict).
+// pullCredential counts an event of the registry credentials from the
+// pipeline: kept, not_kept, used or refused.
+func (m *Metrics) pullCredential(event string) {
+	if m != nil {
+		m.pullCreds.WithLabelValues(event).Inc()
+	}
+}
+
 func (m *Metrics) podRefused(why string) {
 	if m != nil {
 		m.podRefusals.WithLabelValues(why).Inc()

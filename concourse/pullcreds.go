@@ -156,7 +156,11 @@ func (c *Containers) keepCredential(ctx context.Context, p *Process) {
 		return
 	}
 	err := c.writeCredential(ctx, p.ct, p.tapVolume, cred)
+	if err == nil {
+		c.Metrics.pullCredential("kept")
+	}
 	if err != nil && ctx.Err() == nil {
+		c.Metrics.pullCredential("not_kept")
 		c.logger().Warn("registry credentials of a get not kept: a container of its image pulls without them",
 			"target", p.ct.Target, "handle", p.ct.Handle(), "repository", cred.Repository, "error", err.Error())
 	}
@@ -205,11 +209,13 @@ func (c *Containers) volumeCredential(ctx context.Context, target, handle, repos
 	}
 	plain, err := c.Pod().Key.Open(pullCredentialBox, b)
 	if err != nil {
+		c.Metrics.pullCredential("refused")
 		c.logger().Warn("registry credentials beside a volume's rootfs refused: jetway did not write them", "target", target, "volume", handle)
 		return nil, nil
 	}
 	var cred pullCredential
 	if json.Unmarshal(plain, &cred) != nil || cred.Repository != repository || (cred.Digest != "" && cred.Digest != digest) {
+		c.Metrics.pullCredential("refused")
 		c.logger().Warn("registry credentials beside a volume's rootfs refused: they are for another image", "target", target, "volume", handle)
 		return nil, nil
 	}

@@ -132,6 +132,7 @@ func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 			_ = deletePod(context.WithoutCancel(ctx), w.t, created)
 			return fmt.Errorf("container %s: %w", ct.Handle(), err)
 		}
+		w.c.Metrics.pullCredential("used")
 	}
 	if _, err := ownership.Bind(ctx, pods, w.opts.Key, w.t.Name(), created); err != nil {
 		_ = deletePod(context.WithoutCancel(ctx), w.t, created) // never used: unbound, it would get nothing
