@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -274,22 +275,31 @@ func TestAReplacedHolderIsGoneBeforeItsSuccessor(t *testing.T) {
 	require.NoError(t, err)
 
 	createVolume(t, api.URL, map[string]any{"handle": "v2", "strategy": map[string]string{"type": "empty"}})
+	replacedGently(t, w, old.UID)
+}
+
+// replacedGently reads w, a watch of one pod name from before the pod of
+// uid was replaced, until a pod of another UID shows: it must come after
+// the old one was gone, which must have been deleted with a second's
+// grace (not forced).
+func replacedGently(t *testing.T, w watch.Interface, uid k8stypes.UID) {
+	t.Helper()
 	var grace *int64
 	deleted := false
 	for ev := range w.ResultChan() {
 		p, ok := ev.Object.(*corev1.Pod)
 		require.True(t, ok, "a watch event of %T", ev.Object)
-		if p.UID == old.UID {
+		if p.UID == uid {
 			if p.DeletionTimestamp != nil && grace == nil {
 				grace = p.DeletionGracePeriodSeconds
 			}
-			deleted = deleted || ev.Type == "DELETED"
+			deleted = deleted || ev.Type == watch.Deleted
 			continue
 		}
-		require.True(t, deleted, "a new holder (uid %s) was made while the old one (uid %s) was still there", p.UID, old.UID)
+		require.True(t, deleted, "a new pod (uid %s) was made while the old one (uid %s) was still there", p.UID, uid)
 		break
 	}
-	require.NotNil(t, grace, "the old holder was deleted at once (forced), never seen terminating")
+	require.NotNil(t, grace, "the old pod was deleted at once (forced), never seen terminating")
 	assert.Equal(t, int64(1), *grace, "its grace")
 }
 

@@ -144,23 +144,7 @@ func TestAnUnboundPodInAStepsWayIsGoneBeforeTheStepsPod(t *testing.T) {
 	defer w.Stop()
 
 	g.run(t, shStep("deploy", "echo deployed"))
-	var grace *int64
-	deleted := false
-	for ev := range w.ResultChan() {
-		p, ok := ev.Object.(*corev1.Pod)
-		require.True(t, ok, "a watch event of %T", ev.Object)
-		if p.UID == planted.UID {
-			if p.DeletionTimestamp != nil && grace == nil {
-				grace = p.DeletionGracePeriodSeconds
-			}
-			deleted = deleted || ev.Type == "DELETED"
-			continue
-		}
-		require.True(t, deleted, "the step's pod (uid %s) was made while the unbound one (uid %s) was still there", p.UID, planted.UID)
-		break
-	}
-	require.NotNil(t, grace, "the unbound pod was deleted at once (forced), never seen terminating")
-	assert.Equal(t, int64(1), *grace, "its grace")
+	replacedGently(t, w, planted.UID)
 	assert.Equal(t, 1.0, metricValue(t, g, `jetway_steps_rejected_total{reason="unbound"}`))
 }
 

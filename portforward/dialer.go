@@ -1,5 +1,6 @@
 // Package portforward dials a pod's port through the Kubernetes API server
-// without a local listener. One upgraded connection per pod (WebSocket,
+// without a local listener. One upgraded connection per pod (per pod UID
+// when the caller gives it, WithPodUID; WebSocket,
 // falling back to SPDY for servers that refuse it) carries every stream to
 // that pod; a supervisor drops a connection when it dies, so the next Dial
 // opens a new one, and closes connections left idle.
@@ -17,6 +18,7 @@ import (
 
 	"github.com/moby/spdystream"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
 )
@@ -68,9 +70,32 @@ type Dialer struct {
 	hookIdlePicked func() // tests: runs between closeIdle's choice and its closing
 }
 
-type podKey struct{ target, namespace, pod string }
+// podKey names the pod a connection reaches: uid, when the dial's context
+// gave one (WithPodUID), tells apart pods of one name, one made after the
+// other.
+type podKey struct {
+	target, namespace, pod string
+	uid                    types.UID
+}
 
 func (k podKey) String() string { return k.target + "/" + k.namespace + "/" + k.pod }
+
+type podUIDKey struct{}
+
+// WithPodUID is ctx saying which pod, of the name a Dial (or a request
+// through RoundTripper) gives, the caller means: a connection reaches
+// the pod the API server found when it was made, so a pod made under the
+// name of one gone must not get streams on the gone one's connection
+// (some kubelets never refuse them, they hang). Dials with another UID,
+// or none, get a connection of their own.
+func WithPodUID(ctx context.Context, uid types.UID) context.Context {
+	return context.WithValue(ctx, podUIDKey{}, uid)
+}
+
+func podUID(ctx context.Context) types.UID {
+	uid, _ := ctx.Value(podUIDKey{}).(types.UID)
+	return uid
+}
 
 // podConn is one upgraded connection to a pod, shared by its streams.
 type podConn struct {
@@ -333,7 +358,7 @@ func (d *Dialer) forget(pc *podConn) {
 // upgraded connection; closing it leaves the others alone, and so does a
 // stream that fails to open.
 func (d *Dialer) Dial(ctx context.Context, target, namespace, pod string, port int) (*Conn, error) {
-	key := podKey{target: target, namespace: namespace, pod: pod}
+	key := podKey{target: target, namespace: namespace, pod: pod, uid: podUID(ctx)}
 	for attempt := 0; ; attempt++ {
 		pc, id, err := d.connection(ctx, key)
 		if err != nil {

@@ -72,6 +72,30 @@ func TestWedgedConnectionRedials(t *testing.T) {
 	assert.Len(t, up.upgrades(), 2, "the new connection carries the next stream")
 }
 
+// TestANewPodOfTheNameGetsANewConnection: a connection reaches the pod
+// the API server found when it was made, so a dial for another pod of the
+// same name (its UID in the dial's context: a volume holder replaced)
+// makes a new connection, never a stream on the old one, which some
+// kubelets never refuse (kwok's hung until the request timed out).
+func TestANewPodOfTheNameGetsANewConnection(t *testing.T) {
+	ctx := context.Background()
+	d, up := startFake(t, Options{})
+	a, err := d.Dial(WithPodUID(ctx, "uid-1"), "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := d.Dial(WithPodUID(ctx, "uid-1"), "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.Len(t, up.upgrades(), 1, "the same pod: one connection")
+
+	c, err := d.Dial(WithPodUID(ctx, "uid-2"), "t", "ns", "p", 80)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.NoError(t, echo(c, "the new pod"))
+	assert.Len(t, up.upgrades(), 2, "another pod of the name: another connection")
+	assert.Equal(t, "t/ns/p:80", c.RemoteAddr().String(), "named as before: a UID is no part of a pod's name")
+}
+
 // TestRefusedStreamRetiresConnection: a stream the kubelet refuses (its
 // error stream says why) retires the shared connection: it may reach a
 // pod that is gone, another made under its name since, so the next Dial

@@ -69,7 +69,9 @@ func (s *Streamer) podRequest(ctx context.Context, target, pod, method, path str
 		return nil, err
 	}
 	u := url.URL{Scheme: "http", Host: portforward.Host(target, t.Namespace(), pod, VolumePort), Path: path, RawQuery: q.Encode()}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	// Its UID: a connection made to a pod of that name before (one now
+	// gone) carries none of its streams.
+	req, err := http.NewRequestWithContext(portforward.WithPodUID(ctx, p.UID), method, u.String(), body)
 	if err != nil {
 		return nil, err
 	}
