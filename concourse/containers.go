@@ -543,6 +543,12 @@ func (c *Containers) movePod(ctx context.Context, ct *Container) error {
 				// way the copy went.
 				return fmt.Errorf("container %s: volume %s cannot be copied into its pod (%s): %w", ct.Handle(), handle, bm.DstPath, remote)
 			}
+			if se, ok := errors.AsType[*streams.Error](err); ok && se.Side == streams.SideSource && errors.Is(err, streams.ErrNotFound) {
+				// The holder went during the copy: as if it had gone before.
+				if err := c.wentWithHolder(ct, bm, fmt.Errorf("%w: %w", errVolumeNotFound, err)); err != nil {
+					return err
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("container %s: move volume %s into its pod (%s): %w", ct.Handle(), handle, bm.DstPath, err)
 			}
