@@ -408,9 +408,7 @@ func (h *Holder) remake(ctx context.Context, t *targets.Target, p *corev1.Pod) e
 	gone := func(wait time.Duration) error {
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
-		return t.AwaitPods(wctx, func(pods []*corev1.Pod) bool {
-			return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == p.UID })
-		})
+		return t.AwaitPodGone(wctx, p.UID)
 	}
 	if err := deleteHolder(ctx, t, p, false); err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -291,10 +290,10 @@ func (g *gateway) deleteUnbound(ctx context.Context, t *targets.Target, p *corev
 	case err != nil:
 		return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
 	}
-	uid, rv := mine.UID, mine.ResourceVersion
+	uid, rv := mine.UID, &mine.ResourceVersion
 	del := func(grace int64) error {
 		err := pods.Delete(pctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace,
-			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: rv}})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete pod %s, unbound in the step's way: %w", p.Name, err)
 		}
@@ -307,7 +306,7 @@ func (g *gateway) deleteUnbound(ctx context.Context, t *targets.Target, p *corev
 	if err := awaitGone(ctx, t, uid, unboundGone); err != nil && ctx.Err() == nil {
 		g.opts.Logger.Warn("pod in the step's way not gone after its grace: deleted by force (its kubelet may be unreachable)",
 			"target", t.Name(), "pod", p.Name, "uid", string(uid), "waited", unboundGone.String())
-		rv = "" // its deletion changed it
+		rv = nil // its deletion changed its version: the UID alone
 		if err := del(0); err != nil {
 			return err
 		}
@@ -325,9 +324,7 @@ const unboundGone = 20 * time.Second
 func awaitGone(ctx context.Context, t *targets.Target, uid types.UID, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	return t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
-		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
-	})
+	return t.AwaitPodGone(ctx, uid)
 }
 
 // relabel makes a step pod name this gateway as its owner, at the version

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -67,6 +68,16 @@ func (t *Target) AwaitPods(ctx context.Context, done func(pods []*corev1.Pod) bo
 			pods[i] = it.(*corev1.Pod)
 		}
 		return done(pods)
+	})
+}
+
+// AwaitPodGone waits until the cached step pods show no pod of uid, or
+// ctx ends: a pod of its name made before that could be confused with it
+// by the kubelet, which finds the pod it execs and port-forwards into by
+// name.
+func (t *Target) AwaitPodGone(ctx context.Context, uid types.UID) error {
+	return t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
+		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
 	})
 }
 
