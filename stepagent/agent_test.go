@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -668,4 +670,34 @@ func TestATerminal(t *testing.T) {
 	assert.Contains(t, stdout, "40 120\r\ngot hello\r\n")
 	assert.True(t, strings.HasSuffix(stdout, "more\r\nend\r\n"), "cat ends at the stdin's end: %q", stdout)
 	assert.Equal(t, 0, st.ExitStatus)
+}
+
+// TestTheStepsProcessIsTheOOMKillersFirstChoiceFromItsFirstInstruction:
+// the score is the process's before it runs anything, not set a moment
+// after it started (a fast step read the supervisor's, seen on the real
+// node), and the supervisor, which lends it for the fork, gets its own
+// back.
+//
+// The agent runs on one CPU, as in a pod limited to one: the process then
+// runs before its supervisor gets the CPU back, as it did there.
+func TestTheStepsProcessIsTheOOMKillersFirstChoiceFromItsFirstInstruction(t *testing.T) {
+	// The agent is forked from this thread, with its CPU set; the thread
+	// is never unlocked, so it ends with the test, set and all.
+	runtime.LockOSThread()
+	var one unix.CPUSet
+	one.Set(0)
+	require.NoError(t, unix.SchedSetaffinity(0, &one))
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	require.NoError(t, err)
+	require.NotEqual(t, "1000\n", string(own), "the test needs a supervisor whose own score is not the step's")
+	for i := range 10 {
+		// The supervisor ($PPID) gives its score back once the process
+		// started: waited for, up to 5 s.
+		root, spec := newStep(t, `read score < /proc/self/oom_score_adj
+for i in $(seq 100); do read parent < /proc/$PPID/oom_score_adj; [ "$parent" != 1000 ] && break; sleep 0.05; done
+echo "$score $parent"`)
+		stdout, _, st := outcome(t, run(t, root, spec))
+		require.Equal(t, 0, st.ExitStatus, "run %d", i)
+		require.Equal(t, "1000 "+string(own), stdout, "run %d: the step's score, then its supervisor's", i)
+	}
 }

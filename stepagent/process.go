@@ -33,7 +33,9 @@ func run(root string, sp Spec, log *os.File) error {
 		return spawnFailed(root, err)
 	}
 	ooms := oomKills(cgroupFS)
+	restore := preferForOOM()
 	err = cmd.Start()
+	restore()
 	for _, f := range pio.child {
 		f.Close() // the process's ends: with them closed, its output ends when it does
 	}
@@ -47,7 +49,6 @@ func run(root string, sp Spec, log *os.File) error {
 		stdinWG.Go(func() { pumpStdin(root, pio.stdin, pio.tty, stdinStop) })
 	}
 	defer func() { close(stdinStop); stdinWG.Wait() }()
-	preferForOOM(cmd.Process.Pid)
 	started := Started{PID: cmd.Process.Pid, At: time.Now().UTC(), OOMKills: ooms}
 	p, _ := json.Marshal(started)
 	if err := writeAtomic(Path(root, StartedFile), p); err != nil {
@@ -459,8 +460,22 @@ func pump(log io.Writer, since time.Time, outputs ...output) <-chan error {
 // the kernel picks the largest process, and a step whose process is
 // smaller than the supervisor at that moment lost its supervisor instead
 // (the step errored "lost" rather than failing OOMKilled; seen on the real
-// node). Raising a score needs no privilege; where it cannot be written
-// the kernel chooses as before.
-func preferForOOM(pid int) {
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0)
+// node).
+//
+// The process must have the score from its first instruction, so the
+// supervisor takes it for the moment of the fork and the process inherits
+// it; set after the start, a fast step ran with the supervisor's (seen on
+// the real node, on one CPU). The returned func gives the supervisor its
+// own back. Raising needs no privilege, and lowering back to the score the
+// container started with neither: the kernel refuses only a score below
+// the last one a privileged process set. Where the score cannot be
+// written the kernel chooses as before; where it cannot be given back the
+// supervisor stays an equal choice, and the kernel takes the larger.
+func preferForOOM() (restore func()) {
+	const file = "/proc/self/oom_score_adj"
+	own, err := os.ReadFile(file)
+	if err != nil || os.WriteFile(file, []byte("1000"), 0) != nil {
+		return func() {}
+	}
+	return func() { _ = os.WriteFile(file, own, 0) }
 }
