@@ -78,14 +78,32 @@ var ClaimPermissions = []Permission{
 	{Resource: "persistentvolumeclaims", Verb: "delete"},
 }
 
+// ImagePermissions are what a target whose Concourse volume holder serves
+// the rootfs it keeps as images (steps.volumeHolder.images) needs besides
+// Required: the holder's Service and the EndpointSlice that names the
+// holder pod's address alone (no selector, which a planted pod could
+// match). Both are owned by the holder pod, so they go with it.
+var ImagePermissions = []Permission{
+	{Resource: "services", Verb: "create"},
+	{Resource: "services", Verb: "get"},
+	{Resource: "services", Verb: "delete"},
+	{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "create"},
+	{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "get"},
+	{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "update"},
+}
+
 // RequiredFor is what t needs of required (Required, or what a test
 // asks): ClaimPermissions too when its volume holder keeps its volumes on
 // a claim, holderClass being the gateway's volume-holder-storage-class.
 func RequiredFor(t *Target, required []Permission, holderClass string) []Permission {
-	if t.Config.Meta.Steps.VolumeHolder.StorageClass(holderClass) == "" {
-		return required
+	holder := t.Config.Meta.Steps.VolumeHolder
+	if holder.StorageClass(holderClass) != "" {
+		required = append(slices.Clip(required), ClaimPermissions...)
 	}
-	return append(slices.Clip(required), ClaimPermissions...)
+	if holder.Images != "" {
+		required = append(slices.Clip(required), ImagePermissions...)
+	}
+	return required
 }
 
 // RBACRules returns the Role rules that grant perms: what an operator binds

@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -79,4 +80,16 @@ func TestClaimPermissionsOnlyWithStorage(t *testing.T) {
 	with := RequiredFor(target(nil), Required, "standard")
 	assert.Empty(t, claims(Required), "appending did not write into Required")
 	assert.Len(t, with, len(Required)+len(ClaimPermissions))
+}
+
+// TestImagePermissionsOnlyWithImages: services and endpointslices are
+// asked for only of a target whose holder serves images.
+func TestImagePermissionsOnlyWithImages(t *testing.T) {
+	target := func(images string) *Target {
+		return &Target{Config: &Config{Meta: Metadata{Steps: StepPolicy{VolumeHolder: VolumeHolderPolicy{Images: images}}}}}
+	}
+	assert.Equal(t, Required, RequiredFor(target(""), Required, ""))
+	with := RequiredFor(target(ImagesNodePort), Required, "standard")
+	assert.Equal(t, slices.Concat(Required, ClaimPermissions, ImagePermissions), with)
+	assert.Contains(t, with, Permission{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "update"})
 }

@@ -45,7 +45,26 @@ type VolumeHolderPolicy struct {
 	// Left out: the gateway's volume-holder-storage-class; a class of ""
 	// (`storage: {}`): an emptyDir on this target whatever the gateway's.
 	Storage *HolderStorage `json:"storage,omitempty"`
+	// Images is how the holder serves a rootfs it keeps (a task's built
+	// image, a mirror_self get's) to the target's nodes as an image a
+	// container runs: ImagesNodePort, or "" for not at all (a container
+	// whose image is such a rootfs is refused, naming this key).
+	Images string `json:"images,omitempty"`
 }
+
+// Values of steps.volumeHolder.images.
+const (
+	// ImagesNodePort: a NodePort Service of the holder's own, which each
+	// node's container runtime pulls from as localhost:<nodePort> (plain
+	// HTTP, as containerd and CRI-O take localhost): needs kube-proxy
+	// answering NodePorts on the node's loopback (its iptables mode, the
+	// default) and ImagePermissions.
+	ImagesNodePort = "NodePort"
+)
+
+// HolderImagesKey is the target.yaml key of how the holder serves a
+// rootfs as an image, as messages name it.
+const HolderImagesKey = "steps.volumeHolder.images"
 
 // HolderStorage is `steps.volumeHolder.storage`: the claim that keeps a
 // Concourse volume holder's volumes.
@@ -89,6 +108,9 @@ func (p StepPolicy) validate() error {
 		if q.v != nil && q.v.Sign() < 0 {
 			errs = append(errs, fmt.Errorf("steps.%s must not be negative, got %s", q.key, q.v))
 		}
+	}
+	if im := p.VolumeHolder.Images; im != "" && im != ImagesNodePort {
+		errs = append(errs, fmt.Errorf("%s is %q: it is %q (a NodePort Service of the holder's) or left out", HolderImagesKey, im, ImagesNodePort))
 	}
 	if st := p.VolumeHolder.Storage; st != nil {
 		if st.Class != "" {

@@ -14,6 +14,7 @@ import (
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	discoveryv1client "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -32,6 +33,9 @@ type Target struct {
 	Config *Config
 	Core   corev1client.CoreV1Interface
 	Leases coordinationv1client.CoordinationV1Interface
+	// Discovery makes the EndpointSlice of a volume holder that serves
+	// images (steps.volumeHolder.images).
+	Discovery discoveryv1client.DiscoveryV1Interface
 	// Installation names this jetway installation in ownership labels.
 	Installation string
 	// Selector matches the objects this installation owns for the target.
@@ -121,12 +125,16 @@ func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
 	}
+	disc, err := discoveryv1client.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
+	}
 	authz, err := authorizationv1client.NewForConfigAndClient(rc, hc)
 	if err != nil {
 		return nil, fmt.Errorf("client for %s: %w", cfg.Name, err)
 	}
 	t := &Target{
-		Config: cfg, Core: core, Leases: leases, Installation: installation,
+		Config: cfg, Core: core, Leases: leases, Discovery: disc, Installation: installation,
 		Selector:   ownership.Selector(cfg.Name, installation),
 		RecordName: RecordName(installation, cfg.Name),
 		authz:      authz, raw: authz.RESTClient(),
