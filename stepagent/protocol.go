@@ -97,6 +97,10 @@ const (
 // VolumePort is where the volume sidecar listens.
 const VolumePort = 7788
 
+// ImagePort is where a Concourse volume holder's sidecar serves the
+// rootfs it keeps as images, and nothing else (volumes.Server.ServeImages).
+const ImagePort = 7789
+
 // TokenHashEnv holds, in the volume sidecar's environment, the SHA-256
 // (hex) of the token it serves (package volumes): the gateways derive the
 // token, the pod holds only its hash.

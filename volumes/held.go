@@ -124,6 +124,7 @@ func (s *Server) swap(handle, from, uid string) (string, int64, error) {
 		return gone, 0, errors.Join(err, os.Rename(filepath.Join(gone, "volume"), s.Path(handle)))
 	}
 	charged := s.space.swap(handle, from)
+	s.images.forget(handle)
 	// Held still, if this fails: a later settle copies the pod's files
 	// again, which costs a copy and loses nothing.
 	m.Held = nil

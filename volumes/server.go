@@ -61,6 +61,12 @@ type Server struct {
 	vols   sync.Mutex
 	making map[string]bool
 
+	// images are the volumes' folders served as images (image.go), on
+	// the listeners of imageServers.
+	images        *images
+	imageServers  []*http.Server
+	imagesServing sync.WaitGroup
+
 	tokenHash [sha256.Size]byte
 	tickets   map[[sha256.Size]byte]ticket // by the ticket's SHA-256
 	// now is the clock of tickets' expiry (tests set it).
@@ -127,7 +133,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), space: sp,
-		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now}
+		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now, images: newImages()}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /volumes", s.create)
@@ -145,6 +151,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	mux.HandleFunc(streamInRoute, s.streamIn)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-out", s.streamOut)
 	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", s.streamP2POut)
+	mux.HandleFunc("POST /volumes/{handle}/image", s.serveImage)
 	s.srv = &http.Server{Handler: s.track(s.holder(mux))}
 	go func() {
 		defer close(s.served)
@@ -279,9 +286,14 @@ func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 func (s *Server) Kill() error {
 	s.mu.Lock()
 	s.killed = true
+	servers := s.imageServers
 	s.mu.Unlock()
 	err := s.srv.Close()
+	for _, srv := range servers {
+		_ = srv.Close()
+	}
 	<-s.served
+	s.imagesServing.Wait()
 	s.handlers.Wait()
 	return err
 }

@@ -87,6 +87,10 @@ func (s *Server) streamIn(w http.ResponseWriter, r *http.Request) {
 	in := &limitedReader{r: r.Body, left: limit}
 	c := s.space.claim(r.PathValue("handle"))
 	defer c.drop()
+	// Its image, if one was made, was of other files: before (so that
+	// none made meanwhile is kept) and after.
+	s.images.forget(r.PathValue("handle"))
+	defer s.images.forget(r.PathValue("handle"))
 	if code, err := s.land(base, sub, r.Header.Get("Content-Encoding"), in, c); err != nil {
 		if in.past {
 			// Decoders may replace the reader's error: ask it.

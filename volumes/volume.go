@@ -179,6 +179,7 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	if st.Type == StrategyImport {
 		parentHandle = s.volumeAt(st.Path)
 	}
+	epoch := s.images.current()
 	if parentHandle != "" {
 		parent, ok := s.resolve(parentHandle)
 		if !ok {
@@ -210,6 +211,9 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 		return
 	}
 	committed = true
+	if st.Type == StrategyCOW && s.copiesExactly() {
+		s.images.inherit(parentHandle, h, epoch)
+	}
 	if parentHandle != "" {
 		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(done.bytes, 10))
 		w.Header().Set(LinkedEntriesHeader, strconv.Itoa(done.linked))
@@ -434,6 +438,7 @@ func (s *Server) unlink(handle string) (string, int64, error) {
 	if err != nil {
 		return "", 0, err
 	}
+	s.images.forget(handle)
 	// A link's folder stays, and what it takes with it.
 	charged := s.space.forget(handle, !link)
 	return gone, charged, s.removeMeta(handle)

@@ -92,6 +92,8 @@ func dispatch(cmd string, args []string) error {
 		"claim (a PersistentVolumeClaim's size); empty: an emptyDir's size limit")
 	linkCopies := fs.Bool("link-copies", false, "volumes: make a cow volume, and an import of another volume, of hard links to its parent's files, "+
 		"not copies. Only for a sidecar that alone writes its folder: a process writing a file in place would write every volume linking it")
+	imagesListen := fs.String("images-listen", "", "volumes: also serve volumes' folders as images, to pulls with a ticket the token's holder "+
+		"registered, on this address and nothing else there (a Concourse volume holder's :7789); empty: not at all")
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -159,7 +161,7 @@ func dispatch(cmd string, args []string) error {
 		default:
 			return fmt.Errorf("%w: --capacity-of %q: want claim, or none", errUsage, *capacityOf)
 		}
-		return serveVolumes(*listen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: origin}, *linkCopies)
+		return serveVolumes(*listen, *imagesListen, root, limits, volumes.Capacity{Bytes: *capacity, Origin: origin}, *linkCopies)
 	}
 	return fmt.Errorf("%w: unknown command %q\n%s", errUsage, cmd, usage)
 }
@@ -201,7 +203,7 @@ func prepare(root string, n int) error {
 }
 
 // serveVolumes runs the volume sidecar until TERM or INT.
-func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Capacity, linkCopies bool) error {
+func serveVolumes(addr, imagesAddr, root string, limits tarsafe.Limits, capacity volumes.Capacity, linkCopies bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hash := os.Getenv(stepagent.TokenHashEnv)
@@ -215,6 +217,12 @@ func serveVolumes(addr, root string, limits tarsafe.Limits, capacity volumes.Cap
 	s.SetLimits(limits)
 	s.SetLinkCopies(linkCopies)
 	fmt.Fprintf(os.Stderr, "step-agent: serving volumes of %s on %s\n", root, addr)
+	if imagesAddr != "" {
+		if _, err := s.ServeImages(imagesAddr); err != nil {
+			return errors.Join(err, s.Kill())
+		}
+		fmt.Fprintf(os.Stderr, "step-agent: serving volumes' images on %s\n", imagesAddr)
+	}
 	<-ctx.Done()
 	return s.Kill()
 }
