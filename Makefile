@@ -49,7 +49,7 @@ KWOK_DATA_FILES := \
 	kustomize/crd/bases/kwok.x-k8s.io_clusterlogs.yaml
 KWOK_DATA := $(addprefix $(BIN)/kwok-data/,$(notdir $(KWOK_DATA_FILES)))
 
-KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet
+KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet $(BIN)/kube-proxy
 # containerd 2.x for the real test node (its CRI plugin mounts image
 # volumes, which Debian's 1.6 does not), with its runc shim and ctr.
 CONTAINERD_VERSION := v2.2.9
@@ -61,7 +61,7 @@ TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA
 # bridge CNI plugin from Debian's packages; `make tools` installs the
 # missing ones (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
-NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2
+NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2 iptables nftables
 NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
@@ -253,7 +253,8 @@ $(KUBE_BINS) &: tools/kube/go.mod tools/kube/go.sum
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-scheduler \
 		k8s.io/kubernetes/cmd/kube-controller-manager \
-		k8s.io/kubernetes/cmd/kubelet
+		k8s.io/kubernetes/cmd/kubelet \
+		k8s.io/kubernetes/cmd/kube-proxy
 	touch $(KUBE_BINS)
 
 # containerd without cgo, as its static release is, and without the

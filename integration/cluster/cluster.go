@@ -465,7 +465,7 @@ func (c *Cluster) Logs(lines int) string {
 	var b strings.Builder
 	procs := []*process{c.etcd, c.apiserver, c.scheduler, c.controllerManager, c.kwok}
 	if c.node != nil {
-		procs = append(procs, c.node.containerd, c.node.kubelet)
+		procs = append(procs, c.node.containerd, c.node.kubelet, c.node.proxy)
 	}
 	for _, p := range procs {
 		if p != nil {

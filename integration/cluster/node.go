@@ -36,8 +36,14 @@ import (
 //
 //   - the node's IP is NodeIP on a bridge of its own (NodeBridge), which
 //     the CNI bridge plugin puts the pods on (host-local IPAM on
-//     NodeSubnet, no masquerade, so no iptables rule is made); kubelet
-//     listens there, the API server advertises it;
+//     NodeSubnet, no masquerade); kubelet listens there, the API server
+//     advertises it;
+//   - kube-proxy runs as on a managed cluster's node, in iptables mode,
+//     with NodePorts answered on loopback too (it sets route_localnet),
+//     so a Service's node port answers at 127.0.0.1 where containerd
+//     pulls a volume holder's images; it changes no conntrack sysctl and
+//     listens for no health or metrics; teardown runs its --cleanup and
+//     removes what that leaves (KUBE-FIREWALL, the tables iptables made);
 //   - containerd has its root, state, socket and runc root under the
 //     node's folder, restrict_oom_score_adj (the machine lacks
 //     CAP_SYS_RESOURCE) and the pause image as its sandbox image;
@@ -102,11 +108,14 @@ var nodePackages = map[string]string{
 	"/usr/lib/cni/host-local": "containernetworking-plugins",
 	"/usr/lib/cni/loopback":   "containernetworking-plugins",
 	"/usr/sbin/ip":            "iproute2",
+	"/usr/sbin/iptables":      "iptables", // kube-proxy's
+	"/usr/sbin/nft":           "nftables", // teardown's, for the tables iptables made
 }
 
 // nodeSysctls are the machine-wide settings kubelet and the bridge plugin
 // change; teardown writes back what they were.
-var nodeSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward"}
+var nodeSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward",
+	"net/ipv4/conf/all/route_localnet"} // kube-proxy's, for NodePorts on loopback
 
 // nodeHostPaths are paths outside the node's folder that kubelet,
 // containerd or the CNI plugins make; teardown removes those that did not
@@ -120,6 +129,12 @@ type nodeState struct {
 	Dir      string            `json:"dir"`
 	Sysctls  map[string]string `json:"sysctls"`
 	NewPaths []string          `json:"newPaths"` // nodeHostPaths that did not exist
+	// KubeProxy is the kube-proxy that ran, whose --cleanup removes its
+	// rules and chains.
+	KubeProxy string `json:"kubeProxy,omitempty"`
+	// Tables are the nftables tables there were before it ran ("ip
+	// nat"): teardown deletes those iptables made for it, once empty.
+	Tables []string `json:"tables,omitempty"`
 }
 
 // node is the real node of a cluster started with Options.RealNode.
@@ -131,8 +146,8 @@ type node struct {
 	registry  *http.Server // NodeRegistry, nil until the bridge is up
 	mirror    string       // NodeRegistry's URL on the bridge
 
-	containerd, kubelet *process
-	ctrPath             string // bin/ctr
+	containerd, kubelet, proxy *process
+	ctrPath                    string // bin/ctr
 }
 
 func (n *node) path(elem ...string) string { return filepath.Join(append([]string{n.dir}, elem...)...) }
@@ -217,13 +232,20 @@ func (c *Cluster) configureNode(bin string, p *pki, healthzPort int) error {
 	if _, _, err := p.issue("kubelet-serving", n.name, nil, true); err != nil {
 		return err
 	}
-	kubeconfig := clientcmdapi.NewConfig()
-	kubeconfig.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: p.path("ca.crt")}
-	kubeconfig.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path("kubelet-client.crt"), ClientKey: p.path("kubelet-client.key")}
-	kubeconfig.Contexts["node"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "node"}
-	kubeconfig.CurrentContext = "node"
-	if err := clientcmd.WriteToFile(*kubeconfig, n.path("kubelet.kubeconfig")); err != nil {
+	// kube-proxy as the user the API server's bootstrap policy binds to
+	// system:node-proxier.
+	if _, _, err := p.issue("kube-proxy", "system:kube-proxy", nil, false); err != nil {
 		return err
+	}
+	for file, client := range map[string]string{"kubelet.kubeconfig": "kubelet-client", "kube-proxy.kubeconfig": "kube-proxy"} {
+		kubeconfig := clientcmdapi.NewConfig()
+		kubeconfig.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: p.path("ca.crt")}
+		kubeconfig.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path(client + ".crt"), ClientKey: p.path(client + ".key")}
+		kubeconfig.Contexts["node"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "node"}
+		kubeconfig.CurrentContext = "node"
+		if err := clientcmd.WriteToFile(*kubeconfig, n.path(file)); err != nil {
+			return err
+		}
 	}
 	// Version 2 of the config, which containerd 2.x migrates as it loads
 	// it; no imports of the machine's /etc/containerd, no NRI (its socket
@@ -338,7 +360,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 			"--hostname-override=" + n.name,
 			"--v=" + kubeletVerbosity(),
 		}}
+	n.proxy = &process{name: c.Name + "/kube-proxy", path: filepath.Join(bin, "kube-proxy"), logPath: filepath.Join(c.dir, "kube-proxy.log"),
+		args: kubeProxyArgs(n.path("kube-proxy.kubeconfig"), n.name)}
 	return nil
+}
+
+// kubeProxyArgs run kube-proxy as a managed cluster's node does (iptables
+// mode, NodePorts answered on loopback too), changing nothing of the
+// machine's but its rules, its chains and route_localnet (nodeSysctls):
+// no conntrack sysctl, no health or metrics listener.
+func kubeProxyArgs(kubeconfig, node string) []string {
+	return []string{
+		"--kubeconfig=" + kubeconfig,
+		"--proxy-mode=iptables",
+		"--hostname-override=" + node,
+		"--cluster-cidr=" + NodeSubnet,
+		"--iptables-localhost-nodeports=true",
+		"--healthz-bind-address=",
+		"--metrics-bind-address=",
+		"--conntrack-max-per-core=0",
+		"--conntrack-min=0",
+		"--conntrack-tcp-timeout-established=0s",
+		"--conntrack-tcp-timeout-close-wait=0s",
+		"--v=1",
+	}
 }
 
 // KubeletVerbosityEnv sets the real node's kubelet log level (its --v;
@@ -377,11 +422,7 @@ func (c *Cluster) startNode(ctx context.Context) error {
 			n.state.NewPaths = append(n.state.NewPaths, p)
 		}
 	}
-	st, err := json.Marshal(n.state)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(n.path("state.json"), st, 0o600); err != nil {
+	if err := n.writeState(); err != nil {
 		return err
 	}
 	if err := makeBridge(); err != nil {
@@ -411,6 +452,13 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if err := n.kubelet.start(); err != nil {
 		return err
 	}
+	n.state.KubeProxy, n.state.Tables = n.proxy.path, nftTables()
+	if err := n.writeState(); err != nil {
+		return err
+	}
+	if err := n.proxy.start(); err != nil {
+		return err
+	}
 	return poll(ctx, n.kubelet, "node "+n.name+" Ready", func(ctx context.Context) (bool, error) {
 		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if err != nil {
@@ -428,6 +476,16 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		}
 		return false, nil
 	})
+}
+
+// writeState records what teardown needs, for a later start to tear
+// down after a test process that was killed.
+func (n *node) writeState() error {
+	st, err := json.Marshal(n.state)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(n.path("state.json"), st, 0o600)
 }
 
 // serveRegistry serves NodeRegistry on the node's bridge and points
@@ -585,6 +643,9 @@ func (c *Cluster) stopNode() {
 	if n.kubelet != nil {
 		n.kubelet.stop(5 * time.Second)
 	}
+	if n.proxy != nil {
+		n.proxy.stop(5 * time.Second)
+	}
 	if n.containerd != nil && n.containerd.running() && !n.containerd.exited() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if out, err := n.ctr(ctx, "tasks", "ls", "-q"); err == nil {
@@ -617,8 +678,15 @@ func (c *Cluster) stopNode() {
 // sysctls and removes the host paths that were not there before.
 func (n *node) teardown() {
 	killProcesses(func(pid int, cmdline string) bool {
-		return strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, n.dir)
+		return (strings.Contains(cmdline, "containerd-shim") || strings.Contains(cmdline, "kube-proxy")) && strings.Contains(cmdline, n.dir)
 	})
+	if n.state.KubeProxy != "" {
+		// Its rules and chains (KUBE-*), in every table and both backends.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = exec.CommandContext(ctx, n.state.KubeProxy, "--cleanup", "--v=0").Run()
+		cancel()
+		removeKubeProxyLeftovers(n.state.Tables)
+	}
 	KillCgroup(NodeCgroupRoot)
 	unmountUnder(n.dir)
 	deleteBridge()
@@ -631,6 +699,44 @@ func (n *node) teardown() {
 		_ = os.RemoveAll(p)
 	}
 	_ = os.Remove(filepath.Join(n.dir, "state.json"))
+}
+
+// nftTables lists the machine's nftables tables, as "family name".
+func nftTables() []string {
+	out, err := exec.Command("nft", "list", "tables").Output()
+	if err != nil {
+		return nil
+	}
+	var tables []string
+	for line := range strings.Lines(string(out)) {
+		if t, ok := strings.CutPrefix(strings.TrimSpace(line), "table "); ok {
+			tables = append(tables, t)
+		}
+	}
+	return tables
+}
+
+// removeKubeProxyLeftovers removes what kube-proxy --cleanup leaves: the
+// KUBE-FIREWALL chain it made for NodePorts on loopback, and the tables
+// iptables made for it (those not in before) once they hold no rule.
+func removeKubeProxyLeftovers(before []string) {
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for _, args := range [][]string{{"-D", "INPUT", "-j", "KUBE-FIREWALL"}, {"-D", "OUTPUT", "-j", "KUBE-FIREWALL"},
+			{"-F", "KUBE-FIREWALL"}, {"-X", "KUBE-FIREWALL"}} {
+			_ = exec.Command(ipt, append([]string{"-t", "filter"}, args...)...).Run()
+		}
+	}
+	for _, t := range nftTables() {
+		family, name, _ := strings.Cut(t, " ")
+		if slices.Contains(before, t) || (family != "ip" && family != "ip6") {
+			continue
+		}
+		save := map[string]string{"ip": "iptables-save", "ip6": "ip6tables-save"}[family]
+		out, err := exec.Command(save, "-t", name).Output()
+		if err == nil && !strings.Contains(string(out), "\n-A ") {
+			_ = exec.Command("nft", "delete", "table", family, name).Run()
+		}
+	}
 }
 
 // killProcesses SIGKILLs every process whose command line matches.
