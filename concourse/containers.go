@@ -307,8 +307,9 @@ func dockerImage(rootfs, rest string) (string, error) {
 
 // rawImage is the image of a volume: raw://P/rootfs, a copy of a
 // registry-image get's volume, runs the repository and digest that get
-// wrote beside rootfs/; raw://P, a copy of a base type's import, runs the
-// image the operator mapped the type to.
+// wrote beside rootfs/; any other raw://P/rootfs runs that rootfs, served
+// by the target's volume holder (images.go); raw://P, a copy of a base
+// type's import, runs the image the operator mapped the type to.
 func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (string, *pullCredential, error) {
 	if c.Holder == nil {
 		return "", nil, fmt.Errorf("image %s: this gateway keeps no volumes (no state namespace)", rootfs)
@@ -349,9 +350,16 @@ func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (st
 	if err != nil && !errors.Is(err, errVolumeNotFound) {
 		return "", nil, fmt.Errorf("image %s: %w", rootfs, err)
 	}
-	return "", nil, fmt.Errorf("image %s: volume %s has no repository and sha256 digest files beside rootfs/, so it is no registry-image get's: "+
-		"Kubernetes runs images from a registry only, so a rootfs built in a task cannot run here; "+
-		"push it to a registry and use a registry-image get of it", rootfs, handle)
+	// No registry-image get's: a rootfs of its own (a task built it, a
+	// get mirrored it), which the target's holder serves (images.go).
+	t, err := listed(c.Holder.Targets, target)
+	if err != nil {
+		return "", nil, fmt.Errorf("image %s: %w", rootfs, err)
+	}
+	if t == nil {
+		return "", nil, fmt.Errorf("image %s: worker %s is no cluster target: only a cluster target's volume holder serves a rootfs as an image", rootfs, target)
+	}
+	return c.servedImage(ctx, t, rootfs, handle)
 }
 
 // mountVolume is the pod's volume of the container's bind mount i.

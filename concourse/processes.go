@@ -319,6 +319,9 @@ func podState(p *corev1.Pod, ct *Container) (string, bool, error) {
 			return "", false, fmt.Errorf("container %s: its pod %s's step container has ended (%s)", ct.Handle(), ct.Pod, cs.State.Terminated.Reason)
 		case cs.State.Waiting != nil:
 			w := cs.State.Waiting
+			if w.Reason == "ImagePullBackOff" && nodePortNotYet(ct.Image, w.Message) && time.Since(p.CreationTimestamp.Time) < servedImageGrace {
+				return "pulling image " + ct.Image + " (its node does not answer on the volume holder's node port yet)", false, nil
+			}
 			switch w.Reason {
 			case "ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError":
 				return "", false, fmt.Errorf("container %s: image %s: %s: %s", ct.Handle(), ct.Image, w.Reason, w.Message)

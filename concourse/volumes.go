@@ -71,6 +71,10 @@ type Holder struct {
 	ctx      context.Context // Start's, for the async creates; nil before
 	wg       sync.WaitGroup
 	futures  map[string]*future // async creates, by target and handle
+	// served are the holder pods (by UID) whose images are served
+	// (images.go): their Service is made as they start, so that the
+	// nodes' kube-proxy has its rules long before a pull.
+	served sync.Map
 }
 
 // future is an async create: done is closed once vol or err is set.
@@ -287,6 +291,7 @@ func (h *Holder) ensure(ctx context.Context, t *targets.Target, opts steppod.Opt
 		h.logger().Warn("volume holder not running", "target", t.Name(), "pod", name, "error", err.Error())
 		return err
 	}
+	h.serveImages(ctx, t, name)
 	return nil
 }
 

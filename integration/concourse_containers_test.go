@@ -371,7 +371,7 @@ func TestConcourseContainerImagesAndPolicy(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, code)
 	assert.Equal(t, `{"error":"no such file or directory"}`, body)
 	for rootfs, want := range map[string]string{
-		"raw://" + built.Path + "/rootfs": "a rootfs built in a task cannot run here",
+		"raw://" + built.Path + "/rootfs": "worker cwi serves no rootfs as an image: set " + targets.HolderImagesKey,
 		"raw:///no/such/volume":           "has no volume at /no/such/volume",
 		"raw://" + other.Path:             `is no base resource type's import (imported from "/somewhere/else")`,
 		"oci:///some/layout":              "jetway runs docker:///REPOSITORY#TAG",

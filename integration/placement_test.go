@@ -133,6 +133,9 @@ func targetGateway(ctx context.Context, t *testing.T, c *cluster.Cluster, name, 
 	if o.claims {
 		perms = append(slices.Clip(perms), targets.ClaimPermissions...)
 	}
+	if o.images {
+		perms = append(slices.Clip(perms), targets.ImagePermissions...)
+	}
 	placeTargetGranting(ctx, t, c, dir, name, targetYAML, "", perms)
 	g := startGateway(t, dir, o)
 	g.waitTarget(t, name, 10*time.Second, running)

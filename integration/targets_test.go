@@ -130,6 +130,9 @@ type gatewayOptions struct {
 	// claims: the target's Role (targetGateway) grants
 	// targets.ClaimPermissions too, for a volume holder on a claim.
 	claims bool
+	// images: the target's Role grants targets.ImagePermissions too, for
+	// a volume holder that serves images (targetYAML says it).
+	images bool
 	// stepDefaults are the step pods' size limit and requests; zero: none
 	// (the real node's gateways take the gateway's defaults, nodeDefaults).
 	stepDefaults steppod.Defaults

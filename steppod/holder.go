@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/stepagent"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -77,6 +78,9 @@ func HolderClaimName(p *corev1.Pod) string {
 	return ""
 }
 
+// HolderImagePort names the holder sidecar's port that serves images.
+const HolderImagePort = "images"
+
 // HolderPod is the pod keeping a Concourse web node's volumes on t:
 // the volume sidecar alone, serving claim (made first, HolderClaim) or,
 // when claim is nil, an emptyDir of the holder's size, sealed for no
@@ -122,6 +126,11 @@ func HolderPod(t *targets.Target, opts Options, claim *corev1.PersistentVolumeCl
 	// neither: its step writes there too.
 	sidecar := &pod.Spec.Containers[0]
 	sidecar.Command = append(sidecar.Command, "--link-copies")
+	// It serves the rootfs it keeps as images on a port of its own, to
+	// pulls with a ticket the gateway registered for that volume alone
+	// (steps.volumeHolder.images puts a NodePort Service before it).
+	sidecar.Command = append(sidecar.Command, "--images-listen", ":"+strconv.Itoa(stepagent.ImagePort))
+	sidecar.Ports = append(sidecar.Ports, corev1.ContainerPort{Name: HolderImagePort, ContainerPort: stepagent.ImagePort})
 	if !size.IsZero() {
 		sidecar.Command = append(sidecar.Command, "--capacity", strconv.FormatInt(size.Value(), 10))
 		if origin != "" {

@@ -48,6 +48,8 @@ func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 			require.NoError(t, err)
 			cmd := strings.Join(p.Spec.Containers[0].Command, " ")
 			assert.Contains(t, cmd, " --link-copies")
+			assert.Contains(t, cmd, " --images-listen :7789", "it serves images on a port of their own")
+			assert.Contains(t, p.Spec.Containers[0].Ports, corev1.ContainerPort{Name: HolderImagePort, ContainerPort: 7789})
 			if tt.want == "" {
 				assert.Nil(t, p.Spec.Volumes[0].EmptyDir.SizeLimit)
 				assert.NotContains(t, cmd, "--capacity")
@@ -60,6 +62,7 @@ func TestHolderSidecarKnowsItsCapacity(t *testing.T) {
 	step := podOn(t, targets.StepPolicy{}, defaults, wire.Resources{}, false)
 	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--capacity")
 	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--link-copies")
+	assert.NotContains(t, strings.Join(step.Spec.Containers[1].Command, " "), "--images-listen", "a step pod serves no image")
 }
 
 // TestHolderOnAClaim: a target whose volume holder keeps its volumes on a

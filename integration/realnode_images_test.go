@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/jetway-ci/jetway/concourse"
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/steppod"
+)
+
+// builtImagePipelineYAML builds a rootfs in one task (the node's busybox,
+// plus a root-only file, a file of another owner, a hard link and a
+// marker) with a metadata.json giving env and user, and runs the next
+// task in it, as `image:` of that output.
+const builtImagePipelineYAML = `
+jobs:
+- name: built
+  plan:
+  - task: build
+    config:
+      platform: linux
+      rootfs_uri: docker:///jetway.test/busybox#1
+      outputs: [{name: image}]
+      run:
+        path: sh
+        args:
+        - -ec
+        - |
+          mkdir -p image/rootfs/tmp image/rootfs/home
+          for d in bin sbin usr etc lib; do [ -e /$d ] && cp -a /$d image/rootfs/; done
+          chmod 1777 image/rootfs/tmp
+          echo built-in-a-task > image/rootfs/marker
+          ln image/rootfs/marker image/rootfs/marker-link
+          echo secret > image/rootfs/root-only; chmod 600 image/rootfs/root-only
+          echo theirs > image/rootfs/home/theirs; chown 1234:1234 image/rootfs/home/theirs
+          echo '{"env":["GREETING=from the metadata","PATH=/usr/sbin:/usr/bin:/sbin:/bin"],"user":"1234"}' > image/metadata.json
+          echo built
+  - task: use
+    image: image
+    config:
+      platform: linux
+      run:
+        path: sh
+        args:
+        - -c
+        - |
+          echo "greeting: $GREETING"
+          echo "uid: $(id -u)"
+          cat /marker
+          stat -c 'links %h' /marker-link
+          stat -c 'theirs %u %a' /home/theirs
+          stat -c 'root-only %u %a' /root-only
+          cat /root-only 2>/dev/null || echo "root-only unreadable"
+`
+
+// TestRealNodeConcourseBuiltImage: a rootfs a task built runs as the
+// next task's image on a jetway target on the real node, through an
+// unmodified web node and real fly (issue 42 item 1): with its
+// metadata.json's env and user, every file as the task wrote it (owners,
+// modes, a hard link), pulled by the node's containerd from the target's
+// volume holder through its NodePort Service (the node's kube-proxy),
+// with a pull secret of the container's own that goes with its pod. A
+// second build reuses the layer the holder made for the volume.
+func TestRealNodeConcourseBuiltImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "built-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	const name = "rn-built"
+	rn := startRealNode(t)
+	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n"})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(builtImagePipelineYAML))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
+	out := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/built", "--watch")
+	for _, want := range []string{"greeting: from the metadata", "uid: 1234", "built-in-a-task", "links 2",
+		"theirs 1234 644", "root-only 0 600", "root-only unreadable", "succeeded"} {
+		assert.Contains(t, out, want)
+	}
+	logs := g.logs.String()
+	assert.Regexp(t, `"image":"localhost:[0-9]+/jetway/[0-9a-f-]+@sha256:[0-9a-f]{64}"`, logs, "the pod ran the holder's image of the rootfs")
+
+	// The holder's Service and its EndpointSlice, owned by the holder.
+	holder := steppod.HolderName("jetway")
+	svc, err := rn.Client.CoreV1().Services(name).Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "NodePort", string(svc.Spec.Type))
+	assert.Empty(t, svc.Spec.Selector, "no selector a planted pod could match")
+	require.Len(t, svc.OwnerReferences, 1)
+	assert.Equal(t, holder, svc.OwnerReferences[0].Name)
+	eventually(t, 2*time.Minute, func() error {
+		list, err := rn.Client.CoreV1().Secrets(name).List(ctx, metav1.ListOptions{LabelSelector: concourse.ContainerLabel})
+		if err != nil {
+			return err
+		}
+		if len(list.Items) > 0 {
+			return errorf("%d pull secrets left, the first %s", len(list.Items), list.Items[0].Name)
+		}
+		return nil
+	})
+
+	again := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/built", "--watch")
+	assert.Contains(t, again, "built-in-a-task")
+	assert.Contains(t, again, "succeeded")
+	assert.Equal(t, 2, strings.Count(g.logs.String(), `"image":"localhost:`), "a container in the built image per build")
+}
