@@ -340,6 +340,9 @@ func (c *Containers) rawImage(ctx context.Context, target, rootfs, p string) (st
 	if err == nil {
 		var digest string
 		if digest, err = read("digest"); err == nil && repo != "" && strings.HasPrefix(digest, "sha256:") {
+			if ref, cred, ok := c.unpackedGet(ctx, target, rootfs, handle); ok {
+				return ref, cred, nil
+			}
 			cred, err := c.volumeCredential(ctx, target, handle, repo, digest)
 			if err != nil {
 				return "", nil, fmt.Errorf("image %s: %w", rootfs, err)

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -112,6 +113,34 @@ func (h *Holder) serveImages(ctx context.Context, t *targets.Target, name string
 	h.served.Store(p.UID, true)
 }
 
+// unpackedGet is the holder's image of a registry-image get's rootfs/
+// (fetched with its layers), ok false where there is none to serve: the
+// target serves no images, or the get skipped its layers. So the layers
+// come from the registry once, to the get, whether or not the pipeline
+// says skip_download; the node pulls them from the holder, not the
+// registry again. A holder that cannot serve it leaves the pull to the
+// registry, as without the setting, and says why in the log.
+func (c *Containers) unpackedGet(ctx context.Context, target, rootfs, handle string) (string, *pullCredential, bool) {
+	t, err := listed(c.Holder.Targets, target)
+	if err != nil || t == nil || t.Config.Meta.Steps.VolumeHolder.Images == "" {
+		return "", nil, false
+	}
+	ref, cred, err := c.servedImage(ctx, t, rootfs, handle)
+	switch {
+	case errors.Is(err, errNoRootfs):
+		return "", nil, false
+	case err != nil:
+		c.logger().Warn("registry-image get's rootfs not served: its image is pulled from its registry", "target", target,
+			"volume", handle, "error", err.Error())
+		return "", nil, false
+	}
+	return ref, cred, true
+}
+
+// errNoRootfs: the volume has no rootfs folder to serve (a get that
+// skipped its layers).
+var errNoRootfs = errors.New("no rootfs folder")
+
 // imageHolder is t's volume holder pod, running with an address and
 // serving images.
 func (c *Containers) imageHolder(t *targets.Target) (*corev1.Pod, error) {
@@ -154,7 +183,11 @@ func (c *Containers) registerImage(ctx context.Context, target, handle, secret s
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("serve volume %s as an image: the volume holder answered %s: %s", handle, resp.Status, bytes.TrimSpace(b))
+		err := fmt.Errorf("serve volume %s as an image: the volume holder answered %s: %s", handle, resp.Status, bytes.TrimSpace(b))
+		if resp.StatusCode == http.StatusNotFound {
+			err = fmt.Errorf("%w: %w", errNoRootfs, err)
+		}
+		return "", err
 	}
 	var img struct {
 		Manifest string `json:"manifest"`

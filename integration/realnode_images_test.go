@@ -12,16 +12,42 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/concourse"
+	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/steppod"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // builtImagePipelineYAML builds a rootfs in one task (the node's busybox,
 // plus a root-only file, a file of another owner, a hard link and a
 // marker) with a metadata.json giving env and user, and runs the next
-// task in it, as `image:` of that output.
+// task in it, as `image:` of that output; and runs a task in a
+// registry-image get, with its layers and without. MIRROR is the node
+// registry's address.
 const builtImagePipelineYAML = `
+resources:
+- name: busybox
+  type: registry-image
+  check_every: never
+  source: {repository: ` + cluster.NodeRegistry + `/busybox, tag: "1", mirror: MIRROR}
 jobs:
+- name: unpacked
+  plan:
+  - get: busybox
+  - task: in-the-get
+    image: busybox
+    config:
+      platform: linux
+      run: {path: sh, args: [-c, 'echo "ran in the unpacked get"']}
+- name: layer-free
+  plan:
+  - get: busybox
+    params: {skip_download: true}
+  - task: in-the-registry
+    image: busybox
+    config:
+      platform: linux
+      run: {path: sh, args: [-c, 'echo "ran in the registry image"']}
 - name: built
   plan:
   - task: build
@@ -67,8 +93,10 @@ jobs:
 // metadata.json's env and user, every file as the task wrote it (owners,
 // modes, a hard link), pulled by the node's containerd from the target's
 // volume holder through its NodePort Service (the node's kube-proxy),
-// with a pull secret of the container's own that goes with its pod. A
-// second build reuses the layer the holder made for the volume.
+// with a pull secret of the container's own that goes with its pod; a
+// second build too. A task in a registry-image get with its layers runs
+// the holder's image of them, so the node does not download them from
+// the registry a second time; one without its layers, the registry's.
 func TestRealNodeConcourseBuiltImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -77,11 +105,12 @@ func TestRealNodeConcourseBuiltImage(t *testing.T) {
 	const name = "rn-built"
 	rn := startRealNode(t)
 	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n"})
+		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n",
+		resourceTypes: []wire.ResourceType{{Type: "registry-image", Image: rn.NodeImage("registry-image-image.tar"), Version: "test"}}})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
-	writeFile(t, pipeline, []byte(builtImagePipelineYAML))
+	writeFile(t, pipeline, []byte(strings.ReplaceAll(builtImagePipelineYAML, "MIRROR", rn.RegistryMirror())))
 	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
 	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
 	out := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/built", "--watch")
@@ -115,4 +144,16 @@ func TestRealNodeConcourseBuiltImage(t *testing.T) {
 	assert.Contains(t, again, "built-in-a-task")
 	assert.Contains(t, again, "succeeded")
 	assert.Equal(t, 2, strings.Count(g.logs.String(), `"image":"localhost:`), "a container in the built image per build")
+
+	// A registry-image get with its layers: the task runs the holder's
+	// image of its rootfs, so the node does not download the layers from
+	// the registry again (item 3); without its layers, the registry's.
+	flyOK(ctx, t, web, 2*time.Minute, "check-resource", "-r", "p/busybox")
+	out = flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/unpacked", "--watch")
+	assert.Contains(t, out, "ran in the unpacked get")
+	assert.Equal(t, 3, strings.Count(g.logs.String(), `"image":"localhost:`), "the get's rootfs, served by the holder")
+	assert.NotContains(t, g.logs.String(), `"image":"`+cluster.NodeRegistry+`/busybox@sha256:`)
+	out = flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/layer-free", "--watch")
+	assert.Contains(t, out, "ran in the registry image")
+	assert.Contains(t, g.logs.String(), `"image":"`+cluster.NodeRegistry+`/busybox@sha256:`, "no rootfs to serve: the registry's image")
 }
