@@ -330,11 +330,15 @@ bench-concourse: tools concourse-bins
 # Concourse containerd worker and on a jetway target on the real node,
 # alternating (BENCH_ARTIFACT_BUILDS each, default 5,3): build times, their
 # ratio, jetway's bytes moved per build and its transfer rate against the
-# node's own cp. As root (the real node, the stock worker).
+# node's own cp. Then a task whose image is a rootfs the task before it
+# built (BENCH_IMAGE_MIB, default 200, of data past busybox's files), first
+# use and reuse, on the same two workers (BENCH_IMAGE_BUILDS each, default
+# 3). As root (the real node, the stock worker).
 .PHONY: bench-pipeline
 bench-pipeline: tools concourse-bins image node-images
 	$(GO) test -run '^$$' -bench '^BenchmarkConcoursePipeline$$' -benchtime 1x -timeout 40m -v ./integration/bench/
 	$(GO) test -run '^$$' -bench '^BenchmarkConcourseArtifacts$$' -benchtime 1x -timeout 60m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourseBuiltImage$$' -benchtime 1x -timeout 40m -v ./integration/bench/
 
 # bench-agent: one artifact (1 GiB; BENCH_AGENT_MIB shrinks it) from a
 # pod on a local cluster into a task on a `gateway agent` process through a

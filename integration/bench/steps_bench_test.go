@@ -162,7 +162,9 @@ func newStepsBed(ctx context.Context, b *testing.B, node benchNode) *stepsBed {
 		bed.stop = func() { stopKubelet(); kwg.Wait() }
 	}
 	c := bed.c
-	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps", Rules: targets.RBACRules(targets.Required)})
+	// With the image grants, for a target.yaml that serves images.
+	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps",
+		Rules: targets.RBACRules(slices.Concat(targets.Required, targets.ImagePermissions))})
 	if err != nil {
 		b.Fatal(err)
 	}
