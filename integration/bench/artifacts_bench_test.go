@@ -73,15 +73,7 @@ func runArtifactsBench(b *testing.B) {
 	// After the node, so that it stops before the node (see StockSocket).
 	stock := cwn.StockForTest(b, web, cwn.StockOptions{})
 	copyRate := nodeCopyRate(b, bed.c.NodeKubeletDir(), int64(artifactCopyMiB)<<20)
-	fly := func(args ...string) string {
-		fctx, fcancel := context.WithTimeout(ctx, 10*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		if err != nil {
-			b.Fatalf("%v\n%s", err, out)
-		}
-		return out
-	}
+	fly := flyer(ctx, b, web, 10*time.Minute)
 	image := "docker:///" + strings.TrimSuffix(cluster.BusyboxImage, ":1") + "#1"
 	for i, mib := range artifactMiB {
 		builds := artifactBuilds[min(i, len(artifactBuilds)-1)]

@@ -82,15 +82,7 @@ func runBuiltImageBench(b *testing.B) {
 	web, gw := concourseBed(b, bed)
 	defer gw.stop(b)
 	stock := cwn.StockForTest(b, web, cwn.StockOptions{})
-	fly := func(args ...string) string {
-		fctx, fcancel := context.WithTimeout(ctx, 10*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		if err != nil {
-			b.Fatalf("%v\n%s", err, out)
-		}
-		return out
-	}
+	fly := flyer(ctx, b, web, 10*time.Minute)
 	image := "docker:///" + strings.TrimSuffix(cluster.BusyboxImage, ":1") + "#1"
 	const name = "built-image"
 	p := filepath.Join(b.TempDir(), name+".yml")

@@ -138,15 +138,11 @@ func concourseBed(b *testing.B, bed *stepsBed) (*cwn.WebNode, *gatewayProc) {
 // benchStepNames are the five steps, by their names in the pipeline.
 var benchStepNames = []string{"src", "one", "two", "cached", "target"}
 
-func runPipelineBench(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	bed := newStepsBed(ctx, b, realNode)
-	defer bed.stop()
-	web, gw := concourseBed(b, bed)
-	defer gw.stop(b)
-	fly := func(args ...string) string {
-		fctx, fcancel := context.WithTimeout(ctx, 5*time.Minute)
+// flyer runs fly against web, each command within timeout, and fails the
+// benchmark with its output if it fails.
+func flyer(ctx context.Context, b *testing.B, web *cwn.WebNode, timeout time.Duration) func(args ...string) string {
+	return func(args ...string) string {
+		fctx, fcancel := context.WithTimeout(ctx, timeout)
 		defer fcancel()
 		out, err := web.FlyContext(fctx, args...)
 		if err != nil {
@@ -154,6 +150,16 @@ func runPipelineBench(b *testing.B) {
 		}
 		return out
 	}
+}
+
+func runPipelineBench(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	bed := newStepsBed(ctx, b, realNode)
+	defer bed.stop()
+	web, gw := concourseBed(b, bed)
+	defer gw.stop(b)
+	fly := flyer(ctx, b, web, 5*time.Minute)
 	pipeline := filepath.Join(b.TempDir(), "pipeline.yml")
 	check(b, writeFile(pipeline, []byte(benchPipeline)))
 	fly("set-pipeline", "-n", "-p", "bench", "-c", pipeline)
