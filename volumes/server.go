@@ -50,6 +50,7 @@ type Server struct {
 	linkCopies atomic.Bool
 
 	served   chan struct{} // closed when Serve returned
+	stop     chan struct{} // closed by Kill: long work (an image's walk) ends
 	mu       sync.Mutex
 	killed   bool
 	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
@@ -132,7 +133,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), space: sp,
+	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), stop: make(chan struct{}), space: sp,
 		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now, images: newImages()}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
@@ -285,6 +286,9 @@ func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 // again does nothing.
 func (s *Server) Kill() error {
 	s.mu.Lock()
+	if !s.killed {
+		close(s.stop)
+	}
 	s.killed = true
 	servers := s.imageServers
 	s.mu.Unlock()
