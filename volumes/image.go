@@ -350,18 +350,18 @@ func makeImage(base, sub string, stop <-chan struct{}) (*image, error) {
 		"config": map[string]any{"Env": meta.Env},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{img.layer}},
 	})
-	img.configDigest = digest(img.config)
+	img.configDigest = ociDigest(img.config)
 	img.manifest, _ = json.Marshal(map[string]any{
 		"schemaVersion": 2, "mediaType": ManifestType,
 		"config": descriptor{MediaType: ConfigType, Digest: img.configDigest, Size: int64(len(img.config))},
 		"layers": []descriptor{{MediaType: LayerType, Digest: img.layer, Size: img.size}},
 	})
-	img.manifestDigest = digest(img.manifest)
+	img.manifestDigest = ociDigest(img.manifest)
 	return img, nil
 }
 
-// digest is b's OCI digest.
-func digest(b []byte) string {
+// ociDigest is b's OCI digest.
+func ociDigest(b []byte) string {
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }

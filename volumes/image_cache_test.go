@@ -4,11 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -109,4 +112,105 @@ func TestAnImageMadeWhileAnotherVolumeIsWrittenIsKept(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, img.Manifest, again.Manifest)
 	assert.Equal(t, 1, s.images.walks, "kept: no second walk")
+}
+
+// TestAnImageMadeWhileItsVolumeIsWrittenIsMadeAgain: a stream-in into
+// the volume whose image is being made voids that walk: the request
+// makes the image again, of the files as the stream-in left them, and
+// its ticket pulls a layer that checks against its digest.
+func TestAnImageMadeWhileItsVolumeIsWrittenIsMadeAgain(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "img")
+	rootfsTree(t, s.Path("img"))
+	addr, err := s.ServeImages("127.0.0.1:0")
+	require.NoError(t, err)
+	images := "http://" + addr.String()
+	var streamedIn atomic.Int32
+	in := tarsafetest.Tar(t, &tar.Header{Name: "new", Typeflag: tar.TypeReg, Mode: 0o644})
+	s.images.walked = func() {
+		if streamedIn.Load() != 0 {
+			return // once
+		}
+		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/img/stream-in?path=rootfs", bytes.NewReader(in))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		streamedIn.Store(-1)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			streamedIn.Store(int32(resp.StatusCode))
+			resp.Body.Close()
+		}
+	}
+	code, img, body := registerPath(t, base, "img", "rootfs", "a", time.Now().Add(time.Hour))
+	require.Equal(t, http.StatusOK, code, body)
+	s.images.walked = nil
+	require.Equal(t, int32(http.StatusNoContent), streamedIn.Load())
+	assert.Equal(t, 2, s.images.walks, "the walk the stream-in met, and one after it")
+
+	resp, mb := pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+img.Manifest, "a")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", mb)
+	var m struct {
+		Layers []descriptor `json:"layers"`
+	}
+	require.NoError(t, json.Unmarshal(mb, &m))
+	require.Len(t, m.Layers, 1)
+	resp, layer := pull(t, images, http.MethodGet, "/v2/jetway/img/blobs/"+m.Layers[0].Digest, "a")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, m.Layers[0].Digest, digestOf(layer), "the image is of the files as they are")
+	assert.Contains(t, tarNames(t, layer), "new")
+}
+
+// TestFirstRequestsForAnImageShareOneWalk: requests for an image not
+// made yet, at once, wait for one walk and get its image.
+func TestFirstRequestsForAnImageShareOneWalk(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "img")
+	rootfsTree(t, s.Path("img"))
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s.images.mu.Lock()
+		s.images.walked = func() { <-release }
+		s.images.mu.Unlock()
+		const n = 8
+		got := make([]*image, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { got[i], errs[i] = s.image("img", s.Path("img"), "rootfs") })
+		}
+		synctest.Wait() // one in its walk, the others waiting for it
+		close(release)
+		wg.Wait()
+		for i := range n {
+			require.NoError(t, errs[i])
+			assert.Truef(t, got[i] == got[0], "request %d got the one image", i)
+		}
+		assert.Equal(t, 1, s.images.walks)
+	})
+}
+
+// TestAKilledServerEndsAnImagesWalk: the walk of a rootfs, however
+// large, stops once the server is killed.
+func TestAKilledServerEndsAnImagesWalk(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "img")
+	rootfsTree(t, s.Path("img"))
+	require.NoError(t, s.Kill())
+	_, err := s.image("img", s.Path("img"), "rootfs")
+	require.ErrorIs(t, err, errStopping)
+	assert.Equal(t, http.StatusServiceUnavailable, imageStatus(err))
+	assert.Zero(t, s.images.walks)
+}
+
+// tarNames are the names of a tar's entries.
+func tarNames(t *testing.T, b []byte) []string {
+	t.Helper()
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		require.NoError(t, err)
+		names = append(names, h.Name)
+	}
 }
