@@ -214,3 +214,32 @@ func tarNames(t *testing.T, b []byte) []string {
 		names = append(names, h.Name)
 	}
 }
+
+// TestAVolumeMadeAgainHasItsOwnImage: a volume destroyed and made again
+// under its handle, with other files, is served as an image of those;
+// a ticket for the one before opens nothing.
+func TestAVolumeMadeAgainHasItsOwnImage(t *testing.T) {
+	s, base := start(t)
+	volume(t, base, "img")
+	rootfsTree(t, s.Path("img"))
+	addr, err := s.ServeImages("127.0.0.1:0")
+	require.NoError(t, err)
+	images := "http://" + addr.String()
+	exp := time.Now().Add(time.Hour)
+	code, before, body := registerPath(t, base, "img", "rootfs", "a", exp)
+	require.Equal(t, http.StatusOK, code, body)
+
+	resp, b := do(t, http.MethodDelete, base+"/volumes/img", nil, nil)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", b)
+	volume(t, base, "img")
+	require.NoError(t, os.MkdirAll(filepath.Join(s.Path("img"), "rootfs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Path("img"), "rootfs", "f"), []byte("after"), 0o644))
+	code, after, body := registerPath(t, base, "img", "rootfs", "b", exp)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.NotEqual(t, before.Manifest, after.Manifest)
+	assert.Equal(t, 2, s.images.walks)
+	resp, _ = pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+before.Manifest, "a")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the ticket of the volume before")
+	resp, b = pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+after.Manifest, "b")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+}
