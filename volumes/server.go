@@ -11,6 +11,16 @@
 // volume or an archive holds answers a status that says it is final, and
 // the entry and why (failure.go), also once a stream-out began.
 //
+// It also serves a volume's folder (a rootfs Concourse built) as a
+// one-layer OCI image to a node's container runtime (image.go): the
+// token's holder registers a pull ticket for it (POST
+// /volumes/{handle}/image), and a second listener (ServeImages; a
+// volume holder's --images-listen, stepagent.ImagePort 7789) serves the
+// OCI distribution API's pull by digest, read-only, to pulls that bring
+// a ticket, and nothing else. The layer's digest is read once per
+// folder and kept until its volume is written; each pull tars the
+// folder again (registry.go).
+//
 // The step agent serves it on port 7788 of every step pod, over the
 // pod's volumes; the local test clusters run it in-process behind each
 // step pod's port-forward. A per-target volume holder pod serves it over
