@@ -50,14 +50,9 @@ func TestAnImageRequestThatIsNoJSON(t *testing.T) {
 // as an image keeps its own image and its tickets open theirs: asking
 // for one never takes the other away.
 func TestTwoFoldersOfOneVolumeAreTwoImages(t *testing.T) {
-	s, base := start(t)
-	volume(t, base, "img")
-	rootfsTree(t, s.Path("img"))
+	s, base, images := imageServer(t)
 	require.NoError(t, os.MkdirAll(filepath.Join(s.Path("img"), "other", "rootfs"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(s.Path("img"), "other", "rootfs", "f"), []byte("other"), 0o644))
-	addr, err := s.ServeImages("127.0.0.1:0")
-	require.NoError(t, err)
-	images := "http://" + addr.String()
 	exp := time.Now().Add(time.Hour)
 
 	code, first, body := registerPath(t, base, "img", "rootfs", "a", exp)
@@ -83,28 +78,14 @@ func TestTwoFoldersOfOneVolumeAreTwoImages(t *testing.T) {
 // outputs come in) leaves that image as it is: kept, and its ticket
 // pulls it.
 func TestAnImageMadeWhileAnotherVolumeIsWrittenIsKept(t *testing.T) {
-	s, base := start(t)
-	volume(t, base, "img")
+	s, base, images := imageServer(t)
 	volume(t, base, "busy")
-	rootfsTree(t, s.Path("img"))
-	addr, err := s.ServeImages("127.0.0.1:0")
-	require.NoError(t, err)
-	images := "http://" + addr.String()
-	var streamedIn atomic.Int32
-	in := tarsafetest.Tar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})
-	s.images.walked = func() {
-		// In the handler's goroutine: no require here.
-		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/busy/stream-in", bytes.NewReader(in))
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			streamedIn.Store(int32(resp.StatusCode))
-			resp.Body.Close()
-		}
-	}
+	hook, streamedIn := streamInOnce(base, "busy", "", tarsafetest.Tar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}))
+	s.images.onWalk(hook)
 	exp := time.Now().Add(time.Hour)
 	code, img, body := registerPath(t, base, "img", "rootfs", "a", exp)
 	require.Equal(t, http.StatusOK, code, body)
-	s.images.walked = nil
+	s.images.onWalk(nil)
 	assert.Equal(t, int32(http.StatusNoContent), streamedIn.Load(), "the other volume was written during the walk")
 	resp, b := pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+img.Manifest, "a")
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the ticket pulls its image: %s", b)
@@ -119,43 +100,21 @@ func TestAnImageMadeWhileAnotherVolumeIsWrittenIsKept(t *testing.T) {
 // makes the image again, of the files as the stream-in left them, and
 // its ticket pulls a layer that checks against its digest.
 func TestAnImageMadeWhileItsVolumeIsWrittenIsMadeAgain(t *testing.T) {
-	s, base := start(t)
-	volume(t, base, "img")
-	rootfsTree(t, s.Path("img"))
-	addr, err := s.ServeImages("127.0.0.1:0")
-	require.NoError(t, err)
-	images := "http://" + addr.String()
-	var streamedIn atomic.Int32
-	in := tarsafetest.Tar(t, &tar.Header{Name: "new", Typeflag: tar.TypeReg, Mode: 0o644})
-	s.images.walked = func() {
-		if streamedIn.Load() != 0 {
-			return // once
-		}
-		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/img/stream-in?path=rootfs", bytes.NewReader(in))
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		streamedIn.Store(-1)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			streamedIn.Store(int32(resp.StatusCode))
-			resp.Body.Close()
-		}
-	}
+	s, base, images := imageServer(t)
+	hook, streamedIn := streamInOnce(base, "img", "rootfs", tarsafetest.Tar(t, &tar.Header{Name: "new", Typeflag: tar.TypeReg, Mode: 0o644}))
+	s.images.onWalk(hook)
 	code, img, body := registerPath(t, base, "img", "rootfs", "a", time.Now().Add(time.Hour))
 	require.Equal(t, http.StatusOK, code, body)
-	s.images.walked = nil
+	s.images.onWalk(nil)
 	require.Equal(t, int32(http.StatusNoContent), streamedIn.Load())
 	assert.Equal(t, 2, s.images.walks, "the walk the stream-in met, and one after it")
 
-	resp, mb := pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+img.Manifest, "a")
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", mb)
-	var m struct {
-		Layers []descriptor `json:"layers"`
+	layer := pullLayer(t, images, "img", img.Manifest, "a")
+	names := []string{}
+	for _, h := range tarHeaders(t, layer) {
+		names = append(names, h.Name)
 	}
-	require.NoError(t, json.Unmarshal(mb, &m))
-	require.Len(t, m.Layers, 1)
-	resp, layer := pull(t, images, http.MethodGet, "/v2/jetway/img/blobs/"+m.Layers[0].Digest, "a")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, m.Layers[0].Digest, digestOf(layer), "the image is of the files as they are")
-	assert.Contains(t, tarNames(t, layer), "new")
+	assert.Contains(t, names, "new", "the image is of the files as the stream-in left them")
 }
 
 // TestFirstRequestsForAnImageShareOneWalk: requests for an image not
@@ -166,9 +125,7 @@ func TestFirstRequestsForAnImageShareOneWalk(t *testing.T) {
 	rootfsTree(t, s.Path("img"))
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		s.images.mu.Lock()
-		s.images.walked = func() { <-release }
-		s.images.mu.Unlock()
+		s.images.onWalk(func() { <-release })
 		const n = 8
 		got := make([]*image, n)
 		errs := make([]error, n)
@@ -200,31 +157,62 @@ func TestAKilledServerEndsAnImagesWalk(t *testing.T) {
 	assert.Zero(t, s.images.walks)
 }
 
-// tarNames are the names of a tar's entries.
-func tarNames(t *testing.T, b []byte) []string {
+// tarHeaders are the headers of a tar's entries.
+func tarHeaders(t *testing.T, b []byte) []*tar.Header {
 	t.Helper()
-	var names []string
+	var hs []*tar.Header
 	tr := tar.NewReader(bytes.NewReader(b))
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return names
+			return hs
 		}
 		require.NoError(t, err)
-		names = append(names, h.Name)
+		hs = append(hs, h)
 	}
+}
+
+// streamInOnce is a walked hook that streams archive into path of
+// volume handle the first time it runs, and the status that answered
+// it (0: not yet).
+func streamInOnce(base, handle, path string, archive []byte) (func(), *atomic.Int32) {
+	var status atomic.Int32
+	return func() {
+		if !status.CompareAndSwap(0, -1) {
+			return
+		}
+		// In the handler's goroutine: no require here.
+		req, _ := http.NewRequest(http.MethodPut, base+"/volumes/"+handle+"/stream-in?path="+path, bytes.NewReader(archive))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			status.Store(int32(resp.StatusCode))
+			resp.Body.Close()
+		}
+	}, &status
+}
+
+// pullLayer pulls the layer of volume handle's image manifest with
+// secret, and checks it against its digest.
+func pullLayer(t *testing.T, images, handle, manifest, secret string) []byte {
+	t.Helper()
+	resp, mb := pull(t, images, http.MethodGet, "/v2/jetway/"+handle+"/manifests/"+manifest, secret)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", mb)
+	var m struct {
+		Layers []descriptor `json:"layers"`
+	}
+	require.NoError(t, json.Unmarshal(mb, &m))
+	require.Len(t, m.Layers, 1)
+	resp, layer := pull(t, images, http.MethodGet, "/v2/jetway/"+handle+"/blobs/"+m.Layers[0].Digest, secret)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", layer)
+	assert.Equal(t, m.Layers[0].Digest, digestOf(layer), "the layer checks against its digest")
+	return layer
 }
 
 // TestAVolumeMadeAgainHasItsOwnImage: a volume destroyed and made again
 // under its handle, with other files, is served as an image of those;
 // a ticket for the one before opens nothing.
 func TestAVolumeMadeAgainHasItsOwnImage(t *testing.T) {
-	s, base := start(t)
-	volume(t, base, "img")
-	rootfsTree(t, s.Path("img"))
-	addr, err := s.ServeImages("127.0.0.1:0")
-	require.NoError(t, err)
-	images := "http://" + addr.String()
+	s, base, images := imageServer(t)
 	exp := time.Now().Add(time.Hour)
 	code, before, body := registerPath(t, base, "img", "rootfs", "a", exp)
 	require.Equal(t, http.StatusOK, code, body)
@@ -242,4 +230,23 @@ func TestAVolumeMadeAgainHasItsOwnImage(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the ticket of the volume before")
 	resp, b = pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+after.Manifest, "b")
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+}
+
+// imageServer starts a server with volume img holding rootfsTree, and
+// its image API; it is the server, its volume API and its image API.
+func imageServer(t *testing.T) (*Server, string, string) {
+	t.Helper()
+	s, base := start(t)
+	volume(t, base, "img")
+	rootfsTree(t, s.Path("img"))
+	addr, err := s.ServeImages("127.0.0.1:0")
+	require.NoError(t, err)
+	return s, base, "http://" + addr.String()
+}
+
+// onWalk has f run after each walk, before its image is kept (nil: nothing).
+func (im *images) onWalk(f func()) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	im.walked = f
 }

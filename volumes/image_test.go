@@ -161,13 +161,7 @@ func TestAVolumesRootfsIsAnImage(t *testing.T) {
 	assert.Equal(t, m.Layers[0].Digest, digestOf(layer))
 	assert.Equal(t, m.Layers[0].Size, int64(len(layer)))
 	entries := map[string]*tar.Header{}
-	tr := tar.NewReader(bytes.NewReader(layer))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
+	for _, h := range tarHeaders(t, layer) {
 		entries[h.Name] = h
 	}
 	require.Contains(t, entries, "etc/shadow")
@@ -282,15 +276,7 @@ func TestACowOfAnImagesVolumeHasItsImage(t *testing.T) {
 	assert.Equal(t, parent.Manifest, cow.Manifest)
 	assert.Equal(t, 1, s.images.walks, "the cow made no pass of its own")
 	images := "http://" + addr.String()
-	_, mb := pull(t, images, http.MethodGet, "/v2/jetway/cow/manifests/"+cow.Manifest, "c")
-	var m struct {
-		Layers []descriptor `json:"layers"`
-	}
-	require.NoError(t, json.Unmarshal(mb, &m))
-	require.Len(t, m.Layers, 1)
-	resp, layer := pull(t, images, http.MethodGet, "/v2/jetway/cow/blobs/"+m.Layers[0].Digest, "c")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, m.Layers[0].Digest, digestOf(layer), "the cow's own files make the digest it inherited")
+	pullLayer(t, images, "cow", cow.Manifest, "c") // the cow's own files make the digest it inherited
 
 	s.SetLimits(tarsafe.Limits{})
 	resp, b = do(t, http.MethodPost, base+"/volumes", nil, strings.NewReader(`{"handle":"cow2","strategy":{"type":"cow","volume":"img"}}`))
@@ -307,14 +293,9 @@ func TestACowOfAnImagesVolumeHasItsImage(t *testing.T) {
 // group names, no access or change times, mtimes as on disk, and a
 // device node as it is; any other method is an error in the spec's JSON.
 func TestAnImageIsWhatTheOCISpecSays(t *testing.T) {
-	s, base := start(t)
-	volume(t, base, "img")
-	rootfsTree(t, s.Path("img"))
+	s, base, images := imageServer(t)
 	dev := filepath.Join(s.Path("img"), "rootfs", "null")
 	require.NoError(t, syscall.Mknod(dev, syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
-	addr, err := s.ServeImages("127.0.0.1:0")
-	require.NoError(t, err)
-	images := "http://" + addr.String()
 	code, img, body := registerImage(t, base, "img", "secret", time.Now().Add(time.Hour))
 	require.Equal(t, http.StatusOK, code, body)
 
@@ -362,13 +343,7 @@ func TestAnImageIsWhatTheOCISpecSays(t *testing.T) {
 	assert.Equal(t, digest.FromBytes(layer), m.Layers[0].Digest)
 	assert.True(t, bytes.Equal(layer, again), "the same bytes at each pull")
 	sawDevice := false
-	tr := tar.NewReader(bytes.NewReader(layer))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
+	for _, h := range tarHeaders(t, layer) {
 		assert.Empty(t, h.Uname+h.Gname, h.Name)
 		assert.True(t, h.AccessTime.IsZero() && h.ChangeTime.IsZero(), h.Name)
 		info, err := os.Lstat(filepath.Join(s.Path("img"), "rootfs", h.Name))
