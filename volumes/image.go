@@ -1,7 +1,6 @@
 package volumes
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,19 +31,20 @@ import (
 // naming both.
 //
 // The layer's digest takes one reading pass of the folder; it is kept
-// until the volume is written (stream-in, settle, lose) or destroyed, and
-// each pull tars the folder again, so no second copy is kept on disk. A
-// cow volume made of hard links to its parent's files (a holder's, which
-// the web node makes for each container of an image) has its parent's
-// image without a pass of its own. A
-// folder changed between the digest and a pull makes a layer of other
-// bytes: the runtime checks the digest and refuses the pull, so a changed
+// until the volume is written (stream-in, settle, lose, a create over
+// it) or destroyed, and each pull tars the folder again, so no second
+// copy is kept on disk. A cow volume made of hard links to its parent's
+// files (a holder's, which the web node makes for each container of an
+// image) has its parent's image without a pass of its own. A folder
+// changed between the digest and a pull makes a layer of other bytes:
+// the runtime checks the digest and refuses the pull, so a changed
 // rootfs never runs as the image it was.
 //
-// The image API (ServeImages) listens apart from the volume API: a
-// NodePort exposes it and nothing else. It serves a pull that brings a
-// ticket (ImageRequest) as its Basic password: a secret the token's holder
-// registered, by its SHA-256, for one volume and until a time.
+// The image API (ServeImages, registry.go) listens apart from the volume
+// API: a NodePort exposes it and nothing else. It serves a pull that
+// brings a ticket (ImageRequest) as its Basic password: a secret the
+// token's holder registered, by its SHA-256, for one image of one
+// volume and until a time.
 
 // Media types of the image's parts.
 const (
@@ -75,44 +75,81 @@ const maxImageTickets = 4096
 // maxImageMetadata bounds the metadata.json read for an image's config.
 const maxImageMetadata = 1 << 20
 
+// imageTries is how often a request makes an image whose volume is
+// written meanwhile before it gives up (409).
+const imageTries = 3
+
+var (
+	// errWritten: the volume was written while its image was made.
+	errWritten = errors.New("the volume was written while its image was made: ask again")
+	// errStopping: the server was killed during a walk.
+	errStopping = errors.New("the volume server is stopping")
+)
+
 // image is a volume folder's image, as served.
 type image struct {
 	path           string // the folder, in the volume
 	layer          string // its tar's digest
 	size           int64
 	config         []byte
+	configDigest   string
 	manifest       []byte
 	manifestDigest string
 }
 
-// imageTicket opens one volume's image until it expires.
+// imageTicket opens one image of one volume until it expires.
 type imageTicket struct {
 	handle  string
+	img     *image
 	expires time.Time
 }
 
 // images are the images the server made and the tickets that open them.
 type images struct {
 	mu      sync.Mutex
-	byVol   map[string]*image // by volume handle
+	vols    map[string]*volImages // by volume handle
 	tickets map[[sha256.Size]byte]imageTicket
-	epoch   uint64 // counts forgets: a digest made across one is not kept
 	making  singleflight.Group
-	// walks counts the layer digests made (tests).
-	walks int
+	made    uint64 // volImages made, to name each
+	// walks counts the layer digests made; walked, if set, runs after
+	// each, before its image is kept (tests).
+	walks  int
+	walked func()
+}
+
+// volImages are the images of one volume's files as they are now.
+type volImages struct {
+	id     uint64 // names its walks: one begun before a write is not joined after it
+	byPath map[string]*image
+	// written: the volume was written since (forget), and this is no
+	// longer its: a walk that ends now keeps nothing.
+	written bool
 }
 
 func newImages() *images {
-	return &images{byVol: map[string]*image{}, tickets: map[[sha256.Size]byte]imageTicket{}}
+	return &images{vols: map[string]*volImages{}, tickets: map[[sha256.Size]byte]imageTicket{}}
 }
 
-// forget drops what was made of volume handle's files: they changed, or
-// the volume is gone.
+// of is volume handle's images, made if it has none; im.mu is held.
+func (im *images) of(handle string) *volImages {
+	v := im.vols[handle]
+	if v == nil {
+		im.made++
+		v = &volImages{id: im.made, byPath: map[string]*image{}}
+		im.vols[handle] = v
+	}
+	return v
+}
+
+// forget drops what was made of volume handle's files, and the tickets
+// that open it: they changed, or the volume is gone.
 func (im *images) forget(handle string) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	delete(im.byVol, handle)
-	im.epoch++
+	if v := im.vols[handle]; v != nil {
+		v.written = true
+		delete(im.vols, handle)
+	}
 	for k, t := range im.tickets {
 		if t.handle == handle {
 			delete(im.tickets, k)
@@ -120,23 +157,27 @@ func (im *images) forget(handle string) {
 	}
 }
 
-// current is the count of forgets so far, for inherit.
-func (im *images) current() uint64 {
+// current is volume handle's images as they are now (nil: none), for
+// inherit.
+func (im *images) current(handle string) *volImages {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	return im.epoch
+	return im.vols[handle]
 }
 
-// inherit gives volume child, a copy of parent made since epoch, parent's
-// image, if it has one and nothing was forgotten since: the copy's tar
-// is the parent's, byte for byte (copiesExactly), so a container of each
-// cow of an image's volume costs no reading pass.
-func (im *images) inherit(parent, child string, epoch uint64) {
+// inherit gives volume child, a copy of a parent whose images were
+// parent (current) as the copy began, the parent's images if the parent
+// was not written since: the copy's tar is the parent's, byte for byte
+// (copiesExactly), so a container of each cow of an image's volume
+// costs no reading pass.
+func (im *images) inherit(child string, parent *volImages) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	if img := im.byVol[parent]; img != nil && im.epoch == epoch {
-		im.byVol[child] = img
+	if parent == nil || parent.written || len(parent.byPath) == 0 {
+		return
 	}
+	im.made++
+	im.vols[child] = &volImages{id: im.made, byPath: maps.Clone(parent.byPath)}
 }
 
 // copiesExactly reports whether a cow volume's files are its parent's
@@ -155,6 +196,7 @@ func (s *Server) copiesExactly() bool {
 func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	var req ImageRequest
 	if err := decode(w, r, &req); err != nil {
+		fail(w, http.StatusBadRequest, `body must be {"path": "...", "ticket_sha256": "<hex>", "expires": "<RFC 3339 time>"}: %v`, err)
 		return
 	}
 	sum, err := hex.DecodeString(req.TicketSHA256)
@@ -174,22 +216,48 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	handle := r.PathValue("handle")
-	img, code, err := s.image(handle, base, sub)
-	if err != nil {
-		fail(w, code, "volume %s, %s: %v", handle, req.Path, err)
-		return
+	var img *image
+	for range imageTries {
+		if img, err = s.image(handle, base, sub); err == nil {
+			err = s.images.admit([sha256.Size]byte(sum), imageTicket{handle: handle, img: img, expires: req.Expires}, s.now())
+		}
+		if !errors.Is(err, errWritten) {
+			break
+		}
 	}
-	if err := s.images.admit([sha256.Size]byte(sum), imageTicket{handle: handle, expires: req.Expires}, s.now()); err != nil {
-		fail(w, http.StatusServiceUnavailable, "%v", err)
+	if err != nil {
+		fail(w, imageStatus(err), "volume %s, %s: %v", handle, req.Path, err)
 		return
 	}
 	answer(w, http.StatusOK, ImageAnswer{Manifest: img.manifestDigest, Size: img.size})
 }
 
-// admit registers a ticket, dropping the expired ones when full.
+// imageStatus is the status that answers a request for an image that
+// failed with err.
+func imageStatus(err error) int {
+	var nf notFolder
+	switch {
+	case errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, errWritten):
+		return http.StatusConflict
+	case errors.Is(err, errTooManyTickets) || errors.Is(err, errStopping):
+		return http.StatusServiceUnavailable
+	default: // metadata.json, or an entry that cannot be read
+		return http.StatusUnprocessableEntity
+	}
+}
+
+var errTooManyTickets = fmt.Errorf("%d image tickets wait already: try again once some expire", maxImageTickets)
+
+// admit registers ticket t for its image, if that is still its volume's
+// (errWritten if not), dropping the expired tickets when full.
 func (im *images) admit(sum [sha256.Size]byte, t imageTicket, now time.Time) error {
 	im.mu.Lock()
 	defer im.mu.Unlock()
+	if v := im.vols[t.handle]; v == nil || v.byPath[t.img.path] != t.img {
+		return errWritten
+	}
 	if len(im.tickets) >= maxImageTickets {
 		for k, old := range im.tickets {
 			if !old.expires.After(now) {
@@ -198,44 +266,48 @@ func (im *images) admit(sum [sha256.Size]byte, t imageTicket, now time.Time) err
 		}
 	}
 	if len(im.tickets) >= maxImageTickets {
-		return fmt.Errorf("%d image tickets wait already: try again once some expire", maxImageTickets)
+		return errTooManyTickets
 	}
 	im.tickets[sum] = t
 	return nil
 }
 
-// image is the image of folder sub of the volume at base, made once
-// while the volume is not written; code is the status of its error.
-func (s *Server) image(handle, base, sub string) (*image, int, error) {
+// image is the image of folder sub of the volume handle at base, made
+// once while the volume is not written: concurrent first requests share
+// one walk. errWritten if the volume was written during the walk.
+func (s *Server) image(handle, base, sub string) (*image, error) {
 	im := s.images
 	im.mu.Lock()
-	img, epoch := im.byVol[handle], im.epoch
+	v := im.of(handle)
+	img := v.byPath[sub]
 	im.mu.Unlock()
-	if img != nil && img.path == sub {
-		return img, 0, nil
+	if img != nil {
+		return img, nil
 	}
-	v, err, _ := im.making.Do(handle+"\x00"+sub, func() (any, error) {
-		img, err := makeImage(base, sub)
+	made, err, _ := im.making.Do(strconv.FormatUint(v.id, 10)+"\x00"+sub, func() (any, error) {
+		img, err := makeImage(base, sub, s.stop)
 		if err != nil {
 			return nil, err
 		}
 		im.mu.Lock()
-		defer im.mu.Unlock()
 		im.walks++
-		if im.epoch == epoch {
-			im.byVol[handle] = img
+		walked := im.walked
+		im.mu.Unlock()
+		if walked != nil {
+			walked()
 		}
+		im.mu.Lock()
+		defer im.mu.Unlock()
+		if v.written {
+			return nil, errWritten
+		}
+		v.byPath[sub] = img
 		return img, nil
 	})
 	if err != nil {
-		code := http.StatusUnprocessableEntity
-		var nf notFolder
-		if errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist) {
-			code = http.StatusNotFound
-		}
-		return nil, code, err
+		return nil, err
 	}
-	return v.(*image), 0, nil
+	return made.(*image), nil
 }
 
 // notFolder: the path to serve is no folder.
@@ -244,8 +316,9 @@ type notFolder string
 func (e notFolder) Error() string { return string(e) + " is no folder: an image's rootfs is one" }
 
 // makeImage reads the folder sub of the volume at base once, for its
-// layer's digest and size, and makes the config and manifest.
-func makeImage(base, sub string) (*image, error) {
+// layer's digest and size, and makes the config and manifest; it stops
+// when stop closes.
+func makeImage(base, sub string, stop <-chan struct{}) (*image, error) {
 	vol, err := os.OpenRoot(base)
 	if err != nil {
 		return nil, err
@@ -262,8 +335,9 @@ func makeImage(base, sub string) (*image, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One pass, through the hash alone: the layer is never held.
 	h := sha256.New()
-	n := &countingWriter{w: h}
+	n := &countingWriter{w: h, stop: stop}
 	if err := writeTar(n, vol, sub); err != nil {
 		return nil, err
 	}
@@ -276,15 +350,20 @@ func makeImage(base, sub string) (*image, error) {
 		"config": map[string]any{"Env": meta.Env},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{img.layer}},
 	})
-	configSum := sha256.Sum256(img.config)
+	img.configDigest = ociDigest(img.config)
 	img.manifest, _ = json.Marshal(map[string]any{
 		"schemaVersion": 2, "mediaType": ManifestType,
-		"config": descriptor{MediaType: ConfigType, Digest: "sha256:" + hex.EncodeToString(configSum[:]), Size: int64(len(img.config))},
+		"config": descriptor{MediaType: ConfigType, Digest: img.configDigest, Size: int64(len(img.config))},
 		"layers": []descriptor{{MediaType: LayerType, Digest: img.layer, Size: img.size}},
 	})
-	manifestSum := sha256.Sum256(img.manifest)
-	img.manifestDigest = "sha256:" + hex.EncodeToString(manifestSum[:])
+	img.manifestDigest = ociDigest(img.manifest)
 	return img, nil
+}
+
+// ociDigest is b's OCI digest.
+func ociDigest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // descriptor is an OCI content descriptor.
@@ -326,152 +405,21 @@ func imageMetadata(vol *os.Root, dir string) (imageMeta, error) {
 	return m, nil
 }
 
+// countingWriter counts what it writes to w, and fails once stop is
+// closed: a walk of a large rootfs ends with its server.
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w    io.Writer
+	n    int64
+	stop <-chan struct{}
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	select {
+	case <-c.stop:
+		return 0, errStopping
+	default:
+	}
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-// ServeImages serves the image API alone on addr (for a NodePort: no
-// other route is there) until the server is killed, and is where it
-// listens.
-func (s *Server) ServeImages(addr string) (net.Addr, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("images: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v2/{$}", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.puller(w, r, ""); ok {
-			answer(w, http.StatusOK, struct{}{})
-		}
-	})
-	mux.HandleFunc("GET /v2/jetway/{handle}/manifests/{digest}", s.imageManifest)
-	mux.HandleFunc("GET /v2/jetway/{handle}/blobs/{digest}", s.imageBlob)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		registryError(w, http.StatusNotFound, "UNSUPPORTED", "this registry serves jetway's volumes by digest, read-only")
-	})
-	srv := &http.Server{Handler: s.track(mux), ReadHeaderTimeout: 30 * time.Second}
-	s.mu.Lock()
-	if s.killed {
-		s.mu.Unlock()
-		ln.Close()
-		return nil, errors.New("images: the volume server is killed")
-	}
-	s.imageServers = append(s.imageServers, srv)
-	s.mu.Unlock()
-	s.imagesServing.Go(func() { _ = srv.Serve(ln) })
-	return ln.Addr(), nil
-}
-
-// puller is the image a request's ticket opens, if it brings one for
-// volume handle ("": any), unexpired; else it answers 401.
-func (s *Server) puller(w http.ResponseWriter, r *http.Request, handle string) (*image, bool) {
-	if _, secret, ok := r.BasicAuth(); ok {
-		// By the secret's SHA-256: a lookup's time tells nothing of the
-		// secret.
-		im := s.images
-		im.mu.Lock()
-		t, found := im.tickets[sha256.Sum256([]byte(secret))]
-		img := im.byVol[t.handle]
-		im.mu.Unlock()
-		switch {
-		case !found || !t.expires.After(s.now()):
-		case handle == "":
-			return img, true
-		case handle == t.handle && img != nil:
-			return img, true
-		}
-	}
-	w.Header().Set("WWW-Authenticate", `Basic realm="jetway images"`)
-	registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "a pull needs the ticket jetway gave its pod, for this volume, unexpired")
-	return nil, false
-}
-
-// imageManifest answers a manifest, by its digest alone.
-func (s *Server) imageManifest(w http.ResponseWriter, r *http.Request) {
-	img, ok := s.puller(w, r, r.PathValue("handle"))
-	if !ok {
-		return
-	}
-	if r.PathValue("digest") != img.manifestDigest {
-		registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "this volume's image has no manifest "+r.PathValue("digest")+": it is served by digest only")
-		return
-	}
-	serveBytes(w, r, ManifestType, img.manifestDigest, img.manifest)
-}
-
-// imageBlob answers the config, or the layer, tarred again.
-func (s *Server) imageBlob(w http.ResponseWriter, r *http.Request) {
-	handle := r.PathValue("handle")
-	img, ok := s.puller(w, r, handle)
-	if !ok {
-		return
-	}
-	digest := r.PathValue("digest")
-	switch digest {
-	case img.layer:
-	case configDigest(img):
-		serveBytes(w, r, ConfigType, digest, img.config)
-		return
-	default:
-		registryError(w, http.StatusNotFound, "BLOB_UNKNOWN", "this volume's image has no blob "+digest)
-		return
-	}
-	vol, err := os.OpenRoot(s.Path(handle))
-	if err != nil {
-		registryError(w, http.StatusNotFound, "BLOB_UNKNOWN", "the volume is gone")
-		return
-	}
-	defer vol.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Docker-Content-Digest", img.layer)
-	w.Header().Set("Content-Length", strconv.FormatInt(img.size, 10))
-	if r.Method == http.MethodHead {
-		return
-	}
-	// Never more than the digest's size: a folder changed since makes a
-	// layer the runtime refuses by its digest.
-	_ = writeTar(&capped{w: w, left: img.size}, vol, img.path)
-}
-
-func configDigest(img *image) string {
-	sum := sha256.Sum256(img.config)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-// capped writes at most left bytes, then fails.
-type capped struct {
-	w    io.Writer
-	left int64
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	if int64(len(p)) > c.left {
-		return 0, errors.New("the layer is larger than its digest says: its folder changed")
-	}
-	c.left -= int64(len(p))
-	return c.w.Write(p)
-}
-
-func serveBytes(w http.ResponseWriter, r *http.Request, mediaType, digest string, b []byte) {
-	w.Header().Set("Content-Type", mediaType)
-	w.Header().Set("Docker-Content-Digest", digest)
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	if r.Method != http.MethodHead {
-		_, _ = io.Copy(w, bytes.NewReader(b))
-	}
-}
-
-// registryError answers as the OCI distribution spec says errors are.
-func registryError(w http.ResponseWriter, code int, errCode, msg string) {
-	b, _ := json.Marshal(map[string]any{"errors": []map[string]string{{"code": errCode, "message": msg}}})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_, _ = w.Write(b)
 }

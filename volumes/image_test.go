@@ -10,13 +10,17 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/jetway-ci/jetway/internal/tarsafe"
 	"github.com/jetway-ci/jetway/internal/tarsafe/tarsafetest"
@@ -157,13 +161,7 @@ func TestAVolumesRootfsIsAnImage(t *testing.T) {
 	assert.Equal(t, m.Layers[0].Digest, digestOf(layer))
 	assert.Equal(t, m.Layers[0].Size, int64(len(layer)))
 	entries := map[string]*tar.Header{}
-	tr := tar.NewReader(bytes.NewReader(layer))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
+	for _, h := range tarHeaders(t, layer) {
 		entries[h.Name] = h
 	}
 	require.Contains(t, entries, "etc/shadow")
@@ -278,15 +276,7 @@ func TestACowOfAnImagesVolumeHasItsImage(t *testing.T) {
 	assert.Equal(t, parent.Manifest, cow.Manifest)
 	assert.Equal(t, 1, s.images.walks, "the cow made no pass of its own")
 	images := "http://" + addr.String()
-	_, mb := pull(t, images, http.MethodGet, "/v2/jetway/cow/manifests/"+cow.Manifest, "c")
-	var m struct {
-		Layers []descriptor `json:"layers"`
-	}
-	require.NoError(t, json.Unmarshal(mb, &m))
-	require.Len(t, m.Layers, 1)
-	resp, layer := pull(t, images, http.MethodGet, "/v2/jetway/cow/blobs/"+m.Layers[0].Digest, "c")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, m.Layers[0].Digest, digestOf(layer), "the cow's own files make the digest it inherited")
+	pullLayer(t, images, "cow", cow.Manifest, "c") // the cow's own files make the digest it inherited
 
 	s.SetLimits(tarsafe.Limits{})
 	resp, b = do(t, http.MethodPost, base+"/volumes", nil, strings.NewReader(`{"handle":"cow2","strategy":{"type":"cow","volume":"img"}}`))
@@ -294,4 +284,89 @@ func TestACowOfAnImagesVolumeHasItsImage(t *testing.T) {
 	code, _, body = registerImage(t, base, "cow2", "c2", exp)
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, 2, s.images.walks, "a copy without its owners is read for itself")
+}
+
+// TestAnImageIsWhatTheOCISpecSays: the manifest and config decode,
+// strictly, as image-spec's own types (what containerd reads them as),
+// with its media types and valid digests; HEAD answers each blob's size
+// and digest; the layer is the same bytes at each pull, with no user or
+// group names, no access or change times, mtimes as on disk, and a
+// device node as it is; any other method is an error in the spec's JSON.
+func TestAnImageIsWhatTheOCISpecSays(t *testing.T) {
+	s, base, images := imageServer(t)
+	dev := filepath.Join(s.Path("img"), "rootfs", "null")
+	require.NoError(t, syscall.Mknod(dev, syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	code, img, body := registerImage(t, base, "img", "secret", time.Now().Add(time.Hour))
+	require.Equal(t, http.StatusOK, code, body)
+
+	strict := func(b []byte, v any) {
+		t.Helper()
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.DisallowUnknownFields()
+		require.NoError(t, d.Decode(v), "%s", b)
+	}
+	resp, mb := pull(t, images, http.MethodGet, "/v2/jetway/img/manifests/"+img.Manifest, "secret")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", mb)
+	var m ocispec.Manifest
+	strict(mb, &m)
+	assert.Equal(t, 2, m.SchemaVersion)
+	assert.Equal(t, ocispec.MediaTypeImageManifest, m.MediaType)
+	assert.Equal(t, ocispec.MediaTypeImageConfig, m.Config.MediaType)
+	require.Len(t, m.Layers, 1)
+	assert.Equal(t, ocispec.MediaTypeImageLayer, m.Layers[0].MediaType)
+	for _, d := range []digest.Digest{digest.Digest(img.Manifest), m.Config.Digest, m.Layers[0].Digest} {
+		require.NoError(t, d.Validate(), d)
+	}
+
+	resp, cb := pull(t, images, http.MethodGet, "/v2/jetway/img/blobs/"+m.Config.Digest.String(), "secret")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", cb)
+	assert.Equal(t, m.Config.Size, int64(len(cb)))
+	assert.Equal(t, m.Config.Digest, digest.FromBytes(cb))
+	var cfg ocispec.Image
+	strict(cb, &cfg)
+	assert.Equal(t, runtime.GOARCH, cfg.Architecture)
+	assert.Equal(t, "linux", cfg.OS)
+	assert.Equal(t, "layers", cfg.RootFS.Type)
+	assert.Equal(t, []digest.Digest{m.Layers[0].Digest}, cfg.RootFS.DiffIDs)
+	assert.Equal(t, []string{"GREETING=hi", "PATH=/bin"}, cfg.Config.Env)
+
+	for _, blob := range []ocispec.Descriptor{m.Config, m.Layers[0]} {
+		head, hb := pull(t, images, http.MethodHead, "/v2/jetway/img/blobs/"+blob.Digest.String(), "secret")
+		assert.Equal(t, http.StatusOK, head.StatusCode)
+		assert.Empty(t, hb)
+		assert.Equal(t, blob.Size, head.ContentLength)
+		assert.Equal(t, blob.Digest.String(), head.Header.Get("Docker-Content-Digest"))
+	}
+
+	_, layer := pull(t, images, http.MethodGet, "/v2/jetway/img/blobs/"+m.Layers[0].Digest.String(), "secret")
+	_, again := pull(t, images, http.MethodGet, "/v2/jetway/img/blobs/"+m.Layers[0].Digest.String(), "secret")
+	assert.Equal(t, digest.FromBytes(layer), m.Layers[0].Digest)
+	assert.True(t, bytes.Equal(layer, again), "the same bytes at each pull")
+	sawDevice := false
+	for _, h := range tarHeaders(t, layer) {
+		assert.Empty(t, h.Uname+h.Gname, h.Name)
+		assert.True(t, h.AccessTime.IsZero() && h.ChangeTime.IsZero(), h.Name)
+		info, err := os.Lstat(filepath.Join(s.Path("img"), "rootfs", h.Name))
+		require.NoError(t, err)
+		assert.Equal(t, info.ModTime().Unix(), h.ModTime.Unix(), h.Name)
+		if h.Name == "null" {
+			sawDevice = true
+			assert.Equal(t, byte(tar.TypeChar), h.Typeflag)
+			assert.Equal(t, [2]int64{1, 3}, [2]int64{h.Devmajor, h.Devminor})
+		}
+	}
+	assert.True(t, sawDevice, "the device node is in the layer")
+
+	for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+		for _, path := range []string{"/v2/jetway/img/manifests/" + img.Manifest, "/v2/jetway/img/blobs/" + m.Layers[0].Digest.String(), "/v2/jetway/img/blobs/uploads/"} {
+			resp, b := pull(t, images, method, path, "secret")
+			assert.Contains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, resp.StatusCode, "%s %s", method, path)
+			var e struct {
+				Errors []struct{ Code string } `json:"errors"`
+			}
+			require.NoError(t, json.Unmarshal(b, &e), "%s %s: %s", method, path, b)
+			require.Len(t, e.Errors, 1)
+			assert.NotEmpty(t, e.Errors[0].Code)
+		}
+	}
 }

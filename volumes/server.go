@@ -11,6 +11,16 @@
 // volume or an archive holds answers a status that says it is final, and
 // the entry and why (failure.go), also once a stream-out began.
 //
+// It also serves a volume's folder (a rootfs Concourse built) as a
+// one-layer OCI image to a node's container runtime (image.go): the
+// token's holder registers a pull ticket for it (POST
+// /volumes/{handle}/image), and a second listener (ServeImages; a
+// volume holder's --images-listen, stepagent.ImagePort 7789) serves the
+// OCI distribution API's pull by digest, read-only, to pulls that bring
+// a ticket, and nothing else. The layer's digest is read once per
+// folder and kept until its volume is written; each pull tars the
+// folder again (registry.go).
+//
 // The step agent serves it on port 7788 of every step pod, over the
 // pod's volumes; the local test clusters run it in-process behind each
 // step pod's port-forward. A per-target volume holder pod serves it over
@@ -50,6 +60,7 @@ type Server struct {
 	linkCopies atomic.Bool
 
 	served   chan struct{} // closed when Serve returned
+	stop     chan struct{} // closed by Kill: long work (an image's walk) ends
 	mu       sync.Mutex
 	killed   bool
 	limits   tarsafe.Limits // what one stream-in may write; zero: tarsafe's defaults
@@ -132,7 +143,7 @@ func Listen(addr, root, tokenHash string, capacity Capacity) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), space: sp,
+	s := &Server{root: root, ln: ln, Client: &http.Client{}, served: make(chan struct{}), stop: make(chan struct{}), space: sp,
 		tickets: map[[sha256.Size]byte]ticket{}, making: map[string]bool{}, now: time.Now, images: newImages()}
 	copy(s.tokenHash[:], h)
 	mux := http.NewServeMux()
@@ -285,6 +296,9 @@ func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 // again does nothing.
 func (s *Server) Kill() error {
 	s.mu.Lock()
+	if !s.killed {
+		close(s.stop)
+	}
 	s.killed = true
 	servers := s.imageServers
 	s.mu.Unlock()

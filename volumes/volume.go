@@ -179,7 +179,9 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 	if st.Type == StrategyImport {
 		parentHandle = s.volumeAt(st.Path)
 	}
-	epoch := s.images.current()
+	// The parent's images as the copy begins: a cow inherits them if
+	// the parent is not written meanwhile.
+	parentImages := s.images.current(parentHandle)
 	if parentHandle != "" {
 		parent, ok := s.resolve(parentHandle)
 		if !ok {
@@ -211,8 +213,11 @@ func (s *Server) makeVolume(w http.ResponseWriter, r *http.Request, req CreateRe
 		return
 	}
 	committed = true
+	// Whatever was made of a volume of this handle before was of other
+	// files.
+	s.images.forget(h)
 	if st.Type == StrategyCOW && s.copiesExactly() {
-		s.images.inherit(parentHandle, h, epoch)
+		s.images.inherit(h, parentImages)
 	}
 	if parentHandle != "" {
 		w.Header().Set(CopiedBytesHeader, strconv.FormatInt(done.bytes, 10))

@@ -92,8 +92,9 @@ func dispatch(cmd string, args []string) error {
 		"claim (a PersistentVolumeClaim's size); empty: an emptyDir's size limit")
 	linkCopies := fs.Bool("link-copies", false, "volumes: make a cow volume, and an import of another volume, of hard links to its parent's files, "+
 		"not copies. Only for a sidecar that alone writes its folder: a process writing a file in place would write every volume linking it")
-	imagesListen := fs.String("images-listen", "", "volumes: also serve volumes' folders as images, to pulls with a ticket the token's holder "+
-		"registered, on this address and nothing else there (a Concourse volume holder's :7789); empty: not at all")
+	imagesListen := fs.String("images-listen", "", fmt.Sprintf("volumes: also serve volumes' folders as OCI images, read-only, by digest, to pulls "+
+		"with a ticket the token's holder registered, on this address and nothing else there (a Concourse volume holder's :%d); empty: not at all. "+
+		"Only for a sidecar that alone writes its folder: an image's digest is kept until the sidecar writes its volume", stepagent.ImagePort))
 	run := fs.String("run", "", "a run of a sandbox pod: its folder under runs/ is the root")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
