@@ -273,6 +273,16 @@ func TestAReplacedHolderIsGoneBeforeItsSuccessor(t *testing.T) {
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, ownership.BoundAnnotation)
 	_, err = pods.Patch(ctx, holder, k8stypes.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	require.NoError(t, err)
+	// The next create finds it unbound once the gateway's cache has the
+	// patch (a create before that still finds it bound, and uses it).
+	tg, err := g.holder.Targets.Target(ns)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, func() error {
+		if p := tg.CachedPod(holder); p == nil || p.Annotations[ownership.BoundAnnotation] != "" {
+			return errorf("the gateway's cache has the holder bound still")
+		}
+		return nil
+	})
 
 	createVolume(t, api.URL, map[string]any{"handle": "v2", "strategy": map[string]string{"type": "empty"}})
 	replacedGently(t, w, old.UID)
