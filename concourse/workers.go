@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"code.cloudfoundry.org/garden"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -180,13 +181,37 @@ func (w clusterWorker) moveVolumes(ctx context.Context, ct *Container, in bool) 
 	return w.c.hold(ctx, w.t, ct)
 }
 
-// volumes are kept by the target's volume holder pod.
+// volumes are kept by the target's volume holder pod. One on an emptyDir
+// whose sidecar never ran (made a moment ago, or again after a lost one,
+// and not started yet) holds none: the worker's volume API says so (an
+// empty list, not found) rather than fail, so its heartbeat and sweeps go
+// on while it starts; a create waits for it (makeVolumes).
 func (w clusterWorker) volumes(h *Holder) (volumeSender, error) {
 	pod, err := h.holderPod(w.t, w.opts)
 	if err != nil {
 		return nil, err
 	}
+	if p := w.t.CachedPod(pod); neverServed(p) {
+		return nil, fmt.Errorf("the volume holder pod %s/%s has not started yet: %w", w.t.Namespace(), pod, errNoHolder)
+	}
 	return h.podSender(w.t.Name(), pod), nil
+}
+
+// neverServed reports whether holder pod p, on an emptyDir, has never
+// run its sidecar: not scheduled, or its sidecar waiting for its first
+// start. A sidecar that ran and stopped (killed, restarting) is not: its
+// emptyDir keeps the volumes for its next start. A claim's holder is not
+// either: its volumes are on the claim.
+func neverServed(p *corev1.Pod) bool {
+	if p == nil || p.DeletionTimestamp != nil || steppod.HolderClaimName(p) != "" {
+		return false
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == steppod.SidecarContainer {
+			return cs.State.Running == nil && cs.State.Terminated == nil && cs.RestartCount == 0 && cs.LastTerminationState.Terminated == nil
+		}
+	}
+	return p.Status.Phase == corev1.PodPending
 }
 
 // makeVolumes makes the volume holder pod if there is none and waits for

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -395,4 +396,41 @@ func holderWithAVolume(ctx context.Context, t *testing.T, ns string) (*gateway, 
 	require.NoError(t, err)
 	require.Equal(t, []string{"v1"}, listed)
 	return g, dir
+}
+
+// TestAHolderThatNeverRanHoldsNoVolume: a volume holder made but not yet
+// running (here never scheduled: its target's nodeSelector matches no
+// node) holds none of the web node's volumes, and its worker's volume
+// API says so: an empty list and not found, not an error, which failed
+// the worker's heartbeat and dropped its registration with the web node
+// while a lost holder was made again (a clean clone's run of
+// TestRealNodeConcourseHolderDeletedMidBuild).
+func TestAHolderThatNeverRanHoldsNoVolume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "holder-never-ran"
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, ns, "nodeSelector: {pool: none}\n", "")
+	g := startGateway(t, dir, gatewayOptions{holderReady: 2 * time.Second})
+	g.waitTarget(t, ns, 10*time.Second, running)
+	api := httptest.NewServer(g.holder.API(ns))
+	defer api.Close()
+	resp, err := http.Post(api.URL+"/volumes", "application/json", strings.NewReader(`{"handle":"v1","strategy":{"type":"empty"}}`))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NotEqual(t, http.StatusCreated, resp.StatusCode, "the holder never runs: %s", b)
+	_, err = clusters[0].Client.CoreV1().Pods(ns).Get(ctx, steppod.HolderName("jetway"), metav1.GetOptions{})
+	require.NoError(t, err, "the holder was made")
+
+	resp, err = http.Get(api.URL + "/volumes")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.JSONEq(t, "[]", string(b))
+	resp, err = http.Get(api.URL + "/volumes/v1")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 }
