@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,26 +90,42 @@ func TestRealNodeStockWorker(t *testing.T) {
 	}
 }
 
-// nftTables is `nft -s list ruleset` (no counters): every table and its
-// rules, but the real node's kube-proxy's (its KUBE-* chains and the
-// rules that jump to them), which it writes as the node's Services change
-// whatever the stock worker does.
+// nftTables is `nft -s list ruleset` (no counters): the rules of every
+// table, a table by its rules, sorted; but the real node's kube-proxy's
+// (its KUBE-* chains and the rules that jump to them), which it writes as
+// the node's Services change whatever the stock worker does, and tables
+// left with no rule (kube-proxy's, which the stock worker's teardown may
+// take with its own).
 func nftTables(t *testing.T) string {
 	t.Helper()
 	out, err := exec.Command("nft", "-s", "list", "ruleset").Output()
 	require.NoError(t, err)
-	var kept []string
+	var tables []string
+	var table, rules []string
 	inKube := false
+	flush := func() {
+		if len(rules) > 0 {
+			tables = append(tables, strings.Join(append(table, rules...), "\n"))
+		}
+		table, rules = nil, nil
+	}
 	for line := range strings.Lines(string(out)) {
 		trimmed := strings.TrimSpace(line)
 		switch {
+		case strings.HasPrefix(trimmed, "table "):
+			flush()
+			table = []string{trimmed}
 		case strings.HasPrefix(trimmed, "chain KUBE-"):
 			inKube = true
 		case inKube:
 			inKube = trimmed != "}"
-		case !strings.Contains(line, "KUBE-"):
-			kept = append(kept, line)
+		case trimmed == "" || trimmed == "}" || strings.HasPrefix(trimmed, "#") || strings.HasPrefix(trimmed, "chain ") ||
+			strings.HasPrefix(trimmed, "type ") || strings.Contains(line, "KUBE-"):
+		default:
+			rules = append(rules, trimmed)
 		}
 	}
-	return strings.Join(kept, "")
+	flush()
+	slices.Sort(tables)
+	return strings.Join(tables, "\n")
 }
