@@ -720,10 +720,34 @@ func nftTables() []string {
 // KUBE-FIREWALL chain it made for NodePorts on loopback, and the tables
 // iptables made for it (those not in before) once they hold no rule.
 func removeKubeProxyLeftovers(before []string) {
+	// Every jump to a KUBE-* chain, then the chains: --cleanup leaves
+	// them where its own rules were made again in a table deleted under
+	// it (the stock worker's teardown deletes ip nat), and KUBE-FIREWALL
+	// always.
 	for _, ipt := range []string{"iptables", "ip6tables"} {
-		for _, args := range [][]string{{"-D", "INPUT", "-j", "KUBE-FIREWALL"}, {"-D", "OUTPUT", "-j", "KUBE-FIREWALL"},
-			{"-F", "KUBE-FIREWALL"}, {"-X", "KUBE-FIREWALL"}} {
-			_ = exec.Command(ipt, append([]string{"-t", "filter"}, args...)...).Run()
+		for _, table := range []string{"nat", "filter", "mangle"} {
+			out, err := exec.Command(ipt+"-save", "-t", table).Output()
+			if err != nil {
+				continue
+			}
+			var chains []string
+			for line := range strings.Lines(string(out)) {
+				line = strings.TrimSpace(line)
+				if rule, ok := strings.CutPrefix(line, "-A "); ok && strings.Contains(rule, "-j KUBE-") && !strings.HasPrefix(rule, "KUBE-") {
+					// Through sh, which reads the rule's quoted comment as
+					// iptables-save wrote it.
+					_ = exec.Command("sh", "-c", ipt+" -t "+table+" -D "+rule).Run()
+				}
+				if c, ok := strings.CutPrefix(line, ":KUBE-"); ok {
+					chains = append(chains, "KUBE-"+strings.Fields(c)[0])
+				}
+			}
+			for _, c := range chains {
+				_ = exec.Command(ipt, "-t", table, "-F", c).Run()
+			}
+			for _, c := range chains {
+				_ = exec.Command(ipt, "-t", table, "-X", c).Run()
+			}
 		}
 	}
 	for _, t := range nftTables() {
