@@ -71,3 +71,21 @@ func TestTheSweepLeavesOutCopiesBeingSettled(t *testing.T) {
 	}
 	assert.Equal(t, []string{"a", "b", "b-settle-BBBBBBBB", "gone-settle-CCCCCCCC"}, got)
 }
+
+// TestHeldPath: a bind mount's source is a holder's volume under the
+// step root, and under the root before it (/jetway), which volumes a
+// holder made before an upgrade still report; not the volumes folder
+// itself nor a path elsewhere.
+func TestHeldPath(t *testing.T) {
+	for src, want := range map[string]bool{
+		"/tmp/jetway/volumes/abc":  true,
+		"/jetway/volumes/abc":      true,
+		"/tmp/jetway/volumes":      false,
+		"/jetway/volumes/":         false,
+		"/tmp/jetway/build/abc":    false,
+		"/var/lib/volumes/abc":     false,
+		"/tmp/jetway/volumesx/abc": false,
+	} {
+		assert.Equal(t, want, heldPath(src), src)
+	}
+}

@@ -303,6 +303,11 @@ func (c *Containers) wentWithHolder(ct *Container, bm garden.BindMount, err erro
 // web node's worker host: a mount of one the holder no longer has is a
 // volume that went with it.
 func heldPath(src string) bool {
-	return strings.HasPrefix(path.Clean(src)+"/", stepagent.Root+"/"+stepagent.VolumesDir+"/") &&
-		path.Clean(src) != stepagent.Root+"/"+stepagent.VolumesDir
+	for _, root := range []string{stepagent.Root, stepagent.LegacyRoot} {
+		dir := root + "/" + stepagent.VolumesDir
+		if strings.HasPrefix(path.Clean(src)+"/", dir+"/") && path.Clean(src) != dir {
+			return true
+		}
+	}
+	return false
 }

@@ -65,7 +65,7 @@ func testAgentMount(t *testing.T, target string, mount steppod.AgentMount) {
 	src := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(src, "greeting"), []byte("hello"), 0o644))
 	req := nodeStep("agent", `tr '\0' ' ' </proc/1/cmdline; echo; cat in/greeting; echo;
-if touch /jetway/bin/probe 2>/dev/null; then echo agent-writable; else echo agent-read-only; fi
+if touch /tmp/jetway/bin/probe 2>/dev/null; then echo agent-writable; else echo agent-read-only; fi
 cat in/greeting >out/copy`)
 	req.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Upload: true}}}
 	req.Outputs = []wire.Output{{Name: "out"}}
@@ -77,7 +77,7 @@ cat in/greeting >out/copy`)
 	require.Equal(t, []string{"placed", "scheduled", "input", "started", "exited"}, types(evs), "%+v", evs)
 	lines := strings.Split(outputOf(evs, wire.EventStdout), "\n")
 	require.GreaterOrEqual(t, len(lines), 3, outputOf(evs, wire.EventStderr))
-	assert.Equal(t, "/jetway/bin/step-agent pid1 ", lines[0], "the agent is the step container's pid 1")
+	assert.Equal(t, "/tmp/jetway/bin/step-agent pid1 ", lines[0], "the agent is the step container's pid 1")
 	assert.Equal(t, "hello", lines[1], "the input is there before the process")
 	if mount == steppod.AgentImageVolume {
 		assert.Equal(t, "agent-read-only", lines[2], "the step cannot change the agent the next exec runs")

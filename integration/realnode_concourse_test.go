@@ -52,15 +52,15 @@ func testRealNodeConcourseTask(t *testing.T, name string, mount steppod.AgentMou
 	task := filepath.Join(work, "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\nparams: {NAME: node}\n"+
 		"inputs: [{name: in}]\noutputs: [{name: out}]\n"+
-		"run: {user: \"65534\", path: sh, args: [-ec, 'echo \"hello $NAME in $(pwd) as $(id -u)\"; cat in/payload > out/copy; cat /proc/1/cmdline; echo; grep \" /jetway/bin \" /proc/self/mountinfo || echo no agent volume']}\n"))
+		"run: {user: \"65534\", path: sh, args: [-ec, 'echo \"hello $NAME in $(pwd) as $(id -u)\"; cat in/payload > out/copy; cat /proc/1/cmdline; echo; grep \" /tmp/jetway/bin \" /proc/self/mountinfo || echo no agent volume']}\n"))
 	fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
 	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+filepath.Join(work, "in"), "-o", "out="+download)
 	fcancel()
 	require.NoError(t, err, out)
 	assert.Regexp(t, `hello node in /tmp/build/[0-9a-f]+ as 65534\r\n`, out, "a task runs on a terminal")
-	assert.Contains(t, out, "/jetway/bin/step-agent", "pid 1 is the step agent: the task ran in its container's pod")
+	assert.Contains(t, out, "/tmp/jetway/bin/step-agent", "pid 1 is the step agent: the task ran in its container's pod")
 	if mount == steppod.AgentImageVolume {
-		assert.Regexp(t, ` /jetway/bin ro,`, out, "the agent is a read-only volume of its own")
+		assert.Regexp(t, ` /tmp/jetway/bin ro,`, out, "the agent is a read-only volume of its own")
 	} else {
 		assert.Contains(t, out, "no agent volume", "the init container copied the agent into the pod's emptyDir")
 	}

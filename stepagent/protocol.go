@@ -58,9 +58,18 @@ import (
 // Root is the step pod's shared emptyDir, where the init container puts the
 // binary and the supervisor its files. RootEnv overrides it (kwok test
 // clusters run exec as a local process, in a folder standing in for it).
+//
+// It is under /tmp, as Concourse's own runtimes keep their init there
+// (/tmp/gdn-init) and its build dirs (/tmp/build): what copies a
+// container's own root leaves /tmp out, as Concourse's mock resource type
+// does for mirror_self, and a folder at / would be copied, the copy
+// itself with it. LegacyRoot was the root before; pods made then run
+// with their RootEnv and working dir, so a gateway finds their agent
+// either way (it runs it by the relative BinPath).
 const (
-	Root    = "/jetway"
-	RootEnv = "JETWAY_STEP_ROOT"
+	Root       = "/tmp/jetway"
+	LegacyRoot = "/jetway"
+	RootEnv    = "JETWAY_STEP_ROOT"
 )
 
 // FSEnv names, where it is set, a folder standing in for the step

@@ -59,7 +59,7 @@ func TestBuild(t *testing.T) {
 	require.Len(t, p.Spec.Containers, 2)
 	step, side := p.Spec.Containers[0], p.Spec.Containers[1]
 	assert.Equal(t, "busybox", step.Image)
-	assert.Equal(t, []string{"/jetway/bin/step-agent", "pid1"}, step.Command)
+	assert.Equal(t, []string{"/tmp/jetway/bin/step-agent", "pid1"}, step.Command)
 	assert.Equal(t, resource.MustParse("500m"), step.Resources.Limits[corev1.ResourceCPU])
 	assert.Equal(t, resource.MustParse("1Gi"), step.Resources.Requests[corev1.ResourceMemory])
 	assert.False(t, *step.SecurityContext.Privileged)
@@ -68,7 +68,7 @@ func TestBuild(t *testing.T) {
 	assert.Equal(t, int32(7788), side.Ports[0].ContainerPort)
 	assert.Contains(t, side.Env, corev1.EnvVar{Name: stepagent.TokenHashEnv, Value: ownership.TokenHash(token)},
 		"the sidecar holds the hash of its token")
-	assert.Equal(t, "/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
+	assert.Equal(t, "/tmp/jetway", side.WorkingDir, "the step's log is read through it once the step's container ended")
 	assert.Equal(t, sidecarSecurity(false), side.SecurityContext)
 	assert.Equal(t, []string{"/step-agent", "volumes", "--listen", ":7788", "--owners"}, side.Command,
 		"the agent's own extract limits, every file with its owner")
@@ -78,7 +78,7 @@ func TestBuild(t *testing.T) {
 		limited.Spec.Containers[1].Command)
 	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
 		require.Len(t, c.VolumeMounts, 1, c.Name)
-		assert.Equal(t, "/jetway", c.VolumeMounts[0].MountPath, c.Name)
+		assert.Equal(t, "/tmp/jetway", c.VolumeMounts[0].MountPath, c.Name)
 	}
 
 }
@@ -323,10 +323,10 @@ func TestBuildAgentImageVolume(t *testing.T) {
 		Image: &corev1.ImageVolumeSource{Reference: "reg/step-agent:1"}}}, p.Spec.Volumes[1])
 	require.Len(t, p.Spec.Containers, 2)
 	assert.Equal(t, "busybox", p.Spec.Containers[0].Image, "the step's image as it is")
-	assert.Equal(t, []string{"/jetway/bin/step-agent", "pid1"}, p.Spec.Containers[0].Command)
+	assert.Equal(t, []string{"/tmp/jetway/bin/step-agent", "pid1"}, p.Spec.Containers[0].Command)
 	for _, c := range p.Spec.Containers {
-		assert.Equal(t, []corev1.VolumeMount{{Name: "jetway", MountPath: "/jetway"},
-			{Name: "jetway-agent", MountPath: "/jetway/bin", ReadOnly: true}}, c.VolumeMounts, c.Name)
+		assert.Equal(t, []corev1.VolumeMount{{Name: "jetway", MountPath: "/tmp/jetway"},
+			{Name: "jetway-agent", MountPath: "/tmp/jetway/bin", ReadOnly: true}}, c.VolumeMounts, c.Name)
 	}
 
 	plain := Build(tgt, Spec{Name: "c-1", Type: "concourse", Team: "main", Image: "busybox"}, opts)
@@ -341,7 +341,7 @@ func TestBuildAgentImageVolume(t *testing.T) {
 	mounted = Build(tgt, Spec{Name: "c-3", Type: "concourse", Team: "main", Image: "busybox",
 		Mounts: []Mount{{Path: "/tmp/build/in", Volume: "v1"}}}, opts)
 	require.Len(t, mounted.Spec.InitContainers, 1)
-	assert.Equal(t, []string{"/step-agent", "install", "/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command,
+	assert.Equal(t, []string{"/step-agent", "install", "/tmp/jetway/bin/step-agent", "v1"}, mounted.Spec.InitContainers[0].Command,
 		"the init container makes the mounts' folders open")
 
 	for _, s := range []string{"", "init-container", "image-volume", "auto"} {
