@@ -62,10 +62,14 @@ TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA
 # missing ones (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
 NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2 iptables nftables
-NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar
+NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar $(BIN)/mock-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
 REGISTRY_IMAGE_REF := jetway.test/registry-image:1
+MOCK_IMAGE_REF    := jetway.test/mock-resource:1
+# Concourse's mock resource type as testflight uses it (mock-resource
+# v0.14.2 on busybox-static and bash-static, ../shared/concourse/testflight).
+MOCK_ROOTFS       ?= $(CURDIR)/../shared/concourse/testflight/resource-types/mock/rootfs.tgz
 
 # The Concourse web node the tests register targets with
 # (integration/concourse, docs/testing.md): Concourse v8.2.5's concourse
@@ -94,7 +98,7 @@ export JETWAY_CONCOURSE_INIT := $(BIN)/concourse-init
 export JETWAY_CLUSTER_DIR := $(CURDIR)/.clusters
 export JETWAY_BIN_DIR     := $(BIN)
 
-.PHONY: all build image node-images node-packages concourse-packages stock-packages concourse-bins tools test vet demo clean-tools kubelet-cluster
+.PHONY: testflight all build image node-images node-packages concourse-packages stock-packages concourse-bins tools test vet demo clean-tools kubelet-cluster
 
 all: build
 
@@ -130,7 +134,8 @@ image: $(BIN)/mkimage
 # and the same busybox with a stand-in for Concourse's registry-image
 # resource in /opt/resource (integration/testdata/registry-image), which
 # reads the images the harness's registry serves, with the source's
-# username and password when it has them.
+# username and password when it has them; and Concourse's mock resource
+# type, its rootfs as testflight ships it (MOCK_ROOTFS).
 node-images: $(NODE_IMAGES)
 
 $(BIN)/pause-image.tar: $(BIN)/mkimage integration/cmd/pause/main.go
@@ -161,6 +166,10 @@ $(BIN)/registry-image-image.tar: $(BIN)/mkimage $(wildcard integration/testdata/
 		$(foreach f,check in out registry.sh,-file integration/testdata/registry-image/$(f):/opt/resource/$(f)) \
 		$$(/bin/busybox --list-full | grep -vx bin/busybox | sed 's|^|-link /|') \
 		-ref $(REGISTRY_IMAGE_REF) -title "registry-image (jetway's test stand-in)" -o $@
+
+$(BIN)/mock-image.tar: $(BIN)/mkimage $(MOCK_ROOTFS)
+	$(MKIMAGE) -rootfs $(MOCK_ROOTFS) -user 0:0 \
+		-ref $(MOCK_IMAGE_REF) -title "mock (Concourse's mock resource type, as testflight uses it)" -o $@
 
 $(BIN)/mkimage: tools/mkimage/go.mod tools/mkimage/go.sum tools/mkimage/main.go
 	cd tools/mkimage && $(GO) build -trimpath -o $@ .
@@ -202,6 +211,17 @@ demo: build tools
 kubelet-cluster: tools image node-images
 	$(GO) build -o $(BIN)/kubelet-cluster ./integration/cmd/kubelet-cluster
 	JETWAY_CLUSTER_DIR=$(CURDIR)/.kubelet-cluster $(BIN)/kubelet-cluster
+
+# testflight runs Concourse v8.2.5's own integration suite against jetway
+# (integration/cmd/testflight, docs/testing.md): the real node with one
+# target, registered by bin/gateway as the only worker of testflight.sh's
+# web node, with the mock resource type as bin/mock-image.tar. As root;
+# long (docs/testing.md), so not part of `make test`. FOCUS and SKIP
+# (ginkgo regexes; FOCUS=worker: the worker-side specs) pass through;
+# results in .testflight/out.
+testflight: tools concourse-bins build image node-images
+	$(GO) build -o $(BIN)/testflight ./integration/cmd/testflight
+	JETWAY_CLUSTER_DIR=$(CURDIR)/.testflight/clusters $(BIN)/testflight
 
 # tools builds the pinned control-plane binaries the integration clusters
 # run, and kubelet for the real test node, and installs the Debian

@@ -157,3 +157,68 @@ func TestRealNodeConcourseBuiltImage(t *testing.T) {
 	assert.Contains(t, out, "ran in the registry image")
 	assert.Contains(t, g.logs.String(), `"image":"`+cluster.NodeRegistry+`/busybox@sha256:`, "no rootfs to serve: the registry's image")
 }
+
+// mirroredImagePipelineYAML runs tasks in the rootfs of Concourse's mock
+// resource type as testflight does in nearly every spec: an
+// image_resource of type mock with mirror_self, whose get copies the
+// resource container's own root into rootfs/ with a metadata.json
+// (MIRRORED_VERSION in its env, user root), and the same as a get used
+// as a task's image:.
+const mirroredImagePipelineYAML = `
+resources:
+- name: mirrored
+  type: mock
+  source: {mirror_self: true, initial_version: v1}
+jobs:
+- name: image-resource
+  plan:
+  - task: in-the-mirror
+    config:
+      platform: linux
+      image_resource:
+        type: mock
+        source: {mirror_self: true, initial_version: v2}
+      run: {path: sh, args: [-c, 'echo "mirrored $MIRRORED_VERSION as $(id -u)"; ls /opt/resource | tr "\n" " "; echo']}
+- name: get-as-image
+  plan:
+  - get: mirrored
+  - task: in-the-get
+    image: mirrored
+    config:
+      platform: linux
+      run: {path: bash, args: [-c, 'echo "got $MIRRORED_VERSION in bash $BASH_VERSION"']}
+`
+
+// TestRealNodeConcourseMirroredImage: a task whose image is a mock
+// resource's mirror_self get, as an image_resource and as a get used as
+// image:, runs on a jetway target on the real node (issue 42): the web
+// node runs the mock type's check and get in jetway's image of
+// Concourse's mock resource type, and each task then runs in the rootfs
+// the get copied, with its metadata's env, served by the target's holder.
+func TestRealNodeConcourseMirroredImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "mirror-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	const name = "rn-mirror"
+	rn := startRealNode(t)
+	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n",
+		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}}})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(mirroredImagePipelineYAML))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
+	out := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/image-resource", "--watch")
+	assert.Contains(t, out, "mirrored v2 as 0")
+	assert.Contains(t, out, "check in out")
+	assert.Contains(t, out, "succeeded")
+	assert.Regexp(t, `"image":"localhost:[0-9]+/jetway/[0-9a-f-]+@sha256:[0-9a-f]{64}"`, g.logs.String(), "the pod ran the holder's image of the mirrored rootfs")
+
+	flyOK(ctx, t, web, 2*time.Minute, "check-resource", "-r", "p/mirrored")
+	out = flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/get-as-image", "--watch")
+	assert.Regexp(t, `got v1 in bash [0-9]`, out)
+	assert.Contains(t, out, "succeeded")
+}

@@ -94,7 +94,7 @@ const (
 
 // NodeImages are the image tarballs in the bin folder imported into the
 // node's containerd: `make image` and `make node-images` write them.
-var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar", "registry-image-image.tar"}
+var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar", "registry-image-image.tar", "mock-image.tar"}
 
 // NodeContainerd are containerd's programs in the bin folder, built from
 // tools/containerd's pinned module (`make tools`). containerd finds its

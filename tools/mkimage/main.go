@@ -4,13 +4,16 @@
 // Docker daemon and no base image: the image is the binary alone, built up
 // from an empty image. Every timestamp is fixed, so the same binary gives
 // the same image digest (give -created a fixed time too, such as the
-// commit's).
+// commit's). With -rootfs, a root filesystem made elsewhere is the image's
+// first layer, as it is (the test node's image of Concourse's mock
+// resource type).
 //
 //	mkimage -binary bin/step-agent-linux-amd64 -path /step-agent \
 //	    -ref ghcr.io/jetway-ci/step-agent:v1 -version v1 -o bin/step-agent-image.tar
 //	mkimage -binary bin/gateway-linux-amd64 -path /gateway -cmd run \
 //	    -ref ghcr.io/jetway-ci/gateway:v1 -version v1 -title "jetway gateway" \
 //	    -created 2026-01-02T03:04:05Z -revision 0123abc -o bin/gateway-image.tar
+//	mkimage -rootfs rootfs.tgz -user 0:0 -ref jetway.test/mock-resource:1 -o bin/mock-image.tar
 package main
 
 import (
@@ -39,6 +42,11 @@ var epoch = time.Unix(0, 0).UTC()
 
 type options struct {
 	binary, path, ref, version, source, title, description, revision, user, arch, out string
+	// rootfs is a tarball (plain or gzip) of a whole root filesystem,
+	// the image's first layer as it is, below the binary's if there is
+	// one: an image of a rootfs made elsewhere (Concourse's mock
+	// resource type's).
+	rootfs string
 	// cmd is the image's default arguments to the entrypoint (Cmd).
 	cmd []string
 	// created is the config's created time and the created label.
@@ -84,7 +92,8 @@ func entryFlag(typ byte, s string, rest bool) (*tar.Header, string, error) {
 
 func main() {
 	var o options
-	flag.StringVar(&o.binary, "binary", "", "static binary to put in the image (required)")
+	flag.StringVar(&o.binary, "binary", "", "static binary to put in the image (required without -rootfs)")
+	flag.StringVar(&o.rootfs, "rootfs", "", "tarball (plain or gzip) of a root filesystem: the image's first layer, as it is; -binary is then optional (without it the image has no entrypoint)")
 	flag.StringVar(&o.path, "path", "/step-agent", "absolute path of the binary in the image; also the entrypoint")
 	flag.StringVar(&o.ref, "ref", "", "image reference the tarball names, e.g. ghcr.io/jetway-ci/step-agent:v1 (required)")
 	flag.StringVar(&o.version, "version", "dev", "org.opencontainers.image.version label")
@@ -159,8 +168,8 @@ func main() {
 		return nil
 	})
 	flag.Parse()
-	if o.binary == "" || o.ref == "" || o.out == "" || !allAbs(append([]string{o.path}, append(o.links, o.dirs...)...)) {
-		fmt.Fprintln(os.Stderr, "mkimage: -binary, -ref and -o are required and -path, -link and -dir must be absolute")
+	if (o.binary == "" && o.rootfs == "") || o.ref == "" || o.out == "" || !allAbs(append([]string{o.path}, append(o.links, o.dirs...)...)) {
+		fmt.Fprintln(os.Stderr, "mkimage: -binary or -rootfs, -ref and -o are required and -path, -link and -dir must be absolute")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -178,26 +187,36 @@ func build(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("parse reference %q: %w", o.ref, err)
 	}
-	bin, err := os.ReadFile(o.binary)
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("read binary: %w", err)
+	var layers []mutate.Addendum
+	if o.rootfs != "" {
+		layer, err := tarball.LayerFromFile(o.rootfs)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("read rootfs %s: %w", o.rootfs, err)
+		}
+		layers = append(layers, mutate.Addendum{Layer: layer,
+			History: v1.History{Created: v1.Time{Time: o.created}, CreatedBy: "mkimage -rootfs " + path.Base(o.rootfs)}})
 	}
-	layerTar, err := layerOf(o, bin)
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("write layer: %w", err)
+	if o.binary != "" {
+		bin, err := os.ReadFile(o.binary)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("read binary: %w", err)
+		}
+		layerTar, err := layerOf(o, bin)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("write layer: %w", err)
+		}
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(layerTar)), nil
+		})
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("make layer: %w", err)
+		}
+		layers = append(layers, mutate.Addendum{Layer: layer,
+			History: v1.History{Created: v1.Time{Time: o.created}, CreatedBy: "mkimage " + o.path}})
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	})
+	img, err := mutate.Append(empty.Image, layers...)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("make layer: %w", err)
-	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
-		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: o.created}, CreatedBy: "mkimage " + o.path},
-	})
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("append layer: %w", err)
+		return v1.Hash{}, fmt.Errorf("append layers: %w", err)
 	}
 	img, err = configure(img, o)
 	if err != nil {
@@ -209,7 +228,7 @@ func build(o options) (v1.Hash, error) {
 	return img.Digest()
 }
 
-// configure sets the entrypoint, user, labels, platform and created time.
+// configure sets the entrypoint (the binary, if any), user, labels, platform and created time.
 func configure(img v1.Image, o options) (v1.Image, error) {
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -219,7 +238,9 @@ func configure(img v1.Image, o options) (v1.Image, error) {
 	cf.OS = "linux"
 	cf.Architecture = o.arch
 	cf.Created = v1.Time{Time: o.created}
-	cf.Config.Entrypoint = []string{o.path}
+	if o.binary != "" {
+		cf.Config.Entrypoint = []string{o.path}
+	}
 	cf.Config.Cmd = o.cmd
 	cf.Config.User = o.user
 	cf.Config.WorkingDir = "/"
