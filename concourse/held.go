@@ -63,7 +63,7 @@ func (c *Containers) hold(ctx context.Context, t *targets.Target, ct *Container)
 	}
 	holds := map[string]volumes.Held{}
 	for i, bm := range ct.Spec.BindMounts {
-		if !writtenBack(ct.Spec.BindMounts, bm) {
+		if !writtenBack(bm) {
 			continue
 		}
 		handle := path.Base(bm.SrcPath)
@@ -77,8 +77,13 @@ func (c *Containers) hold(ctx context.Context, t *targets.Target, ct *Container)
 		if err != nil {
 			return fmt.Errorf("container %s: volume %s: %w", ct.Handle(), handle, err)
 		}
-		if err := c.Holder.check(ctx, ct, mountVolume(i)); err != nil {
-			return fmt.Errorf("container %s: volume %s cannot be copied out of its pod (%s): %w", ct.Handle(), handle, bm.DstPath, err)
+		// A mount others are nested in is checked only when read: it is
+		// mostly a task's build dir, which the web node never reads, and
+		// where a task may leave what no copy takes (a socket).
+		if !holdsMounts(ct.Spec.BindMounts, bm) {
+			if err := c.Holder.check(ctx, ct, mountVolume(i)); err != nil {
+				return fmt.Errorf("container %s: volume %s cannot be copied out of its pod (%s): %w", ct.Handle(), handle, bm.DstPath, err)
+			}
 		}
 		h := volumes.Held{Pod: ct.Pod, UID: string(p.UID), Mount: mountVolume(i), Container: ct.Handle()}
 		if v.Held == nil || *v.Held != h {
@@ -109,11 +114,15 @@ func (c *Containers) hold(ctx context.Context, t *targets.Target, ct *Container)
 
 // writtenBack reports whether a process's writes to bm are the volume's:
 // not a read-only mount, not the web node's /scratch (a new empty volume
-// each time, never read again), not a mount other mounts are nested in
-// (a task's build dir, whose inputs, outputs and caches are mounts of
-// their own, and which the web node never reads again).
-func writtenBack(mounts []garden.BindMount, bm garden.BindMount) bool {
-	return bm.DstPath != scratchPath && bm.Mode != garden.BindMountModeRO && !holdsMounts(mounts, bm)
+// each time, never read again). A mount others are nested in is written
+// back too, with the empty folders its nested mounts were made on, as a
+// stock worker's volume has them: it may be an output with an input
+// under it (Concourse's nested volume mounts), which the next step reads.
+// Mostly it is a task's build dir, which the web node never reads and
+// destroys soon after its container, within the keep grace: held in the
+// pod until then, it is never copied.
+func writtenBack(bm garden.BindMount) bool {
+	return bm.DstPath != scratchPath && bm.Mode != garden.BindMountModeRO
 }
 
 // check asks ct's pod whether its mount's files can be copied out, as

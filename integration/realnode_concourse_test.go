@@ -106,3 +106,39 @@ func TestRealNodeConcourseUncopyableOutput(t *testing.T) {
 	assert.NotContains(t, logs, `"msg":"direct stream failed; relaying"`, "no relay")
 	assert.Zero(t, metricValue(t, g, `jetway_concourse_volume_holds_total{outcome="held"}`), "nothing held")
 }
+
+// TestRealNodeConcourseInputUnderOutput: a task whose input is mounted
+// inside its output (Concourse's nested volume mounts, a testflight
+// spec) leaves in the output what it wrote there and the empty folder
+// the input was mounted on, as a stock worker's volume has them; the
+// input's files stay the input's.
+func TestRealNodeConcourseInputUnderOutput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const name = "rn-nested"
+	client := cwn.Client{ID: "jetway", Secret: "nested-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t)})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	work := t.TempDir()
+	writeFile(t, filepath.Join(work, "in", "payload"), []byte("the input\n"))
+	require.NoError(t, os.Chmod(filepath.Join(work, "in", "payload"), 0o644))
+	download := filepath.Join(work, "out")
+	require.NoError(t, os.MkdirAll(download, 0o755))
+	task := filepath.Join(work, "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\n"+
+		"inputs: [{name: in, path: out/in}]\noutputs: [{name: out}]\n"+
+		"run: {path: sh, args: [-ec, 'cat out/in/payload; echo written > out/written']}\n"))
+	fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
+	out, err := web.FlyContext(fctx, "execute", "-c", task, "-i", "in="+filepath.Join(work, "in"), "-o", "out="+download)
+	fcancel()
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "the input")
+	got, err := os.ReadFile(filepath.Join(download, "written"))
+	require.NoError(t, err, "what the task wrote in its output: %s", out)
+	assert.Equal(t, "written\n", string(got))
+	entries, err := os.ReadDir(filepath.Join(download, "in"))
+	require.NoError(t, err, "the folder the input was mounted on")
+	assert.Empty(t, entries, "the input's files are the input's, not the output's")
+}

@@ -364,6 +364,9 @@ func startGateway(ctx context.Context, o options, c *cluster.Cluster, targetsDir
 func waitWorker(ctx context.Context, o options, url string, gw *proc) error {
 	fly := filepath.Join(o.shared, "bin", "fly")
 	home := filepath.Join(o.dir, "fly-home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return err
+	}
 	flyCmd := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, fly, append([]string{"-t", "tf"}, args...)...)
 		cmd.Env = append(os.Environ(), "HOME="+home)
