@@ -218,10 +218,12 @@ kubelet-cluster: tools image node-images
 # web node, with the mock resource type as bin/mock-image.tar. As root;
 # long (docs/testing.md), so not part of `make test`. FOCUS and SKIP
 # (ginkgo regexes; FOCUS=worker: the worker-side specs) pass through;
-# results in .testflight/out.
+# results in TESTFLIGHT_DIR/out. That folder is outside the checkout:
+# fly execute uploads of an input in a git work tree only what git tracks.
+TESTFLIGHT_DIR ?= /tmp/jetway-testflight
 testflight: tools concourse-bins build image node-images
 	$(GO) build -o $(BIN)/testflight ./integration/cmd/testflight
-	JETWAY_CLUSTER_DIR=$(CURDIR)/.testflight/clusters $(BIN)/testflight
+	JETWAY_CLUSTER_DIR=$(TESTFLIGHT_DIR)/clusters $(BIN)/testflight -dir $(TESTFLIGHT_DIR)
 
 # tools builds the pinned control-plane binaries the integration clusters
 # run, and kubelet for the real test node, and installs the Debian

@@ -13,7 +13,8 @@
 // through); then everything stops, in the reverse order, also on Ctrl-C.
 // The suite's results are in OUT (results.tsv, summary.txt, suite.log),
 // the gateway's log and testflight.sh's beside them; the exit status is
-// the suite's.
+// the suite's. The state folder must be outside any git work tree (see
+// -dir).
 package main
 
 import (
@@ -73,7 +74,10 @@ func main() {
 	var o options
 	flag.StringVar(&o.shared, "shared", filepath.Join(root, "..", "shared", "concourse"), "folder of Concourse's binaries (bin/) and testflight (testflight/)")
 	flag.StringVar(&o.bin, "bin", cmp.Or(os.Getenv("JETWAY_BIN_DIR"), filepath.Join(root, "bin")), "jetway's bin folder: gateway, the node's tools and images")
-	flag.StringVar(&o.dir, "dir", filepath.Join(root, ".testflight"), "state folder (made again on each run)")
+	// Outside any git work tree: fly execute uploads of an input inside
+	// one only what git would track, and the suite's inputs are made in
+	// its TMPDIR, under the state folder.
+	flag.StringVar(&o.dir, "dir", filepath.Join(os.TempDir(), "jetway-testflight"), "state folder, outside any git work tree (made again on each run)")
 	flag.StringVar(&o.out, "out", "", "results folder; default DIR/out")
 	flag.DurationVar(&o.suiteTimeout, "suite-timeout", 100*time.Minute, "bound on the suite (ginkgo's timeout is 10 minutes less)")
 	flag.Parse()
