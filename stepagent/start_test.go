@@ -69,3 +69,15 @@ func TestNoTerminalFallsBackToPipes(t *testing.T) {
 	}
 	require.NoError(t, cmd.Wait())
 }
+
+// A process whose absolute working dir its container lacks runs there,
+// the dir made, as Garden makes it: fly intercept into a check container
+// names /tmp/build/check, which no mount made.
+func TestAMissingAbsoluteWorkingDirIsMade(t *testing.T) {
+	dir := t.TempDir() + "/tmp/build/check"
+	cmd, err := command(t.TempDir(), Spec{Handle: "h", Path: "sh", Args: []string{"-c", "pwd"}, Dir: dir})
+	require.NoError(t, err)
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	assert.Equal(t, dir+"\n", string(out))
+}

@@ -146,7 +146,16 @@ func command(root string, sp Spec) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: bin, Args: append([]string{sp.Path}, sp.Args...), Env: env, Dir: workDir(root, sp.Dir)}
+	dir := workDir(root, sp.Dir)
+	if filepath.IsAbs(sp.Dir) {
+		// As Garden does (Concourse's SetupCwd): a web node's process
+		// may name a working dir its container lacks, such as
+		// /tmp/build/check of fly intercept into a check container.
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			return nil, fmt.Errorf("working dir %s: %w", sp.Dir, err)
+		}
+	}
+	cmd := &exec.Cmd{Path: bin, Args: append([]string{sp.Path}, sp.Args...), Env: env, Dir: dir}
 	if len(sp.Stdin) > 0 && !sp.StdinStream {
 		cmd.Stdin = strings.NewReader(string(sp.Stdin))
 	}
