@@ -18,6 +18,24 @@ import (
 	"github.com/jetway-ci/jetway/wire"
 )
 
+// imagesPipeline starts a web node and a gateway owning target name on
+// the real node, which serves rootfs images from its holder and offers
+// types as base resource types, and sets and unpauses pipeline p of
+// pipelineYAML there.
+func imagesPipeline(ctx context.Context, t *testing.T, name, pipelineYAML string, types ...wire.ResourceType) (*cwn.WebNode, *gateway) {
+	t.Helper()
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n", resourceTypes: types})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(pipelineYAML))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
+	return web, g
+}
+
 // builtImagePipelineYAML builds a rootfs in one task (the node's busybox,
 // plus a root-only file, a file of another owner, a hard link and a
 // marker) with a metadata.json giving env and user, and runs the next
@@ -100,19 +118,10 @@ jobs:
 func TestRealNodeConcourseBuiltImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	client := cwn.Client{ID: "jetway", Secret: "built-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
 	const name = "rn-built"
 	rn := startRealNode(t)
-	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n",
-		resourceTypes: []wire.ResourceType{{Type: "registry-image", Image: rn.NodeImage("registry-image-image.tar"), Version: "test"}}})
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
-
-	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
-	writeFile(t, pipeline, []byte(strings.ReplaceAll(builtImagePipelineYAML, "MIRROR", rn.RegistryMirror())))
-	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
-	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
+	web, g := imagesPipeline(ctx, t, name, strings.ReplaceAll(builtImagePipelineYAML, "MIRROR", rn.RegistryMirror()),
+		wire.ResourceType{Type: "registry-image", Image: rn.NodeImage("registry-image-image.tar"), Version: "test"})
 	out := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/built", "--watch")
 	for _, want := range []string{"greeting: from the metadata", "uid: 1234", "built-in-a-task", "links 2",
 		"theirs 1234 644", "root-only 0 600", "root-only unreadable", "succeeded"} {
@@ -198,19 +207,9 @@ jobs:
 func TestRealNodeConcourseMirroredImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	client := cwn.Client{ID: "jetway", Secret: "mirror-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	const name = "rn-mirror"
 	rn := startRealNode(t)
-	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 5 * time.Second, images: true, targetYAML: "steps:\n  volumeHolder: {images: NodePort}\n",
-		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}}})
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
-
-	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
-	writeFile(t, pipeline, []byte(mirroredImagePipelineYAML))
-	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p", "-c", pipeline)
-	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p")
+	web, g := imagesPipeline(ctx, t, "rn-mirror", mirroredImagePipelineYAML,
+		wire.ResourceType{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"})
 	out := flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/image-resource", "--watch")
 	assert.Contains(t, out, "mirrored v2 as 0")
 	assert.Contains(t, out, "check in out")
@@ -221,4 +220,9 @@ func TestRealNodeConcourseMirroredImage(t *testing.T) {
 	out = flyOK(ctx, t, web, 4*time.Minute, "trigger-job", "-j", "p/get-as-image", "--watch")
 	assert.Regexp(t, `got v1 in bash [0-9]`, out)
 	assert.Contains(t, out, "succeeded")
+
+	// fly intercept into the check container, in the mock type's image,
+	// as testflight's team-scoping spec does.
+	out = flyOK(ctx, t, web, time.Minute, "intercept", "-c", "p/mirrored", "hostname")
+	assert.Contains(t, out, "concourse-", "the check container's pod's name")
 }
