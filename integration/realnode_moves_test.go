@@ -131,11 +131,12 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 	t.Logf("moves took %.1f s in (%.0f MiB/s), %.1f s out (%.0f MiB/s)", secIn, in/secIn/(1<<20), secOut, moved/secOut/(1<<20))
 
 	// The web node destroys the build's containers and then its volumes:
-	// the copies of the inputs (and nothing else) are dropped unread, and
-	// the pods kept for what they held go, well before KeepGrace.
+	// the copies of the inputs and the tasks' build dirs (and nothing
+	// else) are dropped unread, and the pods kept for what they held go,
+	// well before KeepGrace.
 	pods := startRealNode(t).Client.CoreV1().Pods(name)
 	eventually(t, 2*time.Minute, func() error {
-		if n := delta(series[6]); n < 2 {
+		if n := delta(series[6]); n < 5 {
 			return fmt.Errorf("%v held volumes dropped", n)
 		}
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: concourse.ContainerLabel})
@@ -147,9 +148,9 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 		}
 		return nil
 	})
-	assert.Equal(t, 4.0, delta(series[4]), "held: the output of each writer, the copy of each input")
+	assert.Equal(t, 7.0, delta(series[4]), "held: the output of each writer, the copy of each input, each task's build dir")
 	assert.Equal(t, 2.0, delta(series[5]), "settled: only what was read")
-	assert.Equal(t, 2.0, delta(series[6]), "dropped: the copies of the inputs")
+	assert.Equal(t, 5.0, delta(series[6]), "dropped: the copies of the inputs, the build dirs")
 	assert.Equal(t, 2.0, delta(series[2]), "nothing copied out after the build")
 
 	// A held volume whose pod goes before it is read.
@@ -160,7 +161,7 @@ func TestRealNodeConcourseMovesEachByteOnce(t *testing.T) {
 	}()
 	var writer string
 	eventually(t, 3*time.Minute, func() error {
-		if delta(series[4]) < 5 {
+		if delta(series[4]) < 9 { // 7, then the writer's output and build dir
 			return fmt.Errorf("the writer's output is not held yet")
 		}
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: concourse.ContainerLabel})
