@@ -10,13 +10,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 )
@@ -45,6 +48,43 @@ func startRealNode(t *testing.T) *cluster.Cluster {
 	})
 	require.NoError(t, realNodeErr, "start the real node")
 	return realNode
+}
+
+// releaseOnCleanup frees a real-node target's namespace when t ends. Its
+// step pods stay while their steps keep outputs, and each requests CPU: on
+// the node's few cores, what the tests before left would fail a later
+// test's steps as Unschedulable. kwok's fake nodes have room for all.
+func releaseOnCleanup(t *testing.T, c *cluster.Cluster, ns string) {
+	t.Helper()
+	if c != realNode {
+		return
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, c.Release(ctx, ns), "release %s", ns)
+	})
+}
+
+// podsLeft names the pods the tests left on the real node outside
+// kube-system: each test releases what it made (releaseOnCleanup).
+func podsLeft(c *cluster.Cluster) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list the pods left on the real node: %w", err)
+	}
+	var left []string
+	for _, p := range pods.Items {
+		if p.Namespace != metav1.NamespaceSystem && p.DeletionTimestamp == nil {
+			left = append(left, p.Namespace+"/"+p.Name)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("the tests left %d pods on the real node, each holding its requests: %s", len(left), strings.Join(left, ", "))
+	}
+	return nil
 }
 
 func TestMain(m *testing.M) {
@@ -85,6 +125,12 @@ func runMain(m *testing.M) int {
 	}
 	defer stopKubelets()
 	code := m.Run()
+	if realNode != nil {
+		if err := podsLeft(realNode); err != nil {
+			fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+			code = 1
+		}
+	}
 	if builtBin != "" {
 		os.RemoveAll(filepath.Dir(builtBin))
 	}

@@ -109,6 +109,7 @@ func placeTargetGranting(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	t.Helper()
 	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: name, Rules: targets.RBACRules(perms)})
 	require.NoError(t, err)
+	releaseOnCleanup(t, c, name)
 	kubeconfig := tg.Kubeconfig
 	if server != "" {
 		kc, err := clientcmd.Load(kubeconfig)

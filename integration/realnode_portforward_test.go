@@ -33,6 +33,7 @@ func TestRealNodePortForwardAfterARefusal(t *testing.T) {
 	const ns = "rn-pf"
 	tg, err := rn.CreateTarget(ctx, cluster.TargetOptions{Namespace: ns, Rules: targets.RBACRules(targets.Required)})
 	require.NoError(t, err)
+	releaseOnCleanup(t, rn, ns)
 	no := false
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "httpd", Namespace: ns},

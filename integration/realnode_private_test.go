@@ -33,9 +33,7 @@ func TestRealNodePrivateImage(t *testing.T) {
 	ns, err := rn.Client.CoreV1().Namespaces().Create(ctx,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "rn-private-"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = rn.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
+	releaseOnCleanup(t, rn, ns.Name)
 	// The namespace's default service account, which pods need.
 	_, err = rn.CreateTarget(ctx, cluster.TargetOptions{Namespace: ns.Name})
 	require.NoError(t, err)

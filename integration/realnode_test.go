@@ -500,6 +500,8 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 		req.Team, req.Tags = "other", []string{probe.tag}
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, probe.handle, "&team=other", 0)
+		g.get(t, "/api/v1/steps/"+probe.handle+"?team=other", &v)
+		require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 		out := outputOf(evs, wire.EventStdout)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		assert.Len(t, lines, 2*len(requests), "%s: %q (stderr %q)", probe.handle, out, outputOf(evs, wire.EventStderr))
@@ -525,6 +527,8 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "victim", Output: "out"}}}
 	g.run(t, consume)
 	evs := g.stepEvents(ctx, t, "consume", "&team=main", 0)
+	g.get(t, "/api/v1/steps/consume?team=main", &v)
+	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.Equal(t, "team-main-secret\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_total{mode="p2p",result="ok"}`), 1.0,
 		"pushed pod to pod, with a ticket for that one stream")

@@ -106,3 +106,19 @@ func (c *Cluster) Kubeconfig(namespace, token string) ([]byte, error) {
 	cfg.CurrentContext = c.Name
 	return clientcmd.Write(*cfg)
 }
+
+// Release frees what a target's namespace holds on the cluster's nodes at
+// once: its pods are deleted without a grace period (a scheduler counts a
+// terminating pod's requests until it is gone), then the namespace. It
+// does not wait for the kubelet to stop their containers.
+func (c *Cluster) Release(ctx context.Context, namespace string) error {
+	now := int64(0)
+	err := c.Client.CoreV1().Pods(namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &now}, metav1.ListOptions{})
+	if err := ignoreNotFound(err); err != nil {
+		return fmt.Errorf("delete the pods of %s: %w", namespace, err)
+	}
+	if err := ignoreNotFound(c.Client.CoreV1().Namespaces().Delete(ctx, namespace, metav1.DeleteOptions{})); err != nil {
+		return fmt.Errorf("delete namespace %s: %w", namespace, err)
+	}
+	return nil
+}
