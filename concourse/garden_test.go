@@ -14,6 +14,8 @@ import (
 	"code.cloudfoundry.org/garden/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetway-ci/jetway/stepagent"
 )
 
 // endless is a message that never ends: a stdin message's start, then
@@ -98,4 +100,21 @@ func TestProcessErrorsAreFinal(t *testing.T) {
 	assert.False(t, strings.HasSuffix(processError(io.EOF), "EOF"))
 	refused := errors.New(`container c: volume v cannot be copied out of its pod (/out): 400 Bad Request: stream-in: tar entry "f": a FIFO`)
 	assert.Equal(t, refused.Error(), processError(refused), "other words as they are")
+}
+
+// A process that never started ends as an error, not an exit status:
+// Garden's ExecutableNotFoundError where its program is missing, in
+// words fly's hijacker takes for it (it then tries sh after bash).
+func TestSpawnFailuresAreErrors(t *testing.T) {
+	missing := stepagent.Status{Reason: stepagent.ReasonSpawnFailed, ExitStatus: 127,
+		Message: "bash: executable file not found in $PATH in PATH /usr/bin:/bin"}
+	err := spawnError(missing)
+	var notFound garden.ExecutableNotFoundError
+	require.ErrorAs(t, err, &notFound)
+	assert.Contains(t, processError(err), "executable file not found")
+
+	denied := stepagent.Status{Reason: stepagent.ReasonSpawnFailed, ExitStatus: 126, Message: "fork/exec /x: permission denied"}
+	err = spawnError(denied)
+	assert.False(t, errors.As(err, &notFound), "%v", err)
+	assert.EqualError(t, err, denied.Message)
 }

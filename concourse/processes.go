@@ -229,6 +229,9 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 	if err != nil {
 		return 0, err
 	}
+	if st.Reason == stepagent.ReasonSpawnFailed {
+		return 0, spawnError(st)
+	}
 	if p.tap != nil && st.ExitStatus == 0 {
 		p.c.keepCredential(ctx, p)
 	}
@@ -241,6 +244,22 @@ func (p *Process) Follow(ctx context.Context, stdin io.Reader, stdout, stderr io
 		_, _ = fmt.Fprintf(stderr, "%s\n", st.Message)
 	}
 	return st.ExitStatus, nil
+}
+
+// spawnError is a process that never started, an error as on a stock
+// worker, not an exit status: Garden's Run fails, with
+// garden.ExecutableNotFoundError where the program is missing (the
+// agent's status 127). The web node then errors the step (a task whose
+// path does not exist is errored, its on_error hooks run), and fly
+// intercept, which tries bash first, tries sh: fly takes a process error
+// naming "executable file not found" as Garden's (its hijacker). jetway
+// answers the Run before the pod runs, so the error comes as the
+// process's end.
+func spawnError(st stepagent.Status) error {
+	if st.ExitStatus == 127 {
+		return garden.ExecutableNotFoundError{Message: st.Message}
+	}
+	return errors.New(st.Message)
 }
 
 // awaitPod waits until the container's step container runs, writing to

@@ -106,9 +106,10 @@ jobs:
 // into the next task's input, a task cache, a put. fly watch follows the
 // next build; the task cache is kept from build to build, and fly
 // clear-task-cache empties it. fly execute --inputs-from runs with the
-// job's inputs and image. A failing build's last step is intercepted,
-// also from a terminal (a shell on a terminal in the real container). A
-// get and a put are aborted while they run.
+// job's inputs and image; a task whose program is missing errors. A
+// failing build's last step is intercepted, also from a terminal without
+// a command (sh on a terminal in the real container: the image has no
+// bash). A get and a put are aborted while they run.
 func TestRealNodeConcoursePipeline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -184,10 +185,18 @@ func TestRealNodeConcoursePipeline(t *testing.T) {
 	writeFile(t, task, []byte("platform: linux\ninputs: [{name: src}]\nrun: {path: sh, args: [-c, 'echo \"executed with $(cat src/file)\"']}\n"))
 	out = mustFly(3*time.Minute, "execute", "-c", task, "--inputs-from", "p/build", "--image", "base")
 	assert.Contains(t, out, "executed with fetched")
+	// A task whose program is not in its image errors, as on a stock
+	// worker (Garden's ExecutableNotFoundError), rather than fails.
+	missing := filepath.Join(work, "missing.yml")
+	writeFile(t, missing, []byte("platform: linux\nrun: {path: no-such-program}\n"))
+	out, err := fly(3*time.Minute, "execute", "-c", missing, "--inputs-from", "p/build", "--image", "base")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "no-such-program: executable file not found")
+	assert.Contains(t, out, "errored")
 
 	// A failing build: its last step's container is kept, and fly
 	// intercept runs in it.
-	out, err := fly(3*time.Minute, "trigger-job", "-j", "p/failing", "--watch")
+	out, err = fly(3*time.Minute, "trigger-job", "-j", "p/failing", "--watch")
 	require.Error(t, err, out)
 	assert.Regexp(t, `failing in /tmp/build/[0-9a-f]+\r\n`, out, "a task runs on a terminal")
 	assert.Contains(t, out, "failed")
