@@ -34,6 +34,7 @@ func TestRealNodeNodePortOnLoopback(t *testing.T) {
 	const ns = "rn-nodeport"
 	_, err := rn.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	require.NoError(t, err)
+	releaseOnCleanup(t, rn, ns)
 	no := false
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns, Labels: map[string]string{"app": "web"}},
