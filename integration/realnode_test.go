@@ -470,8 +470,7 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	victim.Outputs = []wire.Output{{Name: "out"}}
 	g.run(t, victim)
 	g.stepEvents(ctx, t, "victim", "&team=main", 0)
-	var v wire.View
-	g.get(t, "/api/v1/steps/victim?team=main", &v)
+	v := g.teamStep(t, "victim", "main")
 	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	pod, err := rn.Client.CoreV1().Pods("rn-victim").Get(ctx, v.Pod, metav1.GetOptions{})
 	require.NoError(t, err)
@@ -500,7 +499,7 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 		req.Team, req.Tags = "other", []string{probe.tag}
 		g.run(t, req)
 		evs := g.stepEvents(ctx, t, probe.handle, "&team=other", 0)
-		g.get(t, "/api/v1/steps/"+probe.handle+"?team=other", &v)
+		v = g.teamStep(t, probe.handle, "other")
 		require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 		out := outputOf(evs, wire.EventStdout)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -527,7 +526,7 @@ func TestRealNodeSidecarServesOnlyTheGateway(t *testing.T) {
 	consume.Inputs = []wire.Input{{Name: "in", From: wire.InputSource{Step: "victim", Output: "out"}}}
 	g.run(t, consume)
 	evs := g.stepEvents(ctx, t, "consume", "&team=main", 0)
-	g.get(t, "/api/v1/steps/consume?team=main", &v)
+	v = g.teamStep(t, "consume", "main")
 	require.Equal(t, wire.Succeeded, v.Phase, "%+v", v)
 	assert.Equal(t, "team-main-secret\n", outputOf(evs, wire.EventStdout), outputOf(evs, wire.EventStderr))
 	assert.GreaterOrEqual(t, metricValue(t, g, `jetway_streams_total{mode="p2p",result="ok"}`), 1.0,
