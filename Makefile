@@ -54,14 +54,16 @@ KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-
 # volumes, which Debian's 1.6 does not), with its runc shim and ctr.
 CONTAINERD_VERSION := v2.2.9
 CONTAINERD_BINS    := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
-TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
+TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/runc $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 
 # The real test node (integration/cluster/node.go, docs/testing.md) runs
-# pods with containerd (CONTAINERD_BINS, built here), and runc and the
-# bridge CNI plugin from Debian's packages; `make tools` installs the
-# missing ones (as root; otherwise it says what to install). No registry is reachable, so every image its pods
+# pods with containerd (CONTAINERD_BINS) and runc (bin/runc: 1.2 or later
+# runs pods in user namespaces, Debian 12's is 1.1.5), both built here,
+# and the bridge CNI plugin from Debian's packages; runc is built with
+# cgo against Debian's libseccomp. `make tools` installs the missing
+# packages (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
-NODE_PACKAGES     := runc containernetworking-plugins busybox-static iproute2 iptables nftables
+NODE_PACKAGES     := containernetworking-plugins busybox-static iproute2 iptables nftables gcc libc6-dev libseccomp-dev pkg-config
 NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar $(BIN)/mock-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
@@ -288,6 +290,11 @@ $(CONTAINERD_BINS) &: tools/containerd/go.mod tools/containerd/go.sum
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
 		github.com/containerd/containerd/v2/cmd/ctr
 	touch $(CONTAINERD_BINS)
+
+# runc with its seccomp filter (cgo, libseccomp), as its releases are.
+$(BIN)/runc: tools/runc/go.mod tools/runc/go.sum | node-packages
+	cd tools/runc && CGO_ENABLED=1 $(GO) build -trimpath -tags seccomp -ldflags "-s -w" -o $@ github.com/opencontainers/runc
+	touch $@
 
 # kubectl is for the streams benchmark's reference path, and for people
 # (`make kubectl`; docs/testing.md).

@@ -110,6 +110,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if err != nil {
 			return nil, err
 		}
+		// A real node's pods in user namespaces (hostUsers: false) run
+		// as a high uid of the machine, which must be able to reach
+		// their root filesystems under the folder.
+		if opts.RealNode {
+			if err := os.Chmod(dir, 0o711); err != nil {
+				return nil, err
+			}
+		}
 		c := &Cluster{Name: opts.Name, dir: dir}
 		if err := c.configure(bin, opts); err != nil {
 			c.Stop()

@@ -28,9 +28,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// A real node: kubelet and containerd 2.x with its runc shim (built from
-// their pinned modules, `make tools`), with runc and the bridge CNI plugin
-// from Debian's packages, so that pods run real containers; containerd
+// A real node: kubelet, containerd 2.x with its runc shim, and runc 1.2
+// or later (built from their pinned modules, `make tools`), with the
+// bridge CNI plugin from Debian's packages, so that pods run real
+// containers, in user namespaces too (hostUsers: false); containerd
 // 2.1 or later mounts image volumes (a step pod's agent). ../shared/REAL-NODE.md and
 // docs/testing.md say what this kind of machine needs; in short:
 //
@@ -97,13 +98,13 @@ const (
 var NodeImages = []string{"step-agent-image.tar", "busybox-image.tar", "pause-image.tar", "registry-image-image.tar", "mock-image.tar"}
 
 // NodeContainerd are containerd's programs in the bin folder, built from
-// tools/containerd's pinned module (`make tools`). containerd finds its
-// shim in its PATH, which the node puts the bin folder first in.
-var NodeContainerd = []string{"containerd", "containerd-shim-runc-v2", "ctr"}
+// tools/containerd's and tools/runc's pinned modules (`make tools`).
+// containerd finds its shim in its PATH, which the node puts the bin
+// folder first in; the shim runs the runc its configuration names.
+var NodeContainerd = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"}
 
 // nodePackages are the programs the node runs from Debian's packages.
 var nodePackages = map[string]string{
-	"/usr/sbin/runc":          "runc",
 	"/usr/lib/cni/bridge":     "containernetworking-plugins",
 	"/usr/lib/cni/host-local": "containernetworking-plugins",
 	"/usr/lib/cni/loopback":   "containernetworking-plugins",
@@ -272,6 +273,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         Root = %[6]q
+        BinaryName = %[9]q
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -279,7 +281,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = %[8]q
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.socket(), n.path("containerd", "opt"),
-		PauseImage, n.path("containerd", "runc"), n.path("cni"), n.path("registries"))
+		PauseImage, n.path("containerd", "runc"), n.path("cni"), n.path("registries"), filepath.Join(bin, "runc"))
 	if err := os.WriteFile(n.path("containerd.toml"), []byte(containerdConfig), 0o600); err != nil {
 		return err
 	}
