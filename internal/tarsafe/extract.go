@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -30,7 +31,8 @@ type Limits struct {
 	// bits. It takes CAP_CHOWN, and CAP_FOWNER to set the mode and time
 	// of, and hard-link to, a file another user then owns. Off, what is
 	// written belongs to the extractor, and files lose setuid and setgid:
-	// they would run as the extractor's user, not the writer's.
+	// they would run as the extractor's user, not the writer's. So does
+	// an entry whose owner the extractor's user namespace does not map.
 	Owners bool
 	// Devices writes device nodes and FIFOs (devices take CAP_MKNOD), for
 	// a folder only privileged steps use. Off, such an entry is an error.
@@ -366,7 +368,16 @@ func (x *extractor) node(name string, hdr *tar.Header) error {
 // symbolic link its own owner and times.
 func (x *extractor) setAttrs(name string, a attrs, symlink bool) error {
 	if x.lim.Owners {
-		if err := x.root.Lchown(name, a.uid, a.gid); err != nil {
+		err := x.root.Lchown(name, a.uid, a.gid)
+		switch {
+		case errors.Is(err, syscall.EINVAL):
+			// An owner the extractor's user namespace does not map (a
+			// pod with hostUsers false maps 0 to 65535): the entry
+			// stays the extractor's, as GNU tar leaves what it cannot
+			// chown, and loses setuid and setgid, which would run it as
+			// the extractor.
+			a.mode &^= fs.ModeSetuid | fs.ModeSetgid
+		case err != nil:
 			return err
 		}
 	}
