@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/wire"
 )
 
 // filesScript, run as root in a task, leaves in tree what real pipelines
@@ -131,14 +133,7 @@ func TestRealNodeConcourseCarriesFilesAsWritten(t *testing.T) {
 	fly(time.Minute, "set-pipeline", "-n", "-p", "files", "-c", pipeline)
 	fly(time.Minute, "unpause-pipeline", "-p", "files")
 
-	out := fly(3*time.Minute, "trigger-job", "-j", "files/files", "--watch")
-	assert.Contains(t, out, "root-only: secret")
-	assert.Contains(t, out, "tree/suid regular file 4755 0 0 1 ", "setuid")
-	assert.Contains(t, out, "tree/u1000 regular file 644 1000 1001 1 ", "a numeric owner")
-	assert.Contains(t, out, "tree/hard regular file 644 0 0 2 ", "a hard link")
-	assert.Contains(t, out, "tree/old regular file 644 0 0 1 981173106", "a modification time")
-	assert.Contains(t, out, "tree/fifo fifo 644 0 0 1 ", "a FIFO")
-	assert.Contains(t, out, "succeeded")
+	assertFilesCarried(t, fly(3*time.Minute, "trigger-job", "-j", "files/files", "--watch"))
 
 	// fly intercept into the next task's container (kept: its build
 	// failed) sees the tree as the task did.
@@ -184,6 +179,137 @@ func TestRealNodeConcourseCarriesFilesAsWritten(t *testing.T) {
 	link, err := os.Readlink(filepath.Join(tree, "abs"))
 	require.NoError(t, err)
 	assert.Equal(t, "/etc/passwd", link, "a symbolic link as written")
+}
+
+// assertFilesCarried: the files job's output (filesPipeline) shows the
+// tree arrived in the next task as it was written.
+func assertFilesCarried(t *testing.T, out string) {
+	t.Helper()
+	assert.Contains(t, out, "root-only: secret")
+	assert.Contains(t, out, "tree/suid regular file 4755 0 0 1 ", "setuid")
+	assert.Contains(t, out, "tree/u1000 regular file 644 1000 1001 1 ", "a numeric owner")
+	assert.Contains(t, out, "tree/hard regular file 644 0 0 2 ", "a hard link")
+	assert.Contains(t, out, "tree/old regular file 644 0 0 1 981173106", "a modification time")
+	assert.Contains(t, out, "tree/fifo fifo 644 0 0 1 ", "a FIFO")
+	assert.Contains(t, out, "succeeded")
+}
+
+// usernsPipeline: gets of Concourse's mock type, unprivileged and as a
+// privileged custom type (each get writes whether its container looked
+// privileged: its uid map is the node's); a task printing its uid map,
+// unprivileged; a privileged task (its image a get: Concourse makes a
+// task privileged only with an image artifact) printing its own and
+// leaving files owned by ids a user namespace of 65536 does not map, for
+// an unprivileged task to see.
+const usernsPipeline = `
+resource_types:
+- name: mock-privileged
+  type: mock
+  privileged: true
+  source: {mirror_self: true}
+resources:
+- name: plain
+  type: mock
+  source: {mirror_self: true, initial_version: v1}
+- name: priv
+  type: mock-privileged
+  source: {initial_version: v1}
+jobs:
+- name: userns
+  plan:
+  - get: plain
+  - get: priv
+  - task: unprivileged
+    config:
+      platform: linux
+      rootfs_uri: docker:///jetway.test/busybox#1
+      inputs: [{name: plain}, {name: priv}]
+      run:
+        path: sh
+        args:
+        - -ec
+        - |
+          echo "uid map: $(cat /proc/self/uid_map)"
+          echo "get of mock: privileged $(cat plain/privileged)"
+          echo "get of privileged mock: privileged $(cat priv/privileged)"
+  - task: make
+    image: plain
+    privileged: true
+    config:
+      platform: linux
+      outputs: [{name: tree}]
+      run:
+        path: sh
+        args:
+        - -ec
+        - |
+          echo "uid map: $(cat /proc/self/uid_map)"
+          echo far > tree/far; chown 70000:70000 tree/far; chmod 4755 tree/far
+          echo near > tree/near; chown 1000:1000 tree/near; chmod 4750 tree/near
+  - task: see
+    config:
+      platform: linux
+      rootfs_uri: docker:///jetway.test/busybox#1
+      inputs: [{name: tree}]
+      run: {path: sh, args: [-ec, 'stat -c "%n %a %u %g" tree/far tree/near; cat tree/far']}
+`
+
+// TestRealNodeConcourseCarriesFilesInAUserNamespace: on a target with
+// steps.userNamespaces, through a real web node and real fly on the real
+// node, an unprivileged container runs in a user namespace of its own
+// (root in it is a high uid on the node: the uid map a stock worker's
+// unprivileged containers show, so Concourse's mock type tells a
+// privileged resource type from another, as testflight asks) and a
+// privileged one with the node's users; a task's output arrives in the
+// next task as it was written (owners, root-only files, a hard link,
+// setuid), and a task running as uid 1000 owns its cache in the next
+// build, as without user namespaces; a file owned by an id the namespace
+// does not map arrives root's, without setuid.
+func TestRealNodeConcourseCarriesFilesInAUserNamespace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	rn := startRealNode(t)
+	client := cwn.Client{ID: "jetway", Secret: "userns-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	const name = "rn-userns"
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		keepGrace: 5 * time.Second, images: true,
+		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}},
+		targetYAML:    "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n"})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	fly := func(within time.Duration, args ...string) string {
+		t.Helper()
+		return flyOK(ctx, t, web, within, args...)
+	}
+	work := t.TempDir()
+	for pipeline, yaml := range map[string]string{
+		"files":  strings.ReplaceAll(strings.ReplaceAll(filesPipeline, "SCRIPT", yamlQuote(filesScript)), "STAT", filesStat),
+		"userns": usernsPipeline,
+	} {
+		file := filepath.Join(work, pipeline+".yml")
+		writeFile(t, file, []byte(yaml))
+		fly(time.Minute, "set-pipeline", "-n", "-p", pipeline, "-c", file)
+		fly(time.Minute, "unpause-pipeline", "-p", pipeline)
+	}
+
+	out := fly(5*time.Minute, "trigger-job", "-j", "userns/userns", "--watch")
+	maps := regexp.MustCompile(`uid map:\s+(\d+)\s+(\d+)\s+(\d+)`).FindAllStringSubmatch(out, -1)
+	require.Len(t, maps, 2, out)
+	assert.Equal(t, "0", maps[0][1], "unprivileged: root in the step...")
+	assert.NotEqual(t, "0", maps[0][2], "...is not root on the node")
+	assert.Equal(t, "65536", maps[0][3], "unprivileged: a range of 65536 ids")
+	assert.Equal(t, []string{"0", "0", "4294967295"}, maps[1][1:], "privileged: the node's users")
+	assert.Contains(t, out, "get of mock: privileged false")
+	assert.Contains(t, out, "get of privileged mock: privileged true")
+	assert.Contains(t, out, "tree/far 755 0 0", "an id the namespace does not map: root's, without setuid")
+	assert.Contains(t, out, "tree/near 4750 1000 1000", "an id it maps: as written")
+	assert.Contains(t, out, "succeeded")
+
+	assertFilesCarried(t, fly(3*time.Minute, "trigger-job", "-j", "files/files", "--watch"))
+	out = fly(3*time.Minute, "trigger-job", "-j", "files/cache", "--watch")
+	assert.Contains(t, out, "lines 1")
+	out = fly(3*time.Minute, "trigger-job", "-j", "files/cache", "--watch")
+	assert.Contains(t, out, "again, owner 1000")
 }
 
 // yamlQuote is s as a YAML scalar: a JSON string is one.

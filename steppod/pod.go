@@ -238,7 +238,8 @@ type Mount struct {
 // Build is the step pod of spec on target t: the step container (the
 // spec's image, the agent its pid 1, waiting for the process an exec
 // starts), the volume sidecar, the agent as opts.AgentMount says, the
-// target's placement and step policy, and jetway's seal.
+// target's placement and step policy (with steps.userNamespaces, an
+// unprivileged pod has a user namespace of its own), and jetway's seal.
 func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 	labels := ownership.Labels(t.Name(), opts.Installation)
 	labels[targets.StepTypeLabel] = spec.Type
@@ -273,6 +274,9 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 				SecurityContext: stepSecurity(spec.Privileged),
 			}, sidecar},
 		},
+	}
+	if meta.Steps.UserNamespaces && !spec.Privileged {
+		pod.Spec.HostUsers = &no
 	}
 	opts.addAgent(&pod.Spec)
 	step := &pod.Spec.Containers[0]

@@ -164,6 +164,17 @@ func TestStepContainerSecurity(t *testing.T) {
 
 func ptrTo[T any](v T) *T { return &v }
 
+// TestUserNamespaces: a target with steps.userNamespaces runs its
+// unprivileged step pods with hostUsers false, and its privileged ones
+// with the host's users (Kubernetes refuses a privileged container in a
+// user namespace); a target without it leaves hostUsers to the cluster.
+func TestUserNamespaces(t *testing.T) {
+	userns := targets.StepPolicy{UserNamespaces: true, AllowPrivileged: true}
+	assert.Equal(t, ptrTo(false), podOn(t, userns, Defaults{}, wire.Resources{}, false).Spec.HostUsers)
+	assert.Nil(t, podOn(t, userns, Defaults{}, wire.Resources{}, true).Spec.HostUsers, "privileged")
+	assert.Nil(t, podOn(t, targets.StepPolicy{}, Defaults{}, wire.Resources{}, false).Spec.HostUsers, "not asked for")
+}
+
 // TestStepPodLimits: the emptyDir's size limit, the ephemeral-storage
 // request and the default cpu and memory requests come from the
 // gateway's defaults unless the target's target.yaml sets its own (0:

@@ -54,9 +54,11 @@ const (
 	// (testflight.sh's WEB_FLAGS add the client).
 	clientID = "jetway"
 	// targetYAML lets the target run what a stock worker does: privileged
-	// steps (testflight's privileged and devices specs) and rootfs images
-	// (mirror_self, in nearly every spec), served from its holder.
-	targetYAML = "steps:\n  allowPrivileged: true\n  volumeHolder: {images: NodePort}\n"
+	// steps (testflight's privileged and devices specs), unprivileged ones
+	// in user namespaces (the mock type calls a container privileged when
+	// its uid map is the node's) and rootfs images (mirror_self, in nearly
+	// every spec), served from its holder.
+	targetYAML = "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n"
 	// mockRev is testflight.sh's MOCK_REV: the shipped mock type is the
 	// one its recipe would build, so the script need not build it again.
 	mockRev = "2"
