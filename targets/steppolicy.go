@@ -22,7 +22,7 @@ type StepPolicy struct {
 	// namespace of its own (hostUsers: false): root in the step is a
 	// high, unprivileged uid on its node, as in a stock Concourse
 	// worker's unprivileged containers. Needs the node's runtime to
-	// support it (UserNamespacesKey's docs: docs/steps.md). A privileged
+	// support it (docs/steps.md, "User namespaces"). A privileged
 	// step runs with the host's users whatever this says.
 	UserNamespaces bool `json:"userNamespaces,omitempty"`
 	// VolumeSizeLimit is the sizeLimit of the step pod's emptyDir (the
@@ -101,10 +101,6 @@ const HolderStorageKey = "steps.volumeHolder.storage"
 // PrivilegedKey is the target.yaml key that allows privileged steps, as
 // messages name it.
 const PrivilegedKey = "steps.allowPrivileged"
-
-// UserNamespacesKey is the target.yaml key that runs step pods in user
-// namespaces, as messages name it.
-const UserNamespacesKey = "steps.userNamespaces"
 
 func (p StepPolicy) validate() error {
 	var errs []error
