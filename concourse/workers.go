@@ -112,12 +112,19 @@ func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSp
 	return ct, nil
 }
 
+// hermetic says whether spec is a hermetic step's container, which may
+// reach no network: the web node gives every other container a NetOut
+// rule to everywhere, and a hermetic one none (gardenruntime's
+// Worker.createGardenContainer), as a stock worker reads it.
+func hermetic(spec garden.ContainerSpec) bool { return len(spec.NetOut) == 0 }
+
 func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 	mounts, _ := podMounts(ct.Spec.BindMounts) // checked by newContainer
 	spec := steppod.Spec{
 		Name: ct.Pod, Type: "concourse", Team: w.t.Config.Meta.Team, Image: ct.Image,
 		Labels:    map[string]string{ContainerLabel: ct.Handle()},
 		Resources: resources(ct.Spec.Limits), Privileged: ct.Spec.Privileged, Mounts: mounts,
+		Hermetic: hermetic(ct.Spec),
 	}
 	if ct.pull != nil {
 		spec.PullSecrets = []string{ct.Pod} // makePullSecret's
@@ -244,6 +251,10 @@ func (w agentWorker) newContainer(_ context.Context, spec garden.ContainerSpec) 
 	if spec.Privileged {
 		return nil, fmt.Errorf("worker %s is an agent: it runs processes as its own user, never privileged: "+
 			"run privileged steps on a cluster target that allows them", w.name)
+	}
+	if hermetic(spec) {
+		return nil, fmt.Errorf("worker %s is an agent: it cannot cut a process off the network, as a hermetic step wants: "+
+			"run hermetic steps on a cluster target", w.name)
 	}
 	if _, err := podMounts(spec.BindMounts); err != nil {
 		return nil, err

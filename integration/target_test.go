@@ -64,7 +64,7 @@ func TestTargetAddToDirectory(t *testing.T) {
 	assert.Regexp(t, `tadd\s+tadd-ns\s+`+c.Server+`\s+ok\s+-`, stdout)
 	for _, line := range []string{"created namespace tadd-ns", "created service account tadd-ns/jetway-tadd",
 		"created role tadd-ns/jetway-tadd", "created role binding tadd-ns/jetway-tadd", "created network policy tadd-ns/jetway-tadd",
-		"issued a token for service account tadd-ns/jetway-tadd"} {
+		"created network policy tadd-ns/jetway-tadd-hermetic", "issued a token for service account tadd-ns/jetway-tadd"} {
 		assert.Contains(t, stderr, line)
 	}
 
@@ -105,6 +105,10 @@ func TestTargetAddToDirectory(t *testing.T) {
 	policy, err := c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, access.NetworkPolicy(provision.DefaultEgressDeny()).Spec, policy.Spec)
+	hermetic, err := c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Get(ctx, "jetway-tadd-hermetic", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, access.HermeticPolicy().Spec, hermetic.Spec, "the hermetic step pods' policy")
+	assert.Equal(t, "tadd", hermetic.Labels[provision.AccessLabel])
 	policy.Spec.Ingress = nil // someone opened it to every pod
 	_, err = c.Client.NetworkingV1().NetworkPolicies("tadd-ns").Update(ctx, policy, metav1.UpdateOptions{})
 	require.NoError(t, err)
@@ -120,6 +124,7 @@ func TestTargetAddToDirectory(t *testing.T) {
 	assert.Contains(t, stderr, "service account tadd-ns/jetway-tadd is up to date")
 	assert.Contains(t, stderr, "updated role tadd-ns/jetway-tadd")
 	assert.Contains(t, stderr, "updated network policy tadd-ns/jetway-tadd")
+	assert.Contains(t, stderr, "network policy tadd-ns/jetway-tadd-hermetic is up to date")
 	rotated, err := clientcmd.LoadFromFile(filepath.Join(dir, "tadd", "kubeconfig"))
 	require.NoError(t, err)
 	assert.NotEqual(t, token, rotated.AuthInfos[rotated.Contexts[rotated.CurrentContext].AuthInfo].Token)
@@ -161,7 +166,7 @@ func TestTargetAddToDirectory(t *testing.T) {
 	// Remove: the objects, the namespace add created, the entry.
 	stdout, stderr, code = runCLI(t, ctx, "target", "remove", "tadd", "--kubeconfig", admin, "--namespace", "tadd-ns", "--out", dir)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	for _, line := range []string{"deleted network policy tadd-ns/jetway-tadd", "deleted role binding tadd-ns/jetway-tadd", "deleted role tadd-ns/jetway-tadd",
+	for _, line := range []string{"deleted network policy tadd-ns/jetway-tadd", "deleted network policy tadd-ns/jetway-tadd-hermetic", "deleted role binding tadd-ns/jetway-tadd", "deleted role tadd-ns/jetway-tadd",
 		"deleted service account tadd-ns/jetway-tadd", "deleted namespace tadd-ns"} {
 		assert.Contains(t, stderr, line)
 	}
@@ -196,7 +201,7 @@ func TestTargetRBACAppliesServerSide(t *testing.T) {
 		stdout, stderr, code := runCLI(t, ctx, append([]string{"target", "rbac", "--namespace", "trbac-ns", "--name", "trbac"}, deny...)...)
 		require.Equal(t, 0, code, "%v: %s", deny, stderr)
 		docs := strings.Split(stdout, "\n---\n")
-		require.Len(t, docs, 4)
+		require.Len(t, docs, 5)
 		for _, doc := range docs {
 			var obj unstructured.Unstructured
 			require.NoError(t, yaml.Unmarshal([]byte(doc), &obj.Object))
@@ -211,6 +216,9 @@ func TestTargetRBACAppliesServerSide(t *testing.T) {
 		policy, err := c.Client.NetworkingV1().NetworkPolicies("trbac-ns").Get(ctx, "jetway-trbac", metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, access.NetworkPolicy(want).Spec, policy.Spec, "%v", deny)
+		hermetic, err := c.Client.NetworkingV1().NetworkPolicies("trbac-ns").Get(ctx, "jetway-trbac-hermetic", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, access.HermeticPolicy().Spec, hermetic.Spec, "%v", deny)
 	}
 }
 

@@ -77,22 +77,27 @@ func (d Defaults) For(p targets.StepPolicy) Defaults {
 // privilege beyond that: no escalation (no_new_privs), the runtime's
 // default seccomp profile, and the runtime's default capabilities minus
 // NET_RAW (raw sockets forge packets and spoof other pods on the node;
-// nothing a build needs). A privileged step, on a target whose policy
+// nothing a build needs but ping), unless netRaw (steps.netRaw) keeps
+// it, as a stock worker does. A privileged step, on a target whose policy
 // allows it, gets a privileged container and none of that: the runtime
 // gives a privileged container every capability and no seccomp filter
 // whatever else is set, and Kubernetes refuses privileged with
 // allowPrivilegeEscalation false.
-func stepSecurity(privileged bool) *corev1.SecurityContext {
+func stepSecurity(privileged, netRaw bool) *corev1.SecurityContext {
 	if privileged {
 		yes := true
 		return &corev1.SecurityContext{Privileged: &yes}
 	}
 	no := false
-	return &corev1.SecurityContext{
+	sc := &corev1.SecurityContext{
 		Privileged: &no, AllowPrivilegeEscalation: &no,
 		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW"}},
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
+	if netRaw {
+		sc.Capabilities = nil
+	}
+	return sc
 }
 
 // stepVolume is the emptyDir step pods share, bounded by d.

@@ -218,6 +218,10 @@ type Spec struct {
 	Labels     map[string]string
 	Resources  wire.Resources
 	Privileged bool
+	// Hermetic says the step may reach no network beyond its pod
+	// (Concourse's `hermetic: true`): the pod carries HermeticLabel, which
+	// the target's hermetic NetworkPolicy selects.
+	Hermetic bool
 	// Mounts are a Concourse container's bind mounts: each one a folder
 	// of the pod's emptyDir at Path, in this order, so a mount nested in
 	// another comes after it. The folder is a volume the sidecar serves,
@@ -249,6 +253,9 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 	for k, v := range spec.Labels {
 		labels[k] = v
 	}
+	if spec.Hermetic {
+		labels[targets.HermeticLabel] = "true"
+	}
 	meta := t.Config.Meta
 	defaults := opts.Steps.For(meta.Steps)
 	mount := []corev1.VolumeMount{{Name: sharedVolume, MountPath: stepagent.Root}}
@@ -271,7 +278,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
 				Resources:       stepResources(spec.Resources, defaults),
-				SecurityContext: stepSecurity(spec.Privileged),
+				SecurityContext: stepSecurity(spec.Privileged, meta.Steps.NetRaw),
 			}, sidecar},
 		},
 	}

@@ -175,6 +175,28 @@ func TestUserNamespaces(t *testing.T) {
 	assert.Nil(t, podOn(t, targets.StepPolicy{}, Defaults{}, wire.Resources{}, false).Spec.HostUsers, "not asked for")
 }
 
+// TestNetRaw: with steps.netRaw an unprivileged step keeps the runtime's
+// capabilities whole, NET_RAW among them, as on a stock worker; the rest
+// of its security context stays.
+func TestNetRaw(t *testing.T) {
+	sc := podOn(t, targets.StepPolicy{NetRaw: true}, Defaults{}, wire.Resources{}, false).Spec.Containers[0].SecurityContext
+	assert.Nil(t, sc.Capabilities, "none dropped")
+	assert.False(t, *sc.AllowPrivilegeEscalation)
+	assert.Equal(t, &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}, sc.SeccompProfile)
+}
+
+// TestHermeticLabel: a hermetic step's pod carries HermeticLabel, which
+// no label of the spec's replaces; another step's pod has none.
+func TestHermeticLabel(t *testing.T) {
+	tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+		Meta: targets.Metadata{Namespace: "ci"}}, "prod")
+	require.NoError(t, err)
+	spec := taskSpec("")
+	assert.NotContains(t, Build(tgt, spec, Options{AgentImage: "a"}).Labels, targets.HermeticLabel)
+	spec.Hermetic, spec.Labels[targets.HermeticLabel] = true, "false"
+	assert.Equal(t, "true", Build(tgt, spec, Options{AgentImage: "a"}).Labels[targets.HermeticLabel])
+}
+
 // TestStepPodLimits: the emptyDir's size limit, the ephemeral-storage
 // request and the default cpu and memory requests come from the
 // gateway's defaults unless the target's target.yaml sets its own (0:

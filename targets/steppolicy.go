@@ -25,6 +25,11 @@ type StepPolicy struct {
 	// support it (docs/steps.md, "User namespaces"). A privileged
 	// step runs with the host's users whatever this says.
 	UserNamespaces bool `json:"userNamespaces,omitempty"`
+	// NetRaw leaves unprivileged steps CAP_NET_RAW, as a stock Concourse
+	// worker does (busybox's ping needs it). jetway drops it otherwise:
+	// a raw socket can forge packets from other addresses on the pod
+	// network.
+	NetRaw bool `json:"netRaw,omitempty"`
 	// VolumeSizeLimit is the sizeLimit of the step pod's emptyDir (the
 	// build dir, inputs and outputs): past it the kubelet evicts the pod.
 	VolumeSizeLimit *resource.Quantity `json:"volumeSizeLimit,omitempty"`

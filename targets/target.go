@@ -89,6 +89,12 @@ func (t *Target) AwaitPodGone(ctx context.Context, uid types.UID) error {
 // check. Build containers are steps of type task, get and put.
 const StepTypeLabel = "jetway-ci.dev/step-type"
 
+// HermeticLabel ("true") marks a step pod whose step may reach no network
+// beyond its pod (Concourse's `hermetic: true`): the target's hermetic
+// NetworkPolicy selects it, and its other policy does not
+// (provision.Access.HermeticPolicy).
+const HermeticLabel = "jetway-ci.dev/hermetic"
+
 // VolumeHolderLabel marks the pod that keeps a Concourse web node's
 // volumes on a target (concourse.Holder). It runs no step: it is not
 // counted, and a landing target does not wait for it; retiring deletes it

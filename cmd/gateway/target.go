@@ -136,7 +136,9 @@ func targetAddCommand() *cobra.Command {
 			"NetworkPolicy up to date and issues a new token: that is how a token is rotated.\n\n" +
 			"The NetworkPolicy lets into the target's step pods only their volume sidecars' port, from the target's\n" +
 			"own step pods, and lets them reach anything but the --egress-deny addresses (and, always, DNS and the\n" +
-			"target's own step pods' sidecars). It is enforced only by a network plugin that enforces policies.",
+			"target's own step pods' sidecars). Hermetic step pods (Concourse's `hermetic: true`) have a NetworkPolicy\n" +
+			"of their own instead, letting them reach nothing but those sidecars. Both are enforced only by a network\n" +
+			"plugin that enforces policies.",
 		Args: exactlyOneName("add"),
 	}
 	admin.register(cmd)
@@ -421,12 +423,13 @@ func targetRBACCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "rbac",
-		Short: "Print the service account, Role, RoleBinding and NetworkPolicy jetway needs in a namespace (for GitOps)",
+		Short: "Print the service account, Role, RoleBinding and NetworkPolicies jetway needs in a namespace (for GitOps)",
 		Long: "rbac prints what `target add` creates, as YAML to apply through your own tooling: a service account,\n" +
 			"a Role holding exactly the permissions jetway checks (the one list `gateway check` reviews), its binding,\n" +
 			"and a NetworkPolicy admitting to the target's step pods only their volume sidecars' port, from the\n" +
 			"target's own step pods, and letting them reach anything but the --egress-deny addresses (and, always,\n" +
-			"DNS and the target's own step pods' sidecars); enforced only by a network plugin that enforces\n" +
+			"DNS and the target's own step pods' sidecars), and one letting hermetic step pods (Concourse's\n" +
+			"`hermetic: true`) reach nothing but those sidecars; enforced only by a network plugin that enforces\n" +
 			"policies (docs/operations.md).",
 		Args: noArgs,
 	}
@@ -442,7 +445,7 @@ func targetRBACCommand() *cobra.Command {
 			return err
 		}
 		sa, role, binding := a.Objects()
-		for i, obj := range []any{sa, role, binding, a.NetworkPolicy(deny)} {
+		for i, obj := range []any{sa, role, binding, a.NetworkPolicy(deny), a.HermeticPolicy()} {
 			y, err := yaml.Marshal(obj)
 			if err != nil {
 				return err

@@ -78,7 +78,7 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, execute([]string{"target", "rbac", "--namespace", "ci", "--name", "prod"}, &stdout, &stderr), stderr.String())
 	docs := bytes.Split(stdout.Bytes(), []byte("\n---\n"))
-	require.Len(t, docs, 4)
+	require.Len(t, docs, 5)
 	var role rbacv1.Role
 	require.NoError(t, yaml.UnmarshalStrict(docs[1], &role))
 	assert.Equal(t, "Role", role.Kind)
@@ -94,7 +94,8 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	require.NoError(t, yaml.UnmarshalStrict(docs[3], &policy))
 	steps := metav1.LabelSelector{MatchLabels: map[string]string{"org.concourse-ci.worker": "prod"}}
 	assert.Equal(t, "jetway-prod", policy.Name)
-	assert.Equal(t, steps, policy.Spec.PodSelector, "the target's step pods")
+	assert.Equal(t, metav1.LabelSelector{MatchLabels: steps.MatchLabels, MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: targets.HermeticLabel, Operator: metav1.LabelSelectorOpDoesNotExist}}}, policy.Spec.PodSelector, "the target's step pods but the hermetic ones")
 	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, policy.Spec.PolicyTypes)
 	require.Len(t, policy.Spec.Ingress, 1)
 	assert.Equal(t, []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, policy.Spec.Ingress[0].From, "from the target's own step pods")
@@ -107,6 +108,12 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 		{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"169.254.169.254/32"}}},
 		{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00:ec2::254/128"}}},
 	}, policy.Spec.Egress[0].To)
+	// The hermetic step pods': nothing but the sidecars of the target's
+	// own step pods, in and out.
+	var hermetic networkingv1.NetworkPolicy
+	require.NoError(t, yaml.UnmarshalStrict(docs[4], &hermetic))
+	assert.Equal(t, "jetway-prod-hermetic", hermetic.Name)
+	assert.Equal(t, provision.Access{Target: "prod", Namespace: "ci"}.HermeticPolicy().Spec, hermetic.Spec)
 }
 
 // TestTargetRBACEgressDeny: --egress-deny replaces the default list and
@@ -117,7 +124,7 @@ func TestTargetRBACEgressDeny(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, 0, execute(append([]string{"target", "rbac", "--namespace", "ci", "--name", "prod"}, args...), &stdout, &stderr), stderr.String())
 		docs := bytes.Split(stdout.Bytes(), []byte("\n---\n"))
-		require.Len(t, docs, 4)
+		require.Len(t, docs, 5)
 		var policy networkingv1.NetworkPolicy
 		require.NoError(t, yaml.UnmarshalStrict(docs[3], &policy))
 		return policy

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/stepagent"
+	"github.com/jetway-ci/jetway/targets"
 )
 
 // EgressDenyNone is the --egress-deny value that asks for no egress rules.
@@ -70,7 +71,8 @@ func parseDeny(v string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// NetworkPolicy is the policy around the target's step pods.
+// NetworkPolicy is the policy around the target's step pods but the
+// hermetic ones (HermeticPolicy's).
 //
 // Ingress: only their volume sidecars' port, from the target's own step
 // pods (a volume streamed straight from one pod to another within the
@@ -88,13 +90,13 @@ func parseDeny(v string) (netip.Prefix, error) {
 // It takes effect only where the cluster's network plugin enforces
 // NetworkPolicies.
 func (a Access) NetworkPolicy(egressDeny []netip.Prefix) *networkingv1.NetworkPolicy {
-	steps := metav1.LabelSelector{MatchLabels: map[string]string{ownership.WorkerLabel: a.Target}}
-	if a.Target == "" {
-		steps = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: ownership.WorkerLabel, Operator: metav1.LabelSelectorOpExists}}}
-	}
+	steps := a.stepPods()
+	selected := *steps.DeepCopy()
+	selected.MatchExpressions = append(selected.MatchExpressions,
+		metav1.LabelSelectorRequirement{Key: targets.HermeticLabel, Operator: metav1.LabelSelectorOpDoesNotExist})
 	sidecar := ports(corev1.ProtocolTCP, stepagent.VolumePort)
 	spec := networkingv1.NetworkPolicySpec{
-		PodSelector: steps,
+		PodSelector: selected,
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 		Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: sidecar}},
 	}
@@ -110,6 +112,47 @@ func (a Access) NetworkPolicy(egressDeny []netip.Prefix) *networkingv1.NetworkPo
 	}
 	return &networkingv1.NetworkPolicy{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "NetworkPolicy"},
 		ObjectMeta: a.meta(), Spec: spec}
+}
+
+// HermeticPolicy is the policy around the target's hermetic step pods
+// (targets.HermeticLabel: Concourse's `hermetic: true` steps), which
+// NetworkPolicy leaves out: in, as into any step pod, only the sidecars'
+// port from the target's own step pods; out, only that port of the
+// target's own step pods (the volumes it is given and gives), whatever
+// --egress-deny says. No DNS, nothing beyond the target's pods: a stock
+// worker drops all of a hermetic container's traffic but its own.
+//
+// It takes effect only where the cluster's network plugin enforces
+// NetworkPolicies.
+func (a Access) HermeticPolicy() *networkingv1.NetworkPolicy {
+	steps := a.stepPods()
+	hermetic := *steps.DeepCopy()
+	if hermetic.MatchLabels == nil {
+		hermetic.MatchLabels = map[string]string{}
+	}
+	hermetic.MatchLabels[targets.HermeticLabel] = "true"
+	sidecar := ports(corev1.ProtocolTCP, stepagent.VolumePort)
+	meta := a.meta()
+	meta.Name = a.HermeticPolicyName()
+	return &networkingv1.NetworkPolicy{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "NetworkPolicy"},
+		ObjectMeta: meta, Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: hermetic,
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: sidecar}},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: sidecar}},
+		}}
+}
+
+// HermeticPolicyName is HermeticPolicy's name: jetway-TARGET-hermetic.
+func (a Access) HermeticPolicyName() string { return a.AccountName() + "-hermetic" }
+
+// stepPods selects the target's pods (every target's, for printed RBAC
+// that names no target).
+func (a Access) stepPods() metav1.LabelSelector {
+	if a.Target == "" {
+		return metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: ownership.WorkerLabel, Operator: metav1.LabelSelectorOpExists}}}
+	}
+	return metav1.LabelSelector{MatchLabels: map[string]string{ownership.WorkerLabel: a.Target}}
 }
 
 // anywhereExcept is one ipBlock per address family, the whole family

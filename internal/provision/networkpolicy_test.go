@@ -96,7 +96,8 @@ func TestNetworkPolicyEgress(t *testing.T) {
 			deny, err := ParseEgressDeny(tt.deny)
 			require.NoError(t, err)
 			p := Access{Target: "prod", Namespace: "ci"}.NetworkPolicy(deny)
-			assert.Equal(t, steps, p.Spec.PodSelector)
+			assert.Equal(t, metav1.LabelSelector{MatchLabels: steps.MatchLabels, MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "jetway-ci.dev/hermetic", Operator: metav1.LabelSelectorOpDoesNotExist}}}, p.Spec.PodSelector, "all but the hermetic ones")
 			assert.Equal(t, []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: ports(tcp, 7788)}},
 				p.Spec.Ingress, "the ingress rule is the same either way")
 			types := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
@@ -114,9 +115,35 @@ func TestNetworkPolicyEgress(t *testing.T) {
 func TestNetworkPolicyWithoutTarget(t *testing.T) {
 	p := Access{Namespace: "ci"}.NetworkPolicy(DefaultEgressDeny())
 	every := metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "org.concourse-ci.worker", Operator: metav1.LabelSelectorOpExists}}}
-	assert.Equal(t, every, p.Spec.PodSelector)
+	assert.Equal(t, metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{every.MatchExpressions[0],
+		{Key: "jetway-ci.dev/hermetic", Operator: metav1.LabelSelectorOpDoesNotExist}}}, p.Spec.PodSelector)
 	assert.Equal(t, &every, p.Spec.Ingress[0].From[0].PodSelector)
 	require.Len(t, p.Spec.Egress, 3)
 	assert.Equal(t, &every, p.Spec.Egress[2].To[0].PodSelector)
 	assert.Equal(t, "jetway", p.Name)
+
+	h := Access{Namespace: "ci"}.HermeticPolicy()
+	assert.Equal(t, metav1.LabelSelector{MatchLabels: map[string]string{"jetway-ci.dev/hermetic": "true"}, MatchExpressions: every.MatchExpressions},
+		h.Spec.PodSelector)
+	assert.Equal(t, &every, h.Spec.Egress[0].To[0].PodSelector)
+	assert.Equal(t, "jetway-hermetic", h.Name)
+}
+
+// TestHermeticPolicy: the target's hermetic step pods (and only they) are
+// let in and out only through the sidecars' port of the target's own step
+// pods: no DNS, nothing else, whatever --egress-deny says.
+func TestHermeticPolicy(t *testing.T) {
+	steps := metav1.LabelSelector{MatchLabels: map[string]string{"org.concourse-ci.worker": "prod"}}
+	tcp := corev1.ProtocolTCP
+	p := Access{Target: "prod", Namespace: "ci"}.HermeticPolicy()
+	assert.Equal(t, "jetway-prod-hermetic", p.Name)
+	assert.Equal(t, map[string]string{"app.kubernetes.io/managed-by": "jetway", "jetway-ci.dev/access-for": "prod"}, p.Labels)
+	assert.Equal(t, metav1.LabelSelector{MatchLabels: map[string]string{"org.concourse-ci.worker": "prod", "jetway-ci.dev/hermetic": "true"}},
+		p.Spec.PodSelector)
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, p.Spec.PolicyTypes)
+	assert.Equal(t, []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: ports(tcp, 7788)}},
+		p.Spec.Ingress)
+	assert.Equal(t, []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: ports(tcp, 7788)}},
+		p.Spec.Egress)
+	assert.NotContains(t, steps.MatchLabels, "jetway-ci.dev/hermetic", "the selector of its peers is not changed")
 }

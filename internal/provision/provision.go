@@ -1,7 +1,7 @@
 // Package provision gives jetway access to a namespace with an operator's
 // admin credentials, and takes it away again: a service account, a Role
-// holding exactly targets.Required, its binding, a NetworkPolicy around
-// the step pods (networkpolicy.go) and a token, and the target kubeconfig
+// holding exactly targets.Required, its binding, NetworkPolicies around
+// the step pods and the hermetic ones (networkpolicy.go) and a token, and the target kubeconfig
 // built from them. `gateway target add`, `remove` and `rbac` run it.
 package provision
 
@@ -172,19 +172,21 @@ func Add(ctx context.Context, admin *rest.Config, a Access, opts AddOptions) (Cr
 		nil, say); err != nil {
 		return Credentials{}, err
 	}
-	policy, policies := a.NetworkPolicy(opts.EgressDeny), cs.NetworkingV1().NetworkPolicies(a.Namespace)
-	if err := ensure(ctx, a, "network policy", policy, policies.Get, policies.Create,
-		func(old *networkingv1.NetworkPolicy) (bool, func(context.Context) error) {
-			if equality.Semantic.DeepEqual(old.Spec, policy.Spec) {
-				return false, nil
-			}
-			old.Spec = policy.Spec
-			return true, func(ctx context.Context) error {
-				_, err := policies.Update(ctx, old, metav1.UpdateOptions{})
-				return err
-			}
-		}, say); err != nil {
-		return Credentials{}, err
+	policies := cs.NetworkingV1().NetworkPolicies(a.Namespace)
+	for _, policy := range []*networkingv1.NetworkPolicy{a.NetworkPolicy(opts.EgressDeny), a.HermeticPolicy()} {
+		if err := ensure(ctx, a, "network policy", policy, policies.Get, policies.Create,
+			func(old *networkingv1.NetworkPolicy) (bool, func(context.Context) error) {
+				if equality.Semantic.DeepEqual(old.Spec, policy.Spec) {
+					return false, nil
+				}
+				old.Spec = policy.Spec
+				return true, func(ctx context.Context) error {
+					_, err := policies.Update(ctx, old, metav1.UpdateOptions{})
+					return err
+				}
+			}, say); err != nil {
+			return Credentials{}, err
+		}
 	}
 	if opts.LongLivedToken {
 		return longLivedToken(ctx, cs, a, say)
@@ -332,6 +334,7 @@ func Remove(ctx context.Context, admin *rest.Config, a Access) (Removed, error) 
 	}{
 		{"token secret", a.TokenSecretName(), objGet(core.Secrets(a.Namespace).Get), core.Secrets(a.Namespace).Delete},
 		{"network policy", a.AccountName(), objGet(cs.NetworkingV1().NetworkPolicies(a.Namespace).Get), cs.NetworkingV1().NetworkPolicies(a.Namespace).Delete},
+		{"network policy", a.HermeticPolicyName(), objGet(cs.NetworkingV1().NetworkPolicies(a.Namespace).Get), cs.NetworkingV1().NetworkPolicies(a.Namespace).Delete},
 		{"role binding", a.AccountName(), objGet(rbac.RoleBindings(a.Namespace).Get), rbac.RoleBindings(a.Namespace).Delete},
 		{"role", a.AccountName(), objGet(rbac.Roles(a.Namespace).Get), rbac.Roles(a.Namespace).Delete},
 		{"service account", a.AccountName(), objGet(core.ServiceAccounts(a.Namespace).Get), core.ServiceAccounts(a.Namespace).Delete},
