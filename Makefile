@@ -54,7 +54,7 @@ KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-
 # volumes, which Debian's 1.6 does not), with its runc shim and ctr.
 CONTAINERD_VERSION := v2.2.9
 CONTAINERD_BINS    := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
-TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/runc $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
+TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/runc $(BIN)/netpol $(BIN)/etcd $(BIN)/kwok $(KWOK_DATA) $(BIN)/promtool
 
 # The real test node (integration/cluster/node.go, docs/testing.md) runs
 # pods with containerd (CONTAINERD_BINS) and runc (bin/runc: 1.2 or later
@@ -63,7 +63,7 @@ TOOLS     := $(KUBE_BINS) $(CONTAINERD_BINS) $(BIN)/runc $(BIN)/etcd $(BIN)/kwok
 # cgo against Debian's libseccomp. `make tools` installs the missing
 # packages (as root; otherwise it says what to install). No registry is reachable, so every image its pods
 # run is built here: NODE_IMAGES, with the step agent's (`make image`).
-NODE_PACKAGES     := containernetworking-plugins busybox-static iproute2 iptables nftables gcc libc6-dev libseccomp-dev pkg-config
+NODE_PACKAGES     := containernetworking-plugins busybox-static iproute2 iptables nftables gcc libc6-dev libseccomp-dev pkg-config patch
 NODE_IMAGES       := $(BIN)/pause-image.tar $(BIN)/busybox-image.tar $(BIN)/registry-image-image.tar $(BIN)/mock-image.tar
 PAUSE_IMAGE_REF   := jetway.test/pause:1
 BUSYBOX_IMAGE_REF := jetway.test/busybox:1
@@ -296,6 +296,22 @@ $(BIN)/runc: tools/runc/go.mod tools/runc/go.sum | node-packages
 	cd tools/runc && CGO_ENABLED=1 $(GO) build -trimpath -tags seccomp -ldflags "-s -w" -o $@ github.com/opencontainers/runc
 	touch $@
 
+# The real node's NetworkPolicy enforcer: kube-network-policies, run by
+# the node as a process (tools/netpol/main.go), with one file patched
+# (xtqueue.patch: its rules queue packets through iptables' NFQUEUE
+# target, as this machine's kernel has no nftables queue expression): a
+# patched copy of the module, which a copy of tools/netpol's go.mod
+# replaces it with (-modfile); tools/netpol itself names the release.
+$(BIN)/netpol: tools/netpol/go.mod tools/netpol/go.sum tools/netpol/main.go tools/netpol/xtqueue.patch | node-packages
+	rm -rf $(BIN)/netpol-src && mkdir -p $(BIN)/netpol-src
+	cd tools/netpol && $(GO) mod download sigs.k8s.io/kube-network-policies && \
+		cp -r $$($(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kube-network-policies) $(BIN)/netpol-src/module && \
+		chmod -R u+w $(BIN)/netpol-src/module && \
+		patch -s -p1 -d $(BIN)/netpol-src/module/pkg/networkpolicy < xtqueue.patch && \
+		cp go.mod go.sum $(BIN)/netpol-src/ && \
+		$(GO) mod edit -modfile=$(BIN)/netpol-src/go.mod -replace sigs.k8s.io/kube-network-policies=$(BIN)/netpol-src/module && \
+		$(GO) build -modfile=$(BIN)/netpol-src/go.mod -trimpath -ldflags "-s -w" -o $@ .
+
 # kubectl is for the streams benchmark's reference path, and for people
 # (`make kubectl`; docs/testing.md).
 .PHONY: kubectl
@@ -322,7 +338,7 @@ $(KWOK_DATA) &: $(BIN)/kwok
 	chmod u+w $(BIN)/kwok-data/*
 
 clean-tools:
-	rm -rf $(TOOLS) $(BIN)/kwok-data $(BIN)/mkimage $(NODE_IMAGES) $(BIN)/concourse-init
+	rm -rf $(TOOLS) $(BIN)/netpol-src $(BIN)/kwok-data $(BIN)/mkimage $(NODE_IMAGES) $(BIN)/concourse-init
 
 # bench-targets: a real gateway over 1,000 targets on 3 local clusters at a
 # 10 s health interval for 2 minutes (BENCH_TARGETS / BENCH_DURATION shrink it).

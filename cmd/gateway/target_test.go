@@ -97,10 +97,13 @@ func TestTargetRBACIsTheRequiredList(t *testing.T) {
 	assert.Equal(t, metav1.LabelSelector{MatchLabels: steps.MatchLabels, MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: targets.HermeticLabel, Operator: metav1.LabelSelectorOpDoesNotExist}}}, policy.Spec.PodSelector, "the target's step pods but the hermetic ones")
 	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, policy.Spec.PolicyTypes)
-	require.Len(t, policy.Spec.Ingress, 1)
+	require.Len(t, policy.Spec.Ingress, 2)
 	assert.Equal(t, []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, policy.Spec.Ingress[0].From, "from the target's own step pods")
 	require.Len(t, policy.Spec.Ingress[0].Ports, 1)
 	assert.Equal(t, "7788", policy.Spec.Ingress[0].Ports[0].Port.String(), "to their volume sidecars alone")
+	assert.Empty(t, policy.Spec.Ingress[1].From, "from anywhere (the nodes' container runtimes)...")
+	require.Len(t, policy.Spec.Ingress[1].Ports, 1)
+	assert.Equal(t, "7789", policy.Spec.Ingress[1].Ports[0].Port.String(), "...to the holder's images alone")
 	// Out: anywhere but the cloud metadata addresses, by default.
 	assert.Equal(t, provision.Access{Target: "prod", Namespace: "ci"}.NetworkPolicy(provision.DefaultEgressDeny()).Spec, policy.Spec)
 	require.NotEmpty(t, policy.Spec.Egress)
@@ -139,7 +142,7 @@ func TestTargetRBACEgressDeny(t *testing.T) {
 	policy = policyOf("--egress-deny", "none")
 	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, policy.Spec.PolicyTypes, "their traffic out is theirs")
 	assert.Empty(t, policy.Spec.Egress)
-	require.Len(t, policy.Spec.Ingress, 1)
+	require.Len(t, policy.Spec.Ingress, 2, "the ingress rules stay")
 }
 
 // TestTargetHelpNamesTheFlags: --help of add and rbac shows --egress-deny

@@ -289,7 +289,7 @@ func (c *Cluster) configure(bin string, opts Options) error {
 		"--use-service-account-credentials=false",
 	)
 	if opts.RealNode {
-		for _, tool := range append([]string{"kubelet"}, NodeContainerd...) {
+		for _, tool := range append([]string{"kubelet", "netpol"}, NodeContainerd...) {
 			if _, err := os.Stat(filepath.Join(bin, tool)); err != nil {
 				return fmt.Errorf("%w: %s not in %s (run `make tools`)", ErrNoTools, tool, bin)
 			}
@@ -473,7 +473,7 @@ func (c *Cluster) Logs(lines int) string {
 	var b strings.Builder
 	procs := []*process{c.etcd, c.apiserver, c.scheduler, c.controllerManager, c.kwok}
 	if c.node != nil {
-		procs = append(procs, c.node.containerd, c.node.kubelet, c.node.proxy)
+		procs = append(procs, c.node.containerd, c.node.kubelet, c.node.proxy, c.node.netpol)
 	}
 	for _, p := range procs {
 		if p != nil {

@@ -45,6 +45,11 @@ import (
 //     pulls a volume holder's images; it changes no conntrack sysctl and
 //     listens for no health or metrics; teardown runs its --cleanup and
 //     removes what that leaves (KUBE-FIREWALL, the tables iptables made);
+//   - NetworkPolicies are enforced, as by a managed cluster's network
+//     plugin: bin/netpol (tools/netpol, the SIG's kube-network-policies)
+//     runs as a process of the node's, with a table of its own
+//     (NodePolicyTable) that it deletes as it stops, and teardown if it
+//     was killed; pods no policy selects are left alone;
 //   - containerd has its root, state, socket and runc root under the
 //     node's folder, restrict_oom_score_adj (the machine lacks
 //     CAP_SYS_RESOURCE) and the pause image as its sandbox image;
@@ -147,8 +152,8 @@ type node struct {
 	registry  *http.Server // NodeRegistry, nil until the bridge is up
 	mirror    string       // NodeRegistry's URL on the bridge
 
-	containerd, kubelet, proxy *process
-	ctrPath                    string // bin/ctr
+	containerd, kubelet, proxy, netpol *process
+	ctrPath                            string // bin/ctr
 }
 
 func (n *node) path(elem ...string) string { return filepath.Join(append([]string{n.dir}, elem...)...) }
@@ -238,7 +243,13 @@ func (c *Cluster) configureNode(bin string, p *pki, healthzPort int) error {
 	if _, _, err := p.issue("kube-proxy", "system:kube-proxy", nil, false); err != nil {
 		return err
 	}
-	for file, client := range map[string]string{"kubelet.kubeconfig": "kubelet-client", "kube-proxy.kubeconfig": "kube-proxy"} {
+	// The policy enforcer reads every namespace's pods, namespaces and
+	// policies.
+	if _, _, err := p.issue("netpol", "jetway:netpol", []string{"system:masters"}, false); err != nil {
+		return err
+	}
+	for file, client := range map[string]string{"kubelet.kubeconfig": "kubelet-client", "kube-proxy.kubeconfig": "kube-proxy",
+		"netpol.kubeconfig": "netpol"} {
 		kubeconfig := clientcmdapi.NewConfig()
 		kubeconfig.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: p.path("ca.crt")}
 		kubeconfig.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path(client + ".crt"), ClientKey: p.path(client + ".key")}
@@ -364,8 +375,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 		}}
 	n.proxy = &process{name: c.Name + "/kube-proxy", path: filepath.Join(bin, "kube-proxy"), logPath: filepath.Join(c.dir, "kube-proxy.log"),
 		args: kubeProxyArgs(n.path("kube-proxy.kubeconfig"), n.name)}
+	n.netpol = &process{name: c.Name + "/netpol", path: filepath.Join(bin, "netpol"), logPath: filepath.Join(c.dir, "netpol.log"),
+		args: []string{"--kubeconfig=" + n.path("netpol.kubeconfig"), "--node=" + n.name, "--table=" + NodePolicyTable,
+			"--queue=" + strconv.Itoa(nodePolicyQueue)}}
 	return nil
 }
+
+// NodePolicyTable is the nftables table (inet family) through which the
+// node enforces NetworkPolicies: tools/netpol, kube-network-policies run
+// as a process of the node's, queues there the packets from and to the
+// node's pods that policies select, and decides each connection's first
+// packet (nfqueue nodePolicyQueue). Pods no policy selects are left alone.
+const (
+	NodePolicyTable = "jetway-netpol"
+	nodePolicyQueue = 177
+)
 
 // kubeProxyArgs run kube-proxy as a managed cluster's node does (iptables
 // mode, NodePorts answered on loopback too), changing nothing of the
@@ -459,6 +483,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		return err
 	}
 	if err := n.proxy.start(); err != nil {
+		return err
+	}
+	if err := n.netpol.start(); err != nil {
 		return err
 	}
 	return poll(ctx, n.kubelet, "node "+n.name+" Ready", func(ctx context.Context) (bool, error) {
@@ -645,6 +672,9 @@ func (c *Cluster) stopNode() {
 	if n.kubelet != nil {
 		n.kubelet.stop(5 * time.Second)
 	}
+	if n.netpol != nil {
+		n.netpol.stop(10 * time.Second) // it deletes its table as it goes
+	}
 	if n.proxy != nil {
 		n.proxy.stop(5 * time.Second)
 	}
@@ -680,8 +710,10 @@ func (c *Cluster) stopNode() {
 // sysctls and removes the host paths that were not there before.
 func (n *node) teardown() {
 	killProcesses(func(pid int, cmdline string) bool {
-		return (strings.Contains(cmdline, "containerd-shim") || strings.Contains(cmdline, "kube-proxy")) && strings.Contains(cmdline, n.dir)
+		return (strings.Contains(cmdline, "containerd-shim") || strings.Contains(cmdline, "kube-proxy") || strings.Contains(cmdline, "netpol")) &&
+			strings.Contains(cmdline, n.dir)
 	})
+	_ = exec.Command("nft", "delete", "table", "inet", NodePolicyTable).Run() // the enforcer's, if it was killed
 	if n.state.KubeProxy != "" {
 		// Its rules and chains (KUBE-*), in every table and both backends.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -76,8 +76,14 @@ func parseDeny(v string) (netip.Prefix, error) {
 //
 // Ingress: only their volume sidecars' port, from the target's own step
 // pods (a volume streamed straight from one pod to another within the
-// target). The gateway reaches them through the API server's
-// port-forward, which policies do not see.
+// target), and the volume holder's image port from anywhere: the nodes'
+// container runtimes pull a rootfs the holder serves as an image through
+// its NodePort, and a node other than the holder's reaches it from its
+// own address, which a policy cannot name (plugins let a pod's own node
+// in, not the others; the holder answers a pull only with a ticket for
+// that volume). The
+// gateway reaches them through the API server's port-forward, which
+// policies do not see.
 //
 // Egress, unless egressDeny is empty: anywhere, IPv4 and IPv6, except
 // egressDeny (the whole of a family when it holds that family's /0); and,
@@ -98,7 +104,10 @@ func (a Access) NetworkPolicy(egressDeny []netip.Prefix) *networkingv1.NetworkPo
 	spec := networkingv1.NetworkPolicySpec{
 		PodSelector: selected,
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-		Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: sidecar}},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{
+			{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: sidecar},
+			{Ports: ports(corev1.ProtocolTCP, stepagent.ImagePort)},
+		},
 	}
 	if len(egressDeny) > 0 {
 		spec.PolicyTypes = append(spec.PolicyTypes, networkingv1.PolicyTypeEgress)

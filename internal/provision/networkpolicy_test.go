@@ -98,8 +98,10 @@ func TestNetworkPolicyEgress(t *testing.T) {
 			p := Access{Target: "prod", Namespace: "ci"}.NetworkPolicy(deny)
 			assert.Equal(t, metav1.LabelSelector{MatchLabels: steps.MatchLabels, MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: "jetway-ci.dev/hermetic", Operator: metav1.LabelSelectorOpDoesNotExist}}}, p.Spec.PodSelector, "all but the hermetic ones")
-			assert.Equal(t, []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: ports(tcp, 7788)}},
-				p.Spec.Ingress, "the ingress rule is the same either way")
+			assert.Equal(t, []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &steps}}, Ports: ports(tcp, 7788)},
+				{Ports: ports(tcp, 7789)}, // the holder's images, pulled by the nodes
+			}, p.Spec.Ingress, "the ingress rules are the same either way")
 			types := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 			if tt.egress != nil {
 				types = append(types, networkingv1.PolicyTypeEgress)

@@ -38,10 +38,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
+	"github.com/jetway-ci/jetway/internal/provision"
 	"github.com/jetway-ci/jetway/targets"
 )
 
@@ -57,8 +59,9 @@ const (
 	// steps (testflight's privileged and devices specs), unprivileged ones
 	// in user namespaces (the mock type calls a container privileged when
 	// its uid map is the node's) and rootfs images (mirror_self, in nearly
-	// every spec), served from its holder.
-	targetYAML = "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n"
+	// every spec), served from its holder, and NET_RAW in unprivileged
+	// steps (the hermetic spec's ping), as a stock worker's have.
+	targetYAML = "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  netRaw: true\n  volumeHolder: {images: NodePort}\n"
 	// mockRev is testflight.sh's MOCK_REV: the shipped mock type is the
 	// one its recipe would build, so the script need not build it again.
 	mockRev = "2"
@@ -196,7 +199,9 @@ func testflightCmd(ctx context.Context, o options, cmd string) *exec.Cmd {
 
 // placeTarget makes the target's namespace, its service account with
 // every permission the target's settings need and its kubeconfig in
-// targetsDir, and the state namespace.
+// targetsDir, its NetworkPolicies as `gateway target add` makes them
+// (the node enforces them: a hermetic step reaches nothing), and the
+// state namespace.
 func placeTarget(ctx context.Context, c *cluster.Cluster, targetsDir string) error {
 	perms := append(slices.Clip(targets.Required), targets.ImagePermissions...)
 	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: target, Rules: targets.RBACRules(perms)})
@@ -212,6 +217,12 @@ func placeTarget(ctx context.Context, c *cluster.Cluster, targetsDir string) err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "target.yaml"), []byte(targetYAML), 0o600); err != nil {
 		return err
+	}
+	access := provision.Access{Target: target, Namespace: target}
+	for _, p := range []*networkingv1.NetworkPolicy{access.NetworkPolicy(provision.DefaultEgressDeny()), access.HermeticPolicy()} {
+		if _, err := c.Client.NetworkingV1().NetworkPolicies(target).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("network policy %s: %w", p.Name, err)
+		}
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: stateNamespace}}
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
