@@ -304,6 +304,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 			"ipam": map[string]any{
 				"type":    "host-local",
 				"ranges":  []any{[]any{map[string]any{"subnet": NodeSubnet, "rangeStart": "10.244.77.10", "gateway": NodeIP}}},
+				"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}}, // as on any node; nodeGuard keeps it on the machine
 				"dataDir": n.path("cni-ipam"),
 			},
 		}},
@@ -570,8 +571,32 @@ func makeBridge() error {
 			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 		}
 	}
+	_ = exec.Command("nft", "delete", "table", "inet", NodeGuardTable).Run() // left by a killed run
+	guard := exec.Command("nft", "-f", "-")
+	guard.Stdin = strings.NewReader(nodeGuard)
+	if out, err := guard.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft table inet %s: %w: %s", NodeGuardTable, err, bytes.TrimSpace(out))
+	}
 	return nil
 }
+
+// NodeGuardTable keeps the pods' packets on the machine: the pods have a
+// default route through the bridge, as on any node (a hermetic task's
+// ping is sent, and dropped by the node's policies, as on a stock
+// worker), but no test may send beyond the machine, so the node drops a
+// pod's packet bound for any other interface than the bridge (the node's
+// own address, also in the pods' subnet, talks to itself over lo). Its chain
+// runs after the policy enforcer's (NodePolicyTable, priority srcnat-5),
+// so a packet a policy drops is the policy's.
+const NodeGuardTable = "jetway-node-guard"
+
+var nodeGuard = fmt.Sprintf(`table inet %s {
+	chain beyond {
+		type filter hook postrouting priority 200; policy accept;
+		ip saddr %s ip saddr != %s oifname != %q drop
+	}
+}
+`, NodeGuardTable, NodeSubnet, NodeIP, NodeBridge)
 
 // cgroupHierarchies are the cgroup v1 hierarchies mounted under
 // /sys/fs/cgroup (and the v2 one a hybrid machine has), each a folder
@@ -873,6 +898,7 @@ func deleteBridge() {
 		_ = exec.Command("ip", "link", "del", name).Run()
 	}
 	_ = exec.Command("ip", "link", "del", NodeBridge).Run()
+	_ = exec.Command("nft", "delete", "table", "inet", NodeGuardTable).Run()
 }
 
 // removeCgroups removes the cgroup root and every cgroup below it, in

@@ -150,7 +150,9 @@ func (h stockHost) restore() {
 }
 
 // restoreTables deletes the nft tables made since h was recorded and
-// loads back those that changed.
+// loads back those that changed, but the real node's (jetway-*: its
+// policy enforcer's and its guard, which may come and go while the worker
+// runs, and are the node's to remove).
 func (h stockHost) restoreTables() {
 	now, err := nftTables()
 	if err != nil || h.Tables == nil { // nil: never recorded, nothing to compare
@@ -158,10 +160,10 @@ func (h stockHost) restoreTables() {
 	}
 	for name, rules := range now {
 		before, existed := h.Tables[name]
-		if existed && before == rules {
+		fam, table, _ := strings.Cut(name, " ")
+		if (existed && before == rules) || strings.HasPrefix(table, "jetway-") {
 			continue
 		}
-		fam, table, _ := strings.Cut(name, " ")
 		_ = exec.Command("nft", "delete", "table", fam, table).Run()
 		if existed {
 			cmd := exec.Command("nft", "-f", "-")
