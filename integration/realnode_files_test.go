@@ -268,15 +268,7 @@ jobs:
 func TestRealNodeConcourseCarriesFilesInAUserNamespace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	rn := startRealNode(t)
-	client := cwn.Client{ID: "jetway", Secret: "userns-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	const name = "rn-userns"
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 5 * time.Second, images: true,
-		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}},
-		targetYAML:    "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n"})
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	web := mockWorkerOnNode(ctx, t, "rn-userns", "steps:\n  allowPrivileged: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n")
 	fly := func(within time.Duration, args ...string) string {
 		t.Helper()
 		return flyOK(ctx, t, web, within, args...)
@@ -310,6 +302,23 @@ func TestRealNodeConcourseCarriesFilesInAUserNamespace(t *testing.T) {
 	assert.Contains(t, out, "lines 1")
 	out = fly(3*time.Minute, "trigger-job", "-j", "files/cache", "--watch")
 	assert.Contains(t, out, "again, owner 1000")
+}
+
+// mockWorkerOnNode starts a web node and a gateway registering target
+// name on the real node as its worker, with target.yaml targetYAML, rootfs
+// images served by its holder and Concourse's mock as its base resource
+// type; it returns the web node once fly lists the worker running.
+func mockWorkerOnNode(ctx context.Context, t *testing.T, name, targetYAML string) *cwn.WebNode {
+	t.Helper()
+	rn := startRealNode(t)
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		keepGrace: 5 * time.Second, images: true,
+		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}},
+		targetYAML:    targetYAML})
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	return web
 }
 
 // yamlQuote is s as a YAML scalar: a JSON string is one.

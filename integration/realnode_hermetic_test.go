@@ -14,9 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
-	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/internal/provision"
-	"github.com/jetway-ci/jetway/wire"
 )
 
 // hermeticPipeline: the same script in a task and in its hermetic twin,
@@ -67,21 +65,15 @@ jobs:
 func TestRealNodeConcourseHermetic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	rn := startRealNode(t)
-	client := cwn.Client{ID: "jetway", Secret: "hermetic-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
 	const name = "rn-hermetic"
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		keepGrace: 5 * time.Second, images: true,
-		resourceTypes: []wire.ResourceType{{Type: "mock", Image: rn.NodeImage("mock-image.tar"), Version: "0.14.2"}},
-		targetYAML:    "steps:\n  netRaw: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n"})
+	web := mockWorkerOnNode(ctx, t, name, "steps:\n  netRaw: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n")
+	rn := startRealNode(t)
 	access := provision.Access{Target: name, Namespace: name}
 	for _, p := range []*networkingv1.NetworkPolicy{access.NetworkPolicy(provision.DefaultEgressDeny()), access.HermeticPolicy()} {
 		_, err := rn.Client.NetworkingV1().NetworkPolicies(name).Create(ctx, p, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
 	server := serverPod(ctx, t, rn, name)
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
 	file := filepath.Join(t.TempDir(), "hermetic.yml")
 	writeFile(t, file, []byte(strings.ReplaceAll(hermeticPipeline, "SERVER", server)))
