@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
@@ -69,7 +68,7 @@ func TestRealNodeConcourseHermetic(t *testing.T) {
 	web := mockWorkerOnNode(ctx, t, name, "steps:\n  netRaw: true\n  userNamespaces: true\n  volumeHolder: {images: NodePort}\n")
 	rn := startRealNode(t)
 	access := provision.Access{Target: name, Namespace: name}
-	for _, p := range []*networkingv1.NetworkPolicy{access.NetworkPolicy(provision.DefaultEgressDeny()), access.HermeticPolicy()} {
+	for _, p := range access.NetworkPolicies(provision.DefaultEgressDeny()) {
 		_, err := rn.Client.NetworkingV1().NetworkPolicies(name).Create(ctx, p, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}

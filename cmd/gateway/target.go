@@ -445,7 +445,11 @@ func targetRBACCommand() *cobra.Command {
 			return err
 		}
 		sa, role, binding := a.Objects()
-		for i, obj := range []any{sa, role, binding, a.NetworkPolicy(deny), a.HermeticPolicy()} {
+		objs := []any{sa, role, binding}
+		for _, p := range a.NetworkPolicies(deny) {
+			objs = append(objs, p)
+		}
+		for i, obj := range objs {
 			y, err := yaml.Marshal(obj)
 			if err != nil {
 				return err

@@ -152,6 +152,13 @@ func (a Access) HermeticPolicy() *networkingv1.NetworkPolicy {
 		}}
 }
 
+// NetworkPolicies are the target's two policies, as `target add` makes
+// them and `target rbac` prints them: NetworkPolicy(egressDeny) and
+// HermeticPolicy.
+func (a Access) NetworkPolicies(egressDeny []netip.Prefix) []*networkingv1.NetworkPolicy {
+	return []*networkingv1.NetworkPolicy{a.NetworkPolicy(egressDeny), a.HermeticPolicy()}
+}
+
 // HermeticPolicyName is HermeticPolicy's name: jetway-TARGET-hermetic.
 func (a Access) HermeticPolicyName() string { return a.AccountName() + "-hermetic" }
 

@@ -173,7 +173,7 @@ func Add(ctx context.Context, admin *rest.Config, a Access, opts AddOptions) (Cr
 		return Credentials{}, err
 	}
 	policies := cs.NetworkingV1().NetworkPolicies(a.Namespace)
-	for _, policy := range []*networkingv1.NetworkPolicy{a.NetworkPolicy(opts.EgressDeny), a.HermeticPolicy()} {
+	for _, policy := range a.NetworkPolicies(opts.EgressDeny) {
 		if err := ensure(ctx, a, "network policy", policy, policies.Get, policies.Create,
 			func(old *networkingv1.NetworkPolicy) (bool, func(context.Context) error) {
 				if equality.Semantic.DeepEqual(old.Spec, policy.Spec) {

@@ -38,7 +38,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -219,7 +218,7 @@ func placeTarget(ctx context.Context, c *cluster.Cluster, targetsDir string) err
 		return err
 	}
 	access := provision.Access{Target: target, Namespace: target}
-	for _, p := range []*networkingv1.NetworkPolicy{access.NetworkPolicy(provision.DefaultEgressDeny()), access.HermeticPolicy()} {
+	for _, p := range access.NetworkPolicies(provision.DefaultEgressDeny()) {
 		if _, err := c.Client.NetworkingV1().NetworkPolicies(target).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("network policy %s: %w", p.Name, err)
 		}
