@@ -88,6 +88,9 @@ type containerState struct {
 	// Kept: when the web node destroyed it while its pod held volumes;
 	// gone to the web node since, its pod kept until Pods.Release.
 	Kept time.Time `json:"kept,omitzero"`
+	// Lost: when its pod was found gone for good (lost.go), and why.
+	Lost    time.Time `json:"lost,omitzero"`
+	LostWhy string    `json:"lost_why,omitempty"`
 }
 
 // HasProcess reports whether a process of id was run in the container.

@@ -338,8 +338,8 @@ func (h *Holder) heldBy(ctx context.Context, target, uid string) ([]string, erro
 // it holds; it reports whether it did (false: nothing to keep, destroy
 // it now).
 func (s *ContainerRecords) keep(ctx context.Context, ct *Container) (bool, error) {
-	if !ct.state.Holds || ct.Agent {
-		return false, nil
+	if !ct.state.Holds || ct.Agent || !ct.state.Lost.IsZero() {
+		return false, nil // a lost pod holds nothing any more
 	}
 	if !ct.state.Kept.IsZero() {
 		return true, nil
@@ -352,9 +352,10 @@ func (s *ContainerRecords) keep(ctx context.Context, ct *Container) (bool, error
 
 // Release destroys the pods of target's kept containers once they hold
 // no volume: at once when the web node destroyed them all, past
-// KeepGrace by settling the rest. It runs at each sweep.
+// KeepGrace by settling the rest; and forgets its lost containers past
+// LostGrace (lost.go). It runs at each sweep.
 func (h Pods) Release(ctx context.Context, target string) error {
-	if h.Records == nil || h.Holder == nil {
+	if h.Records == nil {
 		return nil
 	}
 	all, err := h.Records.List(ctx, target)
@@ -363,14 +364,33 @@ func (h Pods) Release(ctx context.Context, target string) error {
 	}
 	var errs []error
 	for _, ct := range all {
-		if ct.state.Kept.IsZero() {
-			continue
-		}
-		if err := h.release(ctx, ct); err != nil {
-			errs = append(errs, err)
+		switch {
+		case !ct.state.Lost.IsZero() && time.Since(ct.state.Lost) > cmpDuration(h.LostGrace, DefaultLostGrace):
+			errs = append(errs, h.forget(ctx, ct))
+		case !ct.state.Kept.IsZero() && h.Holder != nil:
+			errs = append(errs, h.release(ctx, ct))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forget deletes lost container ct's pods jetway sealed, if any are
+// still listed (one that ended), then its record.
+func (h Pods) forget(ctx context.Context, ct *Container) error {
+	t, err := listed(h.Targets, ct.Target)
+	if err != nil {
+		return err
+	}
+	if t != nil {
+		if err := destroyPods(ctx, t, h.Key(), ct.Handle()); err != nil && !errors.Is(err, ErrNotOurs) {
+			return fmt.Errorf("forget lost container %s: %w", ct.Handle(), err)
+		}
+	}
+	if err := h.Records.Delete(ctx, ct.Target, ct.Handle()); err != nil {
+		return fmt.Errorf("forget lost container %s: %w", ct.Handle(), err)
+	}
+	h.Metrics.container("destroyed")
+	return nil
 }
 
 func (h Pods) release(ctx context.Context, ct *Container) error {

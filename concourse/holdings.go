@@ -1,9 +1,11 @@
 package concourse
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -70,6 +72,11 @@ type Pods struct {
 	// KeepGrace is how long a destroyed container's pod is kept for the
 	// volumes it holds (default DefaultKeepGrace).
 	KeepGrace time.Duration
+	// LostGrace is how long a lost container's record is kept (default
+	// DefaultLostGrace).
+	LostGrace time.Duration
+	Metrics   *Metrics
+	Logger    *slog.Logger
 }
 
 // Containers lists the target's containers: those recorded, and the
@@ -92,17 +99,44 @@ func (h Pods) Containers(ctx context.Context, target string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A kept container is gone to the web node: its pod is not reported.
-	kept := map[string]bool{}
+	// A kept container is gone to the web node, and a lost one is gone:
+	// neither is reported, nor is its pod.
+	gone := map[string]bool{}
 	for _, c := range recorded {
-		if c.state.Kept.IsZero() {
+		lost, err := h.lost(ctx, w, c)
+		if err != nil {
+			return nil, err
+		}
+		if c.state.Kept.IsZero() && !lost {
 			handles = append(handles, c.Handle())
 		} else {
-			kept[c.Handle()] = true
+			gone[c.Handle()] = true
 		}
 	}
-	return slices.DeleteFunc(sortedHandles(handles), func(h string) bool { return kept[h] }), nil
+	return slices.DeleteFunc(sortedHandles(handles), func(h string) bool { return gone[h] }), nil
 }
+
+// lost reports whether recorded container ct is lost (lost.go), finding
+// and recording it so on a cluster target.
+func (h Pods) lost(ctx context.Context, w worker, ct *Container) (bool, error) {
+	if !ct.state.Lost.IsZero() {
+		return true, nil
+	}
+	cw, ok := w.(clusterWorker)
+	if !ok || !ct.state.Kept.IsZero() {
+		return false, nil
+	}
+	why, err := cw.lost(ctx, ct, false)
+	if err != nil || why == "" {
+		return false, err
+	}
+	if err := h.Records.markLost(ctx, ct, why, h.Metrics, h.logger().Warn); err != nil {
+		h.logger().Warn("a lost container not recorded lost: the next sweep tries again", "target", ct.Target, "handle", ct.Handle(), "error", err.Error())
+	}
+	return true, nil
+}
+
+func (h Pods) logger() *slog.Logger { return cmp.Or(h.Logger, slog.New(slog.DiscardHandler)) }
 
 // DestroyContainer deletes the sealed pods of handle (on an agent, its
 // folder), then its record; a pod of that handle jetway did not seal

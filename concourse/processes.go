@@ -64,6 +64,9 @@ func (c *Containers) Run(ctx context.Context, target, handle string, spec garden
 	if err != nil {
 		return nil, err
 	}
+	if err := ct.lostError(); err != nil {
+		return nil, err
+	}
 	id := spec.ID
 	if id == "" {
 		id = "jetway-" + strings.ToLower(rand.Text()[:12])
@@ -118,6 +121,9 @@ func (c *Containers) Attach(ctx context.Context, target, handle, id string) (*Pr
 	if err != nil {
 		return nil, err
 	}
+	if err := ct.lostError(); err != nil {
+		return nil, err
+	}
 	if !ct.HasProcess(id) {
 		return nil, garden.ProcessNotFoundError{ProcessID: id}
 	}
@@ -125,10 +131,10 @@ func (c *Containers) Attach(ctx context.Context, target, handle, id string) (*Pr
 }
 
 // Stop ends every process of target's container handle: TERM, then KILL
-// after the grace (kill: at once).
+// after the grace (kill: at once). A lost container's ended with its pod.
 func (c *Containers) Stop(ctx context.Context, target, handle string, kill bool) error {
 	ct, err := c.Lookup(ctx, target, handle)
-	if err != nil {
+	if err != nil || ct.lostError() != nil {
 		return err
 	}
 	var errs []error
@@ -155,20 +161,40 @@ func (c *Containers) process(ct *Container, id string, spec []byte) (*Process, e
 // trustedPod is the target of ct's pod, if the pod its watch shows under
 // ct's name is the one jetway made (ownership.Key.Bound): each exec in a
 // container goes by the pod's name, so it goes only while that name is
-// jetway's pod's.
-func (c *Containers) trustedPod(ct *Container) (*targets.Target, error) {
+// jetway's pod's. A pod gone for good is an error wrapping
+// steppod.ErrPodGone, recorded (lost.go): no exec is tried again.
+func (c *Containers) trustedPod(ctx context.Context, ct *Container) (*targets.Target, error) {
 	t, opts, err := c.target(ct.Target)
 	if err != nil {
 		return nil, err
 	}
 	p := t.CachedPod(ct.Pod)
-	if p == nil {
-		return nil, fmt.Errorf("container %s: its pod %s is not listed", ct.Handle(), ct.Pod)
+	if p != nil {
+		if err := c.refuse(t, opts, ct, p); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.refuse(t, opts, ct, p); err != nil {
-		return nil, err
+	if p == nil || lostWhy("", p) != "" {
+		return nil, c.lose(ctx, clusterWorker{c: c, t: t, opts: opts}, ct)
 	}
 	return t, nil
+}
+
+// lose is the error of a call on ct whose pod is not listed, or is
+// ending: ct lost (recorded so) if the API server says its pod is gone,
+// else that it is not listed yet.
+func (c *Containers) lose(ctx context.Context, w clusterWorker, ct *Container) error {
+	why, err := w.lost(ctx, ct, true)
+	switch {
+	case err != nil:
+		return err
+	case why == "":
+		return fmt.Errorf("container %s: its pod %s is not listed yet", ct.Handle(), ct.Pod)
+	}
+	if err := c.Records.markLost(context.WithoutCancel(ctx), ct, why, c.Metrics, c.logger().Warn); err != nil {
+		c.logger().Warn("a lost container not recorded lost: the next sweep finds it", "target", ct.Target, "handle", ct.Handle(), "error", err.Error())
+	}
+	return lostError(ct, why)
 }
 
 // refuse is nil when p, ct's pod as listed, is the one jetway made; else
@@ -277,7 +303,13 @@ func (c *Containers) awaitPod(ctx context.Context, t *targets.Target, opts stepp
 	}
 	said := ""
 	for {
-		state, done, err := podState(t.CachedPod(ct.Pod), ct)
+		p := t.CachedPod(ct.Pod)
+		if p == nil || lostWhy("", p) != "" {
+			if err := c.lose(ctx, clusterWorker{c: c, t: t, opts: opts}, ct); errors.Is(err, steppod.ErrPodGone) {
+				return err
+			}
+		}
+		state, done, err := podState(p, ct)
 		if done || err != nil {
 			return err
 		}

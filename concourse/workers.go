@@ -164,7 +164,7 @@ func (w clusterWorker) containers(context.Context) ([]string, error) {
 }
 
 func (w clusterWorker) process(ct *Container, id string) steppod.RunIn {
-	return steppod.RunIn{Pod: ct.Pod, Run: id, Target: func() (*targets.Target, error) { return w.c.trustedPod(ct) }}
+	return steppod.RunIn{Pod: ct.Pod, Run: id, Target: func(ctx context.Context) (*targets.Target, error) { return w.c.trustedPod(ctx, ct) }}
 }
 
 func (w clusterWorker) await(ctx context.Context, ct *Container, progress io.Writer) error {
@@ -289,7 +289,7 @@ func (w agentWorker) containers(ctx context.Context) ([]string, error) {
 
 func (w agentWorker) process(ct *Container, id string) steppod.RunIn {
 	return steppod.RunIn{Pod: ct.Handle(), Run: id,
-		Target: func() (*targets.Target, error) { return nil, w.joined(ct.Handle()) },
+		Target: func(context.Context) (*targets.Target, error) { return nil, w.joined(ct.Handle()) },
 		Exec:   w.agents.exec(w.name, ct.Handle())}
 }
 

@@ -114,6 +114,7 @@ type Config struct {
 	ConcourseTSAPublicKey  string        `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
 	ConcourseWorkerKey     string        `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
 	ConcourseSweepInterval time.Duration `mapstructure:"concourse-sweep-interval" help:"how often each registered worker runs its garbage collection rounds with the web node: reports its containers and volumes, destroys what the web node no longer wants, releases kept pods (a stock worker's --sweep-interval)"`
+	ConcourseLostGrace     time.Duration `mapstructure:"concourse-lost-grace" help:"how long a container whose pod went on its own (a drain, an eviction, a deletion) is kept, no longer reported, so that the web node's calls on it name why: past it its record and ended pod are deleted; keep it above the web node's --gc-missing-grace-period (docs/concourse.md)"`
 	ConcourseKeepGrace     time.Duration `mapstructure:"concourse-keep-grace" help:"how long the pod of a container the web node destroyed is kept for the volumes it still holds (written by its processes, not yet read): past it they are copied into the volume holder and the pod is deleted (docs/concourse.md)"`
 	ConcourseResourceTypes string        `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2)"`
 	// Registering over the REST API instead, where the web node reaches
@@ -178,6 +179,8 @@ func Default() Config {
 		// concourse.DefaultKeepGrace: time for the next step of a build
 		// to read what the last one wrote, straight from its pod.
 		ConcourseKeepGrace: 3 * time.Minute,
+		// concourse.DefaultLostGrace: past the web node's missing grace.
+		ConcourseLostGrace: time.Hour,
 		// concourse.DefaultSweepInterval, a stock worker's.
 		ConcourseSweepInterval: 30 * time.Second,
 
@@ -279,6 +282,9 @@ func (c Config) Validate() error {
 	}
 	if c.ConcourseKeepGrace <= 0 {
 		add("concourse-keep-grace", "must be positive, got %s", c.ConcourseKeepGrace)
+	}
+	if c.ConcourseLostGrace <= 0 {
+		add("concourse-lost-grace", "must be positive, got %s", c.ConcourseLostGrace)
 	}
 	if c.GCGrace < 0 {
 		add("gc-grace", "must not be negative, got %s", c.GCGrace)

@@ -197,6 +197,8 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 			want: []string{"stream-stall-timeout: must be positive, got 0s"}},
 		{name: "no keep grace", mutate: func(c *Config) { c.ConcourseKeepGrace, c.ConcourseSweepInterval = 0, time.Millisecond },
 			want: []string{"concourse-keep-grace: must be positive, got 0s", "concourse-sweep-interval: must be at least 1s, got 1ms"}},
+		{name: "no lost grace", mutate: func(c *Config) { c.ConcourseLostGrace = -time.Second },
+			want: []string{"concourse-lost-grace: must be positive, got -1s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

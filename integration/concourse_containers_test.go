@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -182,27 +181,7 @@ func TestConcourseContainersArePods(t *testing.T) {
 		out, err := web.FlyContext(fctx, "execute", "-c", sleeper)
 		aborted <- fmt.Sprintf("%s%v", out, err)
 	}()
-	var sleeping string
-	eventually(t, 30*time.Second, func() error {
-		builds, err := web.Fly("builds", "--json")
-		if err != nil {
-			return err
-		}
-		var bs []struct {
-			ID     int    `json:"id"`
-			Status string `json:"status"`
-		}
-		if err := json.Unmarshal([]byte(builds), &bs); err != nil {
-			return err
-		}
-		for _, b := range bs {
-			if b.Status == "started" {
-				sleeping = strconv.Itoa(b.ID)
-				return nil
-			}
-		}
-		return errorf("no build started: %s", builds)
-	})
+	sleeping := awaitStartedBuild(t, web)
 	eventually(t, 30*time.Second, func() error {
 		if n := metricValue(t, g, runs); n <= ran {
 			return errorf("the sleeper's process is not run yet (%v runs)", n)

@@ -152,6 +152,9 @@ type gatewayOptions struct {
 	// keepGrace is how long a destroyed container's pod is kept for the
 	// volumes it holds (concourse.Pods.KeepGrace); default its own.
 	keepGrace time.Duration
+	// lostGrace is how long a lost container's record is kept
+	// (concourse.Pods.LostGrace); default its own.
+	lostGrace time.Duration
 	// state keeps the gateway's step records and leases; replicas share
 	// one. nil: the one of the gateway's targets dir (made for the first
 	// gateway over it, so a gateway restarted over it finds its steps).
@@ -425,7 +428,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		registrar = concourse.New(concourse.Options{Web: o.concourse, Targets: registry, Lifecycle: controller,
 			Registers: func() bool { _, ok := elector.Leading(); return ok },
 			Holdings: concourse.Pods{Targets: registry, Key: func() ownership.Key { return key }, Holder: holder, Records: records,
-				Agents: agentWorkers, KeepGrace: o.keepGrace},
+				Agents: agentWorkers, KeepGrace: o.keepGrace, LostGrace: o.lostGrace, Metrics: metrics, Logger: logger.With("component", "concourse")},
 			VolumeAPI: holder.API, SweepInterval: o.sweep,
 			Containers:    containers,
 			ResourceTypes: o.resourceTypes,

@@ -35,6 +35,11 @@ const closeGrace = 5 * time.Second
 // ErrLost: no byte came from the agent for LostAfter.
 var ErrLost = errors.New("lost contact with the step")
 
+// ErrPodGone: the pod a process ran in is gone for good (deleted,
+// evicted, ended): an Exec error that wraps it ends a Follow at once,
+// since no attach can reach the process again.
+var ErrPodGone = errors.New("the pod is gone")
+
 // ErrNoSuchRun: the pod has no process of that name.
 var ErrNoSuchRun = errors.New("no such process in the pod")
 
@@ -125,8 +130,9 @@ type Follower struct {
 	ToEnd bool
 }
 
-// Follow reads the process to its status. A usage error or a spec that
-// differs from the one the process runs ends it at once.
+// Follow reads the process to its status. A usage error, a spec that
+// differs from the one the process runs or a pod that is gone
+// (ErrPodGone) ends it at once.
 func (f *Follower) Follow(ctx context.Context) (stepagent.Status, error) {
 	now := f.Now
 	if now == nil {
@@ -152,6 +158,9 @@ func (f *Follower) Follow(ctx context.Context) (stepagent.Status, error) {
 		}
 		if ctx.Err() != nil {
 			return stepagent.Status{}, ctx.Err()
+		}
+		if errors.Is(err, ErrPodGone) {
+			return stepagent.Status{}, err
 		}
 		if code, ok := stepagent.ExitCode(err); ok && (code == stepagent.ExitUsage || code == stepagent.ExitSpecDiffers) {
 			return stepagent.Status{}, err

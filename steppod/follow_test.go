@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
 	"sync"
@@ -146,6 +147,19 @@ func TestAFollowerEndsAtOnceOnAnAnswerThatCannotChange(t *testing.T) {
 			assert.Len(t, a.calls, 1, "never tried again")
 		})
 	}
+}
+
+func TestAFollowerEndsAtOnceWhenThePodIsGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gone := fmt.Errorf("container c1: its pod p1 was evicted: %w", ErrPodGone)
+		a := &logAgent{failAll: gone}
+		start := time.Now()
+		_, err := (&Follower{Exec: a.exec, Frame: (&seen{}).frame, Next: tailer("")}).Follow(t.Context())
+		require.ErrorIs(t, err, ErrPodGone)
+		assert.ErrorContains(t, err, "was evicted", "it says why")
+		assert.Len(t, a.calls, 1, "never tried again")
+		assert.Zero(t, time.Since(start), "at once, not after LostAfter")
+	})
 }
 
 func TestAFollowersNextHearsAProcessThatNeverStarted(t *testing.T) {

@@ -33,7 +33,7 @@ type RunIn struct {
 	// Target is the pod's target as it is now: nil for an Exec that
 	// reaches the step agent otherwise (an agent's machine, whose "pod"
 	// is a folder); its error ends an attach, which is tried again.
-	Target func() (*targets.Target, error)
+	Target func(ctx context.Context) (*targets.Target, error)
 	Pod    string
 	Run    string
 	// Exec runs an agent command in the pod; default ExecPod.
@@ -51,7 +51,7 @@ type RunIn struct {
 func (p RunIn) Follow(ctx context.Context, spec []byte, stdin io.Reader, out func(stepagent.Frame) error) (stepagent.Status, error) {
 	f := &Follower{
 		Exec: func(ctx context.Context, args []string, in io.Reader, w io.Writer) error {
-			t, err := p.Target()
+			t, err := p.Target(ctx)
 			if err != nil {
 				return err
 			}
@@ -85,7 +85,7 @@ func (p RunIn) Follow(ctx context.Context, spec []byte, stdin io.Reader, out fun
 // Abort asks the process's supervisor to end it (TERM, then KILL after its
 // kill grace); a process that has ended, or never started, is no error.
 func (p RunIn) Abort(ctx context.Context) error {
-	t, err := p.Target()
+	t, err := p.Target(ctx)
 	if err != nil {
 		return err
 	}

@@ -482,7 +482,8 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 			Logger: logger.With("component", "concourse")}
 		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
-			Agents: agentWorkers, KeepGrace: cfg.ConcourseKeepGrace}
+			Agents: agentWorkers, KeepGrace: cfg.ConcourseKeepGrace, LostGrace: cfg.ConcourseLostGrace,
+			Metrics: metrics, Logger: logger.With("component", "concourse")}
 		volumeAPI = holder.API
 		containers = &concourse.Containers{Targets: registry, Records: records, Pod: podOptions, Holder: holder, Agents: agentWorkers,
 			ResourceTypes: types, Metrics: metrics, Logger: logger}
