@@ -123,7 +123,7 @@ func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 	spec := steppod.Spec{
 		Name: ct.Pod, Type: "concourse", Team: w.t.Config.Meta.Team, Image: ct.Image,
 		Labels:    map[string]string{ContainerLabel: ct.Handle()},
-		Resources: resources(ct.Spec.Limits), Privileged: ct.Spec.Privileged, Mounts: mounts,
+		Resources: resources(ct.Spec.Limits), CPUWeight: true, Privileged: ct.Spec.Privileged, Mounts: mounts,
 		Hermetic: hermetic(ct.Spec),
 	}
 	if ct.pull != nil {

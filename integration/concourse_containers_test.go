@@ -114,7 +114,8 @@ func TestConcourseContainersArePods(t *testing.T) {
 	step := pod.Spec.Containers[0]
 	assert.Equal(t, "busybox:1.36", step.Image)
 	assert.True(t, step.Resources.Limits.Memory().Equal(resource.MustParse("104857600")), "memory %v", step.Resources.Limits)
-	assert.True(t, step.Resources.Limits.Cpu().Equal(resource.MustParse("500m")), "512 shares: half a core, %v", step.Resources.Limits)
+	assert.True(t, step.Resources.Requests.Cpu().Equal(resource.MustParse("500m")), "512 shares: half a core, %v", step.Resources.Requests)
+	assert.True(t, step.Resources.Limits.Cpu().IsZero(), "shares are a weight, as Garden's: no CPU limit, %v", step.Resources.Limits)
 	var mounts []string
 	for _, m := range step.VolumeMounts {
 		mounts = append(mounts, m.MountPath)

@@ -115,9 +115,9 @@ func emptyDir(limit resource.Quantity) corev1.VolumeSource {
 
 // stepResources are the step container's resources: the cpu and memory
 // a step asks for as both requests and limits, so it gets what it asked
-// for and no more; d's requests for what it does not ask; and d's
-// ephemeral-storage request.
-func stepResources(r wire.Resources, d Defaults) corev1.ResourceRequirements {
+// for and no more (cpuWeight: its cpu as a request alone); d's requests
+// for what it does not ask; and d's ephemeral-storage request.
+func stepResources(r wire.Resources, cpuWeight bool, d Defaults) corev1.ResourceRequirements {
 	req, lim := corev1.ResourceList{}, corev1.ResourceList{}
 	for _, res := range []struct {
 		name  corev1.ResourceName
@@ -129,6 +129,8 @@ func stepResources(r wire.Resources, d Defaults) corev1.ResourceRequirements {
 		{corev1.ResourceEphemeralStorage, "", d.EphemeralStorageRequest},
 	} {
 		switch {
+		case res.asked != "" && res.name == corev1.ResourceCPU && cpuWeight:
+			req[res.name] = resource.MustParse(res.asked)
 		case res.asked != "":
 			q := resource.MustParse(res.asked)
 			req[res.name], lim[res.name] = q, q.DeepCopy()

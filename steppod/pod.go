@@ -215,8 +215,12 @@ type Spec struct {
 	Team, Image string
 	// Labels are added to the pod's own (ownership, team, type): a
 	// step's handle and owner, a container's handle.
-	Labels     map[string]string
-	Resources  wire.Resources
+	Labels    map[string]string
+	Resources wire.Resources
+	// CPUWeight says Resources.CPU is a relative weight, as Garden's CPU
+	// shares are: a request without a limit, so the step gets its share
+	// when the node is busy and more when it is not.
+	CPUWeight  bool
 	Privileged bool
 	// Hermetic says the step may reach no network beyond its pod
 	// (Concourse's `hermetic: true`): the pod carries HermeticLabel, which
@@ -277,7 +281,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
-				Resources:       stepResources(spec.Resources, defaults),
+				Resources:       stepResources(spec.Resources, spec.CPUWeight, defaults),
 				SecurityContext: stepSecurity(spec.Privileged, meta.Steps.NetRaw),
 			}, sidecar},
 		},

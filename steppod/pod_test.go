@@ -278,8 +278,8 @@ func TestAContainersPod(t *testing.T) {
 	require.NoError(t, err)
 	p := Build(tgt, Spec{Name: "c-1", Type: "concourse", Team: "main", Image: "busybox:1.36",
 		Labels:    map[string]string{"jetway-ci.dev/concourse-container": "h1"},
-		Resources: wire.Resources{Memory: "100Mi"},
-		Mounts:    []Mount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}},
+		Resources: wire.Resources{Memory: "100Mi", CPU: "500m"}, CPUWeight: true,
+		Mounts: []Mount{{Path: "/tmp/build/x", Volume: "m0"}, {Path: "/tmp/build/x/in", Volume: "m1", ReadOnly: true}},
 	}, Options{AgentImage: "reg/step-agent:1", Installation: "prod"})
 	assert.NotContains(t, p.Labels, "jetway-ci.dev/step")
 	assert.NotContains(t, p.Labels, ownership.OwnerLabel)
@@ -294,6 +294,8 @@ func TestAContainersPod(t *testing.T) {
 		{Name: sharedVolume, MountPath: "/tmp/build/x/in", SubPath: "volumes/m1", ReadOnly: true},
 	}, step.VolumeMounts)
 	assert.Equal(t, "100Mi", step.Resources.Limits.Memory().String())
+	assert.Equal(t, "500m", step.Resources.Requests.Cpu().String(), "Garden's CPU shares: a weight")
+	assert.True(t, step.Resources.Limits.Cpu().IsZero(), "not a limit")
 	assert.Equal(t, SidecarContainer, p.Spec.Containers[1].Name)
 	assert.Equal(t, []string{"/step-agent", "install", stepagent.Root + "/" + stepagent.BinPath, "m0", "m1"}, p.Spec.InitContainers[0].Command,
 		"the mounts' folders, made open before the kubelet mounts them")
