@@ -322,3 +322,41 @@ func TestRESTWorkersAdmitOnlyTheWebNode(t *testing.T) {
 	assert.Contains(t, out, "hi\r\n")
 	assert.Equal(t, 0.0, refused(reg2))
 }
+
+// TestConcourseWorkerOptions: a target's `concourse:` options reach an
+// unmodified web node as a stock worker's flags do. Its proxies are in
+// the worker's registration, and the web node gives them to the worker's
+// containers: a task sees http_proxy, https_proxy and no_proxy (nothing
+// is sent to them). The worker is ephemeral: once its heartbeats stop,
+// the web node deletes it instead of keeping it stalled.
+func TestConcourseWorkerOptions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "options-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second})
+	dir := t.TempDir()
+	const name = "cw-options"
+	placeTarget(ctx, t, clusters[0], dir, name, "concourse:\n  ephemeral: true\n  httpProxy: http://proxy.jetway.test:3128\n"+
+		"  httpsProxy: http://proxy.jetway.test:3129\n  noProxy: localhost,.svc\n", "")
+	rest := concourseREST(t, web, client, 2*time.Second) // a TTL of 4 s
+	g := startGateway(t, dir, gatewayOptions{concourse: rest, sweep: time.Second, state: newState(t)})
+
+	w := flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	assert.True(t, w.Ephemeral, "ephemeral")
+	assert.Equal(t, "http://proxy.jetway.test:3128", w.HTTPProxyURL)
+	assert.Equal(t, "http://proxy.jetway.test:3129", w.HTTPSProxyURL)
+	assert.Equal(t, "localhost,.svc", w.NoProxy)
+
+	task := filepath.Join(t.TempDir(), "env.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nrun: {path: sh, args: [-c, 'env | grep -i _proxy= | sort']}\n"))
+	fctx, fcancel := context.WithTimeout(ctx, 90*time.Second)
+	out, err := web.FlyContext(fctx, "execute", "-c", task)
+	fcancel()
+	require.NoError(t, err, out)
+	for _, env := range []string{"http_proxy=http://proxy.jetway.test:3128", "https_proxy=http://proxy.jetway.test:3129", "no_proxy=localhost,.svc"} {
+		assert.Contains(t, out, env+"\r\n", "the task's environment")
+	}
+
+	g.stop()
+	flyWorker(t, web, name, rest.TTL()+20*time.Second, func(_ wire.Worker, found bool) bool { return !found })
+}

@@ -46,6 +46,9 @@ type Metadata struct {
 	// Steps is what the target's operator allows its step pods and the
 	// sizes and requests they get (StepPolicy).
 	Steps StepPolicy `json:"steps,omitzero"`
+	// Concourse is how it registers as a Concourse worker
+	// (ConcourseWorker).
+	Concourse ConcourseWorker `json:"concourse,omitzero"`
 }
 
 // DefaultPlatform is a target's platform when its metadata names none.
@@ -260,6 +263,9 @@ func (m Metadata) validate() error {
 		}
 	}
 	if err := m.Steps.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.Concourse.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	for i, t := range m.Tolerations {

@@ -121,6 +121,17 @@ func TestParse(t *testing.T) {
 				assert.Equal(t, "250m", p.DefaultCPURequest.String())
 				assert.Equal(t, int64(512<<20), p.DefaultMemoryRequest.Value())
 			}},
+		{name: "concourse worker", config: kubeconfig("", "", ""),
+			yaml: "concourse:\n  ephemeral: true\n  httpProxy: http://user:pw@proxy.corp:3128\n  httpsProxy: https://proxy.corp:3129\n" +
+				"  noProxy: localhost,10.0.0.0/8,.svc\n",
+			check: func(t *testing.T, c *Config) {
+				assert.Equal(t, ConcourseWorker{Ephemeral: true, HTTPProxy: "http://user:pw@proxy.corp:3128", HTTPSProxy: "https://proxy.corp:3129",
+					NoProxy: "localhost,10.0.0.0/8,.svc"}, c.Meta.Concourse)
+			}},
+		{name: "bad concourse worker", config: kubeconfig("", "", ""),
+			yaml: "concourse:\n  httpProxy: socks5://user:s3cret@proxy.corp\n  httpsProxy: \"http://user:s3cret@[::1\"\n  noProxy: a, b\n",
+			wantErr: []string{`concourse.httpProxy "socks5://user:xxxxx@proxy.corp" is not an http:// or https:// URL with a host`,
+				"concourse.httpsProxy is not a URL", "concourse.noProxy is a comma-separated list"}},
 		{name: "steps policy left out", config: kubeconfig("", "", ""), yaml: "team: main\n",
 			check: func(t *testing.T, c *Config) {
 				assert.Equal(t, StepPolicy{}, c.Meta.Steps, "the gateway's defaults, nothing privileged")
@@ -169,6 +180,7 @@ func TestParse(t *testing.T) {
 					assert.Contains(t, err.Error(), w)
 				}
 				assert.NotContains(t, err.Error(), secretToken, "errors never quote credentials")
+				assert.NotContains(t, err.Error(), "s3cret", "errors never quote a proxy's credentials")
 				assert.True(t, errors.Is(err, ErrInvalidEntry) || errors.Is(err, ErrRefused), "sentinel: %v", err)
 				if tt.sentinel != nil {
 					assert.ErrorIs(t, err, tt.sentinel)

@@ -10,8 +10,14 @@ type Worker struct {
 	// GardenAddr is the worker's Garden address: the TSA's forward when
 	// registering, a stable name of the target's API server and namespace
 	// (k8s://host:port/namespace) in the API; fly requires it non-empty.
-	GardenAddr       string         `json:"addr"`
-	BaggageclaimURL  string         `json:"baggageclaim_url"`
+	GardenAddr      string `json:"addr"`
+	BaggageclaimURL string `json:"baggageclaim_url"`
+	// HTTPProxyURL, HTTPSProxyURL and NoProxy are what the web node gives
+	// the worker's containers as http_proxy, https_proxy and no_proxy:
+	// in a registration only (they may hold a proxy's credentials).
+	HTTPProxyURL     string         `json:"http_proxy_url,omitempty"`
+	HTTPSProxyURL    string         `json:"https_proxy_url,omitempty"`
+	NoProxy          string         `json:"no_proxy,omitempty"`
 	ActiveContainers int            `json:"active_containers"`
 	ActiveVolumes    int            `json:"active_volumes"`
 	ActiveTasks      int            `json:"active_tasks"`
