@@ -181,6 +181,30 @@ func (c *Containers) Lookup(ctx context.Context, target, handle string) (*Contai
 	return ct, err
 }
 
+// Info is target's container handle as Garden's Info says one: active,
+// or stopped once it is lost (lost.go); the pod's IP and its node's; the
+// IDs of the processes run in it (Garden lists those running; jetway
+// keeps no such list); its properties.
+func (c *Containers) Info(ctx context.Context, target, handle string) (garden.ContainerInfo, error) {
+	ct, err := c.Lookup(ctx, target, handle)
+	if err != nil {
+		return garden.ContainerInfo{}, err
+	}
+	info := garden.ContainerInfo{State: "active", Events: []string{}, ProcessIDs: ct.Processes(), Properties: ct.Properties(),
+		MappedPorts: []garden.PortMapping{}}
+	if ct.lostError() != nil {
+		info.State = "stopped"
+	}
+	if !ct.Agent {
+		if t, err := listed(c.Targets, ct.Target); err == nil && t != nil {
+			if p := t.CachedPod(ct.Pod); p != nil {
+				info.ContainerIP, info.HostIP = p.Status.PodIP, p.Status.HostIP
+			}
+		}
+	}
+	return info, nil
+}
+
 // List is the handles of target's containers whose properties include
 // all of filter's.
 func (c *Containers) List(ctx context.Context, target string, filter garden.Properties) ([]string, error) {

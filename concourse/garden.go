@@ -52,16 +52,24 @@ func gardenAPI(target string, h Holdings, cs *Containers, m *Metrics) http.Handl
 	mux.HandleFunc("PUT /containers/{handle}/properties/{key}", g.setProperty)
 	mux.HandleFunc("DELETE /containers/{handle}/properties/{key}", g.removeProperty)
 	mux.HandleFunc("PUT /containers/{handle}/grace_time", g.graceTime)
+	mux.HandleFunc("GET /containers/{handle}/info", g.info)
+	mux.HandleFunc("GET /containers/bulk_info", g.bulkInfo)
+	mux.HandleFunc("GET /containers/{handle}/limits/{kind}", g.limits)
 	mux.HandleFunc("GET /containers/{handle}/processes/{pid}", g.attach)
 	mux.HandleFunc("POST /containers/{handle}/processes", g.run)
 	mux.HandleFunc("GET /containers/{handle}/processes/{pid}/attaches/{stream}/stdout", g.output(stdoutStream))
 	mux.HandleFunc("GET /containers/{handle}/processes/{pid}/attaches/{stream}/stderr", g.output(stderrStream))
 	mux.HandleFunc("PUT /containers/{handle}/stop", g.stop)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		gardenError(w, fmt.Errorf("jetway's workers do not serve Garden's %s %s (docs/concourse.md)", r.Method, r.URL.Path))
+		g.m.gardenCall("refused", errRefusedCall)
+		gardenError(w, fmt.Errorf("jetway's workers do not serve Garden's %s %s: a web node never calls it "+
+			"(docs/concourse.md, \"Garden's calls\")", r.Method, r.URL.Path))
 	})
 	return mux
 }
+
+// errRefusedCall counts a Garden call jetway does not serve.
+var errRefusedCall = errors.New("refused")
 
 // API serves the Garden API of target's worker.
 func (c *Containers) API(target string) http.Handler { return gardenAPI(target, nil, c, c.Metrics) }
@@ -174,6 +182,69 @@ func (g *gardenServer) removeProperty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, struct{}{})
+}
+
+// info answers a container's Garden info (Containers.Info).
+func (g *gardenServer) info(w http.ResponseWriter, r *http.Request) {
+	info, err := g.cs.Info(r.Context(), g.target, r.PathValue("handle"))
+	g.m.gardenCall("info", err)
+	if err != nil {
+		gardenError(w, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, info)
+}
+
+// maxBulkInfo bounds the handles of one bulk info.
+const maxBulkInfo = 1000
+
+// bulkInfo answers the info of each of the comma-separated handles, or
+// its error, as Garden's server does.
+func (g *gardenServer) bulkInfo(w http.ResponseWriter, r *http.Request) {
+	handles := strings.FieldsFunc(r.URL.Query().Get("handles"), func(c rune) bool { return c == ',' })
+	if len(handles) > maxBulkInfo {
+		gardenError(w, fmt.Errorf("bulk info of %d containers: jetway answers at most %d at once", len(handles), maxBulkInfo))
+		return
+	}
+	out := make(map[string]garden.ContainerInfoEntry, len(handles))
+	for _, h := range handles {
+		info, err := g.cs.Info(r.Context(), g.target, h)
+		entry := garden.ContainerInfoEntry{Info: info}
+		if err != nil {
+			var notFound garden.ContainerNotFoundError
+			if errors.As(err, &notFound) {
+				err = notFound
+			}
+			entry.Err = &garden.Error{Err: err}
+		}
+		out[h] = entry
+	}
+	g.m.gardenCall("bulk-info", nil)
+	httpjson.Write(w, http.StatusOK, out)
+}
+
+// limits answers one kind of a container's limits (bandwidth, cpu, disk,
+// memory) as Create was given them, as Garden's server does.
+func (g *gardenServer) limits(w http.ResponseWriter, r *http.Request) {
+	c, err := g.cs.Lookup(r.Context(), g.target, r.PathValue("handle"))
+	g.m.gardenCall("limits", err)
+	if err != nil {
+		gardenError(w, err)
+		return
+	}
+	l := c.Spec.Limits
+	switch kind := r.PathValue("kind"); kind {
+	case "bandwidth":
+		httpjson.Write(w, http.StatusOK, l.Bandwidth)
+	case "cpu":
+		httpjson.Write(w, http.StatusOK, l.CPU)
+	case "disk":
+		httpjson.Write(w, http.StatusOK, l.Disk)
+	case "memory":
+		httpjson.Write(w, http.StatusOK, l.Memory)
+	default:
+		gardenError(w, fmt.Errorf("Garden has no %q limits: bandwidth, cpu, disk or memory", kind))
+	}
 }
 
 // graceTime is taken and has no effect: jetway never destroys a

@@ -79,3 +79,68 @@ func TestConcourseProcessMessagesAreCapped(t *testing.T) {
 	assert.Equal(t, "4194304", strings.TrimSpace(stdout.String()), "4 MiB of stdin in one message, whole")
 	assert.Equal(t, 1.0, metricValue(t, g, "jetway_concourse_garden_oversized_messages_total"))
 }
+
+// TestConcourseGardenInfoLimitsAndRefusals: Garden's Info, BulkInfo and
+// limits calls, through Garden's own client, answer as Garden's server
+// does: the container active with its pod's IP, its processes and
+// properties; an unknown handle's entry a ContainerNotFoundError; the
+// limits Create was given. A call jetway does not serve (NetIn,
+// StreamOut, Metrics) is an error naming it, and the worker serves on.
+func TestConcourseGardenInfoLimitsAndRefusals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const name = "cwinfo"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{state: newState(t)})
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	srv := httptest.NewServer(g.containers.API(name))
+	defer srv.Close()
+	gc := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	limits := garden.Limits{CPU: garden.CPULimits{LimitInShares: 512}, Memory: garden.MemoryLimits{LimitInBytes: 100 << 20}}
+	c, err := gc.Create(garden.ContainerSpec{Handle: "cwinfo-1", RootFSPath: "docker:///busybox", Limits: limits,
+		Properties: garden.Properties{"user": "root"}})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, gc.Destroy("cwinfo-1")) }()
+	p, err := c.Run(garden.ProcessSpec{ID: "hello", Path: "true"}, garden.ProcessIO{Stdout: io.Discard, Stderr: io.Discard})
+	require.NoError(t, err)
+	status, err := p.Wait()
+	require.NoError(t, err)
+	require.Equal(t, 0, status)
+
+	pods := containerPods(ctx, t, clusters[0].Client.CoreV1().Pods(name), "cwinfo-1")
+	require.Len(t, pods, 1)
+	info, err := c.Info()
+	require.NoError(t, err)
+	assert.Equal(t, "active", info.State)
+	assert.Equal(t, pods[0].Status.PodIP, info.ContainerIP, "the pod's IP")
+	assert.NotEmpty(t, info.ContainerIP)
+	assert.Equal(t, []string{"hello"}, info.ProcessIDs)
+	assert.Equal(t, "root", info.Properties["user"])
+
+	bulk, err := gc.BulkInfo([]string{"cwinfo-1", "no-such"})
+	require.NoError(t, err)
+	assert.Equal(t, info, bulk["cwinfo-1"].Info)
+	assert.Nil(t, bulk["cwinfo-1"].Err)
+	require.NotNil(t, bulk["no-such"].Err)
+	assert.ErrorAs(t, bulk["no-such"].Err.Err, &garden.ContainerNotFoundError{})
+
+	cpu, err := c.CurrentCPULimits()
+	require.NoError(t, err)
+	assert.Equal(t, limits.CPU, cpu)
+	mem, err := c.CurrentMemoryLimits()
+	require.NoError(t, err)
+	assert.Equal(t, limits.Memory, mem)
+	disk, err := c.CurrentDiskLimits()
+	require.NoError(t, err)
+	assert.Zero(t, disk, "none given")
+
+	_, _, err = c.NetIn(8080, 8080)
+	assert.ErrorContains(t, err, "do not serve Garden's POST /containers/cwinfo-1/net/in")
+	_, err = c.StreamOut(garden.StreamOutSpec{Path: "/etc"})
+	assert.ErrorContains(t, err, "do not serve Garden's GET /containers/cwinfo-1/files")
+	_, err = c.Metrics()
+	assert.ErrorContains(t, err, "do not serve Garden's GET /containers/cwinfo-1/metrics")
+	_, err = gc.Lookup("cwinfo-1")
+	assert.NoError(t, err, "the worker serves on")
+}
