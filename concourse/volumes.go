@@ -254,6 +254,17 @@ func (e *unboundHolder) Error() string {
 	return fmt.Sprintf("the volume holder pod %s is not bound to jetway's create: it gets no request", e.pod.Name)
 }
 
+// Unwrap is errNoHolder (no volume: it never got a request) for an
+// emptyDir's holder, so that a lookup finds none and a destroy has none
+// to destroy while its maker binds it; a claim's holder's volumes may be
+// on its claim, for the holder once it is bound.
+func (e *unboundHolder) Unwrap() error {
+	if steppod.HolderClaimName(e.pod) != "" {
+		return nil
+	}
+	return errNoHolder
+}
+
 // ensure makes cluster target t's volume holder (and binds it) if there
 // is none, and waits until it runs. Whoever made the pod of that name, it
 // is used only if it is the very pod jetway made (ownership.Key.Bound):

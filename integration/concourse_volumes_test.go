@@ -215,15 +215,18 @@ func listedVolumes(t *testing.T, web *cwn.WebNode, worker string) []string {
 
 // TestASweepListsNoVolumesOfAHolderNotYetBound: between the create of a
 // target's volume holder and its binding (ownership.Bind), the pod is
-// sealed but not bound; a sweep that lists it then gets no volumes, not
-// an error: a pod not bound to jetway's create never got a request, so it
-// holds none of the web node's volumes (CI saw the sweep fail in that
-// moment).
+// sealed but not bound; a sweep that lists it then gets no volumes, and a
+// lookup not found, not an error: a pod not bound to jetway's create
+// never got a request, so it holds none of the web node's volumes (CI saw
+// the sweep fail in that moment, and a web node's first check on a new
+// target failed its lookup with a 500).
 func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "holder-binding"
 	g, _ := holderWithAVolume(ctx, t, ns)
+	api := httptest.NewServer(g.holder.API(ns))
+	defer api.Close()
 
 	// As it is a moment after its create: sealed, its binding not written.
 	pods := clusters[1].Client.CoreV1().Pods(ns)
@@ -241,6 +244,11 @@ func TestASweepListsNoVolumesOfAHolderNotYetBound(t *testing.T) {
 		}
 		return nil
 	})
+	resp, err := http.Get(api.URL + "/volumes/v1")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a lookup in a holder not bound: %s", b)
 }
 
 // TestAReplacedHolderIsGoneBeforeItsSuccessor: a running volume holder
