@@ -75,6 +75,20 @@ func TestLoadResourceTypes(t *testing.T) {
 	bad := write(t, "bad.yaml", []byte("git: ''\n'a b': x\n"))
 	_, err = LoadResourceTypes(bad)
 	assert.EqualError(t, err, "resource types "+bad+`: "a b" is not a resource type name; git: no image`)
+
+	// As a stock worker's resource_metadata.json says them.
+	types, err = LoadResourceTypes(write(t, "meta.yaml", []byte("time:\n  image: docker.io/concourse/time-resource:1.8.0\n"+
+		"  version: 1.8.0\n  unique_version_history: true\ndocker-image: {image: docker.io/concourse/docker-image-resource:1.9, privileged: true}\n"+
+		"git: docker.io/concourse/git-resource:1.18\n")))
+	require.NoError(t, err)
+	assert.Equal(t, []wire.ResourceType{
+		{Type: "docker-image", Image: "docker.io/concourse/docker-image-resource:1.9", Privileged: true},
+		{Type: "git", Image: "docker.io/concourse/git-resource:1.18"},
+		{Type: "time", Image: "docker.io/concourse/time-resource:1.8.0", Version: "1.8.0", UniqueVersionHistory: true}}, types)
+	bad = write(t, "badmeta.yaml", []byte("time: {image: x, unique: true}\ngit: {version: '1'}\n"))
+	_, err = LoadResourceTypes(bad)
+	assert.ErrorContains(t, err, `git: no image`)
+	assert.ErrorContains(t, err, `time: want an image reference, or image with version, privileged and unique_version_history: json: unknown field "unique"`)
 	_, err = LoadResourceTypes(write(t, "list.yaml", []byte("- git\n")))
 	assert.ErrorContains(t, err, "want a map of type to image reference")
 	types, err = LoadResourceTypes("")

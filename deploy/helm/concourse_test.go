@@ -104,6 +104,7 @@ func TestConcourseExistingSecret(t *testing.T) {
 	assert.Equal(t, []wire.ResourceType{
 		{Type: "git", Image: "docker.io/concourse/git-resource:1.18.0"},
 		{Type: "registry-image", Image: "docker.io/concourse/registry-image-resource:1.14.2"},
+		{Type: "time", Image: "docker.io/concourse/time-resource:1.8.0", Version: "1.8.0", UniqueVersionHistory: true},
 	}, types)
 }
 

@@ -1,0 +1,83 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/wire"
+)
+
+// TestRealNodeConcourseUniqueVersionHistory: a base resource type
+// declared with unique_version_history, as a stock worker's
+// resource_metadata.json declares the time resource, reaches an
+// unmodified web node, which then keeps a version history per resource:
+// with global resources on, two resources of such a type with the same
+// source get versions of their own, where two of a type without it share
+// theirs.
+func TestRealNodeConcourseUniqueVersionHistory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const name = "rn-uvh"
+	rn := startRealNode(t)
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	// Global resources: resources of one type and source share their
+	// versions, but for a type with unique_version_history (without it,
+	// every resource has its own history anyway).
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, Args: []string{"--enable-global-resources"}})
+	busybox := rn.NodeImage("busybox-image.tar") // the test resource type's scripts in /opt/resource
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		resourceTypes: []wire.ResourceType{{Type: "shared", Image: busybox, Version: "1.0"},
+			{Type: "unique", Image: busybox, Version: "1.0", UniqueVersionHistory: true}}})
+	w := flyWorker(t, web, name, time.Minute, workerIn("running"))
+	i := slices.IndexFunc(w.ResourceTypes, func(rt wire.ResourceType) bool { return rt.Type == "unique" })
+	require.GreaterOrEqual(t, i, 0, "the web node lists the type: %v", w.ResourceTypes)
+	assert.True(t, w.ResourceTypes[i].UniqueVersionHistory)
+
+	fly := func(args ...string) string {
+		t.Helper()
+		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		require.NoError(t, err, out)
+		return out
+	}
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(`resources:
+- {name: s1, type: shared, source: {uri: git://repo}}
+- {name: s2, type: shared, source: {uri: git://repo}}
+- {name: u1, type: unique, source: {uri: git://repo}}
+- {name: u2, type: unique, source: {uri: git://repo}}
+jobs:
+- name: j
+  plan: [{get: s1}, {get: s2}, {get: u1}, {get: u2}]
+`))
+	fly("set-pipeline", "-n", "-p", "uvh", "-c", pipeline)
+	fly("unpause-pipeline", "-p", "uvh")
+	versions := map[string][]int{}
+	for _, r := range []string{"s1", "s2", "u1", "u2"} {
+		fly("check-resource", "-r", "uvh/"+r)
+		var vs []struct {
+			ID      int               `json:"id"`
+			Version map[string]string `json:"version"`
+		}
+		out := fly("resource-versions", "-r", "uvh/"+r, "--json")
+		require.NoError(t, json.Unmarshal([]byte(out), &vs), out)
+		require.Len(t, vs, 2, "%s: the check's two versions: %s", r, out)
+		for _, v := range vs {
+			versions[r] = append(versions[r], v.ID)
+		}
+		slices.Sort(versions[r])
+	}
+	assert.Equal(t, versions["s1"], versions["s2"], "a type without unique_version_history: one history for one source")
+	for _, id := range versions["u1"] {
+		assert.NotContains(t, versions["u2"], id, "unique_version_history: a history per resource")
+	}
+}
