@@ -408,17 +408,22 @@ func (r *Registrar) worker(st targets.Status) wire.Worker {
 		types = nil
 	}
 	cw := st.Meta.Concourse
-	return wire.Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
+	w := wire.Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
 		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: types,
 		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward,
 		Ephemeral: cw.Ephemeral, HTTPProxyURL: cw.HTTPProxy, HTTPSProxyURL: cw.HTTPSProxy, NoProxy: cw.NoProxy}
+	if cw.Certs != "" && !targets.IsAgent(st) {
+		w.CertsPath = new(CertsPath)
+	}
+	return w
 }
 
 // sameWorker reports whether a registration of a is one of b: anything
 // else it tells the web node is registered again.
 func sameWorker(a, b wire.Worker) bool {
 	return a.Name == b.Name && a.Team == b.Team && a.Platform == b.Platform && slices.Equal(a.Tags, b.Tags) &&
-		a.Ephemeral == b.Ephemeral && a.HTTPProxyURL == b.HTTPProxyURL && a.HTTPSProxyURL == b.HTTPSProxyURL && a.NoProxy == b.NoProxy
+		a.Ephemeral == b.Ephemeral && a.HTTPProxyURL == b.HTTPProxyURL && a.HTTPSProxyURL == b.HTTPSProxyURL && a.NoProxy == b.NoProxy &&
+		(a.CertsPath == nil) == (b.CertsPath == nil)
 }
 
 // start starts a session registering w. r.mu is held.

@@ -498,11 +498,20 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	if err != nil {
 		return nil, err
 	}
+	if certsImport(body) {
+		return h.createCerts(ctx, target, send, body)
+	}
 	if parent := parentOf(body); parent != "" {
 		if err := h.settle(ctx, target, parent); err != nil {
 			return nil, err
 		}
 	}
+	return h.post(ctx, target, send, body)
+}
+
+// post sends the create request body to target's holder (send), and
+// returns the volume's JSON.
+func (h *Holder) post(ctx context.Context, target string, send volumeSender, body []byte) (json.RawMessage, error) {
 	start := time.Now()
 	resp, err := send.call(ctx, http.MethodPost, "/volumes", nil, http.Header{"Content-Type": {"application/json"}}, body)
 	if err != nil {

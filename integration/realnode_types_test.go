@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/wire"
@@ -80,4 +82,50 @@ jobs:
 	for _, id := range versions["u1"] {
 		assert.NotContains(t, versions["u2"], id, "unique_version_history: a history per resource")
 	}
+}
+
+// TestRealNodeConcourseResourceCerts: a target whose target.yaml names a
+// ConfigMap of CA certificates (concourse.certs) registers a certs_path,
+// as a stock worker with --certs-dir does, and the web node gives its
+// resource containers the ConfigMap's files at /etc/ssl/certs: a check
+// reads them there. A task gets none, as on a stock worker.
+func TestRealNodeConcourseResourceCerts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const name = "rn-certs"
+	rn := startRealNode(t)
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+		targetYAML:    "concourse: {certs: ci-ca}\n",
+		resourceTypes: []wire.ResourceType{{Type: "test", Image: rn.NodeImage("busybox-image.tar"), Version: "1.0"}}})
+	_, err := rn.Client.CoreV1().ConfigMaps(name).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ci-ca"},
+		Data: map[string]string{"ca-certificates.crt": "-----BEGIN CERTIFICATE-----jetway-test-ca-----END CERTIFICATE-----"}},
+		metav1.CreateOptions{})
+	require.NoError(t, err)
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+
+	fly := func(args ...string) string {
+		t.Helper()
+		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		require.NoError(t, err, out)
+		return out
+	}
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte("resources:\n- {name: r, type: test, source: {uri: show-certs}}\n"+
+		"jobs:\n- name: j\n  plan: [{get: r}]\n"))
+	fly("set-pipeline", "-n", "-p", "certs", "-c", pipeline)
+	fly("unpause-pipeline", "-p", "certs")
+	out := fly("check-resource", "-r", "certs/r")
+	assert.Contains(t, out, "cert file /etc/ssl/certs/ca-certificates.crt: -----BEGIN CERTIFICATE-----jetway-test-ca-----END CERTIFICATE-----")
+	assert.Contains(t, out, "succeeded")
+
+	task := filepath.Join(t.TempDir(), "task.yml")
+	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\n"+
+		"run: {path: sh, args: [-c, 'ls /etc/ssl/certs 2>&1 || true; echo listed']}\n"))
+	out = fly("execute", "-c", task)
+	assert.NotContains(t, out, "ca-certificates.crt", "a task gets no CA certificates, as on a stock worker")
+	assert.Contains(t, out, "listed")
 }

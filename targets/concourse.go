@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // ConcourseWorker is how a target registers as a Concourse worker beyond
@@ -20,6 +22,11 @@ type ConcourseWorker struct {
 	HTTPProxy  string `json:"httpProxy,omitempty"`
 	HTTPSProxy string `json:"httpsProxy,omitempty"`
 	NoProxy    string `json:"noProxy,omitempty"`
+	// Certs names a ConfigMap of the target's namespace whose keys are the
+	// CA certificates the web node gives the worker's resource containers
+	// (checks, gets, puts) at /etc/ssl/certs, each key a file (a stock
+	// worker's --certs-dir).
+	Certs string `json:"certs,omitempty"`
 }
 
 // validate names each proxy that is not an http or https URL with a host,
@@ -36,6 +43,11 @@ func (c ConcourseWorker) validate() error {
 			errs = append(errs, fmt.Errorf("concourse.%s is not a URL", p.key)) // err quotes it, credentials and all
 		case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
 			errs = append(errs, fmt.Errorf("concourse.%s %q is not an http:// or https:// URL with a host", p.key, u.Redacted()))
+		}
+	}
+	if c.Certs != "" {
+		if msgs := validation.IsDNS1123Subdomain(c.Certs); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("concourse.certs %q is not a ConfigMap name: %s", c.Certs, strings.Join(msgs, "; ")))
 		}
 	}
 	if strings.ContainsAny(c.NoProxy, " \t\n") {

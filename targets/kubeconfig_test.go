@@ -123,15 +123,15 @@ func TestParse(t *testing.T) {
 			}},
 		{name: "concourse worker", config: kubeconfig("", "", ""),
 			yaml: "concourse:\n  ephemeral: true\n  httpProxy: http://user:pw@proxy.corp:3128\n  httpsProxy: https://proxy.corp:3129\n" +
-				"  noProxy: localhost,10.0.0.0/8,.svc\n",
+				"  noProxy: localhost,10.0.0.0/8,.svc\n  certs: ci-ca\n",
 			check: func(t *testing.T, c *Config) {
 				assert.Equal(t, ConcourseWorker{Ephemeral: true, HTTPProxy: "http://user:pw@proxy.corp:3128", HTTPSProxy: "https://proxy.corp:3129",
-					NoProxy: "localhost,10.0.0.0/8,.svc"}, c.Meta.Concourse)
+					NoProxy: "localhost,10.0.0.0/8,.svc", Certs: "ci-ca"}, c.Meta.Concourse)
 			}},
 		{name: "bad concourse worker", config: kubeconfig("", "", ""),
-			yaml: "concourse:\n  httpProxy: socks5://user:s3cret@proxy.corp\n  httpsProxy: \"http://user:s3cret@[::1\"\n  noProxy: a, b\n",
+			yaml: "concourse:\n  httpProxy: socks5://user:s3cret@proxy.corp\n  httpsProxy: \"http://user:s3cret@[::1\"\n  noProxy: a, b\n  certs: CI_CA\n",
 			wantErr: []string{`concourse.httpProxy "socks5://user:xxxxx@proxy.corp" is not an http:// or https:// URL with a host`,
-				"concourse.httpsProxy is not a URL", "concourse.noProxy is a comma-separated list"}},
+				"concourse.httpsProxy is not a URL", "concourse.noProxy is a comma-separated list", `concourse.certs "CI_CA" is not a ConfigMap name`}},
 		{name: "steps policy left out", config: kubeconfig("", "", ""), yaml: "team: main\n",
 			check: func(t *testing.T, c *Config) {
 				assert.Equal(t, StepPolicy{}, c.Meta.Steps, "the gateway's defaults, nothing privileged")

@@ -18,6 +18,9 @@ type Worker struct {
 	HTTPProxyURL     string         `json:"http_proxy_url,omitempty"`
 	HTTPSProxyURL    string         `json:"https_proxy_url,omitempty"`
 	NoProxy          string         `json:"no_proxy,omitempty"`
+	// CertsPath, when set, makes the web node give the worker's resource
+	// containers a volume imported from it at /etc/ssl/certs.
+	CertsPath *string `json:"certs_path,omitempty"`
 	ActiveContainers int            `json:"active_containers"`
 	ActiveVolumes    int            `json:"active_volumes"`
 	ActiveTasks      int            `json:"active_tasks"`
