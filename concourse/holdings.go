@@ -25,7 +25,7 @@ import (
 // with this label counts as a container only if jetway sealed it
 // (ownership.Key): a pod planted with the label is never reported to the
 // web node, nor deleted when the web node names its handle.
-const ContainerLabel = "jetway-ci.dev/concourse-container"
+const ContainerLabel = targets.ConcourseContainerLabel
 
 // Holdings are what jetway holds for a web node on a target: the
 // containers and volumes the worker reports at each sweep, and destroys

@@ -21,9 +21,12 @@ type Targets interface {
 }
 
 // Lifecycle lands a target in jetway (the lifecycle controller): what the
-// web node landing or retiring its worker does.
+// web node landing or retiring its worker does; and records that the web
+// node released a landing or retiring target's worker, so that the
+// containers it keeps hold the target no longer.
 type Lifecycle interface {
 	Land(ctx context.Context, name string) error
+	Release(ctx context.Context, name string) error
 }
 
 // Registration states, as /api/v1/targets shows them.
@@ -149,7 +152,7 @@ type Registrar struct {
 }
 
 type session struct {
-	worker wire.Worker
+	worker wire.Worker // r.mu: its state follows the target's
 	cancel context.CancelFunc
 }
 
@@ -277,12 +280,19 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		w := r.worker(st)
 		s, registered := r.sessions[st.Name]
 		_, landed := r.landed[st.Name]
-		want := registers && st.State == targets.StateRunning && !landed
 		landedThere := r.regs[st.Name].State == StateLanded
+		// A landing or retiring target stays registered until the web
+		// node drained and released its worker, so its running builds
+		// keep the worker's APIs, as a stock worker's do.
+		draining := (st.State == targets.StateLanding || st.State == targets.StateRetiring) &&
+			!st.Released && !landedThere && !agents[st.Name]
+		want := registers && (st.State == targets.StateRunning || draining) && !landed
 		switch {
 		case want && registered && !sameWorker(s.worker, w):
-			s.cancel() // its team, tags or platform changed: register anew
+			s.cancel() // what it tells the web node changed: register anew
 			r.start(ctx, w)
+		case want && registered:
+			s.worker.State = w.State // a registration made again says it is landing or retiring
 		case want && !registered:
 			r.start(ctx, w)
 		case !want && registered:
@@ -408,7 +418,12 @@ func (r *Registrar) worker(st targets.Status) wire.Worker {
 		types = nil
 	}
 	cw := st.Meta.Concourse
-	w := wire.Worker{Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
+	var state string // a running worker's is the web node's to keep
+	switch st.State {
+	case targets.StateLanding, targets.StateRetiring:
+		state = string(st.State)
+	}
+	w := wire.Worker{State: state, Name: st.Name, Team: st.Meta.Team, Tags: slices.Clone(st.Meta.Tags), Platform: platform,
 		Version: r.opts.WorkerVersion, StartTime: st.StartTime.Unix(), ResourceTypes: types,
 		GardenAddr: gardenForward, BaggageclaimURL: "http://" + baggageclaimForward,
 		Ephemeral: cw.Ephemeral, HTTPProxyURL: cw.HTTPProxy, HTTPSProxyURL: cw.HTTPSProxy, NoProxy: cw.NoProxy}
@@ -419,7 +434,7 @@ func (r *Registrar) worker(st targets.Status) wire.Worker {
 }
 
 // sameWorker reports whether a registration of a is one of b: anything
-// else it tells the web node is registered again.
+// else it tells the web node but its state is registered again.
 func sameWorker(a, b wire.Worker) bool {
 	return a.Name == b.Name && a.Team == b.Team && a.Platform == b.Platform && slices.Equal(a.Tags, b.Tags) &&
 		a.Ephemeral == b.Ephemeral && a.HTTPProxyURL == b.HTTPProxyURL && a.HTTPSProxyURL == b.HTTPSProxyURL && a.NoProxy == b.NoProxy &&
@@ -438,10 +453,15 @@ func (r *Registrar) start(ctx context.Context, w wire.Worker) {
 // keep keeps w registered until ctx ends or the web node ends its
 // registration.
 func (r *Registrar) keep(ctx context.Context, s *session) {
+	r.mu.Lock()
 	w := s.worker
+	r.mu.Unlock()
 	log := r.opts.Logger.With("target", w.Name)
 	wait := r.opts.RetryMin
 	for {
+		r.mu.Lock()
+		w = s.worker // landing or retiring now, if the target is
+		r.mu.Unlock()
 		r.update(w.Name, func(reg *Registration) { reg.State, reg.Since = StateRegistering, time.Now() })
 		start := time.Now()
 		registered := make(chan Event, 1)
@@ -483,26 +503,7 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 			return
 		}
 		if err == nil {
-			// The web node landed or retired the worker: land the target
-			// here too, and register it again only once it is resumed.
-			log.Info("the web node ended the worker's registration (landed or retired): landing the target")
-			r.mu.Lock()
-			r.landed[w.Name] = r.since[w.Name]
-			if r.sessions[w.Name] == s {
-				delete(r.sessions, w.Name) // ended: once resumed, a new one registers it
-			}
-			land := r.opts.LandAgent
-			if !r.agents[w.Name] && r.opts.Lifecycle != nil {
-				land = r.opts.Lifecycle.Land
-			}
-			r.mu.Unlock()
-			r.update(w.Name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateLanded, time.Now(), "" })
-			if land != nil {
-				if err := land(ctx, w.Name); err != nil && ctx.Err() == nil {
-					log.Warn("target not landed after the web node landed its worker", "error", err.Error())
-				}
-			}
-			s.cancel()
+			r.released(ctx, s, log)
 			return
 		}
 		r.failed(log, w.Name, err, wait)
@@ -513,6 +514,49 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 			return
 		}
 		wait = min(2*wait, r.opts.RetryMax)
+	}
+}
+
+// released follows the web node's end of session s's registration: it
+// landed or deleted the worker, its builds drained. A running target is
+// landed here too (the web node landed it first); a landing or retiring
+// one goes on. Either is released (Lifecycle.Release), so that the
+// containers the web node keeps hold it no longer; a retiring one's
+// containers went with the worker there, so their records are forgotten.
+// It is registered again only once resumed.
+func (r *Registrar) released(ctx context.Context, s *session, log *slog.Logger) {
+	r.mu.Lock()
+	name, was := s.worker.Name, r.was[s.worker.Name]
+	r.landed[name] = r.since[name]
+	if r.sessions[name] == s {
+		delete(r.sessions, name) // ended: once resumed, a new one registers it
+	}
+	agent := r.agents[name]
+	r.mu.Unlock()
+	log.Info("the web node ended the worker's registration (landed or retired)", "target_state", string(was))
+	r.update(name, func(reg *Registration) { reg.State, reg.Since, reg.Error = StateLanded, time.Now(), "" })
+	defer s.cancel()
+	switch {
+	case agent:
+		if r.opts.LandAgent != nil {
+			if err := r.opts.LandAgent(ctx, name); err != nil && ctx.Err() == nil {
+				log.Warn("agent not landed after the web node landed its worker", "error", err.Error())
+			}
+		}
+		return
+	case r.opts.Lifecycle == nil:
+		return
+	}
+	if was != targets.StateLanding && was != targets.StateRetiring {
+		if err := r.opts.Lifecycle.Land(ctx, name); err != nil && ctx.Err() == nil {
+			log.Warn("target not landed after the web node landed its worker", "error", err.Error())
+		}
+	}
+	if err := r.opts.Lifecycle.Release(ctx, name); err != nil && ctx.Err() == nil {
+		log.Warn("target not released after the web node released its worker: the containers the web node keeps hold it", "error", err.Error())
+	}
+	if was == targets.StateRetiring {
+		r.forgetContainers(ctx, name)
 	}
 }
 

@@ -128,10 +128,11 @@ func (c *Controller) reconcile(ctx context.Context, k *kube, life targets.Lifecy
 		return err
 	}
 	pods := k.t.Pods()
+	released := !life.Released.IsZero()
 	switch {
-	case life.State == targets.StateLanding && len(unfinished(pods)) == 0:
+	case life.State == targets.StateLanding && len(unfinished(pods, released)) == 0:
 		return c.withLease(ctx, k, c.land(k))
-	case life.State == targets.StateRetiring && len(unfinished(pods)) == 0:
+	case life.State == targets.StateRetiring && len(unfinished(pods, released)) == 0:
 		return c.withLease(ctx, k, c.retire(k, log))
 	}
 	if stale := c.stale(pods); len(stale) > 0 {
@@ -146,11 +147,15 @@ func (c *Controller) reconcile(ctx context.Context, k *kube, life targets.Lifecy
 // land turns landing into landed, unless another replica already did.
 func (c *Controller) land(k *kube) action {
 	return func(ctx context.Context) (bool, error) {
+		cur, err := k.read(ctx)
+		if err != nil {
+			return false, err
+		}
 		pods, err := k.ownedPods(ctx)
 		if err != nil {
 			return false, err
 		}
-		if len(unfinished(pods)) > 0 {
+		if len(unfinished(pods, !cur.Released.IsZero())) > 0 {
 			return false, nil
 		}
 		var landed bool
@@ -185,7 +190,7 @@ func (c *Controller) retire(k *kube, log *slog.Logger) action {
 		if err != nil {
 			return false, err
 		}
-		if len(unfinished(pods)) > 0 {
+		if len(unfinished(pods, !cur.Released.IsZero())) > 0 {
 			return false, nil
 		}
 		if _, err := c.deletePods(ctx, k, pods, "retire", log); err != nil {
@@ -334,12 +339,16 @@ func uidPrecondition(uid types.UID) metav1.DeleteOptions {
 func gone(err error) bool { return apierrors.IsNotFound(err) || apierrors.IsConflict(err) }
 
 // unfinished names the step pods that hold a landing target: unfinished
-// ones and those being deleted.
-func unfinished(pods []*corev1.Pod) []string {
+// ones and those being deleted, but, once a web node released the
+// target's worker, the pods of the containers it keeps.
+func unfinished(pods []*corev1.Pod, released bool) []string {
 	var out []string
 	for _, p := range pods {
 		if targets.IsVolumeHolder(p) {
 			continue // deleted with the rest once the steps ended
+		}
+		if released && targets.IsConcourseContainer(p) {
+			continue // kept by the web node for its checks and failed builds, which no longer hold the target
 		}
 		if !targets.Finished(p) || p.DeletionTimestamp != nil {
 			out = append(out, p.Name)

@@ -23,6 +23,24 @@ func (c *Controller) Land(ctx context.Context, name string) error {
 	})
 }
 
+// Release records that a Concourse web node released the worker of a
+// landing, landed or retiring target: it landed or deleted it there once
+// its builds drained. The containers the web node keeps (a check's, a
+// failed build's) then hold the target no longer. A running target (the
+// web node ended its registration first) is landed by the caller first.
+func (c *Controller) Release(ctx context.Context, name string) error {
+	return c.decide(ctx, name, func(cur targets.Lifecycle) (targets.Lifecycle, bool) {
+		switch cur.State {
+		case targets.StateLanding, targets.StateLanded, targets.StateRetiring:
+			if cur.Released.IsZero() {
+				cur.Released = c.opts.Now()
+				return cur, true
+			}
+		}
+		return cur, false
+	})
+}
+
 // Retire lands the target, then deletes everything jetway created in its
 // namespace and forgets it.
 func (c *Controller) Retire(ctx context.Context, name string) error {

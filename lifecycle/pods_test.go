@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -34,8 +35,15 @@ func TestUnfinishedAndStale(t *testing.T) {
 		pod("done-just-now", corev1.PodSucceeded, now.Add(-time.Second), false),
 		pod("done-deleting", corev1.PodSucceeded, now.Add(-time.Hour), true),
 	}
-	assert.Equal(t, []string{"done-deleting", "pending", "running"}, unfinished(pods),
+	assert.Equal(t, []string{"done-deleting", "pending", "running"}, unfinished(pods, false),
 		"a pod being deleted still holds its target")
+	check := pod("check-container", corev1.PodRunning, now, false)
+	check.Labels = map[string]string{targets.ConcourseContainerLabel: "h1"}
+	withCheck := append(slices.Clone(pods), check)
+	assert.Equal(t, []string{"check-container", "done-deleting", "pending", "running"}, unfinished(withCheck, false),
+		"a web node's container holds its target while the web node has its worker")
+	assert.Equal(t, []string{"done-deleting", "pending", "running"}, unfinished(withCheck, true),
+		"and not once the web node released it")
 	c := New(Options{GCGrace: 10 * time.Minute, Now: func() time.Time { return now }})
 	var stale []string
 	for _, p := range c.stale(pods) {
@@ -78,7 +86,7 @@ func TestEndedStepPodsAreCollected(t *testing.T) {
 	}
 	pods := []*corev1.Pod{ended("ended-long-ago", now.Add(-time.Hour)), ended("ended-just-now", now.Add(-time.Second)),
 		pod("running", corev1.PodRunning, now, false)}
-	assert.Equal(t, []string{"running"}, unfinished(pods), "an ended step holds no target")
+	assert.Equal(t, []string{"running"}, unfinished(pods, false), "an ended step holds no target")
 	c := New(Options{GCGrace: 10 * time.Minute, Now: func() time.Time { return now }})
 	var stale []string
 	for _, p := range c.stale(pods) {

@@ -14,13 +14,16 @@ const (
 	recordConfigHash = "config-sha256"
 	// recordPruned holds the hash of the configuration that was pruned.
 	recordPruned = "pruned-config-sha256"
+	// recordReleased holds when a web node released the target's worker.
+	recordReleased = "concourse-released"
 )
 
 // DecodeLifecycle reads a lifecycle record's data.
 func DecodeLifecycle(data map[string]string) Lifecycle {
 	since, _ := time.Parse(time.RFC3339, data[recordSince])
+	released, _ := time.Parse(time.RFC3339, data[recordReleased])
 	return Lifecycle{State: State(data[recordState]), Since: since,
-		ConfigHash: data[recordConfigHash], PrunedHash: data[recordPruned]}
+		ConfigHash: data[recordConfigHash], PrunedHash: data[recordPruned], Released: released}
 }
 
 // Data is the lifecycle record's data for l; empty fields are left out,
@@ -34,6 +37,9 @@ func (l Lifecycle) Data() map[string]string {
 	}
 	if !l.Since.IsZero() {
 		data[recordSince] = l.Since.UTC().Format(time.RFC3339)
+	}
+	if !l.Released.IsZero() {
+		data[recordReleased] = l.Released.UTC().Format(time.RFC3339)
 	}
 	return data
 }

@@ -47,6 +47,11 @@ type Lifecycle struct {
 	// PrunedHash is, for a pruned target, the hash of the configuration
 	// that was pruned: the target stays out of every list while it has it.
 	PrunedHash string
+	// Released is, for a landing, landed or retiring target, when a
+	// Concourse web node released its worker (landed or deleted it there,
+	// its builds drained): the containers the web node keeps no longer
+	// hold the target.
+	Released time.Time
 }
 
 // Reconciler acts on a target after each health check: the lifecycle
@@ -73,6 +78,9 @@ type Status struct {
 	// Holding names the unfinished step pods a landing or retiring target
 	// waits for.
 	Holding []string
+	// Released: a Concourse web node released the worker of this landing,
+	// landed or retiring target (Lifecycle.Released).
+	Released bool
 	// Counts are the live step counts from the target's watch.
 	Counts Counts
 }
@@ -451,11 +459,11 @@ func (r *Registry) status(rec *record) Status {
 	// An operator's decision outlasts health: only running targets stall.
 	switch life := rec.recorded(); life.State {
 	case StateLanding, StateLanded, StateRetiring:
-		s.State = life.State
+		s.State, s.Released = life.State, !life.Released.IsZero()
 		if life.State == StateLanded {
 			break
 		}
-		s.Holding = rec.target.Holding()
+		s.Holding = rec.target.HoldingBut(s.Released)
 		if r.overdue(life) && len(s.Holding) > 0 {
 			s.Error = joinErr(s.Error, fmt.Sprintf("still %s since %s: waiting for step pods %s",
 				life.State, life.Since.UTC().Format(time.RFC3339), strings.Join(s.Holding, ", ")))

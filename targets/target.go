@@ -95,6 +95,15 @@ const StepTypeLabel = "jetway-ci.dev/step-type"
 // (provision.Access.HermeticPolicy).
 const HermeticLabel = "jetway-ci.dev/hermetic"
 
+// ConcourseContainerLabel marks a Concourse web node's container's pod,
+// with its Garden handle (concourse.ContainerLabel).
+const ConcourseContainerLabel = "jetway-ci.dev/concourse-container"
+
+// IsConcourseContainer reports whether p is a web node's container's pod:
+// once the web node released its worker (Lifecycle.Released), one it
+// keeps (a check's, a failed build's) holds no landing or retiring.
+func IsConcourseContainer(p *corev1.Pod) bool { return p.Labels[ConcourseContainerLabel] != "" }
+
 // VolumeHolderLabel marks the pod that keeps a Concourse web node's
 // volumes on a target (concourse.Holder). It runs no step: it is not
 // counted, and a landing target does not wait for it; retiring deletes it
@@ -220,6 +229,16 @@ func (t *Target) Counts() Counts { return t.pods.View().(podSummary).counts }
 // target waits for.
 func (t *Target) Holding() []string { return t.pods.View().(podSummary).holding }
 
+// HoldingBut is Holding without the pods of Concourse containers, which
+// hold no target whose worker the web node released.
+func (t *Target) HoldingBut(released bool) []string {
+	s := t.pods.View().(podSummary)
+	if !released || len(s.held) == 0 {
+		return s.holding
+	}
+	return slices.DeleteFunc(slices.Clone(s.holding), func(name string) bool { return s.held[name] })
+}
+
 // Pods returns the cached step pods. They are shared: do not modify them.
 func (t *Target) Pods() []*corev1.Pod { return t.pods.View().(podSummary).pods }
 
@@ -253,6 +272,8 @@ type podSummary struct {
 	byName  map[string]*corev1.Pod // each step's runner looks its pod up on every change
 	counts  Counts
 	holding []string
+	// held are the names of holding that are Concourse containers' pods.
+	held map[string]bool
 }
 
 func podsView(items []any) any {
@@ -273,6 +294,12 @@ func podsView(items []any) any {
 		}
 		if !Finished(p) || p.DeletionTimestamp != nil {
 			s.holding = append(s.holding, p.Name) // gone only once deleted
+			if IsConcourseContainer(p) {
+				if s.held == nil {
+					s.held = map[string]bool{}
+				}
+				s.held[p.Name] = true
+			}
 		}
 		if Finished(p) {
 			continue
