@@ -137,6 +137,9 @@ type Registrar struct {
 	// agent, runs since another time than then (it was landed and resumed
 	// between two looks).
 	landed map[string]time.Time
+	// sweepers end the sweeps of workers the web node released while
+	// jetway still holds containers of them (landedSweeps).
+	sweepers map[string]context.CancelFunc
 	// since is when each agent entered its state, as it announces it (its
 	// LastCheck).
 	since map[string]time.Time
@@ -187,7 +190,8 @@ func New(opts Options) *Registrar {
 		version = &versionCheck{url: opts.WebURL, have: opts.WorkerVersion, client: &http.Client{}}
 	}
 	return &Registrar{opts: opts, version: version, regs: map[string]Registration{}, sessions: map[string]*session{},
-		landed: map[string]time.Time{}, since: map[string]time.Time{}, known: map[string]bool{}, was: map[string]targets.State{}}
+		landed: map[string]time.Time{}, since: map[string]time.Time{}, known: map[string]bool{}, was: map[string]targets.State{},
+		sweepers: map[string]context.CancelFunc{}}
 }
 
 // Registration is target name's registration, if it has one. A nil
@@ -214,6 +218,9 @@ func (r *Registrar) Start(ctx context.Context) error {
 		r.mu.Lock()
 		for _, s := range r.sessions {
 			s.cancel()
+		}
+		for _, stop := range r.sweepers {
+			stop()
 		}
 		r.mu.Unlock()
 		r.wg.Wait()
@@ -304,6 +311,23 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		}
 		if registers && r.was[st.Name] != st.State {
 			r.tell(ctx, w, r.was[st.Name], st.State, landedThere)
+		}
+		released := registers && !want && !agents[st.Name] && st.Released &&
+			(st.State == targets.StateLanding || st.State == targets.StateLanded)
+		switch stop, sweeping := r.sweepers[st.Name]; {
+		case released && !sweeping:
+			sctx, cancel := context.WithCancel(ctx)
+			r.sweepers[st.Name] = cancel
+			r.wg.Go(func() { r.landedSweeps(sctx, w) })
+		case !released && sweeping:
+			stop()
+			delete(r.sweepers, st.Name)
+		}
+	}
+	for name, stop := range r.sweepers {
+		if _, ok := seen[name]; !ok {
+			stop()
+			delete(r.sweepers, name)
 		}
 	}
 	for name, s := range r.sessions {

@@ -53,16 +53,64 @@ func (r *Registrar) sweeps(ctx context.Context, w wire.Worker, registered <-chan
 	}
 	run := commander(e.command)
 	if run == nil {
-		run = func(ctx context.Context, command string) ([]byte, error) { return r.opts.Web.Command(ctx, command, w) }
+		run = r.ownCommander(w)
 	}
 	for {
-		if err := r.opts.Holdings.Release(ctx, w.Name); err != nil && ctx.Err() == nil {
-			r.opts.Logger.Warn("kept containers not released; the next sweep tries again", "target", w.Name, "error", err.Error())
+		r.round(ctx, w.Name, run)
+		if backoff.Sleep(ctx, r.opts.SweepInterval) != nil {
+			return
 		}
-		for _, k := range r.kinds() {
-			if err := r.sweep(ctx, w.Name, k, run); err != nil && ctx.Err() == nil {
-				r.opts.Logger.Warn("sweep with the web node failed", "target", w.Name, "kind", k.name, "error", err.Error())
-			}
+	}
+}
+
+// ownCommander runs w's commands on connections of their own.
+func (r *Registrar) ownCommander(w wire.Worker) commander {
+	return func(ctx context.Context, command string) ([]byte, error) { return r.opts.Web.Command(ctx, command, w) }
+}
+
+// round releases target's kept containers that hold nothing, then sweeps
+// each kind with the web node (run); it reports whether every sweep went.
+func (r *Registrar) round(ctx context.Context, target string, run commander) bool {
+	if err := r.opts.Holdings.Release(ctx, target); err != nil && ctx.Err() == nil {
+		r.opts.Logger.Warn("kept containers not released; the next sweep tries again", "target", target, "error", err.Error())
+	}
+	ok := true
+	for _, k := range r.kinds() {
+		if err := r.sweep(ctx, target, k, run); err != nil && ctx.Err() == nil {
+			ok = false
+			r.opts.Logger.Warn("sweep with the web node failed", "target", target, "kind", k.name, "error", err.Error())
+		}
+	}
+	return ok
+}
+
+// maxLandedFailures is how many rounds in a row a released worker's
+// sweeps may fail before they stop: the web node deleted the worker
+// (fly retire-worker or prune-worker, which jetway cannot tell from a
+// landing through the TSA), and takes no report of it.
+const maxLandedFailures = 3
+
+// landedSweeps goes on sweeping w, whose registration the web node ended
+// once it drained the worker, while jetway holds containers of it: the
+// web node keeps some (a check's until its check session ends, a failed
+// build's until another build replaces it) and destroys them as it
+// releases them, as with a stock worker's sweeps, which go on while it is
+// landed. They run on connections of their own, until no container is
+// left, the target runs again, or the web node takes no report of w.
+func (r *Registrar) landedSweeps(ctx context.Context, w wire.Worker) {
+	run, failed := r.ownCommander(w), 0
+	for {
+		held, err := r.opts.Holdings.Containers(ctx, w.Name)
+		if err == nil && len(held) == 0 {
+			r.opts.Logger.Info("a landed worker holds no container: its sweeps end", "target", w.Name)
+			return
+		}
+		if r.round(ctx, w.Name, run) {
+			failed = 0
+		} else if failed++; failed == maxLandedFailures && ctx.Err() == nil {
+			r.opts.Logger.Warn("a landed worker's sweeps fail: they end, and its containers' pods stay until the target is resumed or retired",
+				"target", w.Name, "rounds", failed)
+			return
 		}
 		if backoff.Sleep(ctx, r.opts.SweepInterval) != nil {
 			return

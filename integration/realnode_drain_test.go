@@ -25,7 +25,9 @@ import (
 //   - `gateway land` and `fly land-worker`: the worker is landing while
 //     the task runs on; the build succeeds; the web node then lands the
 //     worker, and the target lands in jetway although the check's
-//     container, which the web node keeps, is still there.
+//     container, which the web node keeps, is still there. The landed
+//     worker's sweeps go on: once the web node releases that container
+//     (its pipeline destroyed), its pod is deleted.
 //   - `gateway retire`: the task runs on, the build succeeds, and the web
 //     node then deletes the worker.
 func TestRealNodeConcourseDrains(t *testing.T) {
@@ -103,6 +105,9 @@ func TestRealNodeConcourseDrains(t *testing.T) {
 		g.waitTarget(t, name, time.Minute, inState("landed"))
 		_, err := pods.Get(ctx, check.Name, metav1.GetOptions{})
 		assert.NoError(t, err, "%s: the check's container, which the web node keeps, is still there and held no landing", what)
+	}
+	resume := func() {
+		t.Helper()
 		code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/targets/"+name+"/resume", "")
 		require.Equal(t, http.StatusOK, code, body)
 		flyWorker(t, web, name, time.Minute, workerIn("running"))
@@ -114,10 +119,21 @@ func TestRealNodeConcourseDrains(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, body)
 	})
 	landed("gateway land", check)
+	resume()
 
 	check = checkContainer()
 	drains("fly land-worker", func() { fly("land-worker", "-w", name) })
 	landed("fly land-worker", check)
+	// The landed worker's sweeps go on: once the web node releases the
+	// check's container (its pipeline gone), it is destroyed.
+	fly("destroy-pipeline", "-n", "-p", "drain")
+	eventually(t, time.Minute, func() error {
+		if _, err := pods.Get(ctx, check.Name, metav1.GetOptions{}); err == nil {
+			return errorf("the check's container's pod %s is still there", check.Name)
+		}
+		return nil
+	})
+	resume()
 
 	drains("gateway retire", func() {
 		code, body, _ := call(t, http.MethodPut, g.base+"/api/v1/workers/"+name+"/retire", "")
