@@ -28,14 +28,8 @@ import (
 func TestConcourseProcessMessagesAreCapped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
 	const name = "cwcap"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{state: newState(t)})
-	g.waitTarget(t, name, 30*time.Second, inState("running"))
-	srv := httptest.NewServer(g.containers.API(name))
-	defer srv.Close()
-	gc := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	g, srv, gc := gardenOfTarget(ctx, t, name)
 	c, err := gc.Create(garden.ContainerSpec{Handle: "cwcap-1", RootFSPath: "docker:///busybox"})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, gc.Destroy("cwcap-1")) }()
@@ -89,14 +83,8 @@ func TestConcourseProcessMessagesAreCapped(t *testing.T) {
 func TestConcourseGardenInfoLimitsAndRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
 	const name = "cwinfo"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{state: newState(t)})
-	g.waitTarget(t, name, 30*time.Second, inState("running"))
-	srv := httptest.NewServer(g.containers.API(name))
-	defer srv.Close()
-	gc := gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
+	_, _, gc := gardenOfTarget(ctx, t, name)
 	limits := garden.Limits{CPU: garden.CPULimits{LimitInShares: 512}, Memory: garden.MemoryLimits{LimitInBytes: 100 << 20}}
 	c, err := gc.Create(garden.ContainerSpec{Handle: "cwinfo-1", RootFSPath: "docker:///busybox", Limits: limits,
 		Properties: garden.Properties{"user": "root"}})
@@ -143,4 +131,18 @@ func TestConcourseGardenInfoLimitsAndRefusals(t *testing.T) {
 	assert.ErrorContains(t, err, "do not serve Garden's GET /containers/cwinfo-1/metrics")
 	_, err = gc.Lookup("cwinfo-1")
 	assert.NoError(t, err, "the worker serves on")
+}
+
+// gardenOfTarget starts a gateway with target name on the first cluster,
+// and serves its worker's Garden API: the gateway, the server and
+// Garden's own client of it.
+func gardenOfTarget(ctx context.Context, t *testing.T, name string) (*gateway, *httptest.Server, gclient.Client) {
+	t.Helper()
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{state: newState(t)})
+	g.waitTarget(t, name, 30*time.Second, inState("running"))
+	srv := httptest.NewServer(g.containers.API(name))
+	t.Cleanup(srv.Close)
+	return g, srv, gclient.New(gconn.New("tcp", strings.TrimPrefix(srv.URL, "http://")))
 }

@@ -34,22 +34,11 @@ func TestRealNodeConcourseDrains(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const name = "rn-drain"
-	rn := startRealNode(t)
-	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, GCInterval: time.Second})
-	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		sweep: 2 * time.Second, resourceTypes: []wire.ResourceType{{Type: "test", Image: rn.NodeImage("busybox-image.tar"), Version: "1.0"}}})
+	web, g := testTypeWorkerOnNode(ctx, t, name, cwn.Options{GCInterval: time.Second}, gatewayOptions{sweep: 2 * time.Second},
+		wire.ResourceType{Type: "test", Version: "1.0"})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
-	pods := rn.Client.CoreV1().Pods(name)
-
-	fly := func(args ...string) string {
-		t.Helper()
-		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		require.NoError(t, err, out)
-		return out
-	}
+	pods := startRealNode(t).Client.CoreV1().Pods(name)
+	fly := mustFly(ctx, t, web)
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
 	writeFile(t, pipeline, []byte("resources:\n- {name: r, type: test, source: {uri: git://repo}}\njobs:\n- name: j\n  plan: [{get: r}]\n"))
 	fly("set-pipeline", "-n", "-p", "drain", "-c", pipeline)

@@ -28,29 +28,17 @@ func TestRealNodeConcourseUniqueVersionHistory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const name = "rn-uvh"
-	rn := startRealNode(t)
-	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
 	// Global resources: resources of one type and source share their
 	// versions, but for a type with unique_version_history (without it,
 	// every resource has its own history anyway).
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}, Args: []string{"--enable-global-resources"}})
-	busybox := rn.NodeImage("busybox-image.tar") // the test resource type's scripts in /opt/resource
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		resourceTypes: []wire.ResourceType{{Type: "shared", Image: busybox, Version: "1.0"},
-			{Type: "unique", Image: busybox, Version: "1.0", UniqueVersionHistory: true}}})
+	web, _ := testTypeWorkerOnNode(ctx, t, name, cwn.Options{Args: []string{"--enable-global-resources"}}, gatewayOptions{},
+		wire.ResourceType{Type: "shared", Version: "1.0"}, wire.ResourceType{Type: "unique", Version: "1.0", UniqueVersionHistory: true})
 	w := flyWorker(t, web, name, time.Minute, workerIn("running"))
 	i := slices.IndexFunc(w.ResourceTypes, func(rt wire.ResourceType) bool { return rt.Type == "unique" })
 	require.GreaterOrEqual(t, i, 0, "the web node lists the type: %v", w.ResourceTypes)
 	assert.True(t, w.ResourceTypes[i].UniqueVersionHistory)
 
-	fly := func(args ...string) string {
-		t.Helper()
-		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		require.NoError(t, err, out)
-		return out
-	}
+	fly := mustFly(ctx, t, web)
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
 	writeFile(t, pipeline, []byte(`resources:
 - {name: s1, type: shared, source: {uri: git://repo}}
@@ -93,26 +81,15 @@ func TestRealNodeConcourseResourceCerts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const name = "rn-certs"
-	rn := startRealNode(t)
-	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
-		targetYAML:    "concourse: {certs: ci-ca}\n",
-		resourceTypes: []wire.ResourceType{{Type: "test", Image: rn.NodeImage("busybox-image.tar"), Version: "1.0"}}})
-	_, err := rn.Client.CoreV1().ConfigMaps(name).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ci-ca"},
+	web, _ := testTypeWorkerOnNode(ctx, t, name, cwn.Options{}, gatewayOptions{targetYAML: "concourse: {certs: ci-ca}\n"},
+		wire.ResourceType{Type: "test", Version: "1.0"})
+	_, err := startRealNode(t).Client.CoreV1().ConfigMaps(name).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ci-ca"},
 		Data: map[string]string{"ca-certificates.crt": "-----BEGIN CERTIFICATE-----jetway-test-ca-----END CERTIFICATE-----"}},
 		metav1.CreateOptions{})
 	require.NoError(t, err)
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
-	fly := func(args ...string) string {
-		t.Helper()
-		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer fcancel()
-		out, err := web.FlyContext(fctx, args...)
-		require.NoError(t, err, out)
-		return out
-	}
+	fly := mustFly(ctx, t, web)
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
 	writeFile(t, pipeline, []byte("resources:\n- {name: r, type: test, source: {uri: show-certs}}\n"+
 		"jobs:\n- name: j\n  plan: [{get: r}]\n"))
@@ -128,4 +105,35 @@ func TestRealNodeConcourseResourceCerts(t *testing.T) {
 	out = fly("execute", "-c", task)
 	assert.NotContains(t, out, "ca-certificates.crt", "a task gets no CA certificates, as on a stock worker")
 	assert.Contains(t, out, "listed")
+}
+
+// testTypeWorkerOnNode starts a web node (webOpts, with a client for the
+// gateway) and a gateway (o) registering target name on the real node,
+// whose base resource types are types, each run in the node's busybox
+// image, which holds the test resource type's scripts in /opt/resource.
+func testTypeWorkerOnNode(ctx context.Context, t *testing.T, name string, webOpts cwn.Options, o gatewayOptions,
+	types ...wire.ResourceType) (*cwn.WebNode, *gateway) {
+	t.Helper()
+	rn := startRealNode(t)
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	webOpts.Clients = append(webOpts.Clients, client)
+	web := cwn.ForTest(t, webOpts)
+	for i := range types {
+		types[i].Image = rn.NodeImage("busybox-image.tar")
+	}
+	o.concourse, o.state, o.resourceTypes = concourseREST(t, web, client, 2*time.Second), newState(t), types
+	return web, nodeGateway(ctx, t, name, o)
+}
+
+// mustFly is fly against web, each call within two minutes, failing t if
+// it fails.
+func mustFly(ctx context.Context, t *testing.T, web *cwn.WebNode) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer fcancel()
+		out, err := web.FlyContext(fctx, args...)
+		require.NoError(t, err, out)
+		return out
+	}
 }
