@@ -35,7 +35,7 @@ func TestRegistrarStopsCleanly(t *testing.T) {
 	_, k, _ := ed25519.GenerateKey(rand.Reader)
 	signer, err := ssh.NewSignerFromKey(k)
 	require.NoError(t, err)
-	r := New(Options{Web: TSA{Addr: addr, Key: signer}, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond,
+	r := New(Options{Web: TSA{Addrs: []string{addr}, Key: signer}, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond,
 		Targets: fixedTargets{{Name: "up", State: targets.StateRunning}, {Name: "down", State: targets.StateStalled}}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

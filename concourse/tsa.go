@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -29,8 +30,10 @@ const (
 
 // TSA reaches a web node's TSA.
 type TSA struct {
-	// Addr is the TSA's host:port.
-	Addr string
+	// Addrs are the host:port of each of the web node's TSAs (its web
+	// nodes', each of which runs one): a connection tries them in turn,
+	// from a random one, as a stock worker tries its --tsa-host's.
+	Addrs []string
 	// HostKeys are the TSA host keys accepted (--concourse-tsa-public-key).
 	HostKeys []ssh.PublicKey
 	// Key is the worker key the TSA authorizes (--concourse-worker-key).
@@ -51,17 +54,38 @@ type Event struct {
 // ErrHostKey: the TSA presented a host key not among HostKeys.
 var ErrHostKey = errors.New("the TSA's host key is not the one configured (--concourse-tsa-public-key)")
 
-// dial connects to the TSA and authenticates with the worker key.
-func (t TSA) dial(ctx context.Context) (*ssh.Client, error) {
+// dial connects to one of the TSAs, trying each in turn from a random
+// one, and authenticates with the worker key; it returns the connection
+// and the TSA's address, or why each failed.
+func (t TSA) dial(ctx context.Context) (*ssh.Client, string, error) {
+	if len(t.Addrs) == 0 {
+		return nil, "", errors.New("no TSA address (concourse-tsa)")
+	}
+	var errs []error
+	for _, i := range rand.Perm(len(t.Addrs)) {
+		c, err := t.dialOne(ctx, t.Addrs[i])
+		if err == nil {
+			return c, t.Addrs[i], nil
+		}
+		if ctx.Err() != nil {
+			return nil, "", err
+		}
+		errs = append(errs, err)
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+// dialOne connects to the TSA at addr and authenticates.
+func (t TSA) dialOne(ctx context.Context, addr string) (*ssh.Client, error) {
 	timeout := t.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(dctx, "tcp", t.Addr)
+	conn, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(dctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("reach the TSA at %s: %w", t.Addr, err)
+		return nil, fmt.Errorf("reach the TSA at %s: %w", addr, err)
 	}
 	// The handshake has no context of its own: a deadline on the
 	// connection bounds it.
@@ -79,13 +103,13 @@ func (t TSA) dial(ctx context.Context) (*ssh.Client, error) {
 		},
 		Timeout: timeout,
 	}
-	c, chans, reqs, err := ssh.NewClientConn(conn, t.Addr, cfg)
+	c, chans, reqs, err := ssh.NewClientConn(conn, addr, cfg)
 	if err != nil {
 		conn.Close()
 		if errors.Is(err, ErrHostKey) {
-			return nil, ErrHostKey
+			return nil, fmt.Errorf("TSA at %s: %w", addr, ErrHostKey)
 		}
-		return nil, fmt.Errorf("TSA at %s: SSH handshake (is the worker key in its --tsa-authorized-keys?): %w", t.Addr, err)
+		return nil, fmt.Errorf("TSA at %s: SSH handshake (is the worker key in its --tsa-authorized-keys?): %w", addr, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return ssh.NewClient(c, chans, reqs), nil
@@ -141,7 +165,7 @@ func verb(command string) string { v, _, _ := strings.Cut(command, " "); return 
 // delete-worker, report-containers H..., sweep-containers, ...) for worker
 // w on a connection of its own, and returns its stdout.
 func (t TSA) Command(ctx context.Context, command string, w wire.Worker) ([]byte, error) {
-	c, err := t.dial(ctx)
+	c, _, err := t.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -162,17 +186,18 @@ func (t TSA) Command(ctx context.Context, command string, w wire.Worker) ([]byte
 // connection is closed: the web node stalls the worker unless another
 // gateway registers it), else why the registration broke.
 func (t TSA) Forward(ctx context.Context, w wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error {
-	c, err := t.dial(ctx)
+	c, addr, err := t.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	tsa := addr
 	serve := func(addr string, h http.Handler) (*http.Server, error) {
 		ln, err := c.Listen("tcp", addr)
 		if err != nil {
-			return nil, fmt.Errorf("TSA at %s: forward %s: %w", t.Addr, addr, err)
+			return nil, fmt.Errorf("TSA at %s: forward %s: %w", tsa, addr, err)
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
 		// The SSH channels take no read deadline, which Garden's

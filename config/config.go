@@ -110,7 +110,7 @@ type Config struct {
 	// web node, through its TSA (concourse-tsa) or its REST API
 	// (concourse-url with a client), one of the two. With the TSA,
 	// concourse-url is where the web node's worker version is read.
-	ConcourseTSA           string        `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
+	ConcourseTSA           string        `mapstructure:"concourse-tsa" help:"host:port of the Concourse web node's TSA, or of each web node's, comma-separated, tried in turn from a random one: every running target this gateway registers becomes one of its workers (docs/concourse.md); empty: none"`
 	ConcourseTSAPublicKey  string        `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
 	ConcourseWorkerKey     string        `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
 	ConcourseSweepInterval time.Duration `mapstructure:"concourse-sweep-interval" help:"how often each registered worker runs its garbage collection rounds with the web node: reports its containers and volumes, destroys what the web node no longer wants, releases kept pods (a stock worker's --sweep-interval)"`
@@ -459,6 +459,18 @@ func (c Config) concourseProblems() []Problem {
 	return probs
 }
 
+// TSAAddrs are concourse-tsa's addresses: comma-separated, spaces around
+// each dropped.
+func (c Config) TSAAddrs() []string {
+	var out []string
+	for a := range strings.SplitSeq(c.ConcourseTSA, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // webURL reports whether s is an http or https URL with a host.
 func webURL(s string) bool {
 	u, err := url.Parse(s)
@@ -476,9 +488,15 @@ func anySet(keys [][2]string) bool {
 
 func (c Config) concourseTSAProblems() []Problem {
 	var probs []Problem
-	if _, _, err := net.SplitHostPort(c.ConcourseTSA); err != nil {
-		probs = append(probs, Problem{Key: "concourse-tsa", Message: fmt.Sprintf(
-			"%q is not host:port (the web node's TSA, port 2222 by default): with any concourse-* setting, it or concourse-url is required", c.ConcourseTSA)})
+	addrs := c.TSAAddrs()
+	if len(addrs) == 0 {
+		addrs = []string{""}
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			probs = append(probs, Problem{Key: "concourse-tsa", Message: fmt.Sprintf(
+				"%q is not host:port (the web node's TSA, port 2222 by default; several comma-separated): with any concourse-* setting, it or concourse-url is required", a)})
+		}
 	}
 	for _, f := range []struct{ key, path string }{{"concourse-tsa-public-key", c.ConcourseTSAPublicKey}, {"concourse-worker-key", c.ConcourseWorkerKey}} {
 		if f.path == "" {

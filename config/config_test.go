@@ -340,6 +340,9 @@ func TestValidateConcourse(t *testing.T) {
 	}{
 		{name: "none", mutate: func(*Config) {}},
 		{name: "the TSA", mutate: tsa},
+		{name: "several TSAs", mutate: func(c *Config) { tsa(c); c.ConcourseTSA = "web-0:2222, web-1:2222" }},
+		{name: "several TSAs, one none", mutate: func(c *Config) { tsa(c); c.ConcourseTSA = "web-0:2222,web-1" },
+			want: []string{`concourse-tsa: "web-1" is not host:port`}},
 		{name: "the REST API", mutate: rest},
 		{name: "the REST API at a host name", mutate: func(c *Config) { rest(c); c.ConcourseWorkerAddress = "jetway-0.jetway" }},
 		{name: "both", mutate: func(c *Config) { tsa(c); rest(c) },
@@ -412,4 +415,9 @@ func TestWebNodeNetworks(t *testing.T) {
 		got = append(got, n.String())
 	}
 	assert.Equal(t, []string{"10.0.0.0/8", "192.168.1.7/32", "10.0.0.1/32", "fd00::/8"}, got)
+}
+
+func TestTSAAddrs(t *testing.T) {
+	assert.Equal(t, []string{"web-0:2222", "web-1:2222"}, Config{ConcourseTSA: " web-0:2222 ,web-1:2222,"}.TSAAddrs())
+	assert.Empty(t, Config{}.TSAAddrs())
 }

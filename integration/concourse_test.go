@@ -44,7 +44,7 @@ func concourseTSA(t *testing.T, web *cwn.WebNode) *concourse.TSA {
 	require.NoError(t, err)
 	key, err := concourse.LoadWorkerKey(web.WorkerKey)
 	require.NoError(t, err)
-	return &concourse.TSA{Addr: web.TSAAddr, HostKeys: hostKeys, Key: key}
+	return &concourse.TSA{Addrs: []string{web.TSAAddr}, HostKeys: hostKeys, Key: key}
 }
 
 // flyWorker waits until fly lists worker name satisfying ok, and returns
@@ -194,11 +194,11 @@ func TestConcourseRegistrationFailuresAreNamed(t *testing.T) {
 		tsa  concourse.TSA
 		want string
 	}{
-		{"a worker key the TSA does not authorize", concourse.TSA{Addr: good.Addr, HostKeys: good.HostKeys, Key: strangerKey},
+		{"a worker key the TSA does not authorize", concourse.TSA{Addrs: good.Addrs, HostKeys: good.HostKeys, Key: strangerKey},
 			"is the worker key in its --tsa-authorized-keys?"},
-		{"another host key", concourse.TSA{Addr: good.Addr, HostKeys: []ssh.PublicKey{strangerKey.PublicKey()}, Key: good.Key},
+		{"another host key", concourse.TSA{Addrs: good.Addrs, HostKeys: []ssh.PublicKey{strangerKey.PublicKey()}, Key: good.Key},
 			"the TSA's host key is not the one configured"},
-		{"nobody at the address", concourse.TSA{Addr: nobody, HostKeys: good.HostKeys, Key: good.Key}, "reach the TSA at " + nobody},
+		{"nobody at the address", concourse.TSA{Addrs: []string{nobody}, HostKeys: good.HostKeys, Key: good.Key}, "reach the TSA at " + nobody},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := concourse.New(concourse.Options{Web: tc.tsa, Targets: staticTargets(running),

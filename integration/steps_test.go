@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -336,9 +337,30 @@ func (p *cutProxy) accept() {
 		p.mu.Lock()
 		p.conns = append(p.conns, in, out)
 		p.mu.Unlock()
-		p.wg.Go(func() { _, _ = io.Copy(out, in); out.Close() })
-		p.wg.Go(func() { _, _ = io.Copy(in, out); in.Close() })
+		var pair sync.WaitGroup
+		pair.Go(func() { _, _ = io.Copy(out, in); out.Close() })
+		pair.Go(func() { _, _ = io.Copy(in, out); in.Close() })
+		p.wg.Go(func() {
+			pair.Wait()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.conns = slices.DeleteFunc(p.conns, func(c net.Conn) bool { return c == in || c == out })
+		})
 	}
+}
+
+// Open is how many connections are open through the proxy.
+func (p *cutProxy) Open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) / 2
+}
+
+// Close takes the proxy away: no connection is taken, and every one open
+// is cut.
+func (p *cutProxy) Close() {
+	p.ln.Close()
+	p.Cut()
 }
 
 // Cut closes every connection open through the proxy.

@@ -101,7 +101,7 @@ func runConcourseBench(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tsa := concourse.TSA{Addr: web.TSAAddr, HostKeys: hostKeys, Key: key}
+	tsa := concourse.TSA{Addrs: []string{web.TSAAddr}, HostKeys: hostKeys, Key: key}
 	sctx, stopStock := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range concourseTargets {
