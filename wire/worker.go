@@ -15,12 +15,12 @@ type Worker struct {
 	// HTTPProxyURL, HTTPSProxyURL and NoProxy are what the web node gives
 	// the worker's containers as http_proxy, https_proxy and no_proxy:
 	// in a registration only (they may hold a proxy's credentials).
-	HTTPProxyURL     string         `json:"http_proxy_url,omitempty"`
-	HTTPSProxyURL    string         `json:"https_proxy_url,omitempty"`
-	NoProxy          string         `json:"no_proxy,omitempty"`
+	HTTPProxyURL  string `json:"http_proxy_url,omitempty"`
+	HTTPSProxyURL string `json:"https_proxy_url,omitempty"`
+	NoProxy       string `json:"no_proxy,omitempty"`
 	// CertsPath, when set, makes the web node give the worker's resource
 	// containers a volume imported from it at /etc/ssl/certs.
-	CertsPath *string `json:"certs_path,omitempty"`
+	CertsPath        *string        `json:"certs_path,omitempty"`
 	ActiveContainers int            `json:"active_containers"`
 	ActiveVolumes    int            `json:"active_volumes"`
 	ActiveTasks      int            `json:"active_tasks"`
