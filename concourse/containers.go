@@ -128,6 +128,7 @@ func (c *Containers) Create(ctx context.Context, target string, spec garden.Cont
 	if !wire.IsContainerHandle(spec.Handle) {
 		return nil, fmt.Errorf("container handle %q: jetway takes handles of at most 63 letters, digits, '.', '_' and '-'", spec.Handle)
 	}
+	awaitListed(ctx, c.Targets, target)
 	w, err := c.worker(target)
 	if err != nil {
 		return nil, err

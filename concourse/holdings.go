@@ -213,6 +213,30 @@ func listed(ts PodTargets, target string) (*targets.Target, error) {
 	return t, nil
 }
 
+// listWait bounds how long a create waits for a target's watches to list
+// once: a target whose configuration changed is made anew, and lists
+// again within moments.
+const listWait = 10 * time.Second
+
+// awaitListed waits, at most listWait, until target's pods are listed
+// (listed answers without error), so that a create in the moment after
+// its target.yaml changed does not fail the step. A target that is not
+// a cluster target returns at once.
+func awaitListed(ctx context.Context, ts PodTargets, target string) {
+	ctx, cancel := context.WithTimeout(ctx, listWait)
+	defer cancel()
+	for {
+		if _, err := listed(ts, target); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return // the caller's own look says why
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // deletePod deletes p if it is still the pod listed (its UID).
 func deletePod(ctx context.Context, t *targets.Target, p *corev1.Pod) error {
 	uid := p.UID

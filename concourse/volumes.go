@@ -490,6 +490,7 @@ func (h *Holder) create(ctx context.Context, target string, body []byte) (json.R
 	// Making the holder waits for its pod; a copy takes its time.
 	ctx, cancel := context.WithTimeout(ctx, holderReady+holderCreate)
 	defer cancel()
+	awaitListed(ctx, h.Targets, target)
 	w, err := h.worker(target)
 	if err != nil {
 		return nil, err
