@@ -76,27 +76,26 @@ func podMessage(parts ...string) string {
 // younger than createTimeout whose pod is not there yet is being made
 // (its record comes first), unless made says it was.
 func (w clusterWorker) lost(ctx context.Context, ct *Container, made bool) (string, error) {
+	making := !made && time.Since(ct.Created) < createTimeout
 	p := w.t.CachedPod(ct.Pod)
 	if p == nil {
-		if !made && time.Since(ct.Created) < createTimeout {
-			return "", nil
+		if making {
+			return "", nil // its pod is not made yet
 		}
 		ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 		defer cancel()
 		got, err := w.t.Core.Pods(w.t.Namespace()).Get(ctx, ct.Pod, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
+			return lostWhy("", nil), nil
 		case err != nil:
 			return "", fmt.Errorf("container %s: read its pod %s/%s: %w", ct.Handle(), w.t.Namespace(), ct.Pod, err)
-		default:
-			p = got
 		}
-	} else if !made && time.Since(ct.Created) < createTimeout && w.opts.Key.Verdict(w.t.Name(), p) != "" {
-		return "", nil // made, not bound yet
+		p = got
 	}
-	var verdict string
-	if p != nil {
-		verdict = w.opts.Key.Verdict(w.t.Name(), p)
+	verdict := w.opts.Key.Verdict(w.t.Name(), p)
+	if making && verdict != "" {
+		return "", nil // made, not bound yet
 	}
 	return lostWhy(verdict, p), nil
 }

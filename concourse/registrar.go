@@ -312,14 +312,14 @@ func (r *Registrar) reconcile(ctx context.Context) {
 		if registers && r.was[st.Name] != st.State {
 			r.tell(ctx, w, r.was[st.Name], st.State, landedThere)
 		}
-		released := registers && !want && !agents[st.Name] && st.Released &&
+		sweepLanded := registers && !want && !agents[st.Name] && st.Released &&
 			(st.State == targets.StateLanding || st.State == targets.StateLanded)
 		switch stop, sweeping := r.sweepers[st.Name]; {
-		case released && !sweeping:
+		case sweepLanded && !sweeping:
 			sctx, cancel := context.WithCancel(ctx)
 			r.sweepers[st.Name] = cancel
 			r.wg.Go(func() { r.landedSweeps(sctx, w) })
-		case !released && sweeping:
+		case !sweepLanded && sweeping:
 			stop()
 			delete(r.sweepers, st.Name)
 		}
