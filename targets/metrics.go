@@ -2,6 +2,8 @@ package targets
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetway-ci/jetway/internal/kubecount"
 )
 
 // Metrics are the targets' Prometheus metrics. A nil *Metrics records
@@ -11,6 +13,7 @@ type Metrics struct {
 	checks        prometheus.Counter
 	failures      *prometheus.CounterVec
 	states        *stateCollector
+	requests      *kubecount.Collector
 }
 
 // NewMetrics registers the targets' metrics on reg.
@@ -40,11 +43,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				[]string{"target"}, nil),
 		},
 	}
+	m.requests = kubecount.NewCollector("jetway_target_api_requests_total",
+		"Requests the gateway made of each target's API server, by verb and resource as the API server names them (from the target's last load: a rotated kubeconfig starts again).",
+		[]string{"target"}, func(yield func([]string, *kubecount.Counts)) {
+			if r := m.states.registry; r != nil {
+				r.eachRequests(func(name string, c *kubecount.Counts) { yield([]string{name}, c) })
+			}
+		})
 	for _, reason := range []string{ReasonInvalid, ReasonUnreachable, ReasonTimeout, ReasonUnauthorized,
 		ReasonNotReady, ReasonPermissions, ReasonError} {
 		m.failures.WithLabelValues(reason)
 	}
-	reg.MustRegister(m.checkDuration, m.checks, m.failures, m.states)
+	reg.MustRegister(m.checkDuration, m.checks, m.failures, m.states, m.requests)
 	return m
 }
 

@@ -1,6 +1,8 @@
 package targets
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -8,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 )
 
 // registryOfEveryState is a registry whose metrics are on reg, holding a
@@ -118,4 +122,45 @@ func TestMissingPermissionsFollowTheLastCheck(t *testing.T) {
 	assert.Equal(t, 1.0, missing(), "one granted since")
 	r.records["west"].record(Health{}, 1)
 	assert.Equal(t, 0.0, missing(), "every one granted")
+}
+
+// What a target costs its API server is counted by target, verb and
+// resource: the clients' requests, and those made with the target's
+// REST configuration elsewhere (exec, port-forward).
+func TestEachTargetsAPIRequestsAreCounted(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	r := NewRegistry(RegistryOptions{Interval: 1, Timeout: 1, Metrics: NewMetrics(reg)})
+	cfg := testConfig(t, "east")
+	cfg.REST = &rest.Config{Host: srv.URL}
+	tg, err := NewTarget(cfg, "test")
+	require.NoError(t, err)
+	r.records["east"] = &record{name: "east", cfg: cfg, target: tg}
+
+	_, err = tg.Pod(t.Context(), "p")
+	require.Error(t, err)
+	_, err = tg.Pod(t.Context(), "q")
+	require.Error(t, err)
+	_, err = tg.Core.Pods("east").List(t.Context(), metav1.ListOptions{})
+	require.Error(t, err)
+	hc, err := rest.HTTPClientFor(tg.Config.REST)
+	require.NoError(t, err)
+	resp, err := hc.Post(srv.URL+"/api/v1/namespaces/east/pods/p/portforward", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Nil(t, cfg.REST.WrapTransport, "the registry's configuration is not changed")
+
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP jetway_target_api_requests_total Requests the gateway made of each target's API server, by verb and resource as the API server names them (from the target's last load: a rotated kubeconfig starts again).
+# TYPE jetway_target_api_requests_total counter
+jetway_target_api_requests_total{resource="pods",target="east",verb="get"} 2
+jetway_target_api_requests_total{resource="pods",target="east",verb="list"} 1
+jetway_target_api_requests_total{resource="pods/portforward",target="east",verb="connect"} 1
+`), "jetway_target_api_requests_total"))
+	srv.CloseClientConnections()
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jetway-ci/jetway/internal/backoff"
+	"github.com/jetway-ci/jetway/internal/kubecount"
 	"github.com/jetway-ci/jetway/internal/watchcache"
 )
 
@@ -547,6 +548,26 @@ func (r *Registry) Snapshot() []Status {
 	r.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// eachRequests calls f with each listed target's request counts, in no
+// order.
+func (r *Registry) eachRequests(f func(target string, c *kubecount.Counts)) {
+	r.mu.RLock()
+	type counted struct {
+		name string
+		c    *kubecount.Counts
+	}
+	var all []counted
+	for name, rec := range r.records {
+		if !rec.hidden() && rec.target != nil {
+			all = append(all, counted{name, rec.target.requests})
+		}
+	}
+	r.mu.RUnlock()
+	for _, t := range all {
+		f(t.name, t.c)
+	}
 }
 
 // Get returns one target's status, or ErrNotFound.

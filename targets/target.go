@@ -17,6 +17,7 @@ import (
 	discoveryv1client "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/jetway-ci/jetway/internal/kubecount"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/internal/watchcache"
 )
@@ -45,6 +46,8 @@ type Target struct {
 
 	authz authorizationv1client.AuthorizationV1Interface
 	raw   rest.Interface
+	// requests counts the requests made of the target's API server.
+	requests *kubecount.Counts
 
 	pods   *watchcache.Cache // step pods, with their counts
 	record *watchcache.Cache // the lifecycle record
@@ -126,6 +129,13 @@ func NewTarget(cfg *Config, installation string) (*Target, error) {
 
 // newTarget is NewTarget whose clients say they are userAgent ("": jetway).
 func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
+	// Every request to the target's API server is counted, those made
+	// with Config.REST elsewhere (exec, port-forward) too.
+	requests := &kubecount.Counts{}
+	counted := *cfg
+	counted.REST = rest.CopyConfig(cfg.REST)
+	counted.REST.Wrap(requests.Wrap)
+	cfg = &counted
 	rc := rest.CopyConfig(cfg.REST)
 	rc.QPS, rc.Burst, rc.UserAgent = 50, 100, cmp.Or(userAgent, "jetway")
 	hc, err := rest.HTTPClientFor(rc)
@@ -152,7 +162,7 @@ func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
 		Config: cfg, Core: core, Leases: leases, Discovery: disc, Installation: installation,
 		Selector:   ownership.Selector(cfg.Name, installation),
 		RecordName: RecordName(installation, cfg.Name),
-		authz:      authz, raw: authz.RESTClient(),
+		authz:      authz, raw: authz.RESTClient(), requests: requests,
 	}
 	t.pods = watchcache.New(podsView)
 	t.record = watchcache.New(t.recordView)

@@ -83,7 +83,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	}
 
 	id := steps.NewIdentity(hostname())
-	state, err := newStepState(cfg, id, logger)
+	state, err := newStepState(cfg, id, reg, logger)
 	if err != nil {
 		return err
 	}

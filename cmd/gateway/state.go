@@ -7,12 +7,14 @@ import (
 	"os"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/jetway-ci/jetway/config"
+	"github.com/jetway-ci/jetway/internal/kubecount"
 	"github.com/jetway-ci/jetway/internal/ownership"
 	"github.com/jetway-ci/jetway/steps"
 )
@@ -38,7 +40,7 @@ type stepState struct {
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // newStepState connects to the state namespace of cfg, as identity.
-func newStepState(cfg config.Config, identity string, logger *slog.Logger) (stepState, error) {
+func newStepState(cfg config.Config, identity string, reg prometheus.Registerer, logger *slog.Logger) (stepState, error) {
 	rc, ns, err := stateConfig(cfg)
 	if err != nil {
 		return stepState{}, &config.Error{Problems: []config.Problem{{Key: "state-kubeconfig", Message: err.Error()}}}
@@ -51,6 +53,11 @@ func newStepState(cfg config.Config, identity string, logger *slog.Logger) (step
 	}
 	rc = rest.CopyConfig(rc)
 	rc.UserAgent = "jetway/" + identity
+	requests := &kubecount.Counts{}
+	rc.Wrap(requests.Wrap)
+	reg.MustRegister(kubecount.NewCollector("jetway_state_api_requests_total",
+		"Requests the gateway made of the state namespace's API server, by verb and resource as the API server names them.",
+		nil, func(yield func([]string, *kubecount.Counts)) { yield(nil, requests) }))
 	log := logger.With("component", "steps", "state_namespace", ns)
 	store, err := steps.NewStore(steps.StoreOptions{Config: rc, Namespace: ns, Installation: cfg.Installation, Logger: log})
 	if err != nil {

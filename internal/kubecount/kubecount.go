@@ -1,0 +1,157 @@
+// Package kubecount counts the requests a client makes of a Kubernetes
+// API server, by verb and resource, as the API server's own
+// apiserver_request_total would name them: what a target, or the state
+// namespace, costs its API server, seen from the gateway.
+package kubecount
+
+import (
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Request is one kind of request: its verb (get, list, watch, create,
+// update, patch, delete, deletecollection, or the HTTP method of anything
+// else) and its resource, with its subresource ("pods/portforward").
+type Request struct {
+	Verb, Resource string
+}
+
+// Counts are the requests made through the round trippers Wrap makes.
+// The zero value is ready to use.
+type Counts struct {
+	mu sync.Mutex
+	n  map[Request]uint64
+}
+
+// Wrap counts every request made through rt, for rest.Config's Wrap.
+func (c *Counts) Wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper{c: c, next: rt}
+}
+
+// Each calls f with every kind of request made so far and its count, in
+// order of verb and resource.
+func (c *Counts) Each(f func(Request, uint64)) {
+	c.mu.Lock()
+	kinds := make([]Request, 0, len(c.n))
+	for r := range c.n {
+		kinds = append(kinds, r)
+	}
+	counts := make(map[Request]uint64, len(c.n))
+	for r, n := range c.n {
+		counts[r] = n
+	}
+	c.mu.Unlock()
+	sort.Slice(kinds, func(i, j int) bool {
+		if kinds[i].Verb != kinds[j].Verb {
+			return kinds[i].Verb < kinds[j].Verb
+		}
+		return kinds[i].Resource < kinds[j].Resource
+	})
+	for _, r := range kinds {
+		f(r, counts[r])
+	}
+}
+
+func (c *Counts) add(r Request) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[Request]uint64{}
+	}
+	c.n[r]++
+}
+
+type roundTripper struct {
+	c    *Counts
+	next http.RoundTripper
+}
+
+func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt.c.add(Classify(req))
+	return rt.next.RoundTrip(req)
+}
+
+// Classify names req as the API server would: a GET of a collection is a
+// list, or a watch if it asks to watch; a DELETE of one is a
+// deletecollection; an exec, attach or port-forward is a connect. A path that is not a resource's (/version, /healthz,
+// discovery) is its own resource.
+func Classify(req *http.Request) Request {
+	path := strings.Trim(req.URL.Path, "/")
+	parts := strings.Split(path, "/")
+	var rest []string
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		rest = parts[2:] // api/v1/...
+	case len(parts) >= 3 && parts[0] == "apis":
+		rest = parts[3:] // apis/group/version/...
+	default:
+		return Request{Verb: strings.ToLower(req.Method), Resource: "/" + path}
+	}
+	if len(rest) >= 3 && rest[0] == "namespaces" {
+		rest = rest[2:] // namespaces/ns/resource/...
+	}
+	if len(rest) == 0 {
+		return Request{Verb: strings.ToLower(req.Method), Resource: "/" + path}
+	}
+	resource, named := rest[0], len(rest) >= 2
+	if len(rest) >= 3 {
+		resource += "/" + rest[2]
+	}
+	verb := strings.ToLower(req.Method)
+	switch sub := resource[strings.LastIndex(resource, "/")+1:]; {
+	case sub == "exec" || sub == "attach" || sub == "portforward" || sub == "proxy":
+		return Request{Verb: "connect", Resource: resource}
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead:
+		switch {
+		case req.URL.Query().Get("watch") == "true" || req.URL.Query().Get("watch") == "1":
+			verb = "watch"
+		case named:
+			verb = "get"
+		default:
+			verb = "list"
+		}
+	case http.MethodPost:
+		verb = "create"
+	case http.MethodPut:
+		verb = "update"
+	case http.MethodPatch:
+		verb = "patch"
+	case http.MethodDelete:
+		if !named {
+			verb = "deletecollection"
+		} else {
+			verb = "delete"
+		}
+	}
+	return Request{Verb: verb, Resource: resource}
+}
+
+// Collector exports Counts as a Prometheus counter: each source's labels,
+// then verb and resource.
+type Collector struct {
+	desc    *prometheus.Desc
+	sources func(yield func(labels []string, c *Counts))
+}
+
+// NewCollector exports the counts sources yields at each scrape, as
+// counter name with labels (then verb and resource).
+func NewCollector(name, help string, labels []string, sources func(yield func(labels []string, c *Counts))) *Collector {
+	return &Collector{desc: prometheus.NewDesc(name, help, append(slices.Clone(labels), "verb", "resource"), nil), sources: sources}
+}
+
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.sources(func(labels []string, counts *Counts) {
+		counts.Each(func(r Request, n uint64) {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), append(slices.Clone(labels), r.Verb, r.Resource)...)
+		})
+	})
+}
