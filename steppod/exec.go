@@ -115,10 +115,10 @@ func ExecContainer(ctx context.Context, t *targets.Target, pod, container string
 		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
 	stderr := &capped.Buffer{Limit: stderrLimit} // client-go may still write to it after the exec returned
-	err := execWebSocket(ctx, t.Config.REST, req.URL(), stdin, stdout, stderr)
+	err := execWebSocket(ctx, t.RESTConfig(), req.URL(), stdin, stdout, stderr)
 	if httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err) {
 		var spdy remotecommand.Executor
-		if spdy, err = remotecommand.NewSPDYExecutor(t.Config.REST, "POST", req.URL()); err == nil {
+		if spdy, err = remotecommand.NewSPDYExecutor(t.RESTConfig(), "POST", req.URL()); err == nil {
 			err = spdy.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 		}
 	}

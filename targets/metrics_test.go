@@ -148,12 +148,13 @@ func TestEachTargetsAPIRequestsAreCounted(t *testing.T) {
 	require.Error(t, err)
 	_, err = tg.Core.Pods("east").List(t.Context(), metav1.ListOptions{})
 	require.Error(t, err)
-	hc, err := rest.HTTPClientFor(tg.Config.REST)
+	hc, err := rest.HTTPClientFor(tg.RESTConfig())
 	require.NoError(t, err)
 	resp, err := hc.Post(srv.URL+"/api/v1/namespaces/east/pods/p/portforward", "", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Nil(t, cfg.REST.WrapTransport, "the registry's configuration is not changed")
+	require.Same(t, cfg, tg.Config, "the target's configuration is the registry's")
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP jetway_target_api_requests_total Requests the gateway made of each target's API server, by verb and resource as the API server names them (from the target's last load: a rotated kubeconfig starts again).

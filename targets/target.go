@@ -46,7 +46,8 @@ type Target struct {
 
 	authz authorizationv1client.AuthorizationV1Interface
 	raw   rest.Interface
-	// requests counts the requests made of the target's API server.
+	// rest is Config.REST, its requests counted in requests.
+	rest     *rest.Config
 	requests *kubecount.Counts
 
 	pods   *watchcache.Cache // step pods, with their counts
@@ -130,13 +131,11 @@ func NewTarget(cfg *Config, installation string) (*Target, error) {
 // newTarget is NewTarget whose clients say they are userAgent ("": jetway).
 func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
 	// Every request to the target's API server is counted, those made
-	// with Config.REST elsewhere (exec, port-forward) too.
+	// with RESTConfig elsewhere (exec, port-forward) too.
 	requests := &kubecount.Counts{}
-	counted := *cfg
-	counted.REST = rest.CopyConfig(cfg.REST)
-	counted.REST.Wrap(requests.Wrap)
-	cfg = &counted
-	rc := rest.CopyConfig(cfg.REST)
+	counted := rest.CopyConfig(cfg.REST)
+	counted.Wrap(requests.Wrap)
+	rc := rest.CopyConfig(counted)
 	rc.QPS, rc.Burst, rc.UserAgent = 50, 100, cmp.Or(userAgent, "jetway")
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
@@ -162,11 +161,21 @@ func newTarget(cfg *Config, installation, userAgent string) (*Target, error) {
 		Config: cfg, Core: core, Leases: leases, Discovery: disc, Installation: installation,
 		Selector:   ownership.Selector(cfg.Name, installation),
 		RecordName: RecordName(installation, cfg.Name),
-		authz:      authz, raw: authz.RESTClient(), requests: requests,
+		authz:      authz, raw: authz.RESTClient(), rest: counted, requests: requests,
 	}
 	t.pods = watchcache.New(podsView)
 	t.record = watchcache.New(t.recordView)
 	return t, nil
+}
+
+// RESTConfig reaches the target's API server, with its credentials, for
+// requests its clients do not make (exec, port-forward): they are
+// counted with theirs. Do not modify it.
+func (t *Target) RESTConfig() *rest.Config {
+	if t.rest == nil {
+		return t.Config.REST // a Target made without NewTarget (tests)
+	}
+	return t.rest
 }
 
 // Name is the target's name.

@@ -124,7 +124,7 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 			if err != nil {
 				return nil, err
 			}
-			return t.Config.REST, nil
+			return t.RESTConfig(), nil
 		},
 		Metrics: portforward.NewMetrics(reg),
 		Logger:  logger.With("component", "portforward"),
