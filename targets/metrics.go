@@ -43,9 +43,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				[]string{"target"}, nil),
 		},
 	}
-	m.requests = kubecount.NewCollector("jetway_target_api_requests_total",
-		"Requests the gateway made of each target's API server, by verb and resource as the API server names them (from the target's last load: a rotated kubeconfig starts again).",
-		[]string{"target"}, func(yield func([]string, *kubecount.Counts)) {
+	m.requests = kubecount.NewCollector("jetway_target_api",
+		"each target's API server (from the target's last load: a rotated kubeconfig starts again)", []string{"target"}, func(yield func([]string, *kubecount.Counts)) {
 			if r := m.states.registry; r != nil {
 				r.eachRequests(func(name string, c *kubecount.Counts) { yield([]string{name}, c) })
 			}

@@ -157,7 +157,7 @@ func TestEachTargetsAPIRequestsAreCounted(t *testing.T) {
 	require.Same(t, cfg, tg.Config, "the target's configuration is the registry's")
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP jetway_target_api_requests_total Requests the gateway made of each target's API server, by verb and resource as the API server names them (from the target's last load: a rotated kubeconfig starts again).
+# HELP jetway_target_api_requests_total Requests the gateway made of each target's API server (from the target's last load: a rotated kubeconfig starts again), by verb and resource as the API server names them.
 # TYPE jetway_target_api_requests_total counter
 jetway_target_api_requests_total{resource="pods",target="east",verb="get"} 2
 jetway_target_api_requests_total{resource="pods",target="east",verb="list"} 1

@@ -55,9 +55,7 @@ func newStepState(cfg config.Config, identity string, reg prometheus.Registerer,
 	rc.UserAgent = "jetway/" + identity
 	requests := &kubecount.Counts{}
 	rc.Wrap(requests.Wrap)
-	reg.MustRegister(kubecount.NewCollector("jetway_state_api_requests_total",
-		"Requests the gateway made of the state namespace's API server, by verb and resource as the API server names them.",
-		nil, func(yield func([]string, *kubecount.Counts)) { yield(nil, requests) }))
+	reg.MustRegister(kubecount.NewCollector("jetway_state_api", "the state namespace's API server", nil, func(yield func([]string, *kubecount.Counts)) { yield(nil, requests) }))
 	log := logger.With("component", "steps", "state_namespace", ns)
 	store, err := steps.NewStore(steps.StoreOptions{Config: rc, Namespace: ns, Installation: cfg.Installation, Logger: log})
 	if err != nil {

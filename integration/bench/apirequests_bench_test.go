@@ -23,7 +23,8 @@ var (
 // the API servers while a real web node uses it as its worker, on the
 // real node: the requests per minute the gateway makes of the target's
 // API server and of the state namespace's (jetway_target_api_requests_total
-// and jetway_state_api_requests_total), over a window in each of three
+// and jetway_state_api_requests_total) and the bytes of their answers
+// read, over a window in each of three
 // phases: idle; with 50 idle check containers (50 resources checked
 // once); and with those and 10 running builds (a task sleeping in each).
 // The goal: requests per minute independent of the number of
@@ -43,7 +44,7 @@ func runAPIRequestsBench(b *testing.B) {
 	defer gw.stop(b)
 	fly := flyer(ctx, b, web, 5*time.Minute)
 
-	type rates struct{ target, state float64 }
+	type rates struct{ target, state, targetBytes, stateBytes float64 }
 	phases := []string{"idle", fmt.Sprintf("%d check containers", apiChecks),
 		fmt.Sprintf("%d check containers and %d running builds", apiChecks, apiBuilds)}
 	var got []rates
@@ -71,8 +72,12 @@ func runAPIRequestsBench(b *testing.B) {
 		}
 		t, tby := perMin("jetway_target_api_requests_total")
 		s, sby := perMin("jetway_state_api_requests_total")
-		got = append(got, rates{t, s})
-		b.Logf("%s: %.1f requests/min of the target's API server, %.1f of the state namespace's", phase, t, s)
+		tb, _ := perMin("jetway_target_api_response_bytes_total")
+		sb, sbby := perMin("jetway_state_api_response_bytes_total")
+		got = append(got, rates{t, s, tb, sb})
+		b.Logf("%s: %.1f requests/min of the target's API server (%.0f KiB/min read), %.1f of the state namespace's (%.0f KiB/min)",
+			phase, t, tb/1024, s, sb/1024)
+		b.Logf("  state namespace, bytes per minute:\n    %s", strings.Join(sbby, "\n    "))
 		b.Logf("  target, per minute:\n    %s", strings.Join(tby, "\n    "))
 		b.Logf("  state namespace, per minute:\n    %s", strings.Join(sby, "\n    "))
 	}
@@ -96,12 +101,14 @@ func runAPIRequestsBench(b *testing.B) {
 	}
 
 	for i, r := range got {
-		b.Logf("%-45s target %7.1f/min, state namespace %7.1f/min", phases[i], r.target, r.state)
+		b.Logf("%-45s target %6.1f requests/min %6.0f KiB/min, state namespace %6.1f requests/min %6.0f KiB/min",
+			phases[i], r.target, r.targetBytes/1024, r.state, r.stateBytes/1024)
 	}
 	b.ReportMetric(got[0].target+got[0].state, "req/min-idle")
 	b.ReportMetric(got[1].target+got[1].state, "req/min-checks")
 	b.ReportMetric(got[2].target+got[2].state, "req/min-checks-builds")
 	b.ReportMetric((got[1].target+got[1].state)/(got[0].target+got[0].state), "checks/idle")
+	b.ReportMetric((got[1].targetBytes+got[1].stateBytes)/1024, "KiB/min-checks")
 }
 
 // apiPipeline has checks resources of the bed's test type, each checked
@@ -114,7 +121,11 @@ func apiPipeline(checks, builds int) string {
 	for i := range checks {
 		fmt.Fprintf(&p, "- name: r-%d\n  type: jetway-test\n  check_every: 24h\n  source: {uri: git://r-%d}\n", i, i)
 	}
-	p.WriteString("jobs:\n")
+	// A job that uses them, never run: a pipeline's resources must be used.
+	p.WriteString("jobs:\n- name: uses\n  plan:\n")
+	for i := range checks {
+		fmt.Fprintf(&p, "  - get: r-%d\n", i)
+	}
 	for i := range builds {
 		fmt.Fprintf(&p, `- name: sleep-%d
   plan:

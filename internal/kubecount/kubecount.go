@@ -5,6 +5,7 @@
 package kubecount
 
 import (
+	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -21,11 +22,18 @@ type Request struct {
 	Verb, Resource string
 }
 
-// Counts are the requests made through the round trippers Wrap makes.
+// Counts are the requests made through the round trippers Wrap makes,
+// and the bytes of their answers' bodies read (a watch's as it streams).
 // The zero value is ready to use.
 type Counts struct {
 	mu sync.Mutex
-	n  map[Request]uint64
+	n  map[Request]Count
+}
+
+// Count is how many requests of a kind were made, and the bytes of their
+// answers read.
+type Count struct {
+	Requests, Bytes uint64
 }
 
 // Wrap counts every request made through rt, for rest.Config's Wrap.
@@ -35,13 +43,13 @@ func (c *Counts) Wrap(rt http.RoundTripper) http.RoundTripper {
 
 // Each calls f with every kind of request made so far and its count, in
 // order of verb and resource.
-func (c *Counts) Each(f func(Request, uint64)) {
+func (c *Counts) Each(f func(Request, Count)) {
 	c.mu.Lock()
 	kinds := make([]Request, 0, len(c.n))
 	for r := range c.n {
 		kinds = append(kinds, r)
 	}
-	counts := make(map[Request]uint64, len(c.n))
+	counts := make(map[Request]Count, len(c.n))
 	for r, n := range c.n {
 		counts[r] = n
 	}
@@ -57,13 +65,16 @@ func (c *Counts) Each(f func(Request, uint64)) {
 	}
 }
 
-func (c *Counts) add(r Request) {
+func (c *Counts) add(r Request, requests, bytes uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[Request]uint64{}
+		c.n = map[Request]Count{}
 	}
-	c.n[r]++
+	n := c.n[r]
+	n.Requests += requests
+	n.Bytes += bytes
+	c.n[r] = n
 }
 
 type roundTripper struct {
@@ -72,8 +83,28 @@ type roundTripper struct {
 }
 
 func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	rt.c.add(Classify(req))
-	return rt.next.RoundTrip(req)
+	r := Classify(req)
+	rt.c.add(r, 1, 0)
+	resp, err := rt.next.RoundTrip(req)
+	if err == nil && resp.Body != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = &countedBody{ReadCloser: resp.Body, c: rt.c, r: r}
+	}
+	return resp, err
+}
+
+// countedBody counts the bytes read of an answer's body.
+type countedBody struct {
+	io.ReadCloser
+	c *Counts
+	r Request
+}
+
+func (b *countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.c.add(b.r, 0, uint64(n))
+	}
+	return n, err
 }
 
 // Classify names req as the API server would: a GET of a collection is a
@@ -133,25 +164,39 @@ func Classify(req *http.Request) Request {
 	return Request{Verb: verb, Resource: resource}
 }
 
-// Collector exports Counts as a Prometheus counter: each source's labels,
-// then verb and resource.
+// Collector exports Counts as two Prometheus counters, of requests and
+// of their answers' bytes: each source's labels, then verb and resource.
 type Collector struct {
-	desc    *prometheus.Desc
-	sources func(yield func(labels []string, c *Counts))
+	requests, bytes *prometheus.Desc
+	sources         func(yield func(labels []string, c *Counts))
 }
 
 // NewCollector exports the counts sources yields at each scrape, as
-// counter name with labels (then verb and resource).
-func NewCollector(name, help string, labels []string, sources func(yield func(labels []string, c *Counts))) *Collector {
-	return &Collector{desc: prometheus.NewDesc(name, help, append(slices.Clone(labels), "verb", "resource"), nil), sources: sources}
+// counters prefix_requests_total and prefix_response_bytes_total, with
+// labels (then verb and resource); what names the requests' API server
+// ends both helps.
+func NewCollector(prefix, what string, labels []string, sources func(yield func(labels []string, c *Counts))) *Collector {
+	labels = append(slices.Clone(labels), "verb", "resource")
+	return &Collector{
+		requests: prometheus.NewDesc(prefix+"_requests_total", "Requests the gateway made of "+what+
+			", by verb and resource as the API server names them.", labels, nil),
+		bytes: prometheus.NewDesc(prefix+"_response_bytes_total", "Bytes of the answers the gateway read from "+what+
+			" (a watch's as it streams; an exec or port-forward's not), by the request's verb and resource.", labels, nil),
+		sources: sources,
+	}
 }
 
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.requests
+	ch <- c.bytes
+}
 
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.sources(func(labels []string, counts *Counts) {
-		counts.Each(func(r Request, n uint64) {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), append(slices.Clone(labels), r.Verb, r.Resource)...)
+		counts.Each(func(r Request, n Count) {
+			l := append(slices.Clone(labels), r.Verb, r.Resource)
+			ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(n.Requests), l...)
+			ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(n.Bytes), l...)
 		})
 	})
 }

@@ -2,6 +2,7 @@ package kubecount_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -44,17 +45,21 @@ func TestClassify(t *testing.T) {
 }
 
 func TestCountsCountEachRequestThroughTheWrap(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("hello")) }))
 	defer srv.Close()
 	var counts kubecount.Counts
 	client := &http.Client{Transport: counts.Wrap(http.DefaultTransport)}
 	for _, path := range []string{"/api/v1/namespaces/a/pods", "/api/v1/namespaces/b/pods", "/api/v1/namespaces/a/pods/p"} {
 		resp, err := client.Get(srv.URL + path)
 		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
 		resp.Body.Close()
 	}
 	var got []string
-	counts.Each(func(r kubecount.Request, n uint64) { got = append(got, fmt.Sprintf("%s %s %d", r.Verb, r.Resource, n)) })
-	assert.Equal(t, []string{"get pods 1", "list pods 2"}, got)
+	counts.Each(func(r kubecount.Request, n kubecount.Count) {
+		got = append(got, fmt.Sprintf("%s %s %d %d", r.Verb, r.Resource, n.Requests, n.Bytes))
+	})
+	assert.Equal(t, []string{"get pods 1 5", "list pods 2 10"}, got, "requests, and the bytes of their answers read")
 	srv.CloseClientConnections()
 }
