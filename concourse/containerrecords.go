@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"code.cloudfoundry.org/garden"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/jetway-ci/jetway/internal/ownership"
+	"github.com/jetway-ci/jetway/internal/watchcache"
 )
 
 // ContainerRecords keep the web node's containers on cluster targets as
@@ -29,9 +31,20 @@ import (
 // spec, where anyone who may read pods in the target namespace would see
 // it) and the properties the web node sets. They make a container
 // durable: a restarted gateway, or another replica, answers from them.
+//
+// Start watches them: once the watch has listed them, List and Cached
+// read what it shows (what this process writes is shown at once, other
+// replicas' writes a moment later) instead of asking the API server each
+// call, so that the web node's Lookups, heartbeats and sweeps cost the
+// API server nothing per container. The watch keeps each record without
+// its environment, the one part of a container as large as a user makes
+// it: Get reads a whole record.
 type ContainerRecords struct {
 	Secrets      corev1client.SecretInterface
 	Installation string
+
+	cacheOnce sync.Once
+	cache     *watchcache.Cache
 }
 
 const (
@@ -126,14 +139,122 @@ func (s *ContainerRecords) Create(ctx context.Context, c *Container) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	_, err = s.Secrets.Create(ctx, obj, metav1.CreateOptions{})
+	made, err := s.Secrets.Create(ctx, obj, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("a container with handle %s already exists on worker %s", c.Handle(), c.Target)
 	}
 	if err != nil {
 		return fmt.Errorf("keep container %s in the state namespace: %w", c.Handle(), err)
 	}
+	s.show(made)
 	return nil
+}
+
+// Start watches the records until ctx ends.
+func (s *ContainerRecords) Start(ctx context.Context) error {
+	c := s.watch()
+	c.Run(ctx, "concourse container records", watchcache.ListWatch(s.Secrets,
+		watchcache.Labelled(containerRecordLabel+"="+s.Installation)), &corev1.Secret{})
+	return nil
+}
+
+// watch is the records' cache, made on first use.
+func (s *ContainerRecords) watch() *watchcache.Cache {
+	s.cacheOnce.Do(func() {
+		s.cache = watchcache.New(viewRecords)
+		s.cache.Transform(s.slim)
+	})
+	return s.cache
+}
+
+// Synced reports whether the watch has listed the records, and if not,
+// its last failure.
+func (s *ContainerRecords) Synced() (bool, error) { return s.watch().Synced() }
+
+// cached is the cache once it has listed the records, else nil: then
+// reads go to the API server.
+func (s *ContainerRecords) cached() *watchcache.Cache {
+	c := s.watch()
+	if ok, _ := c.Synced(); !ok {
+		return nil
+	}
+	return c
+}
+
+// slim decodes a record the watch or a write brings, without its
+// environment; a record that is not a container's is dropped.
+func (s *ContainerRecords) slim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *cachedContainer:
+		return o, nil
+	case *corev1.Secret:
+		c, err := s.decode(o, o.Labels[ownership.WorkerLabel], "")
+		if err != nil {
+			return nil, err
+		}
+		c.Spec.Env = nil
+		return &cachedContainer{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace,
+			ResourceVersion: o.ResourceVersion}, c: c}, nil
+	default:
+		return nil, fmt.Errorf("container records: unexpected %T", obj)
+	}
+}
+
+// cachedContainer is a record as the cache keeps it.
+type cachedContainer struct {
+	metav1.ObjectMeta
+	c *Container
+}
+
+// recordsView is the cache's view: the records by name, and the
+// containers of each target.
+type recordsView struct {
+	byName   map[string]*cachedContainer
+	byTarget map[string][]*Container
+}
+
+func viewRecords(items []any) any {
+	v := recordsView{byName: map[string]*cachedContainer{}, byTarget: map[string][]*Container{}}
+	for _, it := range items {
+		cc := it.(*cachedContainer)
+		v.byName[cc.Name] = cc
+		v.byTarget[cc.c.Target] = append(v.byTarget[cc.c.Target], cc.c)
+	}
+	return v
+}
+
+// show shows a record this process wrote in the cache at once.
+func (s *ContainerRecords) show(obj *corev1.Secret) {
+	s.watch().Apply(obj)
+}
+
+// forgetCached drops a record this process deleted from the cache.
+func (s *ContainerRecords) forgetCached(name string) {
+	c := s.watch()
+	if cc, ok := c.View().(recordsView).byName[name]; ok {
+		c.Forget(cc)
+	}
+}
+
+// copied is a copy of a cached container, its own to change.
+func copied(c *Container) *Container {
+	out := *c
+	out.properties = c.Properties()
+	out.processes = slices.Clone(c.processes)
+	return &out
+}
+
+// Cached is target's container handle as the watch last saw it, without
+// its environment (Spec.Env): what Lookup needs. A record the watch does
+// not show yet (another replica's a moment ago), or every one before the
+// watch has listed them, is read from the API server.
+func (s *ContainerRecords) Cached(ctx context.Context, target, handle string) (*Container, error) {
+	if c := s.cached(); c != nil {
+		if cc, ok := c.View().(recordsView).byName[s.name(target, handle)]; ok && cc.c.Target == target && cc.c.Handle() == handle {
+			return copied(cc.c), nil
+		}
+	}
+	return s.Get(ctx, target, handle)
 }
 
 // Get is target's container handle: garden.ContainerNotFoundError if
@@ -148,11 +269,29 @@ func (s *ContainerRecords) Get(ctx context.Context, target, handle string) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("read container %s from the state namespace: %w", handle, err)
 	}
-	return s.decode(obj, target, handle)
+	c, err := s.decode(obj, target, handle)
+	if err == nil {
+		s.show(obj)
+	}
+	return c, err
 }
 
-// List is target's containers.
+// List is target's containers: as the watch shows them (without their
+// environment) once it has listed them, else from the API server.
 func (s *ContainerRecords) List(ctx context.Context, target string) ([]*Container, error) {
+	if c := s.cached(); c != nil {
+		cts := c.View().(recordsView).byTarget[target]
+		out := make([]*Container, len(cts))
+		for i, ct := range cts {
+			out[i] = copied(ct)
+		}
+		return out, nil
+	}
+	return s.list(ctx, target)
+}
+
+// list is target's containers, as the API server lists them.
+func (s *ContainerRecords) list(ctx context.Context, target string) ([]*Container, error) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	list, err := s.Secrets.List(ctx, metav1.ListOptions{LabelSelector: s.selector(target)})
@@ -204,9 +343,13 @@ func (s *ContainerRecords) Change(ctx context.Context, target, handle string, ch
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": obj.ResourceVersion},
 			"data": map[string]string{propertiesKey: base64.StdEncoding.EncodeToString(props),
 				processesKey: base64.StdEncoding.EncodeToString(procs), stateKey: base64.StdEncoding.EncodeToString(state)}})
-		_, err = s.Secrets.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		patched, err := s.Secrets.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsNotFound(err) {
+			s.forgetCached(obj.Name)
 			return garden.ContainerNotFoundError{Handle: handle}
+		}
+		if err == nil {
+			s.show(patched)
 		}
 		return err
 	})
@@ -216,10 +359,12 @@ func (s *ContainerRecords) Change(ctx context.Context, target, handle string, ch
 func (s *ContainerRecords) Delete(ctx context.Context, target, handle string) error {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	err := s.Secrets.Delete(ctx, s.name(target, handle), metav1.DeleteOptions{})
+	name := s.name(target, handle)
+	err := s.Secrets.Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("forget container %s in the state namespace: %w", handle, err)
 	}
+	s.forgetCached(name)
 	return nil
 }
 
@@ -239,6 +384,7 @@ func (s *ContainerRecords) Forget(ctx context.Context, target string) (int, erro
 		switch {
 		case err == nil:
 			n++
+			s.forgetCached(sec.Name)
 		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err): // gone, or made anew since the list
 			return n, fmt.Errorf("forget the containers of %s in the state namespace: %w", target, err)
 		}

@@ -172,12 +172,25 @@ func (c *Containers) recordAndMake(ctx context.Context, ct *Container, build fun
 	return nil
 }
 
-// Lookup is target's container handle: garden.ContainerNotFoundError if
-// the web node made none of that handle (or destroyed it).
+// Lookup is target's container handle as the records' watch shows it
+// (ContainerRecords.Cached: without its environment):
+// garden.ContainerNotFoundError if the web node made none of that handle
+// (or destroyed it).
 func (c *Containers) Lookup(ctx context.Context, target, handle string) (*Container, error) {
-	ct, err := c.Records.Get(ctx, target, handle)
+	return notKept(c.Records.Cached(ctx, target, handle))
+}
+
+// whole is target's container handle as Lookup finds it, with its
+// environment: read from the API server.
+func (c *Containers) whole(ctx context.Context, target, handle string) (*Container, error) {
+	return notKept(c.Records.Get(ctx, target, handle))
+}
+
+// notKept is ct, or garden.ContainerNotFoundError if the web node
+// destroyed it.
+func notKept(ct *Container, err error) (*Container, error) {
 	if err == nil && !ct.state.Kept.IsZero() {
-		return nil, garden.ContainerNotFoundError{Handle: handle} // destroyed; its pod kept for its volumes
+		return nil, garden.ContainerNotFoundError{Handle: ct.Handle()} // destroyed; its pod kept for its volumes
 	}
 	return ct, err
 }

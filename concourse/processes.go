@@ -60,7 +60,7 @@ type Process struct {
 // returns it, to be started and followed (Process.Follow). A process
 // without an ID (fly intercept's) gets one.
 func (c *Containers) Run(ctx context.Context, target, handle string, spec garden.ProcessSpec) (*Process, error) {
-	ct, err := c.Lookup(ctx, target, handle)
+	ct, err := c.whole(ctx, target, handle) // its environment is the process's too
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,14 @@ func (c *Containers) Attach(ctx context.Context, target, handle, id string) (*Pr
 		return nil, err
 	}
 	if !ct.HasProcess(id) {
-		return nil, garden.ProcessNotFoundError{ProcessID: id}
+		// Run on another replica a moment ago, which the watch does
+		// not show yet?
+		if ct, err = c.whole(ctx, target, handle); err != nil {
+			return nil, err
+		}
+		if !ct.HasProcess(id) {
+			return nil, garden.ProcessNotFoundError{ProcessID: id}
+		}
 	}
 	return c.process(ct, id, nil)
 }

@@ -344,7 +344,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 			if err != nil {
 				return nil, err
 			}
-			return tg.Config.REST, nil
+			return tg.RESTConfig(), nil
 		}})
 	var node *mesh.Mesh
 	var meshView api.Mesh
@@ -450,7 +450,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 		first = append(first, registrar)
 	}
 	first = append(first, holder)
-	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector}
+	second := []interface{ Start(context.Context) error }{server, registry, source, dialer, store, owners, elector, records}
 	if chooser != nil {
 		second = append(second, chooser)
 	}

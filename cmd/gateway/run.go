@@ -222,6 +222,9 @@ func run(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if holder != nil {
 		components = append(components, holder) // its creates end once no session asks for more
 	}
+	if registrar != nil && state.records != nil {
+		components = append(components, state.records) // read by the sessions' calls and sweeps
+	}
 	components = append(components, stepper)
 	if state.store != nil {
 		// The placer Lease, then this gateway's own, go once its runners
@@ -480,7 +483,7 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 				return streamer.Stream(ctx, req, nil)
 			},
 			Logger: logger.With("component", "concourse")}
-		records := &concourse.ContainerRecords{Secrets: state.secrets, Installation: cfg.Installation}
+		records := state.records
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
 			Agents: agentWorkers, KeepGrace: cfg.ConcourseKeepGrace, LostGrace: cfg.ConcourseLostGrace,
 			Metrics: metrics, Logger: logger.With("component", "concourse")}

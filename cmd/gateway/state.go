@@ -9,10 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/jetway-ci/jetway/concourse"
 	"github.com/jetway-ci/jetway/config"
 	"github.com/jetway-ci/jetway/internal/kubecount"
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -30,9 +30,9 @@ type stepState struct {
 	// tokens (ownership.Key); keys reads it from the state namespace.
 	key  ownership.Key
 	keys *ownership.KeyLoader
-	// secrets are the state namespace's: the web node's containers are
-	// kept there (concourse.ContainerRecords).
-	secrets     corev1client.SecretInterface
+	// records are the web node's containers on cluster targets, kept in
+	// the state namespace.
+	records     *concourse.ContainerRecords
 	unavailable string
 }
 
@@ -82,7 +82,8 @@ func newStepState(cfg config.Config, identity string, reg prometheus.Registerer,
 	}
 	keys := ownership.NewKeyLoader(client.CoreV1(), ns, cfg.Installation, log)
 	log.Info("steps are kept in the state namespace", "identity", identity)
-	return stepState{store: store, owners: owners, elector: elector, keys: keys, key: keys.Key(), secrets: client.CoreV1().Secrets(ns)}, nil
+	return stepState{store: store, owners: owners, elector: elector, keys: keys, key: keys.Key(),
+		records: &concourse.ContainerRecords{Secrets: client.CoreV1().Secrets(ns), Installation: cfg.Installation}}, nil
 }
 
 // stateConfig reaches the state namespace: the state kubeconfig's
