@@ -176,3 +176,23 @@ func TestMovesStopAtAFinalAnswer(t *testing.T) {
 		}
 	})
 }
+
+// A check's container is told by what the web node mounts in it: its
+// scratch volume and, on a worker with certificates, those, where a
+// get's, a put's and a task's have a working directory too.
+func TestIsCheck(t *testing.T) {
+	mounts := func(dst ...string) garden.ContainerSpec {
+		var spec garden.ContainerSpec
+		for _, d := range dst {
+			spec.BindMounts = append(spec.BindMounts, garden.BindMount{DstPath: d})
+		}
+		return spec
+	}
+	assert.True(t, isCheck(mounts("/scratch")))
+	assert.True(t, isCheck(mounts("/scratch/", "/etc/ssl/certs")))
+	assert.False(t, isCheck(mounts("/scratch", "/tmp/build/get")))
+	assert.False(t, isCheck(mounts("/scratch", "/etc/ssl/certs", "/tmp/build/get")))
+	assert.False(t, isCheck(mounts("/scratch", "/tmp/build/put", "/tmp/build/put/src")))
+	assert.False(t, isCheck(mounts("/scratch", "/tmp/build/5a3c1e2f", "/tmp/build/5a3c1e2f/check")))
+	assert.False(t, isCheck(mounts()))
+}

@@ -112,6 +112,26 @@ func (w clusterWorker) newContainer(ctx context.Context, spec garden.ContainerSp
 	return ct, nil
 }
 
+// isCheck says whether spec is a check's container: the web node mounts
+// a scratch volume at /scratch in every container, a working directory
+// in every one but a check's (a get's at /tmp/build/get, a put's and a
+// task's at /tmp/build/<id>), and a check's own inputs, outputs or
+// caches it has none; what else a check's may get is the worker's CA
+// certificates (gardenruntime's createVolumes and CertsBindMount).
+func isCheck(spec garden.ContainerSpec) bool {
+	scratch := false
+	for _, bm := range spec.BindMounts {
+		switch path.Clean(bm.DstPath) {
+		case "/scratch":
+			scratch = true
+		case "/etc/ssl/certs":
+		default:
+			return false
+		}
+	}
+	return scratch
+}
+
 // hermetic says whether spec is a hermetic step's container, which may
 // reach no network: the web node gives every other container a NetOut
 // rule to everywhere, and a hermetic one none (gardenruntime's
@@ -123,8 +143,8 @@ func (w clusterWorker) makeContainer(ctx context.Context, ct *Container) error {
 	spec := steppod.Spec{
 		Name: ct.Pod, Type: "concourse", Team: w.t.Config.Meta.Team, Image: ct.Image,
 		Labels:    map[string]string{ContainerLabel: ct.Handle()},
-		Resources: resources(ct.Spec.Limits), CPUWeight: true, Privileged: ct.Spec.Privileged, Mounts: mounts,
-		Hermetic: hermetic(ct.Spec),
+		Resources: resources(ct.Spec.Limits), CPUWeight: true, Check: isCheck(ct.Spec), Privileged: ct.Spec.Privileged,
+		Mounts: mounts, Hermetic: hermetic(ct.Spec),
 	}
 	if ct.pull != nil {
 		spec.PullSecrets = []string{ct.Pod} // makePullSecret's

@@ -88,6 +88,8 @@ type Config struct {
 	StepEphemeralStorageRequest Bytes  `mapstructure:"step-ephemeral-storage-request" help:"ephemeral-storage request of a step's container (its writable layer and logs) (0: none)"`
 	StepDefaultCPURequest       string `mapstructure:"step-default-cpu-request" help:"cpu request of a step that asks for no cpu (a quantity: 100m, 1) (0: none)"`
 	StepDefaultMemoryRequest    Bytes  `mapstructure:"step-default-memory-request" help:"memory request of a step that asks for no memory (0: none)"`
+	StepCheckCPURequest         string `mapstructure:"step-check-cpu-request" help:"cpu request of a Concourse check container, which idles between checks (a quantity: 10m) (0: none)"`
+	StepCheckMemoryRequest      Bytes  `mapstructure:"step-check-memory-request" help:"memory request of a Concourse check container (0: none)"`
 	VolumeHolderSize            Bytes  `mapstructure:"volume-holder-size" help:"size limit of a Concourse volume holder's emptyDir (or its claim's size with volume-holder-storage-class), which keeps every volume of the web node's on a target: its sidecar refuses a write past it, so no upload gets it evicted (0: none; a target's steps.volumeHolder.size wins)"`
 	VolumeHolderStorageClass    string `mapstructure:"volume-holder-storage-class" help:"StorageClass of a PersistentVolumeClaim (ReadWriteOnce, volume-holder-size big) that keeps a Concourse volume holder's volumes instead of an emptyDir, so that a holder made again keeps them; empty: an emptyDir (a target's steps.volumeHolder.storage wins; docs/concourse.md)"`
 
@@ -170,6 +172,8 @@ func Default() Config {
 		StepEphemeralStorageRequest: 1 << 30,
 		StepDefaultCPURequest:       "100m",
 		StepDefaultMemoryRequest:    256 << 20,
+		StepCheckCPURequest:         "10m",
+		StepCheckMemoryRequest:      32 << 20,
 		// The holder keeps every volume of a target: a few builds'
 		// artifacts, caches and images.
 		VolumeHolderSize: 20 << 30,
@@ -311,6 +315,7 @@ func (c Config) Validate() error {
 	}{
 		{"step-volume-size-limit", c.StepVolumeSizeLimit}, {"step-ephemeral-storage-request", c.StepEphemeralStorageRequest},
 		{"step-default-memory-request", c.StepDefaultMemoryRequest}, {"volume-holder-size", c.VolumeHolderSize},
+		{"step-check-memory-request", c.StepCheckMemoryRequest},
 	} {
 		if size.b < 0 {
 			add(size.key, "must not be negative, got %s", size.b)
@@ -324,8 +329,12 @@ func (c Config) Validate() error {
 	if c.VolumeHolderStorageClass != "" && c.VolumeHolderSize == 0 {
 		add("volume-holder-size", "must be more than 0 with volume-holder-storage-class: it is the claim's size")
 	}
-	if q, err := resource.ParseQuantity(c.StepDefaultCPURequest); err != nil || q.Sign() < 0 {
-		add("step-default-cpu-request", "%q is not a cpu quantity like 100m or 1 (0: none)", c.StepDefaultCPURequest)
+	for _, cpu := range []struct{ key, q string }{
+		{"step-default-cpu-request", c.StepDefaultCPURequest}, {"step-check-cpu-request", c.StepCheckCPURequest},
+	} {
+		if q, err := resource.ParseQuantity(cpu.q); err != nil || q.Sign() < 0 {
+			add(cpu.key, "%q is not a cpu quantity like 100m or 1 (0: none)", cpu.q)
+		}
 	}
 	if !strings.HasPrefix(c.ResourceDir, "/") {
 		add("resource-dir", "must be an absolute path, got %q", c.ResourceDir)

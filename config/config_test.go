@@ -128,6 +128,8 @@ func TestStepPodLimits(t *testing.T) {
 	assert.Equal(t, Bytes(1<<30), c.StepEphemeralStorageRequest)
 	assert.Equal(t, "100m", c.StepDefaultCPURequest)
 	assert.Equal(t, Bytes(256<<20), c.StepDefaultMemoryRequest)
+	assert.Equal(t, "10m", c.StepCheckCPURequest)
+	assert.Equal(t, Bytes(32<<20), c.StepCheckMemoryRequest)
 	c, err = load(t, []string{"--step-volume-size-limit", "0", "--step-default-cpu-request", "1"},
 		map[string]string{"JETWAY_STEP_DEFAULT_MEMORY_REQUEST": "1Gi"}, "step-ephemeral-storage-request: 2Gi\n")
 	require.NoError(t, err)
@@ -135,8 +137,8 @@ func TestStepPodLimits(t *testing.T) {
 	assert.Equal(t, Bytes(2<<30), c.StepEphemeralStorageRequest)
 	assert.Equal(t, "1", c.StepDefaultCPURequest)
 	assert.Equal(t, Bytes(1<<30), c.StepDefaultMemoryRequest)
-	_, err = load(t, []string{"--step-volume-size-limit", "-1Gi", "--step-default-cpu-request", "lots"},
-		map[string]string{"JETWAY_STEP_DEFAULT_MEMORY_REQUEST": "-1"}, "")
+	_, err = load(t, []string{"--step-volume-size-limit", "-1Gi", "--step-default-cpu-request", "lots", "--step-check-cpu-request", "-1"},
+		map[string]string{"JETWAY_STEP_DEFAULT_MEMORY_REQUEST": "-1", "JETWAY_STEP_CHECK_MEMORY_REQUEST": "-2"}, "")
 	var cerr *Error
 	require.ErrorAs(t, err, &cerr)
 	keys := map[string]string{}
@@ -145,7 +147,9 @@ func TestStepPodLimits(t *testing.T) {
 	}
 	assert.Equal(t, map[string]string{"step-volume-size-limit": "must not be negative, got -1Gi",
 		"step-default-memory-request": "must not be negative, got -1",
-		"step-default-cpu-request":    `"lots" is not a cpu quantity like 100m or 1 (0: none)`}, keys)
+		"step-default-cpu-request":    `"lots" is not a cpu quantity like 100m or 1 (0: none)`,
+		"step-check-memory-request":   "must not be negative, got -2",
+		"step-check-cpu-request":      `"-1" is not a cpu quantity like 100m or 1 (0: none)`}, keys)
 }
 
 func TestLoadMissingFile(t *testing.T) {

@@ -64,7 +64,8 @@ func statusField(t *testing.T, status, field string) string {
 // defaults (config.Default: step-volume-size-limit and the others).
 var gatewayDefaults = steppod.Defaults{VolumeSizeLimit: resource.MustParse("10Gi"),
 	EphemeralStorageRequest: resource.MustParse("1Gi"), CPURequest: resource.MustParse("100m"),
-	MemoryRequest: resource.MustParse("256Mi")}
+	MemoryRequest: resource.MustParse("256Mi"), CheckCPURequest: resource.MustParse("10m"),
+	CheckMemoryRequest: resource.MustParse("32Mi")}
 
 // TestRealNodeTasks: a task's exact exit status, output per stream and
 // environment through the real exec path; run.user; an image without a

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/jetway-ci/jetway/concourse"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
 	"github.com/jetway-ci/jetway/wire"
 )
@@ -76,13 +77,15 @@ jobs:
 // ConfigMap of CA certificates (concourse.certs) registers a certs_path,
 // as a stock worker with --certs-dir does, and the web node gives its
 // resource containers the ConfigMap's files at /etc/ssl/certs: a check
-// reads them there. A task gets none, as on a stock worker.
+// reads them there. A task gets none, as on a stock worker. The check's
+// pod asks for the check requests, the task's for a step's.
 func TestRealNodeConcourseResourceCerts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const name = "rn-certs"
-	web, _ := testTypeWorkerOnNode(ctx, t, name, cwn.Options{}, gatewayOptions{targetYAML: "concourse: {certs: ci-ca}\n"},
+	web, _ := testTypeWorkerOnNode(ctx, t, name, cwn.Options{}, gatewayOptions{targetYAML: "concourse: {certs: ci-ca}\n", stepDefaults: gatewayDefaults},
 		wire.ResourceType{Type: "test", Version: "1.0"})
+	pods := startRealNode(t).Client.CoreV1().Pods(name)
 	_, err := startRealNode(t).Client.CoreV1().ConfigMaps(name).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ci-ca"},
 		Data: map[string]string{"ca-certificates.crt": "-----BEGIN CERTIFICATE-----jetway-test-ca-----END CERTIFICATE-----"}},
 		metav1.CreateOptions{})
@@ -98,6 +101,21 @@ func TestRealNodeConcourseResourceCerts(t *testing.T) {
 	out := fly("check-resource", "-r", "certs/r")
 	assert.Contains(t, out, "cert file /etc/ssl/certs/ca-certificates.crt: -----BEGIN CERTIFICATE-----jetway-test-ca-----END CERTIFICATE-----")
 	assert.Contains(t, out, "succeeded")
+	containers := func() map[string]corev1.ResourceList {
+		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: concourse.ContainerLabel})
+		require.NoError(t, err)
+		out := map[string]corev1.ResourceList{}
+		for _, p := range list.Items {
+			out[p.Name] = p.Spec.Containers[0].Resources.Requests
+		}
+		return out
+	}
+	checks := containers()
+	require.Len(t, checks, 1, "the check's container")
+	for _, req := range checks {
+		assert.Equal(t, "10m", req.Cpu().String(), "a check's pod asks for the check requests")
+		assert.Equal(t, "32Mi", req.Memory().String())
+	}
 
 	task := filepath.Join(t.TempDir(), "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///jetway.test/busybox#1\n"+
@@ -105,6 +123,15 @@ func TestRealNodeConcourseResourceCerts(t *testing.T) {
 	out = fly("execute", "-c", task)
 	assert.NotContains(t, out, "ca-certificates.crt", "a task gets no CA certificates, as on a stock worker")
 	assert.Contains(t, out, "listed")
+	tasks := 0
+	for pod, req := range containers() {
+		if _, ok := checks[pod]; !ok {
+			tasks++
+			assert.Equal(t, "100m", req.Cpu().String(), "a task's pod asks for a step's requests")
+			assert.Equal(t, "256Mi", req.Memory().String())
+		}
+	}
+	assert.Equal(t, 1, tasks, "the task's container")
 }
 
 // testTypeWorkerOnNode starts a web node (webOpts, with a client for the

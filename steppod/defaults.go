@@ -33,6 +33,9 @@ type Defaults struct {
 	// the step asks for no cpu (memory); a step that asks gets what it
 	// asked as request and limit.
 	CPURequest, MemoryRequest resource.Quantity
+	// CheckCPURequest and CheckMemoryRequest are those of a Concourse
+	// check container (Spec.Check) instead.
+	CheckCPURequest, CheckMemoryRequest resource.Quantity
 	// HolderSize is the sizeLimit of a Concourse volume holder's emptyDir
 	// and its sidecar's capacity: every volume of the web node's on the
 	// target, so its own setting, not a step's.
@@ -59,6 +62,8 @@ func (d Defaults) For(p targets.StepPolicy) Defaults {
 		EphemeralStorageRequest: pick(d.EphemeralStorageRequest, p.EphemeralStorageRequest),
 		CPURequest:              pick(d.CPURequest, p.DefaultCPURequest),
 		MemoryRequest:           pick(d.MemoryRequest, p.DefaultMemoryRequest),
+		CheckCPURequest:         pick(d.CheckCPURequest, p.CheckCPURequest),
+		CheckMemoryRequest:      pick(d.CheckMemoryRequest, p.CheckMemoryRequest),
 		HolderSize:              pick(d.HolderSize, p.VolumeHolder.Size),
 		HolderStorageClass:      p.VolumeHolder.StorageClass(d.HolderStorageClass),
 	}
@@ -116,8 +121,12 @@ func emptyDir(limit resource.Quantity) corev1.VolumeSource {
 // stepResources are the step container's resources: the cpu and memory
 // a step asks for as both requests and limits, so it gets what it asked
 // for and no more (cpuWeight: its cpu as a request alone); d's requests
-// for what it does not ask; and d's ephemeral-storage request.
-func stepResources(r wire.Resources, cpuWeight bool, d Defaults) corev1.ResourceRequirements {
+// (a check's: check) for what it does not ask; and d's ephemeral-storage
+// request.
+func stepResources(r wire.Resources, cpuWeight, check bool, d Defaults) corev1.ResourceRequirements {
+	if check {
+		d.CPURequest, d.MemoryRequest = d.CheckCPURequest, d.CheckMemoryRequest
+	}
 	req, lim := corev1.ResourceList{}, corev1.ResourceList{}
 	for _, res := range []struct {
 		name  corev1.ResourceName

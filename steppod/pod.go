@@ -220,7 +220,10 @@ type Spec struct {
 	// CPUWeight says Resources.CPU is a relative weight, as Garden's CPU
 	// shares are: a request without a limit, so the step gets its share
 	// when the node is busy and more when it is not.
-	CPUWeight  bool
+	CPUWeight bool
+	// Check says it is a Concourse check container: what it does not ask
+	// for, it gets the Defaults' check requests, not a step's.
+	Check      bool
 	Privileged bool
 	// Hermetic says the step may reach no network beyond its pod
 	// (Concourse's `hermetic: true`): the pod carries HermeticLabel, which
@@ -281,7 +284,7 @@ func Build(t *targets.Target, spec Spec, opts Options) *corev1.Pod {
 				Command:    []string{stepagent.Root + "/" + stepagent.BinPath, "pid1"},
 				WorkingDir: stepagent.Root, VolumeMounts: mount,
 				Env:             []corev1.EnvVar{{Name: stepagent.RootEnv, Value: stepagent.Root}},
-				Resources:       stepResources(spec.Resources, spec.CPUWeight, defaults),
+				Resources:       stepResources(spec.Resources, spec.CPUWeight, spec.Check, defaults),
 				SecurityContext: stepSecurity(spec.Privileged, meta.Steps.NetRaw),
 			}, sidecar},
 		},

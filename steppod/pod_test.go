@@ -414,3 +414,28 @@ func TestBuildAgentAuto(t *testing.T) {
 		assert.Equal(t, !tc.init, len(p.Spec.Volumes) == 2, "%s with %v", tc.mount, tc.chooser)
 	}
 }
+
+// TestCheckPodRequests: a Concourse check container, idle between checks
+// and one per resource, gets the check requests (the gateway's, or its
+// target.yaml's) where it asks for nothing, not a step's; what it asks
+// for is still its own.
+func TestCheckPodRequests(t *testing.T) {
+	defaults := Defaults{EphemeralStorageRequest: resource.MustParse("1Gi"),
+		CPURequest: resource.MustParse("100m"), MemoryRequest: resource.MustParse("256Mi"),
+		CheckCPURequest: resource.MustParse("10m"), CheckMemoryRequest: resource.MustParse("32Mi")}
+	check := func(policy targets.StepPolicy, asked wire.Resources) corev1.ResourceRequirements {
+		tgt, err := targets.NewTarget(&targets.Config{Name: "east", REST: &rest.Config{Host: "https://127.0.0.1:1"},
+			Meta: targets.Metadata{Namespace: "ci", Steps: policy}}, "prod")
+		require.NoError(t, err)
+		spec := Spec{Name: "concourse-c1", Type: "concourse", Image: "busybox", Resources: asked, CPUWeight: true, Check: true}
+		return Build(tgt, spec, Options{AgentImage: "reg/step-agent:1", Installation: "prod", Steps: defaults}).Spec.Containers[0].Resources
+	}
+	res := check(targets.StepPolicy{}, wire.Resources{})
+	assert.Equal(t, map[corev1.ResourceName]string{"cpu": "10m", "memory": "32Mi", "ephemeral-storage": "1Gi"}, quantities(res.Requests))
+	assert.Empty(t, res.Limits)
+	res = check(targets.StepPolicy{CheckCPURequest: quantity("5m"), CheckMemoryRequest: quantity("0")}, wire.Resources{})
+	assert.Equal(t, map[corev1.ResourceName]string{"cpu": "5m", "ephemeral-storage": "1Gi"}, quantities(res.Requests), "the target's own; 0: none")
+	res = check(targets.StepPolicy{}, wire.Resources{Memory: "1Gi"})
+	assert.Equal(t, map[corev1.ResourceName]string{"cpu": "10m", "memory": "1Gi", "ephemeral-storage": "1Gi"}, quantities(res.Requests))
+	assert.Equal(t, "1Gi", res.Limits.Memory().String(), "what it asks for is its own")
+}

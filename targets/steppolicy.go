@@ -40,6 +40,11 @@ type StepPolicy struct {
 	// container's requests when the step names no cpu (memory).
 	DefaultCPURequest    *resource.Quantity `json:"defaultCPURequest,omitempty"`
 	DefaultMemoryRequest *resource.Quantity `json:"defaultMemoryRequest,omitempty"`
+	// CheckCPURequest and CheckMemoryRequest are a Concourse check
+	// container's requests: it idles between checks, the web node keeps
+	// it for the next, and a pipeline has one per resource.
+	CheckCPURequest    *resource.Quantity `json:"checkCPURequest,omitempty"`
+	CheckMemoryRequest *resource.Quantity `json:"checkMemoryRequest,omitempty"`
 	// VolumeHolder is the Concourse volume holder's own.
 	VolumeHolder VolumeHolderPolicy `json:"volumeHolder,omitzero"`
 }
@@ -115,6 +120,7 @@ func (p StepPolicy) validate() error {
 	}{
 		{"volumeSizeLimit", p.VolumeSizeLimit}, {"ephemeralStorageRequest", p.EphemeralStorageRequest},
 		{"defaultCPURequest", p.DefaultCPURequest}, {"defaultMemoryRequest", p.DefaultMemoryRequest},
+		{"checkCPURequest", p.CheckCPURequest}, {"checkMemoryRequest", p.CheckMemoryRequest},
 		{"volumeHolder.size", p.VolumeHolder.Size}, {"volumeHolder.storage.size", p.VolumeHolder.storageSize()},
 	} {
 		if q.v != nil && q.v.Sign() < 0 {

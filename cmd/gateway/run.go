@@ -317,6 +317,8 @@ func stepDefaults(cfg config.Config) steppod.Defaults {
 		EphemeralStorageRequest: size(cfg.StepEphemeralStorageRequest),
 		CPURequest:              resource.MustParse(cfg.StepDefaultCPURequest),
 		MemoryRequest:           size(cfg.StepDefaultMemoryRequest),
+		CheckCPURequest:         resource.MustParse(cfg.StepCheckCPURequest),
+		CheckMemoryRequest:      size(cfg.StepCheckMemoryRequest),
 		HolderSize:              size(cfg.VolumeHolderSize),
 		HolderStorageClass:      cfg.VolumeHolderStorageClass,
 	}
