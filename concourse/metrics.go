@@ -14,6 +14,7 @@ type Metrics struct {
 	failures      prometheus.Counter
 	commands      *prometheus.CounterVec
 	sweeps        *prometheus.CounterVec
+	rebalances    *prometheus.CounterVec
 	destroys      *prometheus.CounterVec
 	copies        prometheus.Counter
 	copiedBytes   prometheus.Counter
@@ -56,6 +57,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jetway_concourse_commands_total",
 			Help: "TSA commands this gateway ran (land-worker, retire-worker, delete-worker), by result (ok, error).",
 		}, []string{"command", "result"}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetway_concourse_rebalances_total",
+			Help: "Registrations made again through another TSA (concourse-rebalance-interval), by result (ok; error: it stayed where it was).",
+		}, []string{"result"}),
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetway_concourse_sweeps_total",
 			Help: "Garbage-collection rounds with the web node (report what the worker holds, ask what to destroy), by kind (containers, volumes) and result (ok, error).",
@@ -127,7 +132,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_holds_total",
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
 	}, []string{"outcome"})
-	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
+	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.rebalances, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
 		m.linkedCopies, m.refusals, m.podRefusals, m.pullCreds, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
 	return m
 }
@@ -177,6 +182,12 @@ func (m *Metrics) swept(kind string, err error) {
 		result = "error"
 	}
 	m.sweeps.WithLabelValues(kind, result).Inc()
+}
+
+func (m *Metrics) rebalance(result string) {
+	if m != nil {
+		m.rebalances.WithLabelValues(result).Inc()
+	}
 }
 
 func (m *Metrics) destroyed(kind, result string) {

@@ -505,8 +505,16 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		var sweeps sync.WaitGroup
 		sweeps.Go(func() { r.sweeps(sctx, w, registered) })
 		garden := logCalls(log, "garden", gardenAPI(w.Name, r.opts.Holdings, r.opts.Containers, r.opts.Metrics))
-		err := r.opts.Web.Forward(ctx, w, garden, logCalls(log, "volumes", r.opts.VolumeAPI(w.Name)), func(e Event) {
+		err := r.forward(ctx, s, w, garden, logCalls(log, "volumes", r.opts.VolumeAPI(w.Name)), func(e Event) {
 			switch e.Type {
+			case "rebalanced":
+				log.Info("registered again through another TSA (rebalance): the one before drains", "from", e.From, "to", e.To)
+				r.opts.Metrics.rebalance("ok")
+				return
+			case "rebalance-failed":
+				log.Warn("a rebalance failed: the registration stays where it is", "error", e.Err.Error())
+				r.opts.Metrics.rebalance("error")
+				return
 			case "registered":
 				once.Do(func() { registered <- e })
 				log.Info("registered with the web node")
@@ -539,6 +547,26 @@ func (r *Registrar) keep(ctx context.Context, s *session) {
 		}
 		wait = min(2*wait, r.opts.RetryMax)
 	}
+}
+
+// liveForwarder is a Web whose registrations are made again while they
+// last (TSA's rebalance), each time of the worker as it is then.
+type liveForwarder interface {
+	ForwardLive(ctx context.Context, w func() wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error
+}
+
+// forward is Web.Forward of session s's worker w, which it reads anew for
+// each registration made again where the Web makes some.
+func (r *Registrar) forward(ctx context.Context, s *session, w wire.Worker, garden, baggageclaim http.Handler, on func(Event)) error {
+	lf, ok := r.opts.Web.(liveForwarder)
+	if !ok {
+		return r.opts.Web.Forward(ctx, w, garden, baggageclaim, on)
+	}
+	return lf.ForwardLive(ctx, func() wire.Worker {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return s.worker
+	}, garden, baggageclaim, on)
 }
 
 // released follows the web node's end of session s's registration: it

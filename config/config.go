@@ -116,6 +116,8 @@ type Config struct {
 	ConcourseTSAPublicKey  string        `mapstructure:"concourse-tsa-public-key" help:"file of the TSA's host public key(s), authorized_keys form (concourse web --tsa-host-key's .pub)"`
 	ConcourseWorkerKey     string        `mapstructure:"concourse-worker-key" help:"file of the worker private key the TSA authorizes (its public key in concourse web --tsa-authorized-keys)"`
 	ConcourseSweepInterval time.Duration `mapstructure:"concourse-sweep-interval" help:"how often each registered worker runs its garbage collection rounds with the web node: reports its containers and volumes, destroys what the web node no longer wants, releases kept pods (a stock worker's --sweep-interval)"`
+	ConcourseRebalance     time.Duration `mapstructure:"concourse-rebalance-interval" help:"how often each registration through the TSA is made again on a new connection, to another of concourse-tsa's addresses where there are several, as a stock worker's --rebalance-interval; the one before drains (0: never)"`
+	ConcourseDrain         time.Duration `mapstructure:"concourse-connection-drain-timeout" help:"how long a registration left by a rebalance drains (the web node's connections through it end) before it is closed, as a stock worker's --connection-drain-timeout"`
 	ConcourseLostGrace     time.Duration `mapstructure:"concourse-lost-grace" help:"how long a container whose pod went on its own (a drain, an eviction, a deletion) is kept, no longer reported, so that the web node's calls on it name why: past it its record and ended pod are deleted; keep it above the web node's --gc-missing-grace-period (docs/concourse.md)"`
 	ConcourseKeepGrace     time.Duration `mapstructure:"concourse-keep-grace" help:"how long the pod of a container the web node destroyed is kept for the volumes it still holds (written by its processes, not yet read): past it they are copied into the volume holder and the pod is deleted (docs/concourse.md)"`
 	ConcourseResourceTypes string        `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2), or to {image, version, privileged, unique_version_history} as a stock worker's resource_metadata.json says them"`
@@ -185,6 +187,8 @@ func Default() Config {
 		ConcourseKeepGrace: 3 * time.Minute,
 		// concourse.DefaultLostGrace: past the web node's missing grace.
 		ConcourseLostGrace: time.Hour,
+		ConcourseRebalance: 4 * time.Hour,
+		ConcourseDrain:     time.Hour,
 		// concourse.DefaultSweepInterval, a stock worker's.
 		ConcourseSweepInterval: 30 * time.Second,
 
@@ -289,6 +293,12 @@ func (c Config) Validate() error {
 	}
 	if c.ConcourseLostGrace <= 0 {
 		add("concourse-lost-grace", "must be positive, got %s", c.ConcourseLostGrace)
+	}
+	if c.ConcourseRebalance < 0 {
+		add("concourse-rebalance-interval", "must not be negative, got %s (0: never)", c.ConcourseRebalance)
+	}
+	if c.ConcourseDrain <= 0 {
+		add("concourse-connection-drain-timeout", "must be positive, got %s", c.ConcourseDrain)
 	}
 	if c.GCGrace < 0 {
 		add("gc-grace", "must not be negative, got %s", c.GCGrace)

@@ -203,6 +203,9 @@ func TestValidateTargetsAndAuth(t *testing.T) {
 			want: []string{"concourse-keep-grace: must be positive, got 0s", "concourse-sweep-interval: must be at least 1s, got 1ms"}},
 		{name: "no lost grace", mutate: func(c *Config) { c.ConcourseLostGrace = -time.Second },
 			want: []string{"concourse-lost-grace: must be positive, got -1s"}},
+		{name: "rebalance and drain", mutate: func(c *Config) { c.ConcourseRebalance, c.ConcourseDrain = -time.Second, 0 },
+			want: []string{"concourse-rebalance-interval: must not be negative, got -1s (0: never)",
+				"concourse-connection-drain-timeout: must be positive, got 0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

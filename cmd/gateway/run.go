@@ -525,7 +525,8 @@ func newWeb(cfg config.Config, metrics *concourse.Metrics, logger *slog.Logger) 
 		if err != nil {
 			return nil, configProblem("concourse-worker-key", err)
 		}
-		return concourse.TSA{Addrs: cfg.TSAAddrs(), HostKeys: hostKeys, Key: key}, nil
+		return concourse.TSA{Addrs: cfg.TSAAddrs(), HostKeys: hostKeys, Key: key,
+			Rebalance: cfg.ConcourseRebalance, Drain: cfg.ConcourseDrain}, nil
 	}
 	b, err := os.ReadFile(cfg.ConcourseClientSecretFile)
 	if err != nil {
