@@ -360,10 +360,13 @@ bench-streams: tools $(BIN)/kubectl
 # bench-concourse: 100 targets (BENCH_CONCOURSE_TARGETS) registered with a
 # real web node by a real gateway: time until all run in fly workers, the
 # gateway's CPU and RSS per target, and the web node's CPU for them against
-# as many idle stock-shaped registrations (BENCH_CONCOURSE_STEADY each).
+# as many idle stock-shaped registrations (BENCH_CONCOURSE_STEADY each);
+# the sweep of 1,000 containers, their records listed and watched; and (as
+# root: the real node) the API requests per minute of one target, idle,
+# with 50 check containers and with 10 running builds too.
 .PHONY: bench-concourse
 bench-concourse: tools concourse-bins
-	$(GO) test -run '^$$' -bench '^BenchmarkConcourseRegistration$$' -benchtime 1x -timeout 30m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourse(Registration|Sweep|APIRequests)$$' -benchtime 1x -timeout 60m -v ./integration/bench/
 
 # bench-pipeline: one pipeline of five steps (get, two tasks with an input
 # and an output, a cached task, a put) on the real node, through a real web
