@@ -709,3 +709,82 @@ func waitingTask(t *testing.T, config string) (task, runs, release string) {
 		"; echo before; while [ ! -e "+release+" ]; do sleep 0.1; done; echo finished']}\n"))
 	return task, runs, release
 }
+
+// TestConcourseDrainOutlivesAKilledReplica: a target is landed while a
+// build's task runs on it, and the replica registering it is SIGKILLed
+// mid-drain. The other replica registers the worker again, as landing
+// (not running: the web node keeps draining it); the web node attaches
+// to the task again through it; the build succeeds, the task ran once,
+// and the web node then lands the worker, which both replicas show
+// landed.
+func TestConcourseDrainOutlivesAKilledReplica(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client := cwn.Client{ID: "jetway", Secret: "killdrain-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	dir := t.TempDir()
+	const name = "cwkilldrain"
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeFile(t, secret, []byte(client.Secret))
+	rs := replicas(t, dir, "--concourse-url", web.URL, "--concourse-client-id", client.ID,
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
+		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1")
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	bases := []string{rs[0].base(), rs[1].base()}
+	i := oneRegisters(t, bases, []string{name}, 30*time.Second)
+	holder, other := rs[i], rs[1-i]
+
+	task, runs, release := waitingTask(t, "platform: linux\nrootfs_uri: docker:///busybox\n")
+	done := flyAsync(ctx, web, 3*time.Minute, "execute", "-c", task)
+	awaitFile(t, runs, 90*time.Second)
+	code, body, _ := call(t, http.MethodPut, other.base()+"/api/v1/workers/"+name+"/land", "")
+	require.Equal(t, http.StatusOK, code, body)
+	flyWorker(t, web, name, 30*time.Second, workerIn("landing"))
+
+	holder.kill(t)
+	eventually(t, 45*time.Second, func() error {
+		if n, err := registeredOn(other.base(), []string{name}); err != nil || n != 1 {
+			return errorf("%s does not register %s (%v)", other.name, name, err)
+		}
+		return nil
+	})
+	flyWorker(t, web, name, 10*time.Second, workerIn("landing"))
+	writeFile(t, release, nil)
+	res := <-done
+	require.NoError(t, res.err, res.out)
+	assert.Contains(t, res.out, "finished\r\n")
+	assert.Contains(t, res.out, "succeeded")
+	b, err := os.ReadFile(runs)
+	require.NoError(t, err)
+	assert.Equal(t, "ran\n", string(b), "the task ran once")
+
+	flyWorker(t, web, name, time.Minute, workerIn("landed"))
+	holder.start(t)
+	for _, base := range bases {
+		eventually(t, time.Minute, func() error {
+			st, err := targetOn(base, name)
+			if err != nil {
+				return err
+			}
+			if st.State != "landed" {
+				return errorf("%s: target %s is %s", base, name, st.State)
+			}
+			return nil
+		})
+	}
+}
+
+// targetOn is target name as the gateway at base lists it.
+func targetOn(base, name string) (api.Target, error) {
+	resp, err := http.Get(base + "/api/v1/targets/" + name)
+	if err != nil {
+		return api.Target{}, err
+	}
+	defer resp.Body.Close()
+	var tg api.Target
+	if resp.StatusCode != http.StatusOK {
+		return tg, errorf("GET %s/api/v1/targets/%s: %s", base, name, resp.Status)
+	}
+	return tg, json.NewDecoder(resp.Body).Decode(&tg)
+}
