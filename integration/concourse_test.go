@@ -590,17 +590,8 @@ func bothWays(t *testing.T, web *cwn.WebNode, g *gateway, landed, land, retire s
 func TestConcourseBuildsOutliveARestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	client := cwn.Client{ID: "jetway", Secret: "drain-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	dir := t.TempDir()
 	const name = "cwdrain"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	secret := filepath.Join(t.TempDir(), "secret")
-	writeFile(t, secret, []byte(client.Secret))
-	rs := replicas(t, dir, "--concourse-url", web.URL, "--concourse-client-id", client.ID,
-		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
-		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1", "--shutdown-timeout", "60s")
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	web, rs := restReplicas(ctx, t, name, "--shutdown-timeout", "60s")
 	bases := []string{rs[0].base(), rs[1].base()}
 
 	// build runs a task (kwok's step kubelet runs it on this machine: it
@@ -720,17 +711,8 @@ func waitingTask(t *testing.T, config string) (task, runs, release string) {
 func TestConcourseDrainOutlivesAKilledReplica(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	client := cwn.Client{ID: "jetway", Secret: "killdrain-s3cret"}
-	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
-	dir := t.TempDir()
 	const name = "cwkilldrain"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	secret := filepath.Join(t.TempDir(), "secret")
-	writeFile(t, secret, []byte(client.Secret))
-	rs := replicas(t, dir, "--concourse-url", web.URL, "--concourse-client-id", client.ID,
-		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
-		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1")
-	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	web, rs := restReplicas(ctx, t, name)
 	bases := []string{rs[0].base(), rs[1].base()}
 	i := oneRegisters(t, bases, []string{name}, 30*time.Second)
 	holder, other := rs[i], rs[1-i]
@@ -773,6 +755,24 @@ func TestConcourseDrainOutlivesAKilledReplica(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// restReplicas starts a web node and two replicas (with flags) sharing
+// target name on the first cluster, registering it over the REST API,
+// and waits until fly lists it running.
+func restReplicas(ctx context.Context, t *testing.T, name string, flags ...string) (*cwn.WebNode, [2]*replica) {
+	t.Helper()
+	client := cwn.Client{ID: "jetway", Secret: name + "-s3cret"}
+	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeFile(t, secret, []byte(client.Secret))
+	rs := replicas(t, dir, append([]string{"--concourse-url", web.URL, "--concourse-client-id", client.ID,
+		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
+		"--concourse-insecure", "--concourse-web-node-networks", "127.0.0.1"}, flags...)...)
+	flyWorker(t, web, name, time.Minute, workerIn("running"))
+	return web, rs
 }
 
 // targetOn is target name as the gateway at base lists it.

@@ -23,15 +23,8 @@ import (
 func TestConcourseBuildOutlivesATSAGoingAway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	web := cwn.ForTest(t, cwn.Options{})
-	tsas := []*cutProxy{startCutProxy(t, web.TSAAddr), startCutProxy(t, web.TSAAddr)}
-	tsa := concourseTSA(t, web)
-	tsa.Addrs = []string{tsas[0].ln.Addr().String(), tsas[1].ln.Addr().String()}
-	dir := t.TempDir()
 	const name = "cwtsa"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	startGateway(t, dir, gatewayOptions{concourse: tsa, state: newState(t)})
-	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	web, tsas, _ := twoTSAs(ctx, t, name, 0)
 
 	task := filepath.Join(t.TempDir(), "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\nrun: {path: sh, args: [-c, 'echo started; sleep 8; echo finished']}\n"))
@@ -70,16 +63,8 @@ func TestConcourseBuildOutlivesATSAGoingAway(t *testing.T) {
 func TestConcourseRebalanceDrainsTheRegistrationBefore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	web := cwn.ForTest(t, cwn.Options{})
-	tsas := []*cutProxy{startCutProxy(t, web.TSAAddr), startCutProxy(t, web.TSAAddr)}
-	tsa := concourseTSA(t, web)
-	tsa.Addrs = []string{tsas[0].ln.Addr().String(), tsas[1].ln.Addr().String()}
-	tsa.Rebalance, tsa.Drain = 5*time.Second, time.Minute
-	dir := t.TempDir()
 	const name = "cwrebalance"
-	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
-	g := startGateway(t, dir, gatewayOptions{concourse: tsa, state: newState(t)})
-	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	web, tsas, g := twoTSAs(ctx, t, name, 5*time.Second)
 
 	task := filepath.Join(t.TempDir(), "task.yml")
 	writeFile(t, task, []byte("platform: linux\nrootfs_uri: docker:///busybox#1.36\n"+
@@ -109,4 +94,22 @@ func TestConcourseRebalanceDrainsTheRegistrationBefore(t *testing.T) {
 	})
 	assert.Zero(t, metricValue(t, g, `jetway_concourse_rebalances_total{result="error"}`))
 	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+}
+
+// twoTSAs starts a web node, two proxies to its TSA (as two web nodes'
+// TSAs would be) and a gateway registering target name on the first
+// cluster through them, rebalancing every rebalance (0: never), and
+// waits until fly lists it running.
+func twoTSAs(ctx context.Context, t *testing.T, name string, rebalance time.Duration) (*cwn.WebNode, []*cutProxy, *gateway) {
+	t.Helper()
+	web := cwn.ForTest(t, cwn.Options{})
+	tsas := []*cutProxy{startCutProxy(t, web.TSAAddr), startCutProxy(t, web.TSAAddr)}
+	tsa := concourseTSA(t, web)
+	tsa.Addrs = []string{tsas[0].ln.Addr().String(), tsas[1].ln.Addr().String()}
+	tsa.Rebalance, tsa.Drain = rebalance, time.Minute
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, name, "{}\n", "")
+	g := startGateway(t, dir, gatewayOptions{concourse: tsa, state: newState(t)})
+	flyWorker(t, web, name, 30*time.Second, workerIn("running"))
+	return web, tsas, g
 }
