@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/jetway-ci/jetway/internal/httpjson"
 	"github.com/jetway-ci/jetway/internal/ownership"
@@ -320,18 +321,40 @@ func (h *Holder) makeHolder(ctx context.Context, t *targets.Target) (bool, error
 		return false, fmt.Errorf("the volume holder of %s: %w", t.Name(), err)
 	}
 	pods := t.Core.Pods(t.Namespace())
-	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
-	switch {
-	case apierrors.IsAlreadyExists(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), pod.Name, err)
+	for attempt := 1; ; attempt++ {
+		created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("make the volume holder pod %s/%s: %w", t.Namespace(), pod.Name, err)
+		}
+		_, err = ownership.Bind(ctx, pods, opts.Key, t.Name(), created)
+		if err == nil {
+			return true, nil
+		}
+		// Deleted before it was bound: a delete of the pod before it by
+		// name alone, without its UID (kwok's, a script's), takes the new
+		// one. Made again at once, rather than at the next sweep.
+		if attempt == maxHolderMakes || !errors.Is(err, ownership.ErrNotBound) || !gonePod(ctx, pods, pod.Name) {
+			return false, fmt.Errorf("the volume holder: %w", err)
+		}
+		h.logger().Warn("volume holder pod deleted before it was bound: made again", "target", t.Name(), "pod", pod.Name,
+			"uid", string(created.UID))
 	}
-	if _, err := ownership.Bind(ctx, pods, opts.Key, t.Name(), created); err != nil {
-		return false, fmt.Errorf("the volume holder: %w", err)
-	}
-	return true, nil
 }
+
+// gonePod reports whether the API server has no pod name.
+func gonePod(ctx context.Context, pods corev1client.PodInterface, name string) bool {
+	ctx, cancel := context.WithTimeout(ctx, holderCall)
+	defer cancel()
+	_, err := pods.Get(ctx, name, metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
+}
+
+// maxHolderMakes bounds the creates of one makeHolder whose pods are
+// deleted before they are bound.
+const maxHolderMakes = 3
 
 // holderBindGrace is how long a holder pod that is sealed but not bound
 // is given to be bound by the gateway that made it, a moment after its
