@@ -120,6 +120,7 @@ type Config struct {
 	ConcourseDrain         time.Duration `mapstructure:"concourse-connection-drain-timeout" help:"how long a registration left by a rebalance drains (the web node's connections through it end) before it is closed, as a stock worker's --connection-drain-timeout"`
 	ConcourseLostGrace     time.Duration `mapstructure:"concourse-lost-grace" help:"how long a container whose pod went on its own (a drain, an eviction, a deletion) is kept, no longer reported, so that the web node's calls on it name why: past it its record and ended pod are deleted; keep it above the web node's --gc-missing-grace-period (docs/concourse.md)"`
 	ConcourseKeepGrace     time.Duration `mapstructure:"concourse-keep-grace" help:"how long the pod of a container the web node destroyed is kept for the volumes it still holds (written by its processes, not yet read): past it they are copied into the volume holder and the pod is deleted (docs/concourse.md)"`
+	ConcourseBundledTypes  bool          `mapstructure:"concourse-bundled-resource-types" help:"also offer Concourse v8.2.5's bundled base resource types (git, time, registry-image, ...) at the versions it bundles, as Docker Hub's concourse/<type>-resource images, but those concourse-resource-types maps"`
 	ConcourseResourceTypes string        `mapstructure:"concourse-resource-types" help:"YAML file mapping each base resource type the workers offer to an image reference (registry-image: docker.io/concourse/registry-image-resource:1.14.2), or to {image, version, privileged, unique_version_history} as a stock worker's resource_metadata.json says them"`
 	// Registering over the REST API instead, where the web node reaches
 	// the gateway directly.
@@ -186,9 +187,10 @@ func Default() Config {
 		// to read what the last one wrote, straight from its pod.
 		ConcourseKeepGrace: 3 * time.Minute,
 		// concourse.DefaultLostGrace: past the web node's missing grace.
-		ConcourseLostGrace: time.Hour,
-		ConcourseRebalance: 4 * time.Hour,
-		ConcourseDrain:     time.Hour,
+		ConcourseLostGrace:    time.Hour,
+		ConcourseBundledTypes: true,
+		ConcourseRebalance:    4 * time.Hour,
+		ConcourseDrain:        time.Hour,
 		// concourse.DefaultSweepInterval, a stock worker's.
 		ConcourseSweepInterval: 30 * time.Second,
 

@@ -701,7 +701,8 @@ func waitingTask(t *testing.T, config string) (task, runs, release string) {
 	return task, runs, release
 }
 
-// TestConcourseDrainOutlivesAKilledReplica: a target is landed while a
+// TestConcourseDrainOutlivesAKilledReplica: a worker offers the base
+// resource types a stock v8.2.5 worker bundles. A target is landed while a
 // build's task runs on it, and the replica registering it is SIGKILLed
 // mid-drain. The other replica registers the worker again, as landing
 // (not running: the web node keeps draining it); the web node attaches
@@ -713,6 +714,10 @@ func TestConcourseDrainOutlivesAKilledReplica(t *testing.T) {
 	defer cancel()
 	const name = "cwkilldrain"
 	web, rs := restReplicas(ctx, t, name)
+	// With no concourse-resource-types, the base types a stock v8.2.5
+	// worker bundles, as it registers them.
+	w := flyWorker(t, web, name, 10*time.Second, workerIn("running"))
+	assert.Equal(t, concourse.BundledResourceTypes, w.ResourceTypes)
 	bases := []string{rs[0].base(), rs[1].base()}
 	i := oneRegisters(t, bases, []string{name}, 30*time.Second)
 	holder, other := rs[i], rs[1-i]

@@ -460,6 +460,9 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if err != nil {
 		return nil, nil, configProblem("concourse-resource-types", err)
 	}
+	if cfg.ConcourseBundledTypes {
+		types = concourse.WithBundled(types)
+	}
 	registers := func() bool { return true }
 	if state.elector != nil {
 		registers = func() bool { _, ok := state.elector.Leading(); return ok }

@@ -364,7 +364,11 @@ func startGateway(ctx context.Context, o options, c *cluster.Cluster, targetsDir
 		"--step-agent-image", c.NodeImage("step-agent-image.tar"),
 		"--concourse-url", url, "--concourse-insecure", "--concourse-client-id", clientID,
 		"--concourse-client-secret-file", secret, "--concourse-worker-address", "127.0.0.1",
-		"--concourse-web-node-networks", "127.0.0.1/32", "--concourse-resource-types", types)
+		"--concourse-web-node-networks", "127.0.0.1/32", "--concourse-resource-types", types,
+		// The stock worker it is compared with offers the mock type alone
+		// (testflight.sh's resource-types), and these nodes cannot pull
+		// Docker Hub's images of the bundled ones.
+		"--concourse-bundled-resource-types=false")
 	logPath := filepath.Join(o.out, "gateway.log")
 	log.Printf("starting the gateway on %s (log: %s)", listen, logPath)
 	p, err := start("the gateway", cmd, logPath)
