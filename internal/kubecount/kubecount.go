@@ -5,10 +5,11 @@
 package kubecount
 
 import (
+	"cmp"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -45,20 +46,10 @@ func (c *Counts) Wrap(rt http.RoundTripper) http.RoundTripper {
 // order of verb and resource.
 func (c *Counts) Each(f func(Request, Count)) {
 	c.mu.Lock()
-	kinds := make([]Request, 0, len(c.n))
-	for r := range c.n {
-		kinds = append(kinds, r)
-	}
-	counts := make(map[Request]Count, len(c.n))
-	for r, n := range c.n {
-		counts[r] = n
-	}
+	counts := maps.Clone(c.n)
 	c.mu.Unlock()
-	sort.Slice(kinds, func(i, j int) bool {
-		if kinds[i].Verb != kinds[j].Verb {
-			return kinds[i].Verb < kinds[j].Verb
-		}
-		return kinds[i].Resource < kinds[j].Resource
+	kinds := slices.SortedFunc(maps.Keys(counts), func(a, b Request) int {
+		return cmp.Or(cmp.Compare(a.Verb, b.Verb), cmp.Compare(a.Resource, b.Resource))
 	})
 	for _, r := range kinds {
 		f(r, counts[r])
