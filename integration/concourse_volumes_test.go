@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -385,6 +386,50 @@ func TestALostHolderIsReplaced(t *testing.T) {
 		listed, err := r.holder.List(ctx, ns)
 		require.NoError(t, err)
 		assert.Equal(t, []string{"v2"}, listed, "one new holder, which both replicas use")
+	}
+}
+
+// TestARequestToAGonePodEndsAtOnce: a request in flight to a volume
+// holder whose pod is deleted ends as soon as the gateway's watch shows
+// the pod gone, and says so, not at its timeout. kwok's forward, like
+// some kubelets', keeps the stream to a killed process open until its
+// client ends it: a list racing a holder's replacement hung for its
+// whole 30 s (TestALostHolderIsReplaced on CI).
+func TestARequestToAGonePodEndsAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "holder-gone-mid-request"
+	g, _ := holderWithAVolume(ctx, t, ns)
+	holder := steppod.HolderName("jetway")
+
+	// A stream-out larger than every buffer on its way, read in part:
+	// the holder is still sending when it goes. (Sparse: no disk.)
+	big := filepath.Join(clusters[1].StepRoot(ns, holder), "volumes", "v1", "big")
+	f, err := os.Create(big)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(1<<30))
+	require.NoError(t, f.Close())
+	resp, err := g.holder.Server(ctx, ns, holder, http.MethodPut, "/volumes/v1/stream-out",
+		url.Values{"path": {"."}}, http.Header{"Accept-Encoding": {"raw"}}, nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, err = io.CopyN(io.Discard, resp.Body, 1<<20)
+	require.NoError(t, err)
+
+	require.NoError(t, clusters[1].Client.CoreV1().Pods(ns).Delete(ctx, holder, metav1.DeleteOptions{}))
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		require.Error(t, err, "the whole stream read from a holder deleted under it")
+		assert.ErrorIs(t, err, targets.ErrPodGone)
+		assert.ErrorContains(t, err, "pod "+ns+"/"+holder)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request to a deleted pod still waits 30 s later")
 	}
 }
 

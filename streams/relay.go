@@ -70,8 +70,10 @@ func (s *Streamer) podRequest(ctx context.Context, target, pod, method, path str
 	}
 	u := url.URL{Scheme: "http", Host: portforward.Host(target, t.Namespace(), pod, VolumePort), Path: path, RawQuery: q.Encode()}
 	// Its UID: a connection made to a pod of that name before (one now
-	// gone) carries none of its streams.
-	req, err := http.NewRequestWithContext(portforward.WithPodUID(ctx, p.UID), method, u.String(), body)
+	// gone) carries none of its streams, and the request ends once the
+	// watch shows it gone (podBound).
+	ctx = withBoundPod(portforward.WithPodUID(ctx, p.UID), boundPod{target: t, name: pod, uid: p.UID})
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return nil, err
 	}

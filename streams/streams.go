@@ -170,7 +170,7 @@ func New(opts Options) *Streamer {
 	if opts.Transport == nil {
 		opts.Transport = opts.Dialer.RoundTripper()
 	}
-	s := &Streamer{opts: opts, client: &http.Client{Transport: opts.Transport}}
+	s := &Streamer{opts: opts, client: &http.Client{Transport: podBound{opts.Transport}}}
 	s.bufs.New = func() any { b := make([]byte, opts.BufferSize); return &b }
 	if opts.MaxStreams > 0 {
 		s.slots = make(chan struct{}, opts.MaxStreams)

@@ -3,6 +3,7 @@ package targets
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -87,6 +88,50 @@ func (t *Target) AwaitPodGone(ctx context.Context, uid types.UID) error {
 	return t.AwaitPods(ctx, func(pods []*corev1.Pod) bool {
 		return !slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.UID == uid })
 	})
+}
+
+// ErrPodGone: the pod a call was made to is gone, deleted or replaced by
+// another of its name.
+var ErrPodGone = errors.New("the pod is gone")
+
+// WhilePod returns ctx, cancelled with an ErrPodGone that says how once
+// the cached step pods, having shown the pod name of uid, show it gone:
+// deleted, or replaced by another of its name. A call to a pod that is
+// gone then fails at once rather than at its timeout: a kubelet ends the
+// streams to a pod it killed, but not every one does (kwok's forward
+// waits for its client to end). A pod the watch never showed is never
+// taken for gone (a watch still listing may show an older pod of the
+// name). stop releases it, and must be called.
+func (t *Target) WhilePod(ctx context.Context, name string, uid types.UID) (_ context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop = func() { cancel(nil) }
+	if t.pods == nil {
+		return ctx, stop // a Target made without its watch (tests)
+	}
+	go func() {
+		seen := false
+		for {
+			changed := t.pods.Changes() // before the look, so no change is missed
+			p := t.CachedPod(name)
+			switch {
+			case p != nil && p.UID == uid:
+				seen = true
+			case seen && p != nil:
+				cancel(fmt.Errorf("pod %s/%s (uid %s) was replaced by another of its name (uid %s): %w",
+					t.Namespace(), name, uid, p.UID, ErrPodGone))
+				return
+			case seen:
+				cancel(fmt.Errorf("pod %s/%s (uid %s) was deleted: %w", t.Namespace(), name, uid, ErrPodGone))
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, stop
 }
 
 // StepTypeLabel says which kind of step a step pod runs: task, get, put or
