@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/jetway-ci/jetway/integration/cluster"
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
@@ -124,4 +127,27 @@ func runBuiltImageBench(b *testing.B) {
 		b.Logf("  %-6s %10s %10s %7.2fx", step, a.Round(time.Millisecond), j.Round(time.Millisecond), j.Seconds()/a.Seconds())
 		b.ReportMetric(j.Seconds()/a.Seconds(), step+"-jetway/stock")
 	}
+	if pulls := holderPulls(ctx, b, bed.c); len(pulls) > 0 {
+		b.Logf("  of jetway's first use, the node's pulls of the holder's image (kubelet's Pulled events): median %s of %d (%s)",
+			quantile(pulls, 0.5).Round(time.Millisecond), len(pulls), pulls)
+	}
+}
+
+// pulledIn is the time a kubelet's Pulled event says a pull took.
+var pulledIn = regexp.MustCompile(`^Successfully pulled image "[^"]*/jetway/[^"]*" in ([0-9.]+[a-zµ]+) `)
+
+// holderPulls are the pulls of images its volume holder served that the
+// target's events record, as long as each took.
+func holderPulls(ctx context.Context, b *testing.B, c *cluster.Cluster) []time.Duration {
+	evs, err := c.Client.CoreV1().Events(stepsTarget).List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled"})
+	check(b, err)
+	var took []time.Duration
+	for _, ev := range evs.Items {
+		if m := pulledIn.FindStringSubmatch(ev.Message); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				took = append(took, d)
+			}
+		}
+	}
+	return took
 }
