@@ -235,7 +235,7 @@ func (ab *agentBench) produce(ctx context.Context, b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pod, err := ab.bed.c.Client.CoreV1().Pods("bench-steps").Get(ctx, ab.src.Pod, metav1.GetOptions{})
+	pod, err := ab.bed.c.Client.CoreV1().Pods(stepsNamespace).Get(ctx, ab.src.Pod, metav1.GetOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

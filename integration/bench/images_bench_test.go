@@ -139,7 +139,7 @@ var pulledIn = regexp.MustCompile(`^Successfully pulled image "[^"]*/jetway/[^"]
 // holderPulls are the pulls of images its volume holder served that the
 // target's events record, as long as each took.
 func holderPulls(ctx context.Context, b *testing.B, c *cluster.Cluster) []time.Duration {
-	evs, err := c.Client.CoreV1().Events(stepsTarget).List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled"})
+	evs, err := c.Client.CoreV1().Events(stepsNamespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled"})
 	check(b, err)
 	var took []time.Duration
 	for _, ev := range evs.Items {

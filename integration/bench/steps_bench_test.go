@@ -127,6 +127,9 @@ func reportRatios(b *testing.B, prefix string, l, floor latencies) {
 // of its kubeconfig in the gateway's targets dir.
 const stepsTarget = "steps"
 
+// stepsNamespace is the target's namespace.
+const stepsNamespace = "bench-steps"
+
 // stepsBed is a local cluster (kwok's with its step kubelet, or the real
 // node's), a target on it (namespace bench-steps) and a state namespace
 // (bench-state), for any number of gateways sharing them.
@@ -163,7 +166,7 @@ func newStepsBed(ctx context.Context, b *testing.B, node benchNode) *stepsBed {
 	}
 	c := bed.c
 	// With the image grants, for a target.yaml that serves images.
-	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: "bench-steps",
+	tg, err := c.CreateTarget(ctx, cluster.TargetOptions{Namespace: stepsNamespace,
 		Rules: targets.RBACRules(slices.Concat(targets.Required, targets.ImagePermissions))})
 	if err != nil {
 		b.Fatal(err)
@@ -286,9 +289,9 @@ func (bed *stepsBed) floorStep(ctx context.Context, b *testing.B, name string) s
 	labels := ownership.Labels("steps", "bench")
 	labels[steps.HandleLabel] = name
 	labels[targets.StepTypeLabel] = "task"
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench-steps", Labels: labels},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: stepsNamespace, Labels: labels},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: bed.node.image, Command: []string{"sleep", "3600"}}}}}
-	pods := c.Client.CoreV1().Pods("bench-steps")
+	pods := c.Client.CoreV1().Pods(stepsNamespace)
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 	if err != nil {
 		b.Fatal(err)
@@ -329,7 +332,7 @@ func execOnce(ctx context.Context, cfg *rest.Config, pod, script string, out *by
 	if err != nil {
 		return err
 	}
-	req := client.Post().Namespace("bench-steps").Resource("pods").Name(pod).SubResource("exec").
+	req := client.Post().Namespace(stepsNamespace).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: "step", Command: []string{"sh", "-c", script}, Stdout: true, Stderr: true},
 			scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
