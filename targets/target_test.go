@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 )
 
 // emptyWatch stands in for Target.Run in unit tests: the caches list
@@ -73,5 +74,62 @@ func TestAwaitRecordWaitsForTheWatchToShowAWrite(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		assert.ErrorIs(t, tg.AwaitRecord(ctx, "9"), context.DeadlineExceeded, "gives up with its context")
+	})
+}
+
+// TestWhilePodEndsWhenThePodGoes: a call bound to a pod ends, saying
+// how, once the watch shows that pod deleted or replaced by another of
+// its name; not while it is there, nor for a pod the watch never showed
+// (a watch still listing may show an older pod of the name).
+func TestWhilePodEndsWhenThePodGoes(t *testing.T) {
+	pod := func(name, uid string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "a", UID: k8stypes.UID(uid)}}
+	}
+	show := func(tg *Target, pods ...*corev1.Pod) {
+		items := make([]any, len(pods))
+		for i, p := range pods {
+			items[i] = p
+		}
+		require.NoError(t, tg.pods.Replace(items, "1"))
+	}
+	for _, c := range []struct {
+		name  string
+		after []*corev1.Pod
+		why   string
+	}{
+		{"deleted", nil, "pod a/p (uid 1) was deleted"},
+		{"replaced", []*corev1.Pod{pod("p", "2")}, "pod a/p (uid 1) was replaced by another of its name (uid 2)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tg := listed(testConfig(t, "a"), Lifecycle{}, pod("p", "1"), pod("q", "9"))
+				ctx, stop := tg.WhilePod(context.Background(), "p", "1")
+				defer stop()
+				show(tg, pod("p", "1")) // another change, the pod still there
+				synctest.Wait()
+				require.NoError(t, ctx.Err(), "ended while its pod is there")
+
+				show(tg, append(c.after, pod("q", "9"))...)
+				synctest.Wait()
+				require.Error(t, ctx.Err())
+				cause := context.Cause(ctx)
+				assert.ErrorIs(t, cause, ErrPodGone)
+				assert.EqualError(t, cause, c.why+": the pod is gone")
+			})
+		})
+	}
+	t.Run("never shown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// Read from the API server before the watch showed it: the
+			// watch shows an older pod of the name, then none.
+			tg := listed(testConfig(t, "a"), Lifecycle{}, pod("p", "0"))
+			ctx, stop := tg.WhilePod(context.Background(), "p", "1")
+			show(tg)
+			synctest.Wait()
+			assert.NoError(t, ctx.Err(), "ended for a pod the watch never showed")
+			stop()
+			assert.ErrorIs(t, ctx.Err(), context.Canceled)
+			assert.NotErrorIs(t, context.Cause(ctx), ErrPodGone)
+		})
 	})
 }
