@@ -297,17 +297,20 @@ $(BIN)/runc: tools/runc/go.mod tools/runc/go.sum | node-packages
 	touch $@
 
 # The real node's NetworkPolicy enforcer: kube-network-policies, run by
-# the node as a process (tools/netpol/main.go), with one file patched
+# the node as a process (tools/netpol/main.go), with two files patched
 # (xtqueue.patch: its rules queue packets through iptables' NFQUEUE
-# target, as this machine's kernel has no nftables queue expression): a
+# target, as this machine's kernel has no nftables queue expression; and
+# nri.patch: without NRI, a packet to an address no pod has no longer
+# crashes it): a
 # patched copy of the module, which a copy of tools/netpol's go.mod
 # replaces it with (-modfile); tools/netpol itself names the release.
-$(BIN)/netpol: tools/netpol/go.mod tools/netpol/go.sum tools/netpol/main.go tools/netpol/xtqueue.patch | node-packages
+$(BIN)/netpol: tools/netpol/go.mod tools/netpol/go.sum tools/netpol/main.go tools/netpol/xtqueue.patch tools/netpol/nri.patch | node-packages
 	rm -rf $(BIN)/netpol-src && mkdir -p $(BIN)/netpol-src
 	cd tools/netpol && $(GO) mod download sigs.k8s.io/kube-network-policies && \
 		cp -r $$($(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kube-network-policies) $(BIN)/netpol-src/module && \
 		chmod -R u+w $(BIN)/netpol-src/module && \
 		patch -s -p1 -d $(BIN)/netpol-src/module/pkg/networkpolicy < xtqueue.patch && \
+		patch -s -p1 -d $(BIN)/netpol-src/module/pkg/networkpolicy < nri.patch && \
 		cp go.mod go.sum $(BIN)/netpol-src/ && \
 		$(GO) mod edit -modfile=$(BIN)/netpol-src/go.mod -replace sigs.k8s.io/kube-network-policies=$(BIN)/netpol-src/module && \
 		$(GO) build -modfile=$(BIN)/netpol-src/go.mod -trimpath -ldflags "-s -w" -o $@ .
