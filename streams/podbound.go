@@ -21,7 +21,7 @@ type boundPod struct {
 
 type boundPodKey struct{}
 
-// withBoundPod is ctx saying that its request is to pod p of target t.
+// withBoundPod is ctx saying that its request is to the pod b names.
 func withBoundPod(ctx context.Context, b boundPod) context.Context {
 	return context.WithValue(ctx, boundPodKey{}, b)
 }
