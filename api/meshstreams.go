@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -196,4 +197,65 @@ func MeshVolumes(m Mesh, gateways func() []string) func(ctx context.Context, cal
 		slices.Sort(gws)
 		return meshOpen(m, gws[0], callerHeaderOf(id))(ctx, from, encoding)
 	}
+}
+
+// ConcourseStreams is how the Concourse worker API carries a volume from
+// one of this gateway's targets to another worker of the mesh (a web
+// node's stream-p2p-out, concourse.Holder.Stream): a destination another
+// gateway owns is asked of that gateway (POST /api/v1/streams, as the web
+// node's caller), which takes the source's bytes from this one over the
+// mesh; any other stream runs as the steps' do (StepStreams).
+func ConcourseStreams(st *streams.Streamer, reg Targets, m Mesh) func(context.Context, streams.Request) (wire.StreamResult, error) {
+	local := stepStreams{Streamer: st, targets: reg, mesh: m}
+	return func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+		rt, err := findRemote(reg, m, concourseCaller, req.To.Target)
+		switch {
+		case errors.Is(err, targets.ErrNotFound): // this gateway's, or nobody's
+			return local.Stream(ctx, req, nil)
+		case err != nil:
+			return wire.StreamResult{}, err
+		case !rt.Reachable:
+			return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
+		}
+		return meshStream(ctx, m, rt.Owner, req)
+	}
+}
+
+// meshStream asks gateway, which owns req's destination, to run req as
+// the web node's caller, and reads what it answers.
+func meshStream(ctx context.Context, m Mesh, gateway string, req streams.Request) (wire.StreamResult, error) {
+	body, _ := json.Marshal(req.StreamRequest)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gateway+"/api/v1/streams", bytes.NewReader(body))
+	if err != nil {
+		return wire.StreamResult{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set(CallerHeader, callerHeaderOf(concourseCaller))
+	resp, err := m.Client().Do(hreq)
+	if err != nil {
+		return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
+	}
+	if resp.StatusCode == http.StatusOK {
+		var res wire.StreamResult
+		if err := json.Unmarshal(b, &res); err != nil {
+			return res, fmt.Errorf("gateway %s's answer to a stream: %w", gateway, err)
+		}
+		return res, nil
+	}
+	var answer streamError
+	_ = json.Unmarshal(b, &answer)
+	switch {
+	case resp.StatusCode == http.StatusBadGateway && answer.Side != "":
+		return wire.StreamResult{}, &streams.Error{Side: answer.Side, Gateway: cmp.Or(answer.Gateway, gateway), Err: errors.New(answer.Error)}
+	case resp.StatusCode == http.StatusNotFound:
+		return wire.StreamResult{}, fmt.Errorf("%w: gateway %s: %s", streams.ErrNotFound, gateway, answer.Error)
+	case resp.StatusCode == http.StatusTooManyRequests:
+		return wire.StreamResult{}, fmt.Errorf("%w: gateway %s: %s", streams.ErrBusy, gateway, answer.Error)
+	}
+	return wire.StreamResult{}, fmt.Errorf("gateway %s answered a stream %s: %s", gateway, resp.Status, cmp.Or(answer.Error, string(b)))
 }

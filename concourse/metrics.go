@@ -1,6 +1,7 @@
 package concourse
 
 import (
+	"cmp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,8 @@ type Metrics struct {
 	oversized     prometheus.Counter
 	holders       *prometheus.CounterVec
 	holds         *prometheus.CounterVec
+	p2ps          *prometheus.CounterVec
+	p2pBytes      *prometheus.CounterVec
 }
 
 // transferBuckets are the copies' and moves' durations' buckets, 10 ms
@@ -132,6 +135,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "jetway_concourse_volume_holds_total",
 		Help: "Volumes a process wrote, left in its container's pod instead of copied back, by outcome: held (after a process), settled (copied back once: read, or its container released), dropped (destroyed unread: never copied back), lost (its pod gone first).",
 	}, []string{"outcome"})
+	m.p2ps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_p2p_streams_total",
+		Help: "Volumes the web node asked a worker to push to another worker (stream-p2p-out) that jetway carried, by path (p2p: pod to pod within a target; relay: through this gateway's port-forwards, between targets; mesh: through the gateway of the mesh that owns the destination) and result (ok, error: the web node then relays it).",
+	}, []string{"path", "result"})
+	m.p2pBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetway_concourse_p2p_stream_bytes_total",
+		Help: "Bytes of those streams (tar, as encoded on the way), by path.",
+	}, []string{"path"})
+	reg.MustRegister(m.p2ps, m.p2pBytes)
 	reg.MustRegister(m.registrations, m.heartbeats, m.failures, m.commands, m.sweeps, m.rebalances, m.destroys, m.copies, m.copiedBytes, m.copySeconds,
 		m.linkedCopies, m.refusals, m.podRefusals, m.pullCreds, m.containers, m.garden, m.moves, m.movedBytes, m.moveSeconds, m.oversized, m.holders, m.holds)
 	return m
@@ -286,6 +298,21 @@ func (m *Metrics) moved(in bool, n int64, took time.Duration) {
 	m.moves.WithLabelValues(dir).Inc()
 	m.movedBytes.WithLabelValues(dir).Add(float64(n))
 	m.moveSeconds.WithLabelValues(dir).Observe(took.Seconds())
+}
+
+// p2p counts a p2p stream that went by path (a streams mode; "" if it
+// failed before it began) and carried n bytes.
+func (m *Metrics) p2p(path string, n int64, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	path = cmp.Or(path, "none")
+	m.p2ps.WithLabelValues(path, result).Inc()
+	m.p2pBytes.WithLabelValues(path).Add(float64(n))
 }
 
 // oversizedMessage counts a process connection closed for a message past

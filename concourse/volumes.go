@@ -821,12 +821,7 @@ func (h *Holder) API(target string) http.Handler {
 		}
 		answerWith(w, resp)
 	})
-	for _, route := range []string{"GET /p2p-url", "PUT /volumes/{handle}/stream-p2p-out"} {
-		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
-			httpjson.Write(w, http.StatusNotImplemented, map[string]string{"error": "jetway's workers do not stream volumes " +
-				"peer to peer yet: run the web node without --enable-p2p-volume-streaming (" + r.Method + " " + r.URL.Path + ")"})
-		})
-	}
+	h.serveP2P(mux, target)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusNotFound, map[string]string{"error": "the volume API has no " + r.Method + " " + r.URL.Path})
 	})

@@ -483,11 +483,15 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		podOptions := func() steppod.Options { return pod }
+		stream := func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+			return streamer.Stream(ctx, req, nil)
+		}
+		if meshNode != nil {
+			// A web node's p2p stream may cross to another gateway's target.
+			stream = api.ConcourseStreams(streamer, registry, meshNode)
+		}
 		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics,
-			Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
-				return streamer.Stream(ctx, req, nil)
-			},
-			Logger: logger.With("component", "concourse")}
+			Stream: stream, Logger: logger.With("component", "concourse")}
 		records := state.records
 		holdings = concourse.Pods{Targets: registry, Key: func() ownership.Key { return state.key }, Holder: holder, Records: records,
 			Agents: agentWorkers, KeepGrace: cfg.ConcourseKeepGrace, LostGrace: cfg.ConcourseLostGrace,

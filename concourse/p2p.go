@@ -1,0 +1,168 @@
+package concourse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/jetway-ci/jetway/internal/httpjson"
+	"github.com/jetway-ci/jetway/steppod"
+	"github.com/jetway-ci/jetway/streams"
+	"github.com/jetway-ci/jetway/volumes"
+	"github.com/jetway-ci/jetway/wire"
+)
+
+// A web node with --enable-p2p-volume-streaming streams a volume between
+// two workers by asking the destination for its p2p URL (GET /p2p-url),
+// building from its scheme and host a stream-in URL of the destination's
+// volume (<url>/volumes/<handle>/stream-in?path=...), and asking the
+// source to push there (PUT /volumes/<handle>/stream-p2p-out). A jetway
+// worker's p2p URL names no address: its host names the target and the
+// installation under p2pDomain, which never resolves (RFC 6761's
+// .invalid). The gateway that serves the source reads it and carries the
+// volume from the source's holder into the destination's itself
+// (Holder.Stream): pod to pod within a target, through the port-forwards
+// of the gateway between targets, over the mesh when another gateway owns
+// the destination. The web node relays no byte. A source that is not
+// jetway's (a stock worker) fails at once to resolve the host, and the web
+// node relays that stream as it does any p2p stream that fails.
+const p2pDomain = "jetway-p2p.invalid"
+
+// p2pURL is target's p2p URL in installation.
+func p2pURL(target, installation string) string {
+	return "http://" + target + "." + installation + "." + p2pDomain
+}
+
+// p2pDestination is where a stream-in URL built from a p2pURL points: the
+// target, and its volume handle and path.
+type p2pDestination struct {
+	target, handle, path string
+}
+
+// parseP2PStreamIn reads a stream-in URL the web node built from a p2pURL
+// of installation's, or says what is wrong with it.
+func parseP2PStreamIn(raw, installation string) (p2pDestination, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return p2pDestination{}, fmt.Errorf("streamInURL: %w", err)
+	}
+	target, ok := strings.CutSuffix(u.Hostname(), "."+installation+"."+p2pDomain)
+	if !ok || len(validation.IsDNS1123Label(target)) > 0 {
+		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a jetway worker's of installation %s (its host is not <target>.%s.%s): "+
+			"jetway pushes volumes only to its own workers; the web node relays the rest", u.Redacted(), installation, installation, p2pDomain)
+	}
+	rest, ok := strings.CutPrefix(u.EscapedPath(), "/volumes/")
+	handle, op, _ := strings.Cut(rest, "/")
+	if handle, err = url.PathUnescape(handle); !ok || err != nil || handle == "" || op != "stream-in" {
+		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a volume's stream-in (/volumes/<handle>/stream-in)", u.Redacted())
+	}
+	return p2pDestination{target: target, handle: handle, path: cmpPath(u.Query().Get("path"))}, nil
+}
+
+// cmpPath is a volume path as the web node gives it: "." when empty.
+func cmpPath(p string) string {
+	if p == "" {
+		return "."
+	}
+	return path.Clean(p)
+}
+
+// p2pTimeout bounds one p2p stream: as long as a move, which carries the
+// same bytes (the web node bounds it too, with --p2p-volume-streaming-timeout).
+const p2pTimeout = moveTimeout
+
+// serveP2P adds the p2p routes of target's volume API to mux.
+func (h *Holder) serveP2P(mux *http.ServeMux, target string) {
+	mux.HandleFunc("GET /p2p-url", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := h.clusterTarget(target); err != nil {
+			httpjson.Write(w, http.StatusNotImplemented, httpjson.Error(err))
+			return
+		}
+		// The web node's client parses the whole body as the URL.
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, p2pURL(target, h.Pod().Installation))
+	})
+	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		dst, err := parseP2PStreamIn(q.Get("streamInURL"), h.Pod().Installation)
+		if err != nil {
+			httpjson.Write(w, http.StatusBadRequest, httpjson.Error(err))
+			return
+		}
+		if _, err := h.StreamP2P(r.Context(), target, r.PathValue("handle"), cmpPath(q.Get("path")), dst); err != nil {
+			httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
+			return
+		}
+		// The web node's client reads the body to its end and takes
+		// anything but "ok" for the error.
+		_, _ = io.WriteString(w, "ok")
+	})
+}
+
+// clusterTarget checks target is a cluster target of this gateway's,
+// whose volumes live in its holder: an agent's volumes are not streamed
+// peer to peer (the web node relays them).
+func (h *Holder) clusterTarget(target string) (clusterWorker, error) {
+	w, err := h.worker(target)
+	if err != nil {
+		return clusterWorker{}, err
+	}
+	cw, ok := w.(clusterWorker)
+	if !ok {
+		return clusterWorker{}, fmt.Errorf("worker %s is an agent: jetway streams only its cluster targets' volumes peer to peer; "+
+			"the web node relays an agent's", target)
+	}
+	return cw, nil
+}
+
+// StreamP2P carries path of source's volume handle into dst, from the
+// source's holder to the destination's (a volume a pod still holds is
+// settled into the holder first), and returns what it carried. Errors name
+// the side that failed.
+func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst p2pDestination) (wire.StreamResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, p2pTimeout)
+	defer cancel()
+	if _, err := h.clusterTarget(source); err != nil {
+		return wire.StreamResult{}, err
+	}
+	if err := h.settle(ctx, source, handle); err != nil {
+		return wire.StreamResult{}, fmt.Errorf("volume %s of worker %s: %w", handle, source, err)
+	}
+	holder := steppod.HolderName(h.Pod().Installation)
+	req := streams.Request{StreamRequest: wire.StreamRequest{
+		From: wire.Endpoint{Target: source, Pod: holder, Handle: handle, Path: path},
+		To:   wire.Endpoint{Target: dst.target, Pod: holder, Handle: dst.handle, Path: dst.path},
+		// What the destination holds is the same files whatever the
+		// encoding on the way; between two holders zstd costs their
+		// sidecars little and saves the link (and port-forward) the most.
+		Encoding: volumes.Zstd,
+	}, Caller: streams.Caller{Admin: true}}
+	start := time.Now()
+	res, err := h.streamRetrying(ctx, req)
+	h.Metrics.p2p(res.Mode, res.Bytes, err)
+	if err != nil {
+		h.logger().Warn("p2p stream failed; the web node relays it", "from", source, "volume", handle, "to", dst.target, "to_volume", dst.handle,
+			"error", err.Error())
+		var se *streams.Error
+		if errors.As(err, &se) {
+			side := source
+			if se.Side == streams.SideDestination {
+				side = dst.target
+			}
+			return res, fmt.Errorf("stream volume %s of worker %s into volume %s of worker %s: worker %s's side: %w",
+				handle, source, dst.handle, dst.target, side, err)
+		}
+		return res, fmt.Errorf("stream volume %s of worker %s into volume %s of worker %s: %w", handle, source, dst.handle, dst.target, err)
+	}
+	h.logger().Info("p2p stream", "from", source, "volume", handle, "to", dst.target, "to_volume", dst.handle, "mode", res.Mode,
+		"bytes", res.Bytes, "sha256", res.SHA256, "seconds", time.Since(start).Seconds())
+	return res, nil
+}
