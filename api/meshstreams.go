@@ -204,10 +204,14 @@ func MeshVolumes(m Mesh, gateways func() []string) func(ctx context.Context, cal
 // node's stream-p2p-out, concourse.Holder.Stream): a destination another
 // gateway owns is asked of that gateway (POST /api/v1/streams, as the web
 // node's caller), which takes the source's bytes from this one over the
-// mesh; any other stream runs as the steps' do (StepStreams).
+// mesh; any other stream runs as the steps' do (StepStreams). Without a
+// mesh (m nil) every stream is st's.
 func ConcourseStreams(st *streams.Streamer, reg Targets, m Mesh) func(context.Context, streams.Request) (wire.StreamResult, error) {
 	local := stepStreams{Streamer: st, targets: reg, mesh: m}
 	return func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
+		if m == nil {
+			return st.Stream(ctx, req, nil)
+		}
 		rt, err := findRemote(reg, m, concourseCaller, req.To.Target)
 		switch {
 		case errors.Is(err, targets.ErrNotFound): // this gateway's, or nobody's

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cwn "github.com/jetway-ci/jetway/integration/concourse"
+	"github.com/jetway-ci/jetway/internal/meshtest"
 )
 
 // p2pFallback is what the web node logs when a worker could not push a
@@ -99,4 +100,78 @@ func assertNoP2PFallback(t *testing.T, web *cwn.WebNode) {
 		}
 	}
 	assert.Empty(t, fallbacks, "the web node relayed volumes after p2p streams failed")
+}
+
+// TestConcourseP2PAcrossAMesh: one build of three steps on three targets
+// in two clusters, owned by two gateways of a mesh, each registering its
+// own with one web node. The web node asks the source's worker to push
+// each artifact; jetway carries it: to a target of the same gateway
+// through its port-forwards, to the other gateway's over the mesh (the
+// destination's owner takes the bytes from the source's). Every input
+// arrives whole, and the web node relays none.
+func TestConcourseP2PAcrossAMesh(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{})
+	ca := meshtest.NewCA(t, "p2p-mesh-ca")
+	dirs := [2]string{t.TempDir(), t.TempDir()}
+	placeTarget(ctx, t, clusters[0], dirs[0], "p2p-ma", "tags: [p2p-ma]\n", "")
+	placeTarget(ctx, t, clusters[1], dirs[0], "p2p-mc", "tags: [p2p-mc]\n", "")
+	placeTarget(ctx, t, clusters[1], dirs[1], "p2p-mb", "tags: [p2p-mb]\n", "")
+	g0 := startGateway(t, dirs[0], gatewayOptions{identity: "p2p-g0", concourse: concourseTSA(t, web), state: newState(t),
+		mesh: meshMember(t, ca, ca, "p2p-g0", "127.0.0.1:0")})
+	g1 := startGateway(t, dirs[1], gatewayOptions{identity: "p2p-g1", concourse: concourseTSA(t, web), state: newState(t),
+		mesh: meshMember(t, ca, ca, "p2p-g1", "", g0.meshAddr)})
+	all := map[string]string{"p2p-ma": "p2p-g0/running", "p2p-mc": "p2p-g0/running", "p2p-mb": "p2p-g1/running"}
+	waitOwners(t, g0, all)
+	waitOwners(t, g1, all)
+	for name := range all {
+		flyWorker(t, web, name, time.Minute, workerIn("running"))
+	}
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(`jobs:
+- name: across
+  plan:
+  - task: make
+    tags: [p2p-ma]
+    config:
+      platform: linux
+      rootfs_uri: docker:///busybox
+      outputs: [{name: made}]
+      run: {path: sh, args: [-c, 'head -c 16777216 /dev/urandom > made/blob && sha256sum made/blob > made/sums']}
+  - task: check
+    tags: [p2p-mb]
+    config:
+      platform: linux
+      rootfs_uri: docker:///busybox
+      inputs: [{name: made}]
+      outputs: [{name: checked}]
+      run: {path: sh, args: [-c, 'sha256sum -c made/sums && head -c 8388608 /dev/urandom > checked/blob && sha256sum checked/blob > checked/sums']}
+  - task: final
+    tags: [p2p-mc]
+    config:
+      platform: linux
+      rootfs_uri: docker:///busybox
+      inputs: [{name: made}, {name: checked}]
+      run: {path: sh, args: [-c, 'sha256sum -c made/sums checked/sums']}
+`))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p2pmesh", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p2pmesh")
+	out := flyOK(ctx, t, web, 3*time.Minute, "trigger-job", "-j", "p2pmesh/across", "--watch")
+	assert.Equal(t, 2, strings.Count(out, "made/blob: OK\r\n"), "made arrived whole on p2p-mb and on p2p-mc: %s", out)
+	assert.Contains(t, out, "checked/blob: OK\r\n", "checked arrived whole on p2p-mc")
+	assert.Contains(t, out, "succeeded")
+	assertNoP2PFallback(t, web)
+
+	// made: p2p-ma (g0) to p2p-mb (g1), over the mesh, asked of g1, and
+	// to p2p-mc, through g0's port-forwards; checked: p2p-mb (g1) to
+	// p2p-mc (g0), over the mesh, asked of g0.
+	assert.Equal(t, 1.0, metricValue(t, g0, `jetway_concourse_p2p_streams_total{path="mesh",result="ok"}`), "made to p2p-mb")
+	assert.Equal(t, 1.0, metricValue(t, g0, `jetway_concourse_p2p_streams_total{path="relay",result="ok"}`), "made to p2p-mc")
+	assert.Equal(t, 1.0, metricValue(t, g1, `jetway_concourse_p2p_streams_total{path="mesh",result="ok"}`), "checked to p2p-mc")
+	for _, g := range []*gateway{g0, g1} {
+		assert.Equal(t, 2.0, metricValue(t, g, `jetway_streams_total{mode="mesh",result="ok"}`)+metricValue(t, g, `jetway_streams_total{mode="mesh_send",result="ok"}`),
+			"each gateway took one stream's bytes over the mesh and sent another's")
+	}
 }

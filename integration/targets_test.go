@@ -415,10 +415,7 @@ func startGateway(t *testing.T, dir string, o gatewayOptions) *gateway {
 	}
 	holder := &concourse.Holder{Targets: registry, Pod: func() steppod.Options { return podOpts },
 		Server: streamer.VolumeServer, Agents: agentWorkers, BindGrace: o.holderBindGrace, Ready: o.holderReady, Metrics: metrics,
-		Stream: func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
-			return streamer.Stream(ctx, req, nil)
-		},
-		Logger: logger.With("component", "concourse")}
+		Stream: api.ConcourseStreams(streamer, registry, meshView), Logger: logger.With("component", "concourse")}
 	stateClient, err := kubernetes.NewForConfig(o.state.rest)
 	require.NoError(t, err)
 	records := &concourse.ContainerRecords{Secrets: stateClient.CoreV1().Secrets(o.state.namespace), Installation: o.installation}

@@ -483,13 +483,12 @@ func newRegistrar(cfg config.Config, registry *targets.Registry, lc *lifecycle.C
 	if state.keys != nil {
 		// Without a state namespace jetway makes no pod: it holds nothing.
 		podOptions := func() steppod.Options { return pod }
-		stream := func(ctx context.Context, req streams.Request) (wire.StreamResult, error) {
-			return streamer.Stream(ctx, req, nil)
-		}
+		var meshView api.Mesh // nil without a mesh, not a nil *mesh.Mesh
 		if meshNode != nil {
-			// A web node's p2p stream may cross to another gateway's target.
-			stream = api.ConcourseStreams(streamer, registry, meshNode)
+			meshView = meshNode
 		}
+		// A web node's p2p stream may cross to another gateway's target.
+		stream := api.ConcourseStreams(streamer, registry, meshView)
 		holder = &concourse.Holder{Targets: registry, Pod: podOptions, Server: streamer.VolumeServer, Agents: agentWorkers, Metrics: metrics,
 			Stream: stream, Logger: logger.With("component", "concourse")}
 		records := state.records
