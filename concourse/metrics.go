@@ -137,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"outcome"})
 	m.p2ps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_p2p_streams_total",
-		Help: "Volumes the web node asked a worker to push to another worker (stream-p2p-out) that jetway carried, by path (p2p: pod to pod within a target; relay: through this gateway's port-forwards, between targets; mesh: through the gateway of the mesh that owns the destination) and result (ok, error: the web node then relays it).",
+		Help: "Volumes the web node asked a worker to push to another worker (stream-p2p-out) that jetway carried, by path (p2p: pod to pod within a target; relay: through this gateway's port-forwards, between targets; mesh: through the gateway of the mesh that owns the destination; push: the source's holder pushed straight to another worker's stream-in URL, a stock worker's) and result (ok, error: the web node then relays it).",
 	}, []string{"path", "result"})
 	m.p2pBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "jetway_concourse_p2p_stream_bytes_total",

@@ -2,6 +2,7 @@ package concourse
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -56,8 +57,8 @@ func parseP2PStreamIn(raw, installation string) (p2pDestination, error) {
 	}
 	target, ok := strings.CutSuffix(u.Hostname(), "."+installation+"."+p2pDomain)
 	if !ok || len(validation.IsDNS1123Label(target)) > 0 {
-		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a jetway worker's of installation %s (its host is not <target>.%s.%s): "+
-			"jetway pushes volumes only to its own workers; the web node relays the rest", u.Redacted(), installation, installation, p2pDomain)
+		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a jetway worker's of installation %s (its host is not <target>.%s.%s): %w",
+			u.Redacted(), installation, installation, p2pDomain, errNotJetway)
 	}
 	rest, ok := strings.CutPrefix(u.EscapedPath(), "/volumes/")
 	handle, op, _ := strings.Cut(rest, "/")
@@ -66,6 +67,10 @@ func parseP2PStreamIn(raw, installation string) (p2pDestination, error) {
 	}
 	return p2pDestination{target: target, handle: handle, path: cmpPath(u.Query().Get("path"))}, nil
 }
+
+// errNotJetway: a stream-in URL is another worker's (a stock worker's
+// baggageclaim): the source's holder pushes to it itself.
+var errNotJetway = errors.New("not a jetway worker's")
 
 // cmpPath is a volume path as the web node gives it: "." when empty.
 func cmpPath(p string) string {
@@ -93,6 +98,10 @@ func (h *Holder) serveP2P(mux *http.ServeMux, target string) {
 	mux.HandleFunc("PUT /volumes/{handle}/stream-p2p-out", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		dst, err := parseP2PStreamIn(q.Get("streamInURL"), h.Pod().Installation)
+		if errors.Is(err, errNotJetway) {
+			h.pushOut(w, r, target)
+			return
+		}
 		if err != nil {
 			httpjson.Write(w, http.StatusBadRequest, httpjson.Error(err))
 			return
@@ -166,3 +175,44 @@ func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst
 		"bytes", res.Bytes, "sha256", res.SHA256, "seconds", time.Since(start).Seconds())
 	return res, nil
 }
+
+// pushOut serves a stream-p2p-out to a worker that is not jetway's (a
+// stock worker's baggageclaim, its stream-in URL as the web node built
+// it): the source's holder pushes the volume there itself, as a stock
+// worker's baggageclaim would, once the volume is settled into it. It
+// answers the web node as baggageclaim does ("ok"), or with the holder's
+// error; the web node relays the volume then.
+func (h *Holder) pushOut(w http.ResponseWriter, r *http.Request, target string) {
+	if _, err := h.clusterTarget(target); err != nil {
+		httpjson.Write(w, http.StatusNotImplemented, httpjson.Error(err))
+		return
+	}
+	handle := r.PathValue("handle")
+	if err := h.settle(r.Context(), target, handle); err != nil {
+		httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(fmt.Errorf("volume %s of worker %s: %w", handle, target, err)))
+		return
+	}
+	resp, ok := h.forward(w, r, target, func(w http.ResponseWriter) {
+		httpjson.Write(w, http.StatusNotFound, map[string]string{"error": "volume not found"})
+	})
+	if !ok {
+		h.Metrics.p2p(p2pPush, 0, errors.New("no answer"))
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.Metrics.p2p(p2pPush, 0, errors.New(resp.Status))
+		answerWith(w, resp)
+		return
+	}
+	var res volumes.P2PResult
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&res)
+	h.Metrics.p2p(p2pPush, res.Bytes, nil)
+	h.logger().Info("p2p stream", "from", target, "volume", handle, "to", r.URL.Query().Get("streamInURL"), "mode", p2pPush,
+		"bytes", res.Bytes, "sha256", res.SHA256)
+	_, _ = io.WriteString(w, "ok")
+}
+
+// p2pPush is the path of a p2p stream the source's holder pushed to
+// another worker's stream-in URL itself.
+const p2pPush = "push"

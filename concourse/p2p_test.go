@@ -34,11 +34,11 @@ func TestP2PStreamInURLs(t *testing.T) {
 		// Another installation's worker.
 		"http://east-1.staging." + p2pDomain + "/volumes/v/stream-in": "is not a jetway worker's of installation prod",
 		"http://Bad_Name.prod." + p2pDomain + "/volumes/v/stream-in":  "is not a jetway worker's",
-		"http://east-1.prod." + p2pDomain + "/volumes/v/stream-out":    "is not a volume's stream-in",
-		"http://east-1.prod." + p2pDomain + "/volumes//stream-in":      "is not a volume's stream-in",
-		"http://east-1.prod." + p2pDomain + "/p2p-url":                 "is not a volume's stream-in",
-		"http://east-1.prod." + p2pDomain + "/volumes/%zz/stream-in":   "streamInURL",
-		"://":                                                          "streamInURL",
+		"http://east-1.prod." + p2pDomain + "/volumes/v/stream-out":   "is not a volume's stream-in",
+		"http://east-1.prod." + p2pDomain + "/volumes//stream-in":     "is not a volume's stream-in",
+		"http://east-1.prod." + p2pDomain + "/p2p-url":                "is not a volume's stream-in",
+		"http://east-1.prod." + p2pDomain + "/volumes/%zz/stream-in":  "streamInURL",
+		"://": "streamInURL",
 	} {
 		_, err := parseP2PStreamIn(raw, "prod")
 		if assert.Error(t, err, raw) {
@@ -47,9 +47,9 @@ func TestP2PStreamInURLs(t *testing.T) {
 	}
 }
 
-// A worker jetway does not keep volumes for gets no p2p URL, and a push
-// to a stream-in URL that is not a jetway worker's is refused naming it,
-// before any volume is touched: the web node relays both.
+// A worker jetway does not keep volumes for gets no p2p URL, nor pushes
+// a volume; a jetway stream-in URL that names no volume is refused naming
+// it. Each before any volume is touched: the web node relays them.
 func TestP2PRefusals(t *testing.T) {
 	h := &Holder{Targets: noTargets{}, Pod: func() steppod.Options { return steppod.Options{Installation: "prod"} }}
 	api := h.API("gone")
@@ -59,11 +59,20 @@ func TestP2PRefusals(t *testing.T) {
 	assert.Equal(t, http.StatusNotImplemented, rec.Code)
 	assert.Contains(t, rec.Body.String(), "worker gone is neither a cluster target nor an agent")
 
+	// A jetway worker's URL that names no volume's stream-in.
 	rec = httptest.NewRecorder()
-	q := url.Values{"path": {"."}, "encoding": {"gzip"}, "streamInURL": {"http://10.0.0.7:7788/volumes/v/stream-in?path=."}}
+	q := url.Values{"path": {"."}, "encoding": {"gzip"}, "streamInURL": {p2pURL("east", "prod") + "/volumes/v/stream-out"}}
 	api.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/volumes/src/stream-p2p-out?"+q.Encode(), nil))
 	assert.Equal(t, http.StatusBadRequest, rec.Code)
-	assert.Contains(t, rec.Body.String(), "streamInURL http://10.0.0.7:7788/volumes/v/stream-in?path=. is not a jetway worker's")
+	assert.Contains(t, rec.Body.String(), "is not a volume's stream-in")
+
+	// Another worker's (a stock worker's): the source's holder would push
+	// to it, but there is none.
+	rec = httptest.NewRecorder()
+	q.Set("streamInURL", "http://10.0.0.7:7788/volumes/v/stream-in?path=.")
+	api.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/volumes/src/stream-p2p-out?"+q.Encode(), nil))
+	assert.Equal(t, http.StatusNotImplemented, rec.Code)
+	assert.Contains(t, rec.Body.String(), "worker gone is neither a cluster target nor an agent")
 
 	rec = httptest.NewRecorder()
 	q.Set("streamInURL", p2pURL("east", "prod")+"/volumes/v/stream-in?path=.")

@@ -70,6 +70,51 @@ func TestRealNodeStockWorker(t *testing.T) {
 		}
 	}
 
+	// One build across the two: what the stock worker's task makes (GNU
+	// tar out of its baggageclaim: a hard link, a file of another owner
+	// and mode) is the input of a task on jetway's worker, and what that
+	// makes, alike, the input of a task back on the stock worker. The web
+	// node tries each p2p first: a stock worker cannot reach jetway's p2p
+	// URL, nor jetway's holder the stock worker's baggageclaim, which
+	// listens on loopback here; it relays each then (docs/concourse.md).
+	cross := filepath.Join(t.TempDir(), "cross.yml")
+	writeFile(t, cross, []byte(`jobs:
+- name: cross
+  plan:
+  - task: stock-makes
+    tags: [`+cwn.StockTag+`]
+    config:
+      platform: linux
+      rootfs_uri: raw://`+stock.Rootfs+`
+      outputs: [{name: made}]
+      run: {path: sh, args: [-c, '`+linkedFiles("made", "1234:2345")+`']}
+  - task: jetway-checks
+    tags: [jetway]
+    config:
+      platform: linux
+      rootfs_uri: docker:///`+strings.TrimSuffix(cluster.BusyboxImage, ":1")+`#1
+      inputs: [{name: made}]
+      outputs: [{name: back}]
+      run: {path: sh, args: [-c, '`+checkLinkedFiles("made", "1234:2345")+` && `+linkedFiles("back", "4321:5432")+`']}
+  - task: stock-checks
+    tags: [`+cwn.StockTag+`]
+    config:
+      platform: linux
+      rootfs_uri: raw://`+stock.Rootfs+`
+      inputs: [{name: back}]
+      run: {path: sh, args: [-c, '`+checkLinkedFiles("back", "4321:5432")+`']}
+`))
+	fly("set-pipeline", "-n", "-p", "cross", "-c", cross)
+	fly("unpause-pipeline", "-p", "cross")
+	out := fly("trigger-job", "-j", "cross/cross", "--watch")
+	for _, dir := range []string{"made", "back"} {
+		assert.Contains(t, out, dir+"/d/a: OK\r\n", "the content, across")
+		assert.Contains(t, out, dir+": linked\r\n", "the hard link, across")
+	}
+	assert.Contains(t, out, "made: 1234:2345 600\r\n", "owner and mode, stock to jetway")
+	assert.Contains(t, out, "back: 4321:5432 600\r\n", "owner and mode, jetway to stock")
+	assert.Contains(t, out, "succeeded")
+
 	stock.Stop()
 	for _, h := range cluster.CgroupHierarchies() {
 		assert.NoDirExists(t, filepath.Join(h, "garden"))
@@ -128,4 +173,19 @@ func nftTables(t *testing.T) string {
 	flush()
 	slices.Sort(tables)
 	return strings.Join(tables, "\n")
+}
+
+// linkedFiles is a shell command writing into dir a random file of owner
+// (uid:gid) and mode 0600, a hard link to it, and their sum.
+func linkedFiles(dir, owner string) string {
+	return "mkdir " + dir + "/d && head -c 1048576 /dev/urandom > " + dir + "/d/a && ln " + dir + "/d/a " + dir + "/d/b && " +
+		"chown " + owner + " " + dir + "/d/a && chmod 0600 " + dir + "/d/a && sha256sum " + dir + "/d/a > " + dir + "/sums"
+}
+
+// checkLinkedFiles is a shell command checking what linkedFiles wrote
+// into dir: it prints "<dir>: linked", the owner and mode, and the sum's
+// check.
+func checkLinkedFiles(dir, owner string) string {
+	return "[ \"$(stat -c %i " + dir + "/d/a)\" = \"$(stat -c %i " + dir + "/d/b)\" ] && echo " + dir + ": linked; " +
+		"echo " + dir + ": $(stat -c \"%u:%g %a\" " + dir + "/d/a) && sha256sum -c " + dir + "/sums"
 }

@@ -1,6 +1,7 @@
 package concourse
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 )
@@ -13,6 +14,10 @@ type ArtifactJob struct {
 	Name      string
 	Tags      []string
 	RootfsURI string
+	// CheckTags, if set, are task check's tags, and CheckRootfsURI its
+	// rootfs: the artifact streams from make's worker to check's.
+	CheckTags      []string
+	CheckRootfsURI string
 }
 
 // ArtifactMarker is what task check prints when the artifact it read is
@@ -28,9 +33,9 @@ func ArtifactPipeline(size int64, jobs ...ArtifactJob) string {
 	var b strings.Builder
 	b.WriteString("jobs:\n")
 	for _, j := range jobs {
-		tags := ""
-		if len(j.Tags) > 0 {
-			tags = fmt.Sprintf("\n    tags: [%s]", strings.Join(j.Tags, ", "))
+		tags, checkTags := taskTags(j.Tags), taskTags(j.Tags)
+		if j.CheckTags != nil {
+			checkTags = taskTags(j.CheckTags)
 		}
 		fmt.Fprintf(&b, `- name: %[1]s
   plan:
@@ -40,13 +45,21 @@ func ArtifactPipeline(size int64, jobs ...ArtifactJob) string {
       rootfs_uri: %[3]s
       outputs: [{name: data}]
       run: {path: sh, args: [-ec, 'echo "pid 1: $(tr "\000" " " </proc/1/cmdline)"; head -c %[4]d /dev/urandom >data/blob; cd data; sha256sum blob >sum; echo "made $(wc -c <blob) bytes"']}
-  - task: check%[2]s
+  - task: check%[5]s
     config:
       platform: linux
-      rootfs_uri: %[3]s
+      rootfs_uri: %[6]s
       inputs: [{name: data}]
       run: {path: sh, args: [-ec, 'cd data; sha256sum -c sum']}
-`, j.Name, tags, j.RootfsURI, size)
+`, j.Name, tags, j.RootfsURI, size, checkTags, cmp.Or(j.CheckRootfsURI, j.RootfsURI))
 	}
 	return b.String()
+}
+
+// taskTags is a task's tags line, "" for none.
+func taskTags(tags []string) string {
+	if len(tags) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n    tags: [%s]", strings.Join(tags, ", "))
 }

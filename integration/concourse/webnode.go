@@ -71,6 +71,9 @@ type Options struct {
 	// and deletes a retiring one, so with the defaults `fly land-worker`
 	// takes up to 40 s to reach the worker.
 	GCInterval time.Duration
+	// NoP2P runs the web node without --enable-p2p-volume-streaming: it
+	// relays every volume between two workers itself.
+	NoP2P bool
 	// Args are more flags for `concourse web`.
 	Args []string
 }
@@ -195,7 +198,9 @@ func (w *WebNode) startWebOnce(ctx context.Context, opts Options) error {
 		"--tsa-debug-bind-ip", "127.0.0.1", "--tsa-debug-bind-port", strconv.Itoa(tsaDebug),
 		"--peer-address", "127.0.0.1", "--external-url", w.URL,
 		"--add-local-user", User + ":" + Password, "--main-team-local-user", User,
-		"--enable-p2p-volume-streaming",
+	}
+	if !opts.NoP2P {
+		args = append(args, "--enable-p2p-volume-streaming")
 	}
 	if len(opts.Clients) > 0 {
 		// The flag replaces its default, the TSA's own client, which must
