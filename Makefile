@@ -366,10 +366,13 @@ bench-streams: tools $(BIN)/kubectl
 # as many idle stock-shaped registrations (BENCH_CONCOURSE_STEADY each);
 # the sweep of 1,000 containers, their records listed and watched; and (as
 # root: the real node) the API requests per minute of one target, idle,
-# with 50 check containers and with 10 running builds too.
+# with 50 check containers and with 10 running builds too; and a 1 GiB
+# artifact (BENCH_P2P_MIB) from one task to the next on a stock worker,
+# between two jetway targets of one local cluster and of two, and relayed
+# by a web node without p2p (BenchmarkConcourseP2P, docs/concourse.md).
 .PHONY: bench-concourse
 bench-concourse: tools concourse-bins
-	$(GO) test -run '^$$' -bench '^BenchmarkConcourse(Registration|Sweep|APIRequests)$$' -benchtime 1x -timeout 60m -v ./integration/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkConcourse(Registration|Sweep|APIRequests|P2P)$$' -benchtime 1x -timeout 90m -v ./integration/bench/
 
 # bench-pipeline: one pipeline of five steps (get, two tasks with an input
 # and an output, a cached task, a put) on the real node, through a real web
