@@ -142,13 +142,13 @@ func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst
 	if _, err := h.clusterTarget(source); err != nil {
 		return wire.StreamResult{}, err
 	}
-	if err := h.settle(ctx, source, handle); err != nil {
+	from, err := h.p2pSource(ctx, source, handle, path)
+	if err != nil {
 		return wire.StreamResult{}, fmt.Errorf("volume %s of worker %s: %w", handle, source, err)
 	}
-	holder := steppod.HolderName(h.Pod().Installation)
 	req := streams.Request{StreamRequest: wire.StreamRequest{
-		From: wire.Endpoint{Target: source, Pod: holder, Handle: handle, Path: path},
-		To:   wire.Endpoint{Target: dst.target, Pod: holder, Handle: dst.handle, Path: dst.path},
+		From: from,
+		To:   wire.Endpoint{Target: dst.target, Pod: steppod.HolderName(h.Pod().Installation), Handle: dst.handle, Path: dst.path},
 		// What the destination holds is the same files whatever the
 		// encoding on the way; between two holders zstd costs their
 		// sidecars little and saves the link (and port-forward) the most.
@@ -171,9 +171,33 @@ func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst
 		}
 		return res, fmt.Errorf("stream volume %s of worker %s into volume %s of worker %s: %w", handle, source, dst.handle, dst.target, err)
 	}
-	h.logger().Info("p2p stream", "from", source, "volume", handle, "to", dst.target, "to_volume", dst.handle, "mode", res.Mode,
+	h.logger().Info("p2p stream", "from", source, "volume", handle, "from_pod", from.Pod, "to", dst.target, "to_volume", dst.handle, "mode", res.Mode,
 		"bytes", res.Bytes, "sha256", res.SHA256, "seconds", time.Since(start).Seconds())
 	return res, nil
+}
+
+// p2pSource is where path of source's volume handle is read from for a
+// p2p stream: the pod that holds it, if one does and is there (its files
+// are not copied into the holder first, only to be read from there
+// once), else the holder, the volume settled into it.
+func (h *Holder) p2pSource(ctx context.Context, source, handle, path string) (wire.Endpoint, error) {
+	v, err := h.Volume(ctx, source, handle)
+	if err != nil {
+		return wire.Endpoint{}, err
+	}
+	if v.Held != nil {
+		t, err := h.Targets.Target(source)
+		if err != nil {
+			return wire.Endpoint{}, err
+		}
+		if podGone(t, *v.Held) == "" {
+			return wire.Endpoint{Target: source, Pod: v.Held.Pod, Handle: v.Held.Mount, Path: path}, nil
+		}
+	}
+	if err := h.settle(ctx, source, handle); err != nil {
+		return wire.Endpoint{}, err
+	}
+	return wire.Endpoint{Target: source, Pod: steppod.HolderName(h.Pod().Installation), Handle: handle, Path: path}, nil
 }
 
 // pushOut serves a stream-p2p-out to a worker that is not jetway's (a

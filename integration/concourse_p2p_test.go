@@ -85,6 +85,8 @@ func TestConcourseP2PBetweenTargets(t *testing.T) {
 	assert.Greater(t, metricValue(t, g, `jetway_concourse_p2p_stream_bytes_total{path="relay"}`), float64(1<<20),
 		"the 16 MiB of random bytes, zstd-encoded on the way, went that way")
 	assert.Zero(t, metricValue(t, g, `jetway_concourse_p2p_streams_total{path="relay",result="error"}`))
+	assert.Zero(t, metricValue(t, g, `jetway_concourse_volume_holds_total{outcome="settled"}`),
+		"each artifact was carried from the pod that wrote it, not copied into its holder first")
 }
 
 // assertNoP2PFallback asserts the web node relayed no volume after a p2p
