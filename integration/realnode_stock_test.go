@@ -34,12 +34,14 @@ func TestRealNodeStockWorker(t *testing.T) {
 	client := cwn.Client{ID: "jetway", Secret: "stock-s3cret"}
 	web := cwn.ForTest(t, cwn.Options{Clients: []cwn.Client{client}})
 	const name = "rn-stock"
-	nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
+	g := nodeGateway(ctx, t, name, gatewayOptions{concourse: concourseREST(t, web, client, 2*time.Second), state: newState(t),
 		targetYAML: "tags: [jetway]\n"})
 	flyWorker(t, web, name, time.Minute, workerIn("running"))
 
 	tablesBefore := nftTables(t)
-	stock := cwn.StockForTest(t, web, cwn.StockOptions{})
+	// Its baggageclaim listens on the node's bridge, its p2p URL there:
+	// the node's pods reach it.
+	stock := cwn.StockForTest(t, web, cwn.StockOptions{BaggageclaimBindIP: cluster.NodeIP, P2PInterface: cluster.NodeBridge})
 	flyWorker(t, web, stock.Name, time.Minute, func(w wire.Worker, found bool) bool {
 		return found && w.State == "running" && len(w.Tags) == 1 && w.Tags[0] == cwn.StockTag
 	})
@@ -74,9 +76,10 @@ func TestRealNodeStockWorker(t *testing.T) {
 	// tar out of its baggageclaim: a hard link, a file of another owner
 	// and mode) is the input of a task on jetway's worker, and what that
 	// makes, alike, the input of a task back on the stock worker. The web
-	// node tries each p2p first: a stock worker cannot reach jetway's p2p
-	// URL, nor jetway's holder the stock worker's baggageclaim, which
-	// listens on loopback here; it relays each then (docs/concourse.md).
+	// node tries each p2p first: jetway's holder pushes what the jetway
+	// task made into the stock worker's baggageclaim itself; the stock
+	// worker cannot reach jetway's p2p URL, and the web node relays that
+	// one (docs/concourse.md).
 	cross := filepath.Join(t.TempDir(), "cross.yml")
 	writeFile(t, cross, []byte(`jobs:
 - name: cross
@@ -114,6 +117,20 @@ func TestRealNodeStockWorker(t *testing.T) {
 	assert.Contains(t, out, "made: 1234:2345 600\r\n", "owner and mode, stock to jetway")
 	assert.Contains(t, out, "back: 4321:5432 600\r\n", "owner and mode, jetway to stock")
 	assert.Contains(t, out, "succeeded")
+	assert.Equal(t, 1.0, metricValue(t, g, `jetway_concourse_p2p_streams_total{path="push",result="ok"}`),
+		"jetway pushed back into the stock worker")
+	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
+	require.NoError(t, err)
+	var fallbacks []string
+	for line := range strings.Lines(string(log)) {
+		if strings.Contains(line, p2pFallback) {
+			fallbacks = append(fallbacks, line)
+		}
+	}
+	if assert.Len(t, fallbacks, 1, "the web node relayed only stock to jetway") {
+		assert.Contains(t, fallbacks[0], `"src-worker":"`+stock.Name+`"`)
+		assert.Contains(t, fallbacks[0], "jetway-p2p.invalid", "the stock worker could not resolve jetway's p2p URL")
+	}
 
 	stock.Stop()
 	for _, h := range cluster.CgroupHierarchies() {

@@ -1,6 +1,7 @@
 package concourse
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,6 +89,12 @@ type StockOptions struct {
 	InitBin string
 	// BaggageclaimDriver is overlay (default) or naive.
 	BaggageclaimDriver string
+	// BaggageclaimBindIP is where its baggageclaim listens; default
+	// 127.0.0.1. P2PInterface, if set, names the interface its p2p URL
+	// has the address of (the web node's p2p streams into it go there):
+	// the real node's bridge, with its address as BaggageclaimBindIP, lets
+	// the node's pods push into the stock worker.
+	BaggageclaimBindIP, P2PInterface string
 }
 
 // StockWorker is a running stock worker. Stop it when done (StockForTest
@@ -166,7 +174,7 @@ func (s *StockWorker) start(ctx context.Context, w *WebNode, init string, opts S
 		"--bind-ip", "127.0.0.1", "--bind-port", strconv.Itoa(ports[0]),
 		"--debug-bind-ip", "127.0.0.1", "--debug-bind-port", strconv.Itoa(ports[1]),
 		"--healthcheck-bind-ip", "127.0.0.1", "--healthcheck-bind-port", strconv.Itoa(ports[2]),
-		"--baggageclaim-bind-ip", "127.0.0.1", "--baggageclaim-bind-port", strconv.Itoa(ports[3]),
+		"--baggageclaim-bind-ip", cmp.Or(opts.BaggageclaimBindIP, "127.0.0.1"), "--baggageclaim-bind-port", strconv.Itoa(ports[3]),
 		"--baggageclaim-debug-bind-ip", "127.0.0.1", "--baggageclaim-debug-bind-port", strconv.Itoa(ports[4]),
 		"--baggageclaim-driver", opts.BaggageclaimDriver,
 		"--containerd-bin", "/usr/bin/containerd", "--containerd-init-bin", init,
@@ -176,6 +184,10 @@ func (s *StockWorker) start(ctx context.Context, w *WebNode, init string, opts S
 	}
 	for _, t := range opts.Tags {
 		args = append(args, "--tag", t)
+	}
+	if opts.P2PInterface != "" {
+		args = append(args, "--baggageclaim-p2p-interface-name-pattern", "^"+regexp.QuoteMeta(opts.P2PInterface)+"$",
+			"--baggageclaim-p2p-interface-family", "4")
 	}
 	// Debian's containerd 1.6 finds its own shim in PATH, not the real
 	// node's containerd 2.x in the bin folder.
