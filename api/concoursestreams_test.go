@@ -57,7 +57,8 @@ func TestConcourseStreamsAskTheDestinationsOwner(t *testing.T) {
 	assert.ErrorIs(t, err, streams.ErrNotFound)
 	assert.ErrorContains(t, err, "gateway b: unknown target b-main")
 
-	_, err = run(false, answer(http.StatusOK, `{}`))
+	res, err = run(false, answer(http.StatusOK, `{}`))
+	assert.Equal(t, streams.ModeMesh, res.Mode, "a failure names the path it took")
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, streams.SideDestination, se.Side)
 	assert.Equal(t, "b", se.Gateway)

@@ -219,7 +219,7 @@ func ConcourseStreams(st *streams.Streamer, reg Targets, m Mesh) func(context.Co
 		case err != nil:
 			return wire.StreamResult{}, err
 		case !rt.Reachable:
-			return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
+			return wire.StreamResult{Mode: streams.ModeMesh}, &streams.Error{Side: streams.SideDestination, Gateway: rt.Owner, Err: errors.New(unreachableOwner(rt))}
 		}
 		return meshStream(ctx, m, rt.Owner, req)
 	}
@@ -228,21 +228,22 @@ func ConcourseStreams(st *streams.Streamer, reg Targets, m Mesh) func(context.Co
 // meshStream asks gateway, which owns req's destination, to run req as
 // the web node's caller, and reads what it answers.
 func meshStream(ctx context.Context, m Mesh, gateway string, req streams.Request) (wire.StreamResult, error) {
+	failed := wire.StreamResult{Mode: streams.ModeMesh} // what a failure carried, by which path
 	body, _ := json.Marshal(req.StreamRequest)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gateway+"/api/v1/streams", bytes.NewReader(body))
 	if err != nil {
-		return wire.StreamResult{}, err
+		return failed, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set(CallerHeader, callerHeaderOf(concourseCaller))
 	resp, err := m.Client().Do(hreq)
 	if err != nil {
-		return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
+		return failed, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return wire.StreamResult{}, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
+		return failed, &streams.Error{Side: streams.SideDestination, Gateway: gateway, Err: fmt.Errorf("over the mesh: %w", err)}
 	}
 	if resp.StatusCode == http.StatusOK {
 		var res wire.StreamResult
@@ -255,11 +256,11 @@ func meshStream(ctx context.Context, m Mesh, gateway string, req streams.Request
 	_ = json.Unmarshal(b, &answer)
 	switch {
 	case resp.StatusCode == http.StatusBadGateway && answer.Side != "":
-		return wire.StreamResult{}, &streams.Error{Side: answer.Side, Gateway: cmp.Or(answer.Gateway, gateway), Err: errors.New(answer.Error)}
+		return failed, &streams.Error{Side: answer.Side, Gateway: cmp.Or(answer.Gateway, gateway), Err: errors.New(answer.Error)}
 	case resp.StatusCode == http.StatusNotFound:
-		return wire.StreamResult{}, fmt.Errorf("%w: gateway %s: %s", streams.ErrNotFound, gateway, answer.Error)
+		return failed, fmt.Errorf("%w: gateway %s: %s", streams.ErrNotFound, gateway, answer.Error)
 	case resp.StatusCode == http.StatusTooManyRequests:
-		return wire.StreamResult{}, fmt.Errorf("%w: gateway %s: %s", streams.ErrBusy, gateway, answer.Error)
+		return failed, fmt.Errorf("%w: gateway %s: %s", streams.ErrBusy, gateway, answer.Error)
 	}
-	return wire.StreamResult{}, fmt.Errorf("gateway %s answered a stream %s: %s", gateway, resp.Status, cmp.Or(answer.Error, string(b)))
+	return failed, fmt.Errorf("gateway %s answered a stream %s: %s", gateway, resp.Status, cmp.Or(answer.Error, string(b)))
 }

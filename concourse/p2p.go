@@ -154,8 +154,11 @@ func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst
 		// sidecars little and saves the link (and port-forward) the most.
 		Encoding: volumes.Zstd,
 	}, Caller: streams.Caller{Admin: true}}
+	// Tried once: both holders have long answered (a held volume's pod
+	// too, its process done), and on a failure the web node relays the
+	// volume itself, which is the retry.
 	start := time.Now()
-	res, err := h.streamRetrying(ctx, req)
+	res, err := h.Stream(ctx, req)
 	h.Metrics.p2p(res.Mode, res.Bytes, err)
 	if err != nil {
 		h.logger().Warn("p2p stream failed; the web node relays it", "from", source, "volume", handle, "to", dst.target, "to_volume", dst.handle,

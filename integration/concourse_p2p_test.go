@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,4 +177,76 @@ func TestConcourseP2PAcrossAMesh(t *testing.T) {
 		assert.Equal(t, 2.0, metricValue(t, g, `jetway_streams_total{mode="mesh",result="ok"}`)+metricValue(t, g, `jetway_streams_total{mode="mesh_send",result="ok"}`),
 			"each gateway took one stream's bytes over the mesh and sent another's")
 	}
+}
+
+// TestConcourseP2PMeshCut: the mesh between the gateways that own a p2p
+// stream's source and destination is cut mid-transfer. The stream fails
+// at once, naming the destination's side and the gateway that owns it,
+// which the web node logs before it relays the volume itself: the build
+// succeeds, its artifact whole, and what the cut stream had written is
+// never taken for the volume.
+func TestConcourseP2PMeshCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{})
+	ca := meshtest.NewCA(t, "p2p-cut-ca")
+	dirs := [2]string{t.TempDir(), t.TempDir()}
+	placeTarget(ctx, t, clusters[0], dirs[0], "p2p-xa", "tags: [p2p-xa]\n", "")
+	placeTarget(ctx, t, clusters[1], dirs[1], "p2p-xb", "tags: [p2p-xb]\n", "")
+	g0 := startGateway(t, dirs[0], gatewayOptions{identity: "p2p-x0", concourse: concourseTSA(t, web), state: newState(t),
+		mesh: meshMember(t, ca, ca, "p2p-x0", "127.0.0.1:0")})
+	// p2p-x1 reaches p2p-x0 through a proxy the test cuts.
+	proxy := startCutProxy(t, g0.meshAddr)
+	g1 := startGateway(t, dirs[1], gatewayOptions{identity: "p2p-x1", concourse: concourseTSA(t, web), state: newState(t),
+		mesh: meshMember(t, ca, ca, "p2p-x1", "", proxy.ln.Addr().String())})
+	all := map[string]string{"p2p-xa": "p2p-x0/running", "p2p-xb": "p2p-x1/running"}
+	waitOwners(t, g0, all)
+	waitOwners(t, g1, all)
+	for name := range all {
+		flyWorker(t, web, name, time.Minute, workerIn("running"))
+	}
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(cwn.ArtifactPipeline(512<<20,
+		cwn.ArtifactJob{Name: "cut", Tags: []string{"p2p-xa"}, CheckTags: []string{"p2p-xb"}, RootfsURI: "docker:///busybox"})))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p2pcut", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p2pcut")
+	inBytes := `jetway_mesh_stream_bytes_total{direction="in"}`
+	before := metricValue(t, g1, inBytes)
+	done := flyAsync(ctx, web, 4*time.Minute, "trigger-job", "-j", "p2pcut/cut", "--watch")
+	// Once 32 MiB of the artifact crossed the mesh into p2p-x1, the
+	// connection carrying it is cut.
+	eventually(t, 3*time.Minute, func() error {
+		if n := metricValue(t, g1, inBytes) - before; n < 32<<20 {
+			return errorf("%v bytes in over the mesh", n)
+		}
+		return nil
+	})
+	proxy.Cut()
+	cut := time.Now()
+	var r flyResult
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		t.Fatal("the build did not end")
+	}
+	require.NoError(t, r.err, r.out)
+	assert.Contains(t, r.out, cwn.ArtifactMarker, "the artifact arrived whole, relayed")
+	assert.Contains(t, r.out, "succeeded")
+
+	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
+	require.NoError(t, err)
+	var fallbacks []string
+	for line := range strings.Lines(string(log)) {
+		if strings.Contains(line, p2pFallback) {
+			fallbacks = append(fallbacks, line)
+		}
+	}
+	if assert.Len(t, fallbacks, 1, "the cut stream, relayed") {
+		assert.Contains(t, fallbacks[0], "worker p2p-xb's side: destination (mesh member p2p-x1)", "the side and its gateway named")
+		var l struct{ Timestamp time.Time }
+		require.NoError(t, json.Unmarshal([]byte(fallbacks[0]), &l))
+		assert.Less(t, l.Timestamp.Sub(cut), 10*time.Second, "failed within the stall timeout of the cut")
+	}
+	assert.Equal(t, 1.0, metricValue(t, g0, `jetway_concourse_p2p_streams_total{path="mesh",result="error"}`))
 }
