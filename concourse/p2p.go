@@ -205,25 +205,28 @@ func (h *Holder) p2pSource(ctx context.Context, source, handle, path string) (wi
 
 // pushOut serves a stream-p2p-out to a worker that is not jetway's (a
 // stock worker's baggageclaim, its stream-in URL as the web node built
-// it): the source's holder pushes the volume there itself, as a stock
-// worker's baggageclaim would, once the volume is settled into it. It
-// answers the web node as baggageclaim does ("ok"), or with the holder's
-// error; the web node relays the volume then.
+// it): the pod that holds the volume, or the source's holder, pushes it
+// there itself, as a stock worker's baggageclaim would. It answers the
+// web node as baggageclaim does ("ok"), or with the pod's error; the web
+// node relays the volume then.
 func (h *Holder) pushOut(w http.ResponseWriter, r *http.Request, target string) {
 	if _, err := h.clusterTarget(target); err != nil {
 		httpjson.Write(w, http.StatusNotImplemented, httpjson.Error(err))
 		return
 	}
+	q := r.URL.Query()
 	handle := r.PathValue("handle")
-	if err := h.settle(r.Context(), target, handle); err != nil {
+	from, err := h.p2pSource(r.Context(), target, handle, cmpPath(q.Get("path")))
+	if err != nil {
+		h.Metrics.p2p(p2pPush, 0, err)
 		httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(fmt.Errorf("volume %s of worker %s: %w", handle, target, err)))
 		return
 	}
-	resp, ok := h.forward(w, r, target, func(w http.ResponseWriter) {
-		httpjson.Write(w, http.StatusNotFound, map[string]string{"error": "volume not found"})
-	})
-	if !ok {
-		h.Metrics.p2p(p2pPush, 0, errors.New("no answer"))
+	q.Set("path", from.Path)
+	resp, err := h.Server(r.Context(), from.Target, from.Pod, http.MethodPut, "/volumes/"+url.PathEscape(from.Handle)+"/stream-p2p-out", q, nil, nil)
+	if err != nil {
+		h.Metrics.p2p(p2pPush, 0, err)
+		httpjson.Write(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("volume %s of worker %s (pod %s): %v", handle, target, from.Pod, err)})
 		return
 	}
 	defer resp.Body.Close()
@@ -235,7 +238,7 @@ func (h *Holder) pushOut(w http.ResponseWriter, r *http.Request, target string) 
 	var res volumes.P2PResult
 	_ = json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&res)
 	h.Metrics.p2p(p2pPush, res.Bytes, nil)
-	h.logger().Info("p2p stream", "from", target, "volume", handle, "to", r.URL.Query().Get("streamInURL"), "mode", p2pPush,
+	h.logger().Info("p2p stream", "from", target, "volume", handle, "from_pod", from.Pod, "to", q.Get("streamInURL"), "mode", p2pPush,
 		"bytes", res.Bytes, "sha256", res.SHA256)
 	_, _ = io.WriteString(w, "ok")
 }
