@@ -29,12 +29,14 @@ import (
 // worker's p2p URL names no address: its host names the target and the
 // installation under p2pDomain, which never resolves (RFC 6761's
 // .invalid). The gateway that serves the source reads it and carries the
-// volume from the source's holder into the destination's itself
-// (Holder.Stream): pod to pod within a target, through the port-forwards
-// of the gateway between targets, over the mesh when another gateway owns
-// the destination. The web node relays no byte. A source that is not
-// jetway's (a stock worker) fails at once to resolve the host, and the web
-// node relays that stream as it does any p2p stream that fails.
+// volume itself (Holder.Stream), from the pod that holds it (or the
+// source's holder) into the destination's holder: through the gateway's
+// port-forwards between its targets, over the mesh when another gateway
+// owns the destination. The web node relays no byte. A source that is
+// not jetway's (a stock worker) fails at once to resolve the host, and
+// the web node relays that stream as it does any p2p stream that fails;
+// to a destination that is not jetway's, the pod pushes itself
+// (pushOut).
 const p2pDomain = "jetway-p2p.invalid"
 
 // p2pURL is target's p2p URL in installation.
