@@ -207,17 +207,17 @@ func TestConcourseP2PMeshCut(t *testing.T) {
 	}
 
 	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
-	writeFile(t, pipeline, []byte(cwn.ArtifactPipeline(512<<20,
+	writeFile(t, pipeline, []byte(cwn.ArtifactPipeline(256<<20,
 		cwn.ArtifactJob{Name: "cut", Tags: []string{"p2p-xa"}, CheckTags: []string{"p2p-xb"}, RootfsURI: "docker:///busybox"})))
 	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p2pcut", "-c", pipeline)
 	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p2pcut")
 	inBytes := `jetway_mesh_stream_bytes_total{direction="in"}`
 	before := metricValue(t, g1, inBytes)
 	done := flyAsync(ctx, web, 4*time.Minute, "trigger-job", "-j", "p2pcut/cut", "--watch")
-	// Once 32 MiB of the artifact crossed the mesh into p2p-x1, the
+	// Once 16 MiB of the artifact crossed the mesh into p2p-x1, the
 	// connection carrying it is cut.
 	eventually(t, 3*time.Minute, func() error {
-		if n := metricValue(t, g1, inBytes) - before; n < 32<<20 {
+		if n := metricValue(t, g1, inBytes) - before; n < 16<<20 {
 			return errorf("%v bytes in over the mesh", n)
 		}
 		return nil
