@@ -48,6 +48,9 @@ func p2pURL(target, installation string) string {
 // target, and its volume handle and path.
 type p2pDestination struct {
 	target, handle, path string
+	// limit is the web node's bound on what the volume takes, in MB, if it
+	// has one (--streaming-size-limitation).
+	limit string
 }
 
 // parseP2PStreamIn reads a stream-in URL the web node built from a p2pURL
@@ -67,7 +70,7 @@ func parseP2PStreamIn(raw, installation string) (p2pDestination, error) {
 	if handle, err = url.PathUnescape(handle); !ok || err != nil || handle == "" || op != "stream-in" {
 		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a volume's stream-in (/volumes/<handle>/stream-in)", u.Redacted())
 	}
-	return p2pDestination{target: target, handle: handle, path: cmpPath(u.Query().Get("path"))}, nil
+	return p2pDestination{target: target, handle: handle, path: cmpPath(u.Query().Get("path")), limit: u.Query().Get("limit")}, nil
 }
 
 // errNotJetway: a stream-in URL is another worker's (a stock worker's
@@ -155,6 +158,7 @@ func (h *Holder) StreamP2P(ctx context.Context, source, handle, path string, dst
 		// encoding on the way; between two holders zstd costs their
 		// sidecars little and saves the link (and port-forward) the most.
 		Encoding: volumes.Zstd,
+		Limit:    dst.limit,
 	}, Caller: streams.Caller{Admin: true}}
 	// Tried once: both holders have long answered (a held volume's pod
 	// too, its process done), and on a failure the web node relays the

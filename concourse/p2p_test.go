@@ -23,7 +23,7 @@ func TestP2PStreamInURLs(t *testing.T) {
 	built := base.Scheme + "://" + base.Host + "/volumes/a%2Fb-1/stream-in?" + url.Values{"path": {"./out/"}, "limit": {"10.5"}}.Encode()
 	got, err := parseP2PStreamIn(built, "prod")
 	require.NoError(t, err)
-	assert.Equal(t, p2pDestination{target: "east-1", handle: "a/b-1", path: "out"}, got)
+	assert.Equal(t, p2pDestination{target: "east-1", handle: "a/b-1", path: "out", limit: "10.5"}, got)
 	got, err = parseP2PStreamIn(base.String()+"/volumes/v/stream-in", "prod")
 	require.NoError(t, err)
 	assert.Equal(t, ".", got.path, "no path is the volume's top")

@@ -250,3 +250,44 @@ func TestConcourseP2PMeshCut(t *testing.T) {
 	}
 	assert.Equal(t, 1.0, metricValue(t, g0, `jetway_concourse_p2p_streams_total{path="mesh",result="error"}`))
 }
+
+// TestConcourseP2PHonoursTheWebNodesLimit: a web node with
+// --streaming-size-limitation adds its limit to each stream-in URL. A
+// 16 MiB artifact past a 1 MB limit is refused on jetway's own p2p
+// stream, naming the limit, as the web node's relay after it refuses it:
+// the step errors, and the task never reads a byte of it.
+func TestConcourseP2PHonoursTheWebNodesLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	web := cwn.ForTest(t, cwn.Options{Args: []string{"--streaming-size-limitation", "1"}})
+	dir := t.TempDir()
+	placeTarget(ctx, t, clusters[0], dir, "p2p-la", "tags: [p2p-la]\n", "")
+	placeTarget(ctx, t, clusters[1], dir, "p2p-lb", "tags: [p2p-lb]\n", "")
+	g := startGateway(t, dir, gatewayOptions{concourse: concourseTSA(t, web), state: newState(t)})
+	flyWorker(t, web, "p2p-la", time.Minute, workerIn("running"))
+	flyWorker(t, web, "p2p-lb", time.Minute, workerIn("running"))
+
+	pipeline := filepath.Join(t.TempDir(), "pipeline.yml")
+	writeFile(t, pipeline, []byte(p2pPipeline("p2p-la", "p2p-lb")))
+	flyOK(ctx, t, web, time.Minute, "set-pipeline", "-n", "-p", "p2plimit", "-c", pipeline)
+	flyOK(ctx, t, web, time.Minute, "unpause-pipeline", "-p", "p2plimit")
+	fctx, fcancel := context.WithTimeout(ctx, 3*time.Minute)
+	out, err := web.FlyContext(fctx, "trigger-job", "-j", "p2plimit/across", "--watch")
+	fcancel()
+	require.Error(t, err, out)
+	assert.Contains(t, out, "errored")
+	assert.NotContains(t, out, "made/blob: OK", "the task never ran on a partial input")
+
+	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
+	require.NoError(t, err)
+	var fallbacks []string
+	for line := range strings.Lines(string(log)) {
+		if strings.Contains(line, p2pFallback) {
+			fallbacks = append(fallbacks, line)
+		}
+	}
+	if assert.Len(t, fallbacks, 1) {
+		assert.Contains(t, fallbacks[0], "past its limit of 1.000000 MB", "jetway's stream refused at the web node's limit")
+	}
+	assert.Equal(t, 1.0, metricValue(t, g, `jetway_concourse_p2p_streams_total{path="relay",result="error"}`))
+}

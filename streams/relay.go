@@ -193,8 +193,10 @@ func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (wire.Stream
 	if err := s.register(ctx, req.To, ticket); err != nil {
 		return wire.StreamResult{}, err
 	}
+	q := limitQuery(req)
+	q.Set("path", req.To.Path)
 	in := url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(VolumePort)),
-		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: url.Values{"path": {req.To.Path}}.Encode()}
+		Path: "/volumes/" + url.PathEscape(req.To.Handle) + "/stream-in", RawQuery: q.Encode()}
 	hreq, err := s.volumeRequest(ctx, req.From, "stream-p2p-out", url.Values{"streamInURL": {in.String()}, "encoding": {req.Encoding}}, nil)
 	if err != nil {
 		return wire.StreamResult{}, err
@@ -218,6 +220,16 @@ func (s *Streamer) p2p(ctx context.Context, req Request, ip string) (wire.Stream
 		return res, fmt.Errorf("stream-p2p-out %s/%s: %w", req.From.Pod, req.From.Handle, remoteError(resp))
 	}
 	return res, nil
+}
+
+// limitQuery is the query of req's stream-in but its path: its limit,
+// if it has one.
+func limitQuery(req Request) url.Values {
+	q := url.Values{}
+	if req.Limit != "" {
+		q.Set("limit", req.Limit)
+	}
+	return q
 }
 
 // register registers ticket with the destination's sidecar for one
@@ -312,7 +324,7 @@ func (b *streamOutBody) Close() error { return b.resp.Body.Close() }
 
 // put uploads body into the destination's stream-in.
 func (s *Streamer) put(ctx context.Context, req Request, body io.Reader) error {
-	hreq, err := s.volumeRequest(ctx, req.To, "stream-in", nil, body)
+	hreq, err := s.volumeRequest(ctx, req.To, "stream-in", limitQuery(req), body)
 	if err != nil {
 		return err
 	}

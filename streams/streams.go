@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,6 +196,9 @@ func (r Request) Validate() error {
 			}
 		}
 	}
+	if mb, err := strconv.ParseFloat(r.Limit, 64); r.Limit != "" && (err != nil || !(mb > 0)) {
+		probs = append(probs, fmt.Sprintf("limit %q is not a positive number of MB", r.Limit))
+	}
 	if r.Encoding != "" && !contains(Encodings, r.Encoding) {
 		probs = append(probs, fmt.Sprintf("encoding %q is not one of %s", r.Encoding, strings.Join(Encodings, ", ")))
 	}
@@ -242,7 +246,8 @@ func (p *Progress) Start() {
 // Stream copies req.From into req.To and returns what was carried.
 // Cancelling ctx cancels both sides. It fails with ErrInvalid, ErrBusy or
 // ErrNotFound before touching a volume, else with an *Error naming the
-// side. progress, if set, follows the stream.
+// side, and the result's mode and bytes say how far it went. progress,
+// if set, follows the stream.
 func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) (wire.StreamResult, error) {
 	if err := req.Validate(); err != nil {
 		s.opts.Metrics.reject(reasonInvalid)
@@ -272,7 +277,8 @@ func (s *Streamer) Stream(ctx context.Context, req Request, progress *Progress) 
 	s.nameGateway(req, err)
 	s.opts.Metrics.finished(res, outcome(ctx, err))
 	if err != nil {
-		return wire.StreamResult{}, err
+		// The path it took, and the bytes it moved, even so.
+		return wire.StreamResult{Mode: res.Mode, Bytes: res.Bytes}, err
 	}
 	return res, nil
 }

@@ -24,12 +24,14 @@ func TestValidate(t *testing.T) {
 	require.NoError(t, ok.Validate())
 	ok.Encoding = "zstd"
 	require.NoError(t, ok.Validate())
+	ok.Limit = "10.5"
+	require.NoError(t, ok.Validate())
 
-	bad := Request{StreamRequest: wire.StreamRequest{From: wire.Endpoint{Target: "a"}, Encoding: "br"}}
+	bad := Request{StreamRequest: wire.StreamRequest{From: wire.Endpoint{Target: "a"}, Encoding: "br", Limit: "-1"}}
 	err := bad.Validate()
 	require.ErrorIs(t, err, ErrInvalid)
 	for _, want := range []string{"from.pod is required", "from.handle is required", "to.target is required",
-		`encoding "br" is not one of raw, gzip, zstd`} {
+		`encoding "br" is not one of raw, gzip, zstd`, `limit "-1" is not a positive number of MB`} {
 		assert.Contains(t, err.Error(), want)
 	}
 }

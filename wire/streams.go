@@ -14,6 +14,10 @@ type StreamRequest struct {
 	From     Endpoint `json:"from"`
 	To       Endpoint `json:"to"`
 	Encoding string   `json:"encoding"`
+	// Limit, if set, bounds what the destination takes, in MB as
+	// baggageclaim's stream-in limit (a Concourse web node's
+	// --streaming-size-limitation): past it the stream fails.
+	Limit string `json:"limit,omitempty"`
 }
 
 // StreamResult is what a finished stream carried: the encoded bytes and
