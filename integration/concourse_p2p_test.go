@@ -94,6 +94,13 @@ func TestConcourseP2PBetweenTargets(t *testing.T) {
 // stream failed: its log has no p2pFallback, which it would show.
 func assertNoP2PFallback(t *testing.T, web *cwn.WebNode) {
 	t.Helper()
+	assert.Empty(t, p2pFallbacks(t, web), "the web node relayed volumes after p2p streams failed")
+}
+
+// p2pFallbacks are the lines of the web node's log saying it relays a
+// volume after a p2p stream failed.
+func p2pFallbacks(t *testing.T, web *cwn.WebNode) []string {
+	t.Helper()
 	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
 	require.NoError(t, err)
 	var fallbacks []string
@@ -102,7 +109,7 @@ func assertNoP2PFallback(t *testing.T, web *cwn.WebNode) {
 			fallbacks = append(fallbacks, line)
 		}
 	}
-	assert.Empty(t, fallbacks, "the web node relayed volumes after p2p streams failed")
+	return fallbacks
 }
 
 // TestConcourseP2PAcrossAMesh: one build of three steps on three targets
@@ -234,14 +241,7 @@ func TestConcourseP2PMeshCut(t *testing.T) {
 	assert.Contains(t, r.out, cwn.ArtifactMarker, "the artifact arrived whole, relayed")
 	assert.Contains(t, r.out, "succeeded")
 
-	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
-	require.NoError(t, err)
-	var fallbacks []string
-	for line := range strings.Lines(string(log)) {
-		if strings.Contains(line, p2pFallback) {
-			fallbacks = append(fallbacks, line)
-		}
-	}
+	fallbacks := p2pFallbacks(t, web)
 	if assert.Len(t, fallbacks, 1, "the cut stream, relayed") {
 		assert.Contains(t, fallbacks[0], "worker p2p-xb's side: destination (mesh member p2p-x1)", "the side and its gateway named")
 		var l struct{ Timestamp time.Time }
@@ -278,14 +278,7 @@ func TestConcourseP2PHonoursTheWebNodesLimit(t *testing.T) {
 	assert.Contains(t, out, "errored")
 	assert.NotContains(t, out, "made/blob: OK", "the task never ran on a partial input")
 
-	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
-	require.NoError(t, err)
-	var fallbacks []string
-	for line := range strings.Lines(string(log)) {
-		if strings.Contains(line, p2pFallback) {
-			fallbacks = append(fallbacks, line)
-		}
-	}
+	fallbacks := p2pFallbacks(t, web)
 	if assert.Len(t, fallbacks, 1) {
 		assert.Contains(t, fallbacks[0], "past its limit of 1.000000 MB", "jetway's stream refused at the web node's limit")
 	}

@@ -119,14 +119,7 @@ func TestRealNodeStockWorker(t *testing.T) {
 	assert.Contains(t, out, "succeeded")
 	assert.Equal(t, 1.0, metricValue(t, g, `jetway_concourse_p2p_streams_total{path="push",result="ok"}`),
 		"jetway pushed back into the stock worker")
-	log, err := os.ReadFile(filepath.Join(web.Dir, "web.log"))
-	require.NoError(t, err)
-	var fallbacks []string
-	for line := range strings.Lines(string(log)) {
-		if strings.Contains(line, p2pFallback) {
-			fallbacks = append(fallbacks, line)
-		}
-	}
+	fallbacks := p2pFallbacks(t, web)
 	if assert.Len(t, fallbacks, 1, "the web node relayed only stock to jetway") {
 		assert.Contains(t, fallbacks[0], `"src-worker":"`+stock.Name+`"`)
 		assert.Contains(t, fallbacks[0], "jetway-p2p.invalid", "the stock worker could not resolve jetway's p2p URL")
