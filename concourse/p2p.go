@@ -70,15 +70,15 @@ func parseP2PStreamIn(raw, installation string) (p2pDestination, error) {
 	if handle, err = url.PathUnescape(handle); !ok || err != nil || handle == "" || op != "stream-in" {
 		return p2pDestination{}, fmt.Errorf("streamInURL %s is not a volume's stream-in (/volumes/<handle>/stream-in)", u.Redacted())
 	}
-	return p2pDestination{target: target, handle: handle, path: cmpPath(u.Query().Get("path")), limit: u.Query().Get("limit")}, nil
+	return p2pDestination{target: target, handle: handle, path: webNodePath(u.Query().Get("path")), limit: u.Query().Get("limit")}, nil
 }
 
 // errNotJetway: a stream-in URL is another worker's (a stock worker's
 // baggageclaim): the source's holder pushes to it itself.
 var errNotJetway = errors.New("not a jetway worker's")
 
-// cmpPath is a volume path as the web node gives it: "." when empty.
-func cmpPath(p string) string {
+// webNodePath is a volume path as the web node gives it, cleaned: "." when empty.
+func webNodePath(p string) string {
 	if p == "" {
 		return "."
 	}
@@ -111,7 +111,7 @@ func (h *Holder) serveP2P(mux *http.ServeMux, target string) {
 			httpjson.Write(w, http.StatusBadRequest, httpjson.Error(err))
 			return
 		}
-		if _, err := h.StreamP2P(r.Context(), target, r.PathValue("handle"), cmpPath(q.Get("path")), dst); err != nil {
+		if _, err := h.StreamP2P(r.Context(), target, r.PathValue("handle"), webNodePath(q.Get("path")), dst); err != nil {
 			httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(err))
 			return
 		}
@@ -222,7 +222,7 @@ func (h *Holder) pushOut(w http.ResponseWriter, r *http.Request, target string) 
 	}
 	q := r.URL.Query()
 	handle := r.PathValue("handle")
-	from, err := h.p2pSource(r.Context(), target, handle, cmpPath(q.Get("path")))
+	from, err := h.p2pSource(r.Context(), target, handle, webNodePath(q.Get("path")))
 	if err != nil {
 		h.Metrics.p2p(p2pPush, 0, err)
 		httpjson.Write(w, http.StatusInternalServerError, httpjson.Error(fmt.Errorf("volume %s of worker %s: %w", handle, target, err)))
